@@ -1,0 +1,34 @@
+# Two entry points for a fresh machine (see README): `make lab` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: lab test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.lab-installed: $(BIN)/python pyproject.toml requirements-lab.txt
+	$(BIN)/pip install -q -r requirements-lab.txt -e .
+	touch $@
+
+$(VENV)/.test-installed: $(VENV)/.lab-installed requirements-test.txt
+	$(BIN)/pip install -q -r requirements-test.txt
+	touch $@
+
+lab: $(VENV)/.lab-installed
+	$(BIN)/dlscope lab $(ARGS)
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+test: $(VENV)/.test-installed lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.lab-installed
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

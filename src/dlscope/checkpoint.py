@@ -1,0 +1,181 @@
+"""Crash-safe checkpoints: save, load (weights_only), and verify by re-running the test set.
+
+A checkpoint holds model, optimizer, scheduler, epoch, RNG states, config and history, plus a
+fingerprint of the model's test-set predictions at save time, so `verify` can prove that a
+fresh model loaded from the file predicts exactly what the saved one did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import time
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dlscope.errors import CheckpointError
+from dlscope.fsutil import atomic_write_with, clean_stale_temps
+from dlscope.models import build_model
+from dlscope.train import EpochResult, Observer, Trainer
+
+
+@dataclass
+class SaveInfo:
+    path: str
+    bytes: int
+    seconds: float
+    stale_temps_removed: int
+
+
+@dataclass
+class VerifyResult:
+    path: str
+    samples: int
+    predictions_identical: bool
+    logits_max_abs_diff: float | None  # against the in-memory model, when given one
+    accuracy_saved: float
+    accuracy_loaded: float
+    load_seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.predictions_identical and self.logits_max_abs_diff in (None, 0.0)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
+    """Logits for normalised images, in eval mode, on the model's device, returned on CPU."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    out = torch.cat([model(images[i : i + batch_size].to(device)).cpu() for i in range(0, len(images), batch_size)])
+    model.train(was_training)
+    return out
+
+
+def fingerprint(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
+    """What `verify` compares: a digest of the predicted class of every test sample."""
+    predictions = predictions.cpu().to(torch.int64)
+    return {
+        "samples": len(labels),
+        "predictions_sha256": hashlib.sha256(predictions.numpy().tobytes()).hexdigest(),
+        "accuracy": 100.0 * (predictions == labels.cpu()).double().mean().item(),
+    }
+
+
+def portable_rng(state: dict[str, Any]) -> dict[str, Any]:
+    """RNG states in types `torch.load(weights_only=True)` accepts (no numpy objects)."""
+    out = dict(state)
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    out["numpy"] = {
+        "kind": kind,
+        "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
+    return out
+
+
+def restore_rng(state: dict[str, Any]) -> dict[str, Any]:
+    out = dict(state)
+    n = state["numpy"]
+    out["numpy"] = (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    return out
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> SaveInfo:
+    """Write `state` with torch.save, atomically: temp file, fsync, rename, fsync directory."""
+    path = Path(path)
+    start = time.perf_counter()
+    removed = clean_stale_temps(path.parent)
+    state = dict(state)
+    if "rng" in state:
+        state["rng"] = portable_rng(state["rng"])
+    try:
+        atomic_write_with(path, lambda f: torch.save(state, f))
+    except OSError as e:
+        raise CheckpointError(f"cannot write checkpoint: {e.strerror or e}", path) from None
+    return SaveInfo(str(path), path.stat().st_size, time.perf_counter() - start, len(removed))
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load with `weights_only=True` (no arbitrary code); faults become one-line errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError("checkpoint not found", path)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError, ValueError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"not a loadable checkpoint: {first_line}", path) from None
+    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+        raise CheckpointError("not a dlscope checkpoint (no 'model' and 'config' entries)", path)
+    if "rng" in state:
+        state["rng"] = restore_rng(state["rng"])
+    return state
+
+
+def model_from_checkpoint(state: dict[str, Any]) -> nn.Module:
+    model = build_model(state["config"]["model"])
+    model.load_state_dict(state["model"])
+    return model
+
+
+def verify_checkpoint(
+    path: str | Path,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    reference: nn.Module | None = None,
+) -> VerifyResult:
+    """Reload into a fresh model; its test predictions must equal the saved fingerprint's.
+
+    With `reference` (the in-memory model that was saved), the logits must also be equal.
+    """
+    start = time.perf_counter()
+    state = load_checkpoint(path)
+    saved = state.get("fingerprint")
+    if saved is None:
+        raise CheckpointError("checkpoint has no prediction fingerprint to verify against", path)
+    if saved["samples"] != len(labels):
+        raise CheckpointError(f"fingerprint covers {saved['samples']} test samples, {len(labels)} given", path)
+    model = model_from_checkpoint(state)
+    load_seconds = time.perf_counter() - start
+    logits = predict(model, images)
+    now = fingerprint(logits.argmax(1), labels)
+    diff = None
+    if reference is not None:
+        diff = (predict(reference, images) - logits).abs().max().item()
+    return VerifyResult(
+        path=str(path),
+        samples=len(labels),
+        predictions_identical=now["predictions_sha256"] == saved["predictions_sha256"],
+        logits_max_abs_diff=diff,
+        accuracy_saved=saved["accuracy"],
+        accuracy_loaded=now["accuracy"],
+        load_seconds=load_seconds,
+    )
+
+
+def verify_dict(result: VerifyResult) -> dict[str, Any]:
+    return {**asdict(result), "ok": result.ok}
+
+
+class CheckpointObserver(Observer):
+    """Saves `last.pt` at every epoch end: resumable, with the fingerprint `verify` needs."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.path = Path(directory) / "last.pt"
+        self.saves: list[SaveInfo] = []
+
+    def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None:
+        state = trainer.state_dict()
+        assert trainer.last_predictions is not None
+        state["fingerprint"] = fingerprint(trainer.last_predictions, trainer.test_labels)
+        self.saves.append(save_checkpoint(self.path, state))

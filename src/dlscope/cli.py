@@ -1,0 +1,326 @@
+"""The `dlscope` command: one subcommand per capability. Parse, call, print — nothing more."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dlscope import __version__
+from dlscope.errors import DlscopeError
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, as for every other bad input
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float | None = 99.0) -> None:
+    from dlscope.models import MODELS
+    from dlscope.train import LOADERS, OPTIMIZERS, SCHEDULES
+
+    g = p.add_argument_group("training")
+    g.add_argument("--model", default="cnn", choices=list(MODELS), help="model from the zoo (default cnn)")
+    g.add_argument("--epochs", type=int, default=epochs, help=f"epochs (default {epochs})")
+    g.add_argument("--batch-size", type=int, default=128, help="training batch size (default 128)")
+    g.add_argument("--test-batch-size", type=int, default=500)
+    g.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    g.add_argument("--lr", type=float, default=None, help="peak learning rate (default per optimizer)")
+    g.add_argument("--schedule", default="onecycle", choices=SCHEDULES, help="LR schedule (default onecycle)")
+    g.add_argument("--gamma", type=float, default=0.7, help="StepLR decay per epoch")
+    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    g.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    g.add_argument(
+        "--target-acc",
+        type=float,
+        default=target,
+        metavar="PCT",
+        help=f"stop once test accuracy reaches PCT%% (default {target})",
+    )
+    g.add_argument(
+        "--loader",
+        default="resident",
+        choices=LOADERS,
+        help="resident: tensors in memory, sliced by index; torch: the classic DataLoader",
+    )
+    g.add_argument("--workers", type=int, default=0, help="DataLoader workers (with --loader torch)")
+    g.add_argument("--log-every", type=int, default=50, help="steps per logged training point")
+    g.add_argument("--train-subset", type=int, default=None, metavar="N", help="use the first N training images")
+    g.add_argument("--test-subset", type=int, default=None, metavar="N", help="use the first N test images")
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("run")
+    g.add_argument("--out", default=None, help="run directory (default runs/<command>-<time>)")
+    g.add_argument("--data-dir", default=None, help="MNIST laid out like torchvision's MNIST/raw (default: embedded)")
+    g.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard logging")
+    g.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    g.add_argument("--profile-steps", type=int, default=5, help="active profiled training steps (default 5)")
+    g.add_argument(
+        "--sort-by",
+        default="self_cpu",
+        choices=["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"],
+        help="order of the top-10 operator table",
+    )
+
+
+def train_config(args: argparse.Namespace):
+    from dlscope.train import TrainConfig
+
+    return TrainConfig(
+        model=args.model,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        test_batch_size=args.test_batch_size,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        schedule=args.schedule,
+        gamma=args.gamma,
+        seed=args.seed,
+        device=args.device,
+        threads=args.threads,
+        target_acc=args.target_acc,
+        loader=args.loader,
+        workers=args.workers,
+        log_every=args.log_every,
+        train_subset=args.train_subset,
+        test_subset=args.test_subset,
+    )
+
+
+def run_pipeline(args: argparse.Namespace, command: str, step_names: Sequence[str]) -> int:
+    from dlscope.console import console
+    from dlscope.report.render import render_report
+    from dlscope.rundir import RunDir
+    from dlscope.steps import STEPS, STEPS_BY_NAME, LabContext, LabOptions, run_steps
+
+    config = train_config(args)  # validate before creating anything on disk
+    if args.profile_steps < 1:
+        raise DlscopeError("--profile-steps must be ≥ 1")
+    run = RunDir.create(args.out, command)
+    options = LabOptions(
+        data_dir=args.data_dir,
+        tensorboard=not args.no_tensorboard,
+        progress=not args.no_progress,
+        profile_active=args.profile_steps,
+        profile_sort=args.sort_by,
+        resume=getattr(args, "resume", None),
+    )
+    ctx = LabContext(config=config, run=run, options=options)
+    steps = [STEPS_BY_NAME[name] for name in step_names] if step_names else STEPS
+    console.print(f"[phase]dlscope {command}[/] → [path]{run.path}[/]")
+    try:
+        run_steps(ctx, steps)
+    finally:
+        html, md = render_report(run.path)
+        print_locations(run, html, md)
+    return 0
+
+
+def print_locations(run, html: Path, md: Path) -> None:
+    from rich.table import Table
+
+    from dlscope.console import console
+
+    table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
+    table.add_row("report", f"[path]{html}[/]  (and {md.name})")
+    table.add_row("results", f"[path]{run.path / 'results.json'}[/]")
+    for name, what in (
+        ("tensorboard", "TensorBoard logs — dlscope tensorboard " + str(run.path)),
+        ("profile", "profiler trace and operator tables"),
+        ("checkpoints", "checkpoints"),
+    ):
+        if (run.path / name).exists():
+            table.add_row(
+                what.split(" —")[0],
+                f"[path]{run.path / name}[/]" + (f"  [dim]{what.split('— ')[1]}" if "—" in what else ""),
+            )
+    console.print(table)
+    status = run.results["run"]["status"]
+    style = "good" if status == "ok" else "bad"
+    console.print(f"[{style}]{status}[/] in {run.results['run'].get('wall_seconds', 0):.1f}s")
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    return run_pipeline(args, "lab", [])
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    return run_pipeline(args, "train", ["environment", "dataset", "model", "train", "checkpoint"])
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    return run_pipeline(args, "profile", ["environment", "dataset", "model", "profile"])
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dlscope.console import console
+    from dlscope.report.render import render_report
+
+    html, md = render_report(args.run)
+    console.print(f"wrote [path]{html}[/] and [path]{md}[/]")
+    return 0
+
+
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    logdir = Path(args.run) / "tensorboard"
+    if not logdir.is_dir():
+        raise DlscopeError("no tensorboard/ directory in this run", args.run)
+    os.execvp(
+        sys.executable,
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(logdir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(args.port),
+        ],
+    )
+    return 0  # not reached
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from dlscope.console import console
+    from dlscope.observe.environment import collect_environment, environment_rows
+
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    for category, item, value in environment_rows(collect_environment()):
+        table.add_row(f"[dim]{category}", item, f"[metric]{value}")
+    console.print(table)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from dlscope.console import console
+    from dlscope.models import MODELS, build_model
+
+    for name, spec in MODELS.items():
+        params = sum(p.numel() for p in build_model(name).parameters())
+        console.print(f"[metric]{name:6}[/] {params:>9,} params  {spec.description}")
+    return 0
+
+
+def cmd_data_fetch(args: argparse.Namespace) -> int:
+    from dlscope.console import console
+    from dlscope.data.mnist import fetch_mnist
+
+    raw = fetch_mnist(args.mirror, args.dest)
+    console.print(
+        f"[good]verified[/] the four MNIST files into [path]{raw}[/]; use them with --data-dir {raw.parent.parent}"
+    )
+    return 0
+
+
+def cmd_data_verify(args: argparse.Namespace) -> int:
+    from dlscope.console import console
+    from dlscope.data.mnist import load_mnist
+
+    data = load_mnist(args.data_dir)
+    for key, path in data.files.items():
+        console.print(f"[good]ok[/] {key:13} [path]{path}[/]")
+    console.print(
+        f"{len(data.train_labels):,} train + {len(data.test_labels):,} test images, "
+        f"checksums verified in {data.load_seconds:.2f}s"
+    )
+    return 0
+
+
+def cmd_ckpt_verify(args: argparse.Namespace) -> int:
+    from dlscope.checkpoint import verify_checkpoint
+    from dlscope.console import console
+    from dlscope.data.loaders import normalise
+    from dlscope.data.mnist import load_mnist
+
+    data = load_mnist(args.data_dir)
+    result = verify_checkpoint(args.path, normalise(data.test_images), data.test_labels)
+    if result.ok:
+        console.print(
+            f"[good]ok[/] {args.path}: identical predictions on {result.samples:,} test images "
+            f"({result.accuracy_loaded:.2f}%)"
+        )
+        return 0
+    console.print(
+        f"[bad]MISMATCH[/] {args.path}: predictions differ from the saved fingerprint "
+        f"(saved {result.accuracy_saved:.2f}%, now {result.accuracy_loaded:.2f}%)"
+    )
+    return 1
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="dlscope", description="What a deep-learning training job does to a machine.")
+    parser.add_argument("--version", action="version", version=f"dlscope {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    p = sub.add_parser("lab", help="the whole lab: environment → train → curves → profile → checkpoint → report")
+    add_training_args(p)
+    add_run_args(p)
+    p.add_argument("--resume", default=None, metavar="CKPT", help="continue a run from its checkpoint")
+    p.set_defaults(func=cmd_lab)
+
+    p = sub.add_parser("train", help="train a model (TensorBoard, checkpoints, report)")
+    add_training_args(p)
+    add_run_args(p)
+    p.add_argument("--resume", default=None, metavar="CKPT", help="continue a run from its checkpoint")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("profile", help="profile real training steps; top-10 operators, trace")
+    add_training_args(p)
+    add_run_args(p)
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("report", help="re-render report.html and report.md from results.json")
+    p.add_argument("run", help="run directory")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("tensorboard", help="start TensorBoard on a run, bound to 127.0.0.1")
+    p.add_argument("run")
+    p.add_argument("--port", type=int, default=6006)
+    p.set_defaults(func=cmd_tensorboard)
+
+    p = sub.add_parser("env", help="print the environment table")
+    p.set_defaults(func=cmd_env)
+    p = sub.add_parser("models", help="list the model zoo")
+    p.set_defaults(func=cmd_models)
+
+    data = sub.add_parser("data", help="MNIST: fetch from a mirror, verify a copy")
+    data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
+    p = data_sub.add_parser("fetch", help="download the four .gz files, verified, atomically")
+    p.add_argument("--mirror", required=True, help="base URL holding train-images-idx3-ubyte.gz etc.")
+    p.add_argument("--dest", default=None, help="cache root (default ~/.cache/dlscope)")
+    p.set_defaults(func=cmd_data_fetch)
+    p = data_sub.add_parser("verify", help="verify the MNIST files' checksums")
+    p.add_argument("--data-dir", default=None)
+    p.set_defaults(func=cmd_data_verify)
+
+    ckpt = sub.add_parser("ckpt", help="checkpoints: verify")
+    ckpt_sub = ckpt.add_subparsers(dest="ckpt_command", required=True, parser_class=Parser)
+    p = ckpt_sub.add_parser("verify", help="reload a checkpoint and check its test predictions")
+    p.add_argument("path")
+    p.add_argument("--data-dir", default=None)
+    p.set_defaults(func=cmd_ckpt_verify)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except DlscopeError as e:
+        print(f"dlscope: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dlscope: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

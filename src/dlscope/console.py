@@ -1,0 +1,21 @@
+"""The one rich console dlscope prints through (stderr for progress, stdout for results)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.theme import Theme
+
+THEME = Theme(
+    {
+        "good": "bold green",
+        "bad": "bold red",
+        "warn": "yellow",
+        "dim": "dim",
+        "metric": "cyan",
+        "path": "magenta",
+        "phase": "bold blue",
+    }
+)
+
+console = Console(theme=THEME, highlight=False)
+err_console = Console(theme=THEME, stderr=True, highlight=False)

@@ -1,0 +1,154 @@
+"""Batches for training: the whole dataset resident in memory, or the classic DataLoader.
+
+`ResidentBatches` normalises once and slices batches by index: no per-sample Python, which is
+what makes it several times faster than `torch.utils.data.DataLoader` on a small dataset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from dlscope.data.mnist import MEAN, STD
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def normalise(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (N, 28, 28) -> float32 (N, 1, 28, 28), scaled to [0, 1] then standardised."""
+    return ((images.float() / 255.0 - MEAN) / STD).unsqueeze(1)
+
+
+class ResidentBatches:
+    """Batches sliced from normalised tensors held on the target device.
+
+    Each epoch draws a fresh permutation from its own seeded generator, so the order depends
+    only on (seed, epoch) and a resumed run sees the same batches as an uninterrupted one.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        drop_last: bool = False,
+    ):
+        self.images = normalise(images).to(device)
+        self.labels = labels.to(device)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        n = len(self.labels)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.labels)
+
+    def order(self) -> torch.Tensor:
+        n = len(self.labels)
+        if not self.shuffle:
+            return torch.arange(n)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(n, generator=generator)
+
+    def __iter__(self) -> Iterator[Batch]:
+        order = self.order().to(self.images.device)
+        for b in range(len(self)):
+            index = order[b * self.batch_size : (b + 1) * self.batch_size]
+            yield self.images[index], self.labels[index]
+
+
+class MnistSamples(Dataset):
+    """Per-sample access, as torchvision's MNIST gives it: each item is normalised on the fly."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> Batch:
+        return normalise(self.images[i : i + 1])[0], self.labels[i]
+
+
+class TorchLoaderBatches:
+    """The classic `DataLoader` path (`--loader torch`), with the same per-epoch seeding."""
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        workers: int = 0,
+        device: torch.device | str = "cpu",
+        drop_last: bool = False,
+    ):
+        self.dataset = MnistSamples(images, labels)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.workers = workers
+        self.device = torch.device(device)
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[Batch]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        loader = DataLoader(
+            self.dataset,
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            generator=generator,
+            num_workers=self.workers,
+            pin_memory=self.device.type == "cuda",
+            drop_last=self.drop_last,
+            persistent_workers=False,
+        )
+        non_blocking = self.device.type == "cuda"
+        for x, y in loader:
+            yield x.to(self.device, non_blocking=non_blocking), y.to(self.device, non_blocking=non_blocking)
+
+
+def make_batches(
+    kind: str,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    device: torch.device | str,
+    workers: int = 0,
+) -> ResidentBatches | TorchLoaderBatches:
+    """The batch source named by `--loader`: `resident` (default) or `torch`."""
+    if kind == "resident":
+        return ResidentBatches(images, labels, batch_size, shuffle, seed, device)
+    if kind == "torch":
+        return TorchLoaderBatches(images, labels, batch_size, shuffle, seed, workers, device)
+    raise ValueError(f"unknown loader {kind!r}")

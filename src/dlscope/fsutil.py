@@ -1,0 +1,82 @@
+"""Crash-safe file writes: a reader sees the old file or the complete new one, never a torn one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+TEMP_MARK = ".dlscope-tmp-"
+
+
+def fsync_dir(directory: Path) -> None:
+    """Persist a rename: the directory entry itself must reach the disk."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
+    """Open a temp file beside `path` for writing; on success it replaces `path` durably.
+
+    Sequence: temp file in the same directory (same filesystem, so the rename is atomic) →
+    write → flush → fsync → os.replace → fsync of the directory. On any exception the temp
+    file is removed and `path` is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{TEMP_MARK}{path.name}.{os.getpid()}"
+    f = open(tmp, "wb")  # noqa: SIM115 — closed explicitly: it must close before the rename
+    try:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        f.close()
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    with atomic_open(path) as f:
+        f.write(data)
+    return Path(path)
+
+
+def atomic_write_with(path: str | Path, writer: Callable[[BinaryIO], None]) -> Path:
+    with atomic_open(path) as f:
+        writer(f)
+    return Path(path)
+
+
+def clean_stale_temps(directory: str | Path) -> list[Path]:
+    """Remove temp files left by writers that died (their pid is gone); return what was removed."""
+    directory = Path(directory)
+    removed: list[Path] = []
+    if not directory.is_dir():
+        return removed
+    for tmp in directory.glob(f"{TEMP_MARK}*"):
+        pid = tmp.name.rsplit(".", 1)[-1]
+        if pid.isdigit() and pid_alive(int(pid)) and int(pid) != os.getpid():
+            continue  # another live process is writing it
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

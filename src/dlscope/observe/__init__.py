@@ -1,0 +1,1 @@
+"""Observers and measurements of a training job: TensorBoard, profiler, summary, environment."""

@@ -1,0 +1,143 @@
+"""results.json → report.html (self-contained: inline CSS, figures as data URIs) and report.md."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from dlscope.fsutil import atomic_write_bytes
+from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Section, Table, fmt
+from dlscope.rundir import load_results
+
+Renderer = Callable[[dict[str, Any]], list[Block]]
+FINDING_MARK = {"good": "✔", "info": "•", "warn": "⚠", "bad": "✘"}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def block_html(block: Block) -> str:
+    if isinstance(block, Para):
+        return f"<p>{html.escape(block.text)}</p>"
+    if isinstance(block, Table):
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in block.columns)
+        body = "".join(
+            "<tr>"
+            + "".join(
+                f'<td class="num">{html.escape(fmt(v))}</td>' if _is_number(v) else f"<td>{html.escape(fmt(v))}</td>"
+                for v in row
+            )
+            + "</tr>"
+            for row in block.rows
+        )
+        caption = f"<caption>{html.escape(block.caption)}</caption>" if block.caption else ""
+        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    if isinstance(block, Figure):
+        data = base64.b64encode(block.png).decode()
+        caption = f"<figcaption>{html.escape(block.caption)}</figcaption>" if block.caption else ""
+        alt = html.escape(block.caption or block.name)
+        return f'<figure><img alt="{alt}" src="data:image/png;base64,{data}">{caption}</figure>'
+    if isinstance(block, Code):
+        return f"<pre><code>{html.escape(block.text)}</code></pre>"
+    if isinstance(block, Findings):
+        items = "".join(
+            f'<li class="{level}">{FINDING_MARK.get(level, "•")} {html.escape(text)}</li>'
+            for level, text in block.items
+        )
+        return f'<ul class="findings">{items}</ul>'
+    raise TypeError(f"unknown block {block!r}")
+
+
+def _md_cell(value: Any) -> str:
+    return fmt(value).replace("|", "\\|").replace("\n", " ")
+
+
+def block_md(block: Block, figures_dir: Path, run_dir: Path) -> str:
+    if isinstance(block, Para):
+        return block.text
+    if isinstance(block, Table):
+        lines = [f"*{block.caption}*", ""] if block.caption else []
+        lines.append("| " + " | ".join(block.columns) + " |")
+        lines.append(
+            "|"
+            + "|".join(
+                "---:" if block.rows and _is_number(v) else "---"
+                for v in (block.rows[0] if block.rows else block.columns)
+            )
+            + "|"
+        )
+        lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in block.rows]
+        return "\n".join(lines)
+    if isinstance(block, Figure):
+        figures_dir.mkdir(parents=True, exist_ok=True)
+        path = figures_dir / f"{block.name}.png"
+        atomic_write_bytes(path, block.png)
+        return f"![{block.caption or block.name}]({path.relative_to(run_dir)})"
+    if isinstance(block, Code):
+        return f"```{block.language}\n{block.text}\n```"
+    if isinstance(block, Findings):
+        return "\n".join(f"- {FINDING_MARK.get(level, '•')} {text}" for level, text in block.items)
+    raise TypeError(f"unknown block {block!r}")
+
+
+def unknown_section(section: dict[str, Any]) -> list[Block]:
+    """A section this version has no renderer for (a newer dlscope wrote it): show its data."""
+    return [
+        Para("No renderer for this section in this dlscope version; its data:"),
+        Code(json.dumps(section, indent=2, ensure_ascii=False)[:20000], "json"),
+    ]
+
+
+def build_sections(results: dict[str, Any]) -> list[Section]:
+    from dlscope.steps import STEPS_BY_NAME
+
+    sections = []
+    order = results.get("steps") or list(results["sections"])
+    for key in order:
+        data = results["sections"].get(key)
+        if data is None:
+            continue
+        step = STEPS_BY_NAME.get(key)
+        title = step.title if step else key
+        blocks = step.render(data) if step else unknown_section(data)
+        sections.append(Section(key, title, blocks))
+    return sections
+
+
+def render_report(run: str | Path) -> tuple[Path, Path]:
+    """Write report.html and report.md into the run directory from its results.json."""
+    run = Path(run)
+    run_dir = run if run.is_dir() else run.parent
+    results = load_results(run_dir)
+    sections = build_sections(results)
+    env = Environment(loader=PackageLoader("dlscope.report"), autoescape=select_autoescape())
+    page = env.get_template("report.html.j2").render(
+        run={"wall_seconds": None, **results["run"]},
+        version=results.get("dlscope_version"),
+        schema=results["schema"],
+        schema_version=results["schema_version"],
+        sections=[{"key": s.key, "title": s.title, "blocks": [block_html(b) for b in s.blocks]} for s in sections],
+    )
+    html_path = atomic_write_bytes(run_dir / "report.html", page.encode())
+    figures = run_dir / "figures"
+    info = results["run"]
+    md = [
+        f"# dlscope report — {info['name']}",
+        "",
+        f"`dlscope {info['command']} {' '.join(info.get('argv') or [])}`".replace(" `", "`")
+        + f" · started {info['started']} · status **{info['status']}**",
+        "",
+    ]
+    md += [f"- [{s.title}](#{s.key})" for s in sections]
+    for s in sections:
+        md += ["", f'<a id="{s.key}"></a>', f"## {s.title}", ""]
+        md += [block_md(b, figures, run_dir) + "\n" for b in s.blocks]
+    md_path = atomic_write_bytes(run_dir / "report.md", "\n".join(md).encode())
+    return html_path, md_path

@@ -1,0 +1,134 @@
+"""The run directory every command writes, and its results.json (the report's single source).
+
+runs/<name>/
+    results.json       versioned; rewritten atomically after every step
+    tensorboard/       event files
+    profile/           Chrome/Perfetto trace, operator tables (CSV, JSON)
+    checkpoints/       last.pt
+    figures/           PNGs that report.md links to (report.html embeds them)
+    report.html        one self-contained file
+    report.md
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dlscope import __version__
+from dlscope.errors import RunDirError
+from dlscope.fsutil import atomic_write_bytes
+
+SCHEMA = "dlscope.results"
+SCHEMA_VERSION = 1
+
+
+def to_jsonable(value: Any) -> Any:
+    """Plain JSON values: NaN/Inf become null, tuples lists, paths and other objects strings."""
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        return to_jsonable(value.item())
+    return str(value)
+
+
+class RunDir:
+    def __init__(self, path: str | Path, command: str, argv: list[str] | None = None) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.started = time.time()
+        self.results: dict[str, Any] = {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "dlscope_version": __version__,
+            "run": {
+                "name": self.path.name,
+                "command": command,
+                "argv": list(sys.argv[1:] if argv is None else argv),
+                "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "status": "running",
+            },
+            "steps": [],
+            "sections": {},
+        }
+        self.save()
+
+    @classmethod
+    def create(cls, out: str | Path | None, command: str, root: str | Path = "runs") -> RunDir:
+        """`out` as given, else runs/<command>-<timestamp> (never reusing an existing one)."""
+        if out is not None:
+            return cls(out, command)
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = Path(root) / f"{command}-{stamp}"
+        n = 1
+        while path.exists():
+            n += 1
+            path = Path(root) / f"{command}-{stamp}-{n}"
+        return cls(path, command)
+
+    def sub(self, name: str) -> Path:
+        path = self.path / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def rel(self, path: str | Path) -> str:
+        """A path relative to the run directory, as results.json stores artifact paths."""
+        try:
+            return str(Path(path).resolve().relative_to(self.path.resolve()))
+        except ValueError:
+            return str(path)
+
+    def record(self, step: str, section: dict[str, Any]) -> None:
+        sections = self.results["sections"]
+        sections[step] = to_jsonable(section)
+        if step not in self.results["steps"]:
+            self.results["steps"].append(step)
+        self.save()
+
+    def finish(self, status: str) -> None:
+        run = self.results["run"]
+        run["status"] = status
+        run["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        run["wall_seconds"] = round(time.time() - self.started, 3)
+        self.save()
+
+    def save(self) -> None:
+        text = json.dumps(self.results, indent=2, allow_nan=False, ensure_ascii=False)
+        atomic_write_bytes(self.path / "results.json", text.encode())
+
+
+def load_results(run: str | Path) -> dict[str, Any]:
+    """results.json of a run directory (or the file itself), checked against the schema."""
+    path = Path(run)
+    if path.is_dir():
+        path = path / "results.json"
+    if not path.is_file():
+        raise RunDirError("no results.json here: not a dlscope run directory", path)
+    try:
+        results = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunDirError(f"results.json is not valid JSON ({e})", path) from None
+    if not isinstance(results, dict) or results.get("schema") != SCHEMA:
+        raise RunDirError(f"not a dlscope results file (schema should be {SCHEMA!r})", path)
+    version = results.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise RunDirError(
+            f"results schema version {version!r} is newer than this dlscope reads ({SCHEMA_VERSION})",
+            path,
+        )
+    if not isinstance(results.get("sections"), dict):
+        raise RunDirError("results.json has no 'sections' object", path)
+    return results

@@ -1,0 +1,20 @@
+"""Shared fixtures: the real MNIST (loaded once), and small configurations for quick runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dlscope.data.mnist import MNIST, load_mnist
+
+
+@pytest.fixture(scope="session")
+def mnist() -> MNIST:
+    return load_mnist()
+
+
+@pytest.fixture(autouse=True)
+def _two_threads():
+    # CI machines have 2 cores; pin so timings and results do not depend on the host
+    torch.set_num_threads(2)
+    yield
