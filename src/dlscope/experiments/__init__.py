@@ -1,0 +1,1 @@
+"""Experiments that sweep a configuration space and compare what they measure."""
