@@ -26,6 +26,15 @@ class Figure:
 
 
 @dataclass
+class Svg:
+    """A vector drawing (graphviz output, a data-flow diagram); inlined in HTML, a file for Markdown."""
+
+    name: str  # file stem under figures/
+    svg: str
+    caption: str = ""
+
+
+@dataclass
 class Code:
     text: str
     language: str = ""
@@ -38,7 +47,7 @@ class Findings:
     items: list[tuple[str, str]] = field(default_factory=list)
 
 
-Block = Para | Table | Figure | Code | Findings
+Block = Para | Table | Figure | Svg | Code | Findings
 
 
 @dataclass

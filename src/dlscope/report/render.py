@@ -12,7 +12,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from dlscope.fsutil import atomic_write_bytes
-from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Section, Table, fmt
+from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Section, Svg, Table, fmt
 from dlscope.rundir import load_results
 
 Renderer = Callable[[dict[str, Any]], list[Block]]
@@ -44,6 +44,9 @@ def block_html(block: Block) -> str:
         caption = f"<figcaption>{html.escape(block.caption)}</figcaption>" if block.caption else ""
         alt = html.escape(block.caption or block.name)
         return f'<figure><img alt="{alt}" src="data:image/png;base64,{data}">{caption}</figure>'
+    if isinstance(block, Svg):
+        caption = f"<figcaption>{html.escape(block.caption)}</figcaption>" if block.caption else ""
+        return f'<figure class="svg">{inline_svg(block.svg)}{caption}</figure>'
     if isinstance(block, Code):
         return f"<pre><code>{html.escape(block.text)}</code></pre>"
     if isinstance(block, Findings):
@@ -53,6 +56,14 @@ def block_html(block: Block) -> str:
         )
         return f'<ul class="findings">{items}</ul>'
     raise TypeError(f"unknown block {block!r}")
+
+
+def inline_svg(svg: str) -> str:
+    """An SVG document as an inline element: drop the XML declaration and DOCTYPE, keep <svg…>."""
+    start = svg.find("<svg")
+    if start < 0:
+        raise ValueError("not an SVG document")
+    return svg[start:]
 
 
 def _md_cell(value: Any) -> str:
@@ -75,10 +86,14 @@ def block_md(block: Block, figures_dir: Path, run_dir: Path) -> str:
         )
         lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in block.rows]
         return "\n".join(lines)
+    figures_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(block, Figure):
-        figures_dir.mkdir(parents=True, exist_ok=True)
         path = figures_dir / f"{block.name}.png"
         atomic_write_bytes(path, block.png)
+        return f"![{block.caption or block.name}]({path.relative_to(run_dir)})"
+    if isinstance(block, Svg):
+        path = figures_dir / f"{block.name}.svg"
+        atomic_write_bytes(path, block.svg.encode())
         return f"![{block.caption or block.name}]({path.relative_to(run_dir)})"
     if isinstance(block, Code):
         return f"```{block.language}\n{block.text}\n```"
