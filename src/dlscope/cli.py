@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -255,6 +256,32 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_ckpt_inspect(args: argparse.Namespace) -> int:
+    from dlscope.ckpt.inspect import inspect_checkpoint
+    from dlscope.ckpt.show import print_anatomy
+    from dlscope.console import console
+
+    anatomy = inspect_checkpoint(args.path, stats=args.stats)
+    if args.json:
+        print(json.dumps(anatomy.to_dict(), indent=1, default=str))
+    else:
+        print_anatomy(anatomy, console, limit=args.limit)
+    return 0 if anatomy.safe_to_load else 1
+
+
+def cmd_ckpt_diff(args: argparse.Namespace) -> int:
+    from dlscope.ckpt.diff import diff_checkpoints
+    from dlscope.ckpt.show import print_diff
+    from dlscope.console import console
+
+    result = diff_checkpoints(args.a, args.b)
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        print_diff(result, console, limit=args.limit)
+    return 0 if result["identical"] else 1
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="dlscope", description="What a deep-learning training job does to a machine.")
     parser.add_argument("--version", action="version", version=f"dlscope {__version__}")
@@ -301,12 +328,28 @@ def build_parser() -> Parser:
     p.add_argument("--data-dir", default=None)
     p.set_defaults(func=cmd_data_verify)
 
-    ckpt = sub.add_parser("ckpt", help="checkpoints: verify")
+    ckpt = sub.add_parser("ckpt", help="checkpoints: verify, inspect (never executes the file), diff")
     ckpt_sub = ckpt.add_subparsers(dest="ckpt_command", required=True, parser_class=Parser)
     p = ckpt_sub.add_parser("verify", help="reload a checkpoint and check its test predictions")
     p.add_argument("path")
     p.add_argument("--data-dir", default=None)
     p.set_defaults(func=cmd_ckpt_verify)
+    p = ckpt_sub.add_parser(
+        "inspect",
+        help="what is inside a checkpoint (torch, safetensors, Keras, TF) without running it; "
+        "exit 0 safe to torch.load, 1 not",
+    )
+    p.add_argument("path", help="checkpoint file (format detected from its bytes), or a TF checkpoint prefix")
+    p.add_argument("--json", action="store_true", help="print the full anatomy as JSON")
+    p.add_argument("--stats", action="store_true", help="read tensor data: min/max/mean/std, zeros, NaN/Inf; CRCs")
+    p.add_argument("--limit", type=int, default=40, help="rows per table (default 40; --json lists all)")
+    p.set_defaults(func=cmd_ckpt_inspect)
+    p = ckpt_sub.add_parser("diff", help="tensors added/removed/changed between two checkpoints; exit 0 identical")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--limit", type=int, default=40, help="rows per table (default 40)")
+    p.set_defaults(func=cmd_ckpt_diff)
     return parser
 
 

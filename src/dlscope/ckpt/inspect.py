@@ -1,0 +1,129 @@
+"""`inspect_checkpoint(path)`: detect the format from the bytes, read its anatomy, never execute it.
+
+Any fault in the file becomes a `CheckpointError` naming it; reads are bounded by the sizes the
+file's own directory declares (checked against the file size first), so a hostile length field
+cannot make dlscope allocate gigabytes or loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dlscope.ckpt import keras_fmt, safetensors_fmt, torchfmt
+from dlscope.ckpt.anatomy import Anatomy
+from dlscope.ckpt.tf_fmt import TABLE_MAGIC, inspect_tf
+from dlscope.ckpt.zipdir import open_zip
+from dlscope.errors import CheckpointError
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+# first bytes of a protocol 0/1 pickle: MARK, GLOBAL, EMPTY_DICT/LIST/TUPLE, INT, STRING, UNICODE …
+PICKLE_0_STARTS = set(b"(c}])IFLSVNJKMGXTU")
+CHUNK = 1 << 24  # elements per step when computing statistics (bounded extra memory)
+
+
+def detect_format(path: Path, head: bytes, file_bytes: int) -> str:
+    if head[:4] in ZIP_MAGIC:
+        return "zip"
+    if head[:8] == HDF5_MAGIC:
+        return "hdf5"
+    if head.startswith(torchfmt.LEGACY_PREFIX):
+        return "torch-legacy"
+    if len(head) >= 9 and head[8:9] == b"{" and safetensors_fmt.header_length(head) <= file_bytes:
+        return "safetensors"
+    if (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5) or (head and head[0] in PICKLE_0_STARTS):
+        return "pickle"
+    return "unknown"
+
+
+def _tail(path: Path, file_bytes: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(max(0, file_bytes - 8))
+        return f.read(8)
+
+
+def inspect_checkpoint(path: str | Path, stats: bool = False) -> Anatomy:
+    """The anatomy of a checkpoint; with `stats`, read every tensor once for min/max/mean/std/zeros/NaN/Inf."""
+    path = Path(path)
+    if path.is_dir() or not path.exists():
+        index = Path(f"{path}.index")
+        if index.is_file():  # a TF checkpoint is named by its prefix: model.ckpt → model.ckpt.index + data shards
+            return inspect_tf(index, stats)
+        raise CheckpointError("no such file", path)
+    file_bytes = path.stat().st_size
+    if file_bytes == 0:
+        raise CheckpointError("empty file", path)
+    with open(path, "rb") as f:
+        head = f.read(16)
+        kind = detect_format(path, head, file_bytes)
+        f.seek(0)
+        if kind == "zip":
+            names = set(open_zip(path, f).namelist())
+            if "config.json" in names and ("model.weights.h5" in names or "metadata.json" in names):
+                anatomy = keras_fmt.inspect_keras_zip(path, f, file_bytes)
+            elif any(n.endswith("/data.pkl") for n in names):
+                anatomy = torchfmt.inspect_torch_zip(path, f, file_bytes, check=stats)
+            else:
+                raise CheckpointError(
+                    f"zip archive that is neither a torch.save file nor a .keras model ({len(names)} members)", path
+                )
+        elif kind == "hdf5":
+            anatomy = keras_fmt.inspect_hdf5(path, f, file_bytes)
+        elif kind == "torch-legacy":
+            anatomy = torchfmt.inspect_legacy(path, f, file_bytes)
+        elif kind == "safetensors":
+            anatomy = safetensors_fmt.inspect_safetensors(path, f, file_bytes)
+        elif _tail(path, file_bytes) == TABLE_MAGIC:
+            return inspect_tf(path, stats)
+        elif kind == "pickle":
+            anatomy = torchfmt.inspect_bare_pickle(path, f, file_bytes)
+        else:
+            raise CheckpointError(f"unknown format (first bytes {head[:8].hex(' ')}); wrong magic", path)
+    if stats:
+        add_stats(anatomy)
+    return anatomy
+
+
+def add_stats(anatomy: Anatomy) -> None:
+    for t in anatomy.tensors:
+        if t.read is not None:
+            t.stats = tensor_stats(t.read())
+
+
+def tensor_stats(x: torch.Tensor) -> dict[str, float | int] | None:
+    """min/max/mean/std (population) over finite values, in float64 chunks; counts of zeros, NaN, Inf."""
+    if x.is_complex():
+        return None
+    flat = x.reshape(-1)
+    count, mean, m2 = 0, 0.0, 0.0
+    lo, hi = float("inf"), float("-inf")
+    zeros = nans = infs = 0
+    for start in range(0, flat.numel(), CHUNK):
+        chunk = flat[start : start + CHUNK].to(torch.float64)
+        nans += int(chunk.isnan().sum())
+        infs += int(chunk.isinf().sum())
+        zeros += int((chunk == 0).sum())
+        finite = chunk[chunk.isfinite()]
+        n = finite.numel()
+        if n == 0:
+            continue
+        lo, hi = min(lo, finite.min().item()), max(hi, finite.max().item())
+        chunk_mean = finite.mean().item()
+        chunk_m2 = ((finite - chunk_mean) ** 2).sum().item()
+        delta = chunk_mean - mean  # Chan et al.: merge (count, mean, M2) of two parts
+        total = count + n
+        mean += delta * n / total
+        m2 += chunk_m2 + delta * delta * count * n / total
+        count = total
+    numel = flat.numel()
+    return {
+        "min": lo if count else None,
+        "max": hi if count else None,
+        "mean": mean if count else None,
+        "std": (m2 / count) ** 0.5 if count else None,
+        "zeros": zeros / numel if numel else 0.0,
+        "nan": nans,
+        "inf": infs,
+    }
