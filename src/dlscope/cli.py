@@ -92,7 +92,7 @@ def train_config(args: argparse.Namespace):
     )
 
 
-def run_pipeline(args: argparse.Namespace, command: str, step_names: Sequence[str]) -> int:
+def run_pipeline(args: argparse.Namespace, command: str, step_names: Sequence[str], extra: dict | None = None) -> int:
     from dlscope.console import console
     from dlscope.report.render import render_report
     from dlscope.rundir import RunDir
@@ -109,6 +109,7 @@ def run_pipeline(args: argparse.Namespace, command: str, step_names: Sequence[st
         profile_active=args.profile_steps,
         profile_sort=args.sort_by,
         resume=getattr(args, "resume", None),
+        extra=extra or {},
     )
     ctx = LabContext(config=config, run=run, options=options)
     steps = [STEPS_BY_NAME[name] for name in step_names] if step_names else STEPS
@@ -145,8 +146,12 @@ def print_locations(run, html: Path, md: Path) -> None:
     console.print(f"[{style}]{status}[/] in {run.results['run'].get('wall_seconds', 0):.1f}s")
 
 
+def keras_seed_options(args: argparse.Namespace) -> dict:
+    return {"keras_seed": True, "keras_epochs": args.epochs, "keras_train_subset": args.train_subset}
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
-    return run_pipeline(args, "lab", [])
+    return run_pipeline(args, "lab", [], keras_seed_options(args) if args.keras_seed else None)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -256,6 +261,10 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_ckpt_seed003(args: argparse.Namespace) -> int:
+    return run_pipeline(args, "ckpt-seed003", ["environment", "dataset", "ckpt_anatomy"], keras_seed_options(args))
+
+
 def cmd_ckpt_inspect(args: argparse.Namespace) -> int:
     from dlscope.ckpt.inspect import inspect_checkpoint
     from dlscope.ckpt.show import print_anatomy
@@ -291,6 +300,9 @@ def build_parser() -> Parser:
     add_training_args(p)
     add_run_args(p)
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue a run from its checkpoint")
+    p.add_argument(
+        "--keras-seed", action="store_true", help="also train and dissect seed 003's Keras MLP (needs .[keras])"
+    )
     p.set_defaults(func=cmd_lab)
 
     p = sub.add_parser("train", help="train a model (TensorBoard, checkpoints, report)")
@@ -350,6 +362,13 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--limit", type=int, default=40, help="rows per table (default 40)")
     p.set_defaults(func=cmd_ckpt_diff)
+    p = ckpt_sub.add_parser(
+        "seed003",
+        help="train seed 003's Keras MLP (Keras 3, torch backend), save .h5 and .keras, report their anatomy",
+    )
+    add_training_args(p, epochs=5, target=None)
+    add_run_args(p)
+    p.set_defaults(func=cmd_ckpt_seed003)
     return parser
 
 

@@ -7,7 +7,11 @@ cannot make dlscope allocate gigabytes or loop.
 
 from __future__ import annotations
 
+import struct
+import zipfile
+import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -31,7 +35,7 @@ def detect_format(path: Path, head: bytes, file_bytes: int) -> str:
         return "hdf5"
     if head.startswith(torchfmt.LEGACY_PREFIX):
         return "torch-legacy"
-    if len(head) >= 9 and head[8:9] == b"{" and safetensors_fmt.header_length(head) <= file_bytes:
+    if len(head) >= 9 and head[8:9] == b"{":
         return "safetensors"
     if (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5) or (head and head[0] in PICKLE_0_STARTS):
         return "pickle"
@@ -59,28 +63,52 @@ def inspect_checkpoint(path: str | Path, stats: bool = False) -> Anatomy:
         head = f.read(16)
         kind = detect_format(path, head, file_bytes)
         f.seek(0)
-        if kind == "zip":
-            names = set(open_zip(path, f).namelist())
-            if "config.json" in names and ("model.weights.h5" in names or "metadata.json" in names):
-                anatomy = keras_fmt.inspect_keras_zip(path, f, file_bytes)
-            elif any(n.endswith("/data.pkl") for n in names):
-                anatomy = torchfmt.inspect_torch_zip(path, f, file_bytes, check=stats)
-            else:
-                raise CheckpointError(
-                    f"zip archive that is neither a torch.save file nor a .keras model ({len(names)} members)", path
-                )
-        elif kind == "hdf5":
-            anatomy = keras_fmt.inspect_hdf5(path, f, file_bytes)
-        elif kind == "torch-legacy":
-            anatomy = torchfmt.inspect_legacy(path, f, file_bytes)
-        elif kind == "safetensors":
-            anatomy = safetensors_fmt.inspect_safetensors(path, f, file_bytes)
-        elif _tail(path, file_bytes) == TABLE_MAGIC:
-            return inspect_tf(path, stats)
-        elif kind == "pickle":
-            anatomy = torchfmt.inspect_bare_pickle(path, f, file_bytes)
+        try:
+            anatomy = _inspect(path, f, kind, head, file_bytes, stats)
+        except CheckpointError:
+            raise
+        except (
+            ValueError,  # includes UnicodeDecodeError, json errors, zipfile.BadZipFile's relatives
+            TypeError,
+            KeyError,
+            IndexError,
+            OverflowError,
+            RecursionError,
+            OSError,
+            RuntimeError,
+            zipfile.BadZipFile,
+            zlib.error,
+            struct.error,
+        ) as e:
+            # a fault a reader did not name: still one line, with the format it was read as
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise CheckpointError(f"malformed {kind} file: {type(e).__name__}: {first}"[:300], path) from None
+    return anatomy
+
+
+def _inspect(path: Path, f: BinaryIO, kind: str, head: bytes, file_bytes: int, stats: bool) -> Anatomy:
+    if kind == "zip":
+        names = set(open_zip(path, f).namelist())
+        if "config.json" in names and ("model.weights.h5" in names or "metadata.json" in names):
+            anatomy = keras_fmt.inspect_keras_zip(path, f, file_bytes)
+        elif any(n.endswith("/data.pkl") for n in names):
+            anatomy = torchfmt.inspect_torch_zip(path, f, file_bytes, check=stats)
         else:
-            raise CheckpointError(f"unknown format (first bytes {head[:8].hex(' ')}); wrong magic", path)
+            raise CheckpointError(
+                f"zip archive that is neither a torch.save file nor a .keras model ({len(names)} members)", path
+            )
+    elif kind == "hdf5":
+        anatomy = keras_fmt.inspect_hdf5(path, f, file_bytes)
+    elif kind == "torch-legacy":
+        anatomy = torchfmt.inspect_legacy(path, f, file_bytes)
+    elif kind == "safetensors":
+        anatomy = safetensors_fmt.inspect_safetensors(path, f, file_bytes)
+    elif _tail(path, file_bytes) == TABLE_MAGIC:
+        anatomy = inspect_tf(path, stats)
+    elif kind == "pickle":
+        anatomy = torchfmt.inspect_bare_pickle(path, f, file_bytes)
+    else:
+        raise CheckpointError(f"unknown format (first bytes {head[:8].hex(' ')}); wrong magic", path)
     if stats:
         add_stats(anatomy)
     return anatomy
