@@ -50,8 +50,8 @@ def train_seed_mlp(
     train_seconds = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
     h5, native = out_dir / "model.h5", out_dir / "model.keras"
+    model.save(native)  # first: after a legacy .h5 save, Keras 3.15 leaves the optimizer out of compile_config
     model.save(h5)  # the seed's call: legacy HDF5 with model_config / training_config attributes
-    model.save(native)
     return {
         "keras_version": keras.__version__,
         "backend": keras.backend.backend(),

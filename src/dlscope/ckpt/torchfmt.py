@@ -18,6 +18,8 @@ from dlscope.errors import CheckpointError
 MAX_PICKLE_BYTES = 256 << 20  # a state dict's pickle is kilobytes to a few MB; refuse to buffer more
 MAX_NODES = 1_000_000  # objects walked in the unpickled tree (shared references make a DAG, not a bomb)
 MAX_METADATA = 200  # scalar entries listed
+LONG_SEQUENCE = 16  # longer sequences of scalars are one metadata entry
+SCALARS = (bool, int, float, str, bytes, type(None))
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
 LEGACY_PREFIX = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
 
@@ -56,6 +58,9 @@ def walk(root: Any) -> Iterator[tuple[list[str], Any]]:
         if isinstance(obj, dict):
             children = [(str(k), v) for k, v in obj.items()]
         elif isinstance(obj, list | tuple | set | frozenset):
+            if len(obj) > LONG_SEQUENCE and all(isinstance(v, SCALARS) for v in obj):
+                yield path, obj  # a Python RNG state's 625 ints: one metadata entry, not 625
+                continue
             children = [(str(i), v) for i, v in enumerate(obj)]
         elif isinstance(obj, Opaque):
             children = [(f"<{obj.qualname}>", obj.state)] if obj.state is not None else []
@@ -72,6 +77,8 @@ def walk(root: Any) -> Iterator[tuple[list[str], Any]]:
 def short(value: Any, limit: int = 80) -> Any:
     if isinstance(value, bool | int | float) or value is None:
         return value
+    if isinstance(value, list | tuple | set | frozenset) and len(value) > LONG_SEQUENCE:
+        return f"{type(value).__name__} of {len(value):,} scalars"
     text = repr(value) if not isinstance(value, str) else value
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
