@@ -25,6 +25,7 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 # first bytes of a protocol 0/1 pickle: MARK, GLOBAL, EMPTY_DICT/LIST/TUPLE, INT, STRING, UNICODE …
 PICKLE_0_STARTS = set(b"(c}])IFLSVNJKMGXTU")
+NATIVE_STATS_DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32}
 CHUNK = 1 << 24  # elements per step when computing statistics (bounded extra memory)
 
 
@@ -125,21 +126,27 @@ def tensor_stats(x: torch.Tensor) -> dict[str, float | int] | None:
     if x.is_complex():
         return None
     flat = x.reshape(-1)
+    floating = flat.is_floating_point()
     count, mean, m2 = 0, 0.0, 0.0
     lo, hi = float("inf"), float("-inf")
     zeros = nans = infs = 0
     for start in range(0, flat.numel(), CHUNK):
-        chunk = flat[start : start + CHUNK].to(torch.float64)
-        nans += int(chunk.isnan().sum())
-        infs += int(chunk.isinf().sum())
+        chunk = flat[start : start + CHUNK]
+        if chunk.dtype not in NATIVE_STATS_DTYPES:  # bool, float8 …: few kernels exist for them
+            chunk = chunk.to(torch.float32 if floating else torch.float64)
         zeros += int((chunk == 0).sum())
-        finite = chunk[chunk.isfinite()]
-        n = finite.numel()
+        if floating:
+            n_nan, n_inf = int(chunk.isnan().sum()), int(chunk.isinf().sum())
+            nans, infs = nans + n_nan, infs + n_inf
+            if n_nan or n_inf:
+                chunk = chunk[chunk.isfinite()]
+        n = chunk.numel()
         if n == 0:
             continue
-        lo, hi = min(lo, finite.min().item()), max(hi, finite.max().item())
-        chunk_mean = finite.mean().item()
-        chunk_m2 = ((finite - chunk_mean) ** 2).sum().item()
+        chunk_lo, chunk_hi = torch.aminmax(chunk)
+        lo, hi = min(lo, float(chunk_lo)), max(hi, float(chunk_hi))
+        var, chunk_mean = torch.var_mean(chunk.to(torch.float64), correction=0)
+        chunk_mean, chunk_m2 = chunk_mean.item(), var.item() * n
         delta = chunk_mean - mean  # Chan et al.: merge (count, mean, M2) of two parts
         total = count + n
         mean += delta * n / total
