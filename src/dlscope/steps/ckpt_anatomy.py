@@ -97,7 +97,7 @@ def keras_part(ctx: LabContext) -> dict[str, Any]:
 
 def run(ctx: LabContext) -> dict[str, Any]:
     section: dict[str, Any] = {}
-    if ctx.trainer is not None:
+    if (ctx.run.path / "checkpoints" / "final.pt").is_file():  # the checkpoint step ran
         section["torch"] = torch_part(ctx)
     if ctx.options.extra.get("keras_seed"):
         section["keras"] = keras_part(ctx)
