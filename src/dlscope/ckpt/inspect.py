@@ -17,7 +17,7 @@ import torch
 
 from dlscope.ckpt import keras_fmt, safetensors_fmt, torchfmt
 from dlscope.ckpt.anatomy import Anatomy
-from dlscope.ckpt.tf_fmt import TABLE_MAGIC, inspect_tf
+from dlscope.ckpt.tf_fmt import SHARD_NAME, TABLE_MAGIC, index_path_for, inspect_tf
 from dlscope.ckpt.zipdir import open_zip
 from dlscope.errors import CheckpointError
 
@@ -52,11 +52,12 @@ def _tail(path: Path, file_bytes: int) -> bytes:
 def inspect_checkpoint(path: str | Path, stats: bool = False) -> Anatomy:
     """The anatomy of a checkpoint; with `stats`, read every tensor once for min/max/mean/std/zeros/NaN/Inf."""
     path = Path(path)
-    if path.is_dir() or not path.exists():
-        index = Path(f"{path}.index")
-        if index.is_file():  # a TF checkpoint is named by its prefix: model.ckpt → model.ckpt.index + data shards
-            return inspect_tf(index, stats)
-        raise CheckpointError("no such file", path)
+    if not path.is_file() or SHARD_NAME.search(path.name):
+        # a TF checkpoint is named by its prefix (model.ckpt → model.ckpt.index + data shards) or a shard
+        index = index_path_for(path)
+        if index is None and not path.is_file():
+            raise CheckpointError("no such file", path)
+        path = index or path
     file_bytes = path.stat().st_size
     if file_bytes == 0:
         raise CheckpointError("empty file", path)
@@ -105,7 +106,7 @@ def _inspect(path: Path, f: BinaryIO, kind: str, head: bytes, file_bytes: int, s
     elif kind == "safetensors":
         anatomy = safetensors_fmt.inspect_safetensors(path, f, file_bytes)
     elif _tail(path, file_bytes) == TABLE_MAGIC:
-        anatomy = inspect_tf(path, stats)
+        anatomy = inspect_tf(path, f, file_bytes)
     elif kind == "pickle":
         anatomy = torchfmt.inspect_bare_pickle(path, f, file_bytes)
     else:
