@@ -34,6 +34,7 @@ def train_seed_mlp(
     """Train the seed model on uint8 images (scaled /255 as the seed does); save model.h5 and model.keras."""
     keras = import_keras()
     start = time.perf_counter()
+    keras.backend.clear_session()  # layer names restart at dense, dense_1 … as in the handout's listing
     keras.utils.set_random_seed(1)
     model = keras.Sequential(
         [

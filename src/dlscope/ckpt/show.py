@@ -73,6 +73,15 @@ def print_anatomy(anatomy: Anatomy, console: Console, limit: int = 40) -> None:
             f"safetensors header: {h['header_bytes']:,} bytes of JSON, data from byte {h['data_offset']:,}; "
             f"{h['tensors']} tensors; metadata {json.dumps(h['metadata'])[:200]}"
         )
+    if "tf_index" in layout:
+        tf = layout["tf_index"]
+        console.print(
+            f"TF index: a LevelDB table of {tf['entries']:,} entries in {tf['data_blocks']} data blocks; "
+            f"header {json.dumps(tf['header'])}"
+        )
+        for file in layout["files"]:
+            size = f"{file['bytes']:,} bytes" if file["bytes"] is not None else "[bad]missing[/]"
+            console.print(f"  [path]{file['path']}[/]  {size}")
     for h5 in layout.get("hdf5", []):
         console.print(
             f"HDF5 [path]{h5['where']}[/]: {len(h5['groups'])} groups; root attributes {list(h5['root_attributes'])}"
@@ -82,16 +91,18 @@ def print_anatomy(anatomy: Anatomy, console: Console, limit: int = 40) -> None:
             console.print(f"  /{g['path']}  {attrs}")
     if anatomy.architecture:
         arch = anatomy.architecture
-        table = Table(title=f"architecture: {arch['class_name']} ({arch['source']})", title_justify="left")
+        table = Table(title=f"architecture: {arch['class_name']} (from {arch['source']})", title_justify="left")
         table.add_column("layer")
-        table.add_column("class / tensors")
-        table.add_column("config")
-        for layer in arch["layers"]:
-            if "tensors" in layer:
-                table.add_row(layer["name"] or "<root>", ", ".join(layer["tensors"]), "")
-            else:
+        if arch["source"] == "model_config":
+            table.add_column("class")
+            table.add_column("config")
+            for layer in arch["layers"]:
                 config = ", ".join(f"{k}={v}" for k, v in layer["config"].items())
                 table.add_row(layer["name"], layer["class_name"], config)
+        else:
+            table.add_column("tensors")
+            for layer in arch["layers"]:
+                table.add_row(layer["name"] or "<root>", ", ".join(layer["tensors"]))
         console.print(table)
     if anatomy.training:
         console.print("[phase]training config[/] " + json.dumps(anatomy.training, default=str))
