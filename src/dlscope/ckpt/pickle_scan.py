@@ -14,6 +14,7 @@ import collections
 import io
 import pickle
 import pickletools
+import reprlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -212,7 +213,22 @@ class Opaque:
         self.items.append((key, value))
 
     def __repr__(self) -> str:
-        return f"<{self.qualname}>"
+        # what the call would have been, bounded: arguments of a payload are evidence, not code
+        args = ", ".join(SHORT_REPR.repr(a) for a in self.args[:4]) if self.args else ""
+        return f"<{self.qualname}({args})>" if self.args else f"<{self.qualname}>"
+
+
+class _ShortRepr(reprlib.Repr):
+    """Bounded repr of a payload's arguments; a nested stand-in is named, never recursed into."""
+
+    def repr_instance(self, obj: Any, level: int) -> str:
+        if isinstance(obj, Opaque):
+            return f"<{obj.qualname}(…)>"
+        return super().repr_instance(obj, level)
+
+
+SHORT_REPR = _ShortRepr()
+SHORT_REPR.maxlevel, SHORT_REPR.maxstring, SHORT_REPR.maxother = 2, 60, 40
 
 
 def opaque_class(name: str) -> type[Opaque]:

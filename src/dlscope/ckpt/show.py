@@ -107,6 +107,11 @@ def print_anatomy(anatomy: Anatomy, console: Console, limit: int = 40) -> None:
     if anatomy.training:
         console.print("[phase]training config[/] " + json.dumps(anatomy.training, default=str))
     print_tensors(anatomy, console, limit)
+    if anatomy.metadata:
+        items = list(anatomy.metadata.items())
+        shown = ", ".join(f"{k}={v}" for k, v in items[: limit // 2])
+        more = f" [dim]… {len(items) - limit // 2} more (--json)" if len(items) > limit // 2 else ""
+        console.print(f"[phase]metadata[/] ({len(items)} non-tensor entries): {shown}{more}")
     roles = Table(title="by role", title_justify="left")
     for col in ("role", "tensors", "elements", "bytes"):
         roles.add_column(col, justify="left" if col == "role" else "right")

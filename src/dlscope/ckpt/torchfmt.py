@@ -62,8 +62,9 @@ def walk(root: Any) -> Iterator[tuple[list[str], Any]]:
                 yield path, obj  # a Python RNG state's 625 ints: one metadata entry, not 625
                 continue
             children = [(str(i), v) for i, v in enumerate(obj)]
-        elif isinstance(obj, Opaque):
-            children = [(f"<{obj.qualname}>", obj.state)] if obj.state is not None else []
+        elif isinstance(obj, Opaque):  # what an unknown class was called with, its state, its entries
+            children = [(f"<{obj.qualname}>", obj.args)] if obj.args else []
+            children += [(f"<{obj.qualname}>", obj.state)] if obj.state is not None else []
             children += [(str(i), v) for i, v in enumerate(obj.items)]
         if children is None or (isinstance(obj, Opaque) and not children):
             yield path, obj
