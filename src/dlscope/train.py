@@ -253,6 +253,7 @@ class TrainResult:
     target_reached_epoch: int | None = None
     time_to_target_s: float | None = None
     stopped_early: bool = False
+    interrupted: bool = False
     resumed_from_epoch: int | None = None
 
     @property
@@ -366,9 +367,21 @@ class Trainer:
             getattr(observer, hook)(self, *args)
 
     def fit(self) -> TrainResult:
-        config, result = self.config, self.result
+        result = self.result
         self._emit("on_train_begin")
         wall_start = time.perf_counter()
+        try:
+            self._run_epochs(wall_start)
+        except BaseException:
+            result.interrupted = True  # Ctrl-C or a failure: observers still close what they opened
+            raise
+        finally:
+            result.wall_seconds = time.perf_counter() - wall_start
+            self._emit("on_train_end", result)
+        return result
+
+    def _run_epochs(self, wall_start: float) -> None:
+        config, result = self.config, self.result
         for epoch in range(self.start_epoch, config.epochs):
             self.batches.set_epoch(epoch)
             self.model.train()
@@ -393,9 +406,6 @@ class Trainer:
             if self.should_stop:
                 result.stopped_early = epoch + 1 < config.epochs
                 break
-        result.wall_seconds = time.perf_counter() - wall_start
-        self._emit("on_train_end", result)
-        return result
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
         log_every = self.config.log_every
