@@ -7,6 +7,7 @@ cannot make dlscope allocate gigabytes or loop.
 
 from __future__ import annotations
 
+import math
 import struct
 import zipfile
 import zlib
@@ -25,7 +26,7 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 # first bytes of a protocol 0/1 pickle: MARK, GLOBAL, EMPTY_DICT/LIST/TUPLE, INT, STRING, UNICODE …
 PICKLE_0_STARTS = set(b"(c}])IFLSVNJKMGXTU")
-NATIVE_STATS_DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32}
+NATIVE_STATS_DTYPES = {torch.float64, torch.float32, torch.int64, torch.int32}
 CHUNK = 1 << 24  # elements per step when computing statistics (bounded extra memory)
 
 
@@ -123,7 +124,13 @@ def add_stats(anatomy: Anatomy) -> None:
 
 
 def tensor_stats(x: torch.Tensor) -> dict[str, float | int] | None:
-    """min/max/mean/std (population) over finite values, in float64 chunks; counts of zeros, NaN, Inf."""
+    """min/max/mean/std (population) over finite values, chunk by chunk; counts of zeros, NaN, Inf.
+
+    Cheap passes first: count_nonzero for zeros, aminmax (NaN propagates, so finite extremes mean no
+    NaN and no Inf); the NaN/Inf masks are built only for chunks that have some. Mean and variance
+    come from var_mean (Welford) in float32 for float32/16 data and float64 otherwise, merged
+    across chunks exactly (Chan et al.).
+    """
     if x.is_complex():
         return None
     flat = x.reshape(-1)
@@ -133,25 +140,25 @@ def tensor_stats(x: torch.Tensor) -> dict[str, float | int] | None:
     zeros = nans = infs = 0
     for start in range(0, flat.numel(), CHUNK):
         chunk = flat[start : start + CHUNK]
-        if chunk.dtype not in NATIVE_STATS_DTYPES:  # bool, float8 …: few kernels exist for them
+        if chunk.dtype not in NATIVE_STATS_DTYPES:  # bool, float8, small ints: few kernels exist for them
             chunk = chunk.to(torch.float32 if floating else torch.float64)
-        zeros += int((chunk == 0).sum())
-        if floating:
-            n_nan, n_inf = int(chunk.isnan().sum()), int(chunk.isinf().sum())
-            nans, infs = nans + n_nan, infs + n_inf
-            if n_nan or n_inf:
-                chunk = chunk[chunk.isfinite()]
+        zeros += chunk.numel() - int(torch.count_nonzero(chunk))
+        chunk_lo, chunk_hi = (float(v) for v in torch.aminmax(chunk))
+        if floating and not (math.isfinite(chunk_lo) and math.isfinite(chunk_hi)):
+            nans += int(chunk.isnan().sum())
+            infs += int(chunk.isinf().sum())
+            chunk = chunk[chunk.isfinite()]
+            if chunk.numel() == 0:
+                continue
+            chunk_lo, chunk_hi = (float(v) for v in torch.aminmax(chunk))
+        lo, hi = min(lo, chunk_lo), max(hi, chunk_hi)
         n = chunk.numel()
-        if n == 0:
-            continue
-        chunk_lo, chunk_hi = torch.aminmax(chunk)
-        lo, hi = min(lo, float(chunk_lo)), max(hi, float(chunk_hi))
-        var, chunk_mean = torch.var_mean(chunk.to(torch.float64), correction=0)
-        chunk_mean, chunk_m2 = chunk_mean.item(), var.item() * n
-        delta = chunk_mean - mean  # Chan et al.: merge (count, mean, M2) of two parts
+        precise = chunk if chunk.dtype in (torch.float32, torch.float64) else chunk.to(torch.float64)
+        var, chunk_mean = (v.item() for v in torch.var_mean(precise, correction=0))
+        delta = chunk_mean - mean
         total = count + n
         mean += delta * n / total
-        m2 += chunk_m2 + delta * delta * count * n / total
+        m2 += var * n + delta * delta * count * n / total
         count = total
     numel = flat.numel()
     return {
