@@ -91,11 +91,12 @@ def inspect_checkpoint(path: str | Path, stats: bool = False) -> Anatomy:
 
 def _inspect(path: Path, f: BinaryIO, kind: str, head: bytes, file_bytes: int, stats: bool) -> Anatomy:
     if kind == "zip":
-        names = set(open_zip(path, f).namelist())
+        zf = open_zip(path, f)
+        names = set(zf.namelist())
         if "config.json" in names and ("model.weights.h5" in names or "metadata.json" in names):
-            anatomy = keras_fmt.inspect_keras_zip(path, f, file_bytes)
+            anatomy = keras_fmt.inspect_keras_zip(path, f, zf, file_bytes)
         elif any(n.endswith("/data.pkl") for n in names):
-            anatomy = torchfmt.inspect_torch_zip(path, f, file_bytes, check=stats)
+            anatomy = torchfmt.inspect_torch_zip(path, f, zf, file_bytes, check=stats)
         else:
             raise CheckpointError(
                 f"zip archive that is neither a torch.save file nor a .keras model ({len(names)} members)", path

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry
-from dlscope.ckpt.zipdir import Member, members, open_zip
+from dlscope.ckpt.zipdir import Member, members
 from dlscope.errors import CheckpointError
 
 MAX_OBJECTS = 100_000  # HDF5 groups + datasets walked
@@ -229,8 +230,7 @@ def _read_json(path: Path, zf: Any, member: Member) -> Any:
         raise CheckpointError(f"{member.name} is not JSON: {e}", path) from None
 
 
-def inspect_keras_zip(path: Path, f: BinaryIO, file_bytes: int) -> Anatomy:
-    zf = open_zip(path, f)
+def inspect_keras_zip(path: Path, f: BinaryIO, zf: zipfile.ZipFile, file_bytes: int) -> Anatomy:
     ms = {m.name: m for m in members(path, f, zf, file_bytes)}
     anatomy = Anatomy(str(path), "Keras v3 (.keras zip)", file_bytes)
     anatomy.layout["zip_members"] = [m.to_dict() for m in ms.values()]

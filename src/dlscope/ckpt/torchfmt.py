@@ -4,6 +4,7 @@ without torch.load: the pickle goes through the restricted unpickler, tensor byt
 from __future__ import annotations
 
 import struct
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -12,7 +13,7 @@ import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
 from dlscope.ckpt.pickle_scan import Opaque, PickleScan, ScanError, StorageRef, TensorRef, scan_pickle
-from dlscope.ckpt.zipdir import check_crc, members, open_zip
+from dlscope.ckpt.zipdir import check_crc, members
 from dlscope.errors import CheckpointError
 
 MAX_PICKLE_BYTES = 256 << 20  # a state dict's pickle is kilobytes to a few MB; refuse to buffer more
@@ -209,8 +210,7 @@ def _scan(path: Path, data: bytes, where: str) -> PickleScan:
         raise CheckpointError(f"{where}: {e}", path) from None
 
 
-def inspect_torch_zip(path: Path, f: BinaryIO, file_bytes: int, check: bool) -> Anatomy:
-    zf = open_zip(path, f)
+def inspect_torch_zip(path: Path, f: BinaryIO, zf: zipfile.ZipFile, file_bytes: int, check: bool) -> Anatomy:
     ms = members(path, f, zf, file_bytes)
     by_name = {m.name: m for m in ms}
     pickles = [m for m in ms if m.name.endswith("data.pkl") and m.name.count("/") == 1]
