@@ -105,7 +105,7 @@ def print_anatomy(anatomy: Anatomy, console: Console, limit: int = 40) -> None:
                 table.add_row(layer["name"] or "<root>", ", ".join(layer["tensors"]))
         console.print(table)
     if anatomy.training:
-        console.print("[phase]training config[/] " + json.dumps(anatomy.training, default=str))
+        print_training(anatomy.training, console)
     print_tensors(anatomy, console, limit)
     if anatomy.metadata:
         items = list(anatomy.metadata.items())
@@ -137,6 +137,24 @@ def print_anatomy(anatomy: Anatomy, console: Console, limit: int = 40) -> None:
         f"{t['storages']:,} storages; file {kib(anatomy.file_bytes)}, overhead {kib(t['overhead_bytes'])} "
         f"({t['overhead_bytes'] / anatomy.file_bytes:.1%})"
     )
+
+
+def _value(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def print_training(training: dict[str, Any], console: Console) -> None:
+    """One line per part (loss, optimizer and its hyperparameters, scheduler, run config), no nulls."""
+    console.print("[phase]training config[/]")
+    for key, value in training.items():
+        parts = value if isinstance(value, list) and all(isinstance(p, dict) for p in value) else [value]
+        for i, part in enumerate(parts):
+            label = f"{key}[{i}]" if len(parts) > 1 else key
+            if isinstance(part, dict):
+                shown = [f"{k}={_value(v)}" for k, v in part.items() if v is not None and not str(k).startswith("_")]
+                console.print(f"  [dim]{label}:[/] " + " ".join(shown))
+            elif part is not None:
+                console.print(f"  [dim]{label}:[/] {_value(part)}")
 
 
 def print_tensors(anatomy: Anatomy, console: Console, limit: int) -> None:
