@@ -158,8 +158,9 @@ def print_training(training: dict[str, Any], console: Console) -> None:
 
 
 def print_tensors(anatomy: Anatomy, console: Console, limit: int) -> None:
+    widest = max((len(t.name) for t in anatomy.tensors[:limit]), default=8)
     table = Table(title="tensors", title_justify="left")
-    table.add_column("name", overflow="fold", min_width=24)
+    table.add_column("name", overflow="fold", min_width=min(widest, 48))
     for col in ("dtype", "shape", "elements", "bytes", "storage @ offset", "role"):
         table.add_column(col, justify="right" if col in ("elements", "bytes") else "left")
     for t in anatomy.tensors[:limit]:
@@ -173,7 +174,7 @@ def print_tensors(anatomy: Anatomy, console: Console, limit: int) -> None:
     if not any(t.stats for t in anatomy.tensors):
         return
     stats = Table(title="tensor statistics (finite values; std is the population's)", title_justify="left")
-    stats.add_column("name", overflow="fold", min_width=24)
+    stats.add_column("name", overflow="fold", min_width=min(widest, 48))
     for col in ("min", "max", "mean", "std", "zeros", "NaN", "Inf"):
         stats.add_column(col, justify="right")
     for t in anatomy.tensors[:limit]:
