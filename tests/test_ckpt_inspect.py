@@ -169,6 +169,9 @@ def test_lightning_style_dict(tmp_path):
     assert roles == {"parameter": 6, "optimizer": 18}
     assert anatomy.metadata["pytorch-lightning_version"] == "2.4.0"
     assert anatomy.training["config"] == {"lr": 1e-3, "batch_size": 64}
+    assert anatomy.training["scheduler"]["gamma"] == 0.7 and anatomy.training["optimizer_param_groups"][0]["lr"] > 0
+    exp_avg_sq = next(t for t in anatomy.tensors if t.name == "optimizer_states.0.state.1.exp_avg_sq")
+    assert exp_avg_sq.group == "model.conv1.0" and exp_avg_sq.shape == [16]
 
 
 def test_safetensors_matches_safe_open(tmp_path):

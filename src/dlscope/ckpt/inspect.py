@@ -57,7 +57,7 @@ def inspect_checkpoint(path: str | Path, stats: bool = False) -> Anatomy:
         # a TF checkpoint is named by its prefix (model.ckpt → model.ckpt.index + data shards) or a shard
         index = index_path_for(path)
         if index is None and not path.is_file():
-            raise CheckpointError("no such file", path)
+            raise CheckpointError("not a file (a directory?)" if path.exists() else "no such file", path)
         path = index or path
     file_bytes = path.stat().st_size
     if file_bytes == 0:

@@ -118,7 +118,7 @@ def inspect_safetensors(path: Path, f: BinaryIO, file_bytes: int) -> Anatomy:
     anatomy.layout["safetensors_header"] = {
         "header_bytes": n,
         "data_offset": data_start,
-        "padding": n % 8,
+        "data_offset_mod_8": data_start % 8,  # the writer pads the header so tensors start 8-byte aligned
         "tensors": len(spans),
         "metadata": anatomy.metadata,
     }

@@ -154,7 +154,8 @@ def build_anatomy(
 
 
 def _group_optimizer_state(tensors: list[TensorEntry], parameters: list[TensorEntry]) -> None:
-    """`optimizer.state.3.exp_avg` belongs to the 4th parameter (torch numbers them in parameters() order)."""
+    """`optimizer.state.3.exp_avg` belongs to the 4th parameter: torch numbers optimizer state in the order
+    the parameters were given, which is the state dict's order minus its buffers for `model.parameters()`."""
     for t in tensors:
         parts = t.name.split(".")
         if t.role != "optimizer" or "state" not in parts:
@@ -193,8 +194,9 @@ def _training(root: Any) -> dict[str, Any] | None:
             out["optimizer_param_groups"] = [
                 {k: short(v) for k, v in g.items() if k != "params"} for g in groups if isinstance(g, dict)
             ]
-    for key in ("scheduler", "lr_scheduler"):
+    for key in ("scheduler", "lr_scheduler", "lr_schedulers"):
         sched = root.get(key)
+        sched = sched[0] if isinstance(sched, list) and sched else sched
         if isinstance(sched, dict):
             out["scheduler"] = {k: short(v) for k, v in sched.items() if isinstance(v, int | float | str)}
     config = root.get("config") or root.get("hyper_parameters")
