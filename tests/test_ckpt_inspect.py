@@ -148,6 +148,27 @@ def test_legacy_torch_format(tmp_path):
     assert bias.stats["max"] == pytest.approx(loaded["model"]["out.bias"].max().item())
 
 
+def test_whole_pickled_module_named_as_its_state_dict(tmp_path):
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.Sequential(torch.nn.Linear(3, 4))
+    )
+    path = tmp_path / "model.pth"
+    torch.save(model, path)  # the handouts' habit: the module object itself, not its state_dict
+    anatomy = inspect_checkpoint(path)
+    assert not anatomy.safe_to_load  # nn classes are off the allow-list: torch.load(weights_only) refuses it
+    assert {f.level for f in anatomy.findings} == {"warn"}
+    assert [t.name for t in anatomy.tensors] == list(model.state_dict())
+    roles = {t.name: t.role for t in anatomy.tensors}
+    assert roles["1.running_var"] == "buffer" and roles["2.0.weight"] == "parameter"
+    arch = anatomy.architecture
+    assert arch["class_name"] == "Sequential"
+    assert [(layer["name"], layer["class_name"]) for layer in arch["layers"]] == [
+        ("0", "Conv2d"),
+        ("1", "BatchNorm2d"),
+        ("2.0", "Linear"),
+    ]
+
+
 def test_lightning_style_dict(tmp_path):
     state = trained_state(1)
     path = tmp_path / "epoch=3.ckpt"
@@ -258,6 +279,8 @@ def test_keras_h5_model_config_and_training_config(keras_files):
     kernel = next(t for t in anatomy.tensors if t.name.endswith("dense/kernel"))
     assert kernel.shape == [784, 512] and kernel.role == "parameter" and kernel.group == "dense"
     assert {t.role for t in anatomy.tensors} == {"parameter", "optimizer"}
+    groups = {g["group"]: g for g in anatomy.to_dict()["by_group"]}
+    assert groups["dense_1"]["optimizer"] == 2 * (512 * 10 + 10) * 4  # momentum + velocity, not dense's
 
 
 def test_keras_v3_zip_offsets_point_into_the_member(keras_files):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -141,6 +142,16 @@ def _read_dataset(path: Path, base: int, size: int, name: str) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(h5[name][()]))
 
 
+def _group_optimizer_slots(tensors: list[TensorEntry]) -> None:
+    """Legacy .h5 names slots after their variable (`adam/sequential_dense_1_kernel_momentum`): give each
+    the layer whose name it contains, the longest match winning (dense_1 over dense)."""
+    layers = sorted({t.group for t in tensors if t.role == "parameter" and t.group}, key=len, reverse=True)
+    for t in tensors:
+        if t.role == "optimizer" and not t.group:
+            slot = t.name.rsplit("/", 1)[-1]
+            t.group = next((g for g in layers if re.search(rf"(^|_){re.escape(g)}_", slot)), "")
+
+
 def _walk_h5(path: Path, f: BinaryIO, base: int, size: int, where: str, anatomy: Anatomy) -> None:
     """Groups, attributes and datasets of the HDF5 image at bytes [base, base + size) of the file."""
     h5py = _h5py()
@@ -196,6 +207,7 @@ def _walk_h5(path: Path, f: BinaryIO, base: int, size: int, where: str, anatomy:
     anatomy.layout.setdefault("hdf5", []).append(
         {"where": where, "root_attributes": {k: str(v)[:120] for k, v in root_attrs.items()}, "groups": groups}
     )
+    _group_optimizer_slots(anatomy.tensors)
     for key in ("keras_version", "backend"):
         if key in root_attrs:
             anatomy.metadata[key] = root_attrs[key]

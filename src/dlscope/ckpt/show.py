@@ -100,9 +100,13 @@ def print_anatomy(anatomy: Anatomy, console: Console, limit: int = 40) -> None:
                 config = ", ".join(f"{k}={v}" for k, v in layer["config"].items())
                 table.add_row(layer["name"], layer["class_name"], config)
         else:
+            with_class = any(layer["class_name"] for layer in arch["layers"])
+            if with_class:
+                table.add_column("class")
             table.add_column("tensors")
             for layer in arch["layers"]:
-                table.add_row(layer["name"] or "<root>", ", ".join(layer["tensors"]))
+                cells = [layer["class_name"]] if with_class else []
+                table.add_row(layer["name"] or "<root>", *cells, ", ".join(layer["tensors"]))
         console.print(table)
     if anatomy.training:
         print_training(anatomy.training, console)

@@ -21,6 +21,7 @@ MAX_NODES = 1_000_000  # objects walked in the unpickled tree (shared references
 MAX_METADATA = 200  # scalar entries listed
 LONG_SEQUENCE = 16  # longer sequences of scalars are one metadata entry
 SCALARS = (bool, int, float, str, bytes, type(None))
+MODULE_KEYS = {"_modules", "_parameters", "_buffers"}  # nn.Module's own dicts, not names
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
 LEGACY_PREFIX = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
 
@@ -119,6 +120,7 @@ def build_anatomy(
     leaves = list(walk(scan.root))
     only_tensors = isinstance(scan.root, dict) and all(isinstance(v, TensorRef) for _, v in leaves)
     parameters: list[TensorEntry] = []
+    module_classes: dict[str, str] = {}
     for path, obj in leaves:
         name = ".".join(path) or "<root>"
         if not isinstance(obj, TensorRef):
@@ -129,9 +131,14 @@ def build_anatomy(
         itemsize = obj.dtype.itemsize
         if not view_in_bounds(obj, storage_bytes // itemsize if itemsize else 0):
             anatomy.findings.append(Finding("bad", f"tensor view reaches outside its storage {obj.storage.key}", name))
-        parts = name.split(".")  # state_dict keys are dotted module paths themselves
-        role = role_for_path(parts, only_tensors)
-        inner = parts[1:] if not only_tensors else parts
+        module = module_tensor(path)
+        if module is not None:  # a whole pickled nn.Module: name it as its state_dict would
+            name, role, group, module_classes[group] = module
+        else:
+            parts = name.split(".")  # state_dict keys are dotted module paths themselves
+            role = role_for_path(parts, only_tensors)
+            inner = parts[1:] if not only_tensors else parts
+            group = ".".join(inner[:-1]) if role in ("parameter", "buffer") else ""
         entry = TensorEntry(
             name=name,
             dtype=dtype_name(obj.dtype),
@@ -142,14 +149,14 @@ def build_anatomy(
             storage_bytes=storage_bytes,
             offset=offset,
             role=role,
-            group=".".join(inner[:-1]) if role in ("parameter", "buffer") else "",
+            group=group,
             read=reader(obj, offset, storage_bytes),
         )
         if role == "parameter":
             parameters.append(entry)
         anatomy.tensors.append(entry)
     _group_optimizer_state(anatomy.tensors, parameters)
-    anatomy.architecture = _architecture(scan.root, anatomy.tensors)
+    anatomy.architecture = _architecture(scan.root, anatomy.tensors, module_classes)
     anatomy.training = _training(scan.root)
 
 
@@ -165,7 +172,22 @@ def _group_optimizer_state(tensors: list[TensorEntry], parameters: list[TensorEn
             t.group = parameters[int(parts[i + 1])].group
 
 
-def _architecture(root: Any, tensors: list[TensorEntry]) -> dict[str, Any] | None:
+def module_tensor(path: list[str]) -> tuple[str, str, str, str] | None:
+    """A tensor inside a pickled nn.Module (`torch.save(model)`): its state_dict name, role, layer, class.
+
+    The walk names it `<…Sequential>._modules.0.<…Linear>._parameters.weight`; the module's own
+    bookkeeping keys and the class markers drop out, leaving `0.weight`.
+    """
+    kind = next((p for p in reversed(path) if p in ("_parameters", "_buffers")), None)
+    if kind is None:
+        return None
+    kept = [p for p in path if not p.startswith("<") and p not in MODULE_KEYS]
+    i = len(path) - 1 - path[::-1].index(kind)
+    owner = path[i - 1][1:-1].rsplit(".", 1)[-1] if i > 0 and path[i - 1].startswith("<") else ""
+    return ".".join(kept), "parameter" if kind == "_parameters" else "buffer", ".".join(kept[:-1]), owner
+
+
+def _architecture(root: Any, tensors: list[TensorEntry], classes: dict[str, str]) -> dict[str, Any] | None:
     layers: dict[str, list[str]] = {}
     for t in tensors:
         if t.role in ("parameter", "buffer"):
@@ -174,10 +196,17 @@ def _architecture(root: Any, tensors: list[TensorEntry]) -> dict[str, Any] | Non
         return None
     config = root.get("config") if isinstance(root, dict) else None
     name = config.get("model") if isinstance(config, dict) else None
+    if classes:
+        source = "the pickled module objects"
+        name = root.qualname.rsplit(".", 1)[-1] if isinstance(root, Opaque) else None
+    elif name:
+        source = "the checkpoint's config and its parameter names"
+    else:
+        source = "parameter names"
     return {
         "class_name": short(name) if name else "state dict",
-        "source": "the checkpoint's config and its parameter names" if name else "parameter names",
-        "layers": [{"name": g, "tensors": ts} for g, ts in layers.items()],
+        "source": source,
+        "layers": [{"name": g, "class_name": classes.get(g, ""), "tensors": ts} for g, ts in layers.items()],
     }
 
 
