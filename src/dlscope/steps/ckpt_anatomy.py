@@ -104,11 +104,36 @@ def run(ctx: LabContext) -> dict[str, Any]:
     return section
 
 
+def training_rows(training: dict[str, Any]) -> list[list[str]]:
+    """One row per part (loss, metrics, optimizer, its hyperparameters, scheduler, run config)."""
+    rows = []
+    for key, value in training.items():
+        parts = value if isinstance(value, list) and all(isinstance(p, dict) for p in value) else [value]
+        for part in parts:
+            if isinstance(part, dict):
+                settings = [f"{k}={v}" for k, v in part.items() if v is not None and not str(k).startswith("_")]
+                rows.append([key, " ".join(settings)])
+            elif part is not None:
+                rows.append([key, str(part)])
+    return rows
+
+
+def seed_listing(model_config: dict[str, Any]) -> str:
+    """model_config as the handout prints it: the model, then one line per layer."""
+    inner = model_config.get("config", {})
+    head = {k: v for k, v in model_config.items() if k != "config"}
+    lines = [json.dumps({**head, "config": {k: v for k, v in inner.items() if k != "layers"}}), "layers:"]
+    lines += [json.dumps(layer, separators=(", ", ": ")) for layer in inner.get("layers", [])]
+    return "\n".join(lines)
+
+
 def render_anatomy(a: dict[str, Any], stats_columns: bool) -> list[Block]:
     t = a["totals"]
     blocks: list[Block] = []
-    levels = [(f["level"] if f["level"] != "info" else "info", f"{f['what']} ({f['where']})") for f in a["findings"]]
-    if "pickles" in a["layout"]:
+    levels = [(f["level"], f"{f['what']} ({f['where']})" if f["where"] else f["what"]) for f in a["findings"]]
+    if "pickles" not in a["layout"]:
+        levels.insert(0, ("good", f"{a['format']}: no pickle, data only — nothing in the file can run."))
+    else:
         p = a["layout"]["pickles"][0]
         safe = "good" if a["safe_to_load"] else "bad"
         levels.insert(
@@ -127,28 +152,32 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool) -> list[Block]:
             [m["name"], m["header_offset"], m["data_offset"], m["size"], m["alignment"], m["crc32"]] for m in members
         ]
         more = a["layout"]["zip_members_total"] - len(members)
+        aligned = all(m["alignment"] == 0 for m in members)
+        caption = (
+            "An uncompressed zip; every member's data starts on a 64-byte boundary, so torch can mmap it"
+            if aligned
+            else "Zip members, their offsets and CRC32s"
+        )
         blocks.append(
             Table(
                 ["zip member", "header @", "data @", "bytes", "offset mod 64", "CRC32"],
                 rows,
-                "An uncompressed zip; every member's data starts on a 64-byte boundary so torch can mmap it"
-                + (f" ({more} more data/N storages not listed)" if more > 0 else ""),
+                caption + (f" ({more} more data/N storages not listed)" if more > 0 else ""),
             )
         )
     if a.get("architecture"):
         arch = a["architecture"]
-        rows = [
-            [
-                layer["name"],
-                layer.get("class_name", ""),
-                ", ".join(layer.get("tensors", [])),
-                ", ".join(f"{k}={v}" for k, v in layer.get("config", {}).items()),
-            ]
-            for layer in arch["layers"]
-        ]
-        blocks.append(Table(["layer", "class", "tensors", "config"], rows, f"{arch['class_name']} ({arch['source']})"))
+        columns = {
+            "layer": [layer["name"] for layer in arch["layers"]],
+            "class": [layer.get("class_name", "") for layer in arch["layers"]],
+            "tensors": [", ".join(layer.get("tensors", [])) for layer in arch["layers"]],
+            "config": [", ".join(f"{k}={v}" for k, v in layer.get("config", {}).items()) for layer in arch["layers"]],
+        }
+        shown = [name for name, cells in columns.items() if any(cells)]
+        rows = [list(row) for row in zip(*(columns[name] for name in shown), strict=True)]
+        blocks.append(Table(shown, rows, f"{arch['class_name']} (from {arch['source']})"))
     if a.get("training"):
-        blocks.append(Code(json.dumps(a["training"], indent=1, default=str), "json"))
+        blocks.append(Table(["training config", "settings"], training_rows(a["training"])))
     columns = ["tensor", "dtype", "shape", "bytes", "storage @ offset", "role"]
     if stats_columns:
         columns += ["mean", "std", "zeros"]
@@ -173,7 +202,8 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool) -> list[Block]:
             ["role", "tensors", "elements", "bytes"],
             [[r["role"], r["tensors"], r["elements"], r["bytes"]] for r in a["by_role"]],
             f"{t['tensors']} tensors, {t['storage_bytes']:,} bytes of storage in a {a['file_bytes']:,}-byte file: "
-            f"{t['overhead_bytes']:,} bytes ({t['overhead_bytes'] / a['file_bytes']:.1%}) are headers, pickle, padding",
+            f"{t['overhead_bytes']:,} bytes ({t['overhead_bytes'] / a['file_bytes']:.1%}) are headers, metadata "
+            "and padding",
         )
     )
     groups = a["by_group"]
@@ -238,9 +268,9 @@ def render(section: dict[str, Any]) -> list[Block]:
         )
         h5 = k["h5"]
         if "model_config" in h5["layout"]:
-            blocks.append(Code("model_config = " + json.dumps(h5["layout"]["model_config"], indent=1), "json"))
+            blocks.append(Code("model_config = " + seed_listing(h5["layout"]["model_config"]), "json"))
         if "training_config" in h5["layout"]:
-            blocks.append(Code("training_config = " + json.dumps(h5["layout"]["training_config"], indent=1), "json"))
+            blocks.append(Code("training_config = " + json.dumps(h5["layout"]["training_config"]), "json"))
         blocks += render_anatomy(h5, stats_columns=False)
         blocks.append(
             Para(
