@@ -169,6 +169,7 @@ def test_allow_list_is_within_torch_weights_only_allow_list():
     assert ALLOWED - torch_allowed == set()
 
 
+@pytest.mark.slow
 def test_cli_exit_status_says_whether_safe(tmp_path):
     canary = tmp_path / "CANARY"
     evil, good = tmp_path / "evil.pt", tmp_path / "good.pt"
