@@ -116,6 +116,26 @@ def test_view_saves_whole_storage_and_stats_follow_the_view(tmp_path):
     assert by_name["strided"].stats["mean"] == pytest.approx((0 + 3 + 6 + 9) / 4)
 
 
+def test_storage_saved_from_gpu_is_noted(tmp_path):
+    # no GPU here: rewrite the location torch.save recorded, as a CUDA save would have written it
+    cpu = tmp_path / "cpu.pt"
+    torch.save({"w": torch.ones(2)}, cpu)
+    gpu = tmp_path / "gpu.pt"
+    with zipfile.ZipFile(cpu) as src, zipfile.ZipFile(gpu, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("data.pkl"):
+                data = data.replace(b"X\x03\x00\x00\x00cpu", b"X\x06\x00\x00\x00cuda:0")
+            dst.writestr(info, data)
+    anatomy = inspect_checkpoint(gpu)
+    assert [t.device for t in anatomy.tensors] == ["cuda:0"]
+    findings = {f.level: f.what for f in anatomy.findings}
+    assert "map_location" in findings["info"]
+    assert "not 64-byte aligned" in findings["warn"]  # zipfile's writer does not pad as torch.save does
+    assert anatomy.safe_to_load
+    assert torch.equal(torch.load(gpu, weights_only=True, map_location="cpu")["w"], torch.ones(2))
+
+
 def test_stats_count_zeros_nan_inf():
     x = torch.tensor([0.0, 0.0, 1.0, 3.0, float("nan"), float("inf"), -float("inf"), 2.0])
     s = tensor_stats(x)

@@ -47,6 +47,7 @@ class TensorEntry:
     role: str = "other"
     group: str = ""
     stats: dict[str, Any] | None = None
+    device: str = ""  # where torch.save found the storage (cpu, cuda:0 …); empty for other formats
     read: Callable[[], torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:

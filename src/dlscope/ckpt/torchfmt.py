@@ -150,11 +150,22 @@ def build_anatomy(
             offset=offset,
             role=role,
             group=group,
+            device=obj.storage.location,
             read=reader(obj, offset, storage_bytes),
         )
         if role == "parameter":
             parameters.append(entry)
         anatomy.tensors.append(entry)
+    devices = sorted({t.device for t in anatomy.tensors if t.device and t.device != "cpu"})
+    if devices:
+        anatomy.findings.append(
+            Finding(
+                "info",
+                f"storages saved from {', '.join(devices)}: torch.load on a machine without that device "
+                "needs map_location='cpu'",
+                where,
+            )
+        )
     _group_optimizer_state(anatomy.tensors, parameters)
     anatomy.architecture = _architecture(scan.root, anatomy.tensors, module_classes)
     anatomy.training = _training(scan.root)
