@@ -13,7 +13,14 @@ import torch
 from dlscope.cli import main
 from dlscope.data.loaders import normalise
 from dlscope.models import build_model
-from dlscope.observe.graph import autograd_graph, compile_and_compare, forward_graph, loss_on_batch, parse_joint_graph
+from dlscope.observe.graph import (
+    autograd_graph,
+    code_excerpts,
+    compile_and_compare,
+    forward_graph,
+    loss_on_batch,
+    parse_joint_graph,
+)
 from dlscope.report.graphs import have_dot, layers_of, python_svg, to_dot
 
 
@@ -52,7 +59,7 @@ def test_autograd_graph_has_backward_nodes_and_saved_tensors(batch):
     relu_saved = [s for n in graph["nodes"] if n["name"] == "ReluBackward0" for s in n["saved"]]
     assert {"name": "result", "shape": [8, 16, 28, 28], "dtype": "f32", "bytes": 8 * 16 * 28 * 28 * 4} in relu_saved
     # each pool saves the ReLU output its ReLU saved, the loss saves the log-softmax result: counted once
-    assert graph["saved_bytes"] - graph["saved_storage_bytes"] == 4 * 8 * (16 * 28 * 28 + 32 * 14 * 14 + 10)
+    assert graph["saved_bytes"] - graph["saved_distinct_bytes"] == 4 * 8 * (16 * 28 * 28 + 32 * 14 * 14 + 10)
     # every edge joins known nodes, and gradients flow away from the loss
     ids = {n["id"] for n in graph["nodes"]}
     assert all(e[0] in ids and e[1] in ids for e in graph["edges"])
@@ -107,6 +114,9 @@ def test_compile_captures_joint_graph_and_generated_code(batch):
     assert all(code.strip() for code in result["generated_code"].values())
     assert result["kernels"] and all(k.startswith("cpp_fused_") for k in result["kernels"])
     assert 'extern "C"' in result["generated_code"]["forward"]  # the C++ source Inductor compiles
+    excerpts = code_excerpts(result["generated_code"]["backward"])
+    assert excerpts["kernel"].startswith("cpp_fused_") and "kernel(" in excerpts["kernel"]
+    assert excerpts["schedule"].startswith("def call(") and "aten.convolution_backward" in excerpts["schedule"]
     ops = {n["op"] for n in result["joint_graph"]["nodes"]}
     assert {"convolution", "relu", "convolution_backward", "mm"} <= ops
     assert result["compile_seconds"] > 0 and result["step_ms"]["eager"] > 0 and result["step_ms"]["compiled"] > 0

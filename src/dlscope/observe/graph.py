@@ -71,23 +71,24 @@ def forward_graph(model: nn.Module, x: torch.Tensor) -> dict:
     return {"nodes": nodes, "edges": edges, "code": traced.code.strip()}
 
 
-def saved_tensors(fn, storages: dict[int, int] | None = None) -> list[dict]:
-    """A backward node's saved tensors (`_saved_<name>` attributes that hold tensors); `storages`
-    collects data pointer → bytes, so a tensor saved by two nodes can be counted once."""
+def saved_tensors(fn, distinct: dict[tuple[int, int], int] | None = None) -> list[dict]:
+    """A backward node's saved tensors (`_saved_<name>` attributes that hold tensors); `distinct`
+    collects (address, bytes) → bytes, so a tensor saved by two nodes is counted once."""
     saved = []
     for attr in dir(fn):
         if not attr.startswith("_saved_"):
             continue
         value = getattr(fn, attr)
         if isinstance(value, torch.Tensor):
-            if storages is not None:
-                storages[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
+            nbytes = value.numel() * value.element_size()
+            if distinct is not None:
+                distinct[(value.data_ptr(), nbytes)] = nbytes
             saved.append(
                 {
                     "name": attr.removeprefix("_saved_"),
                     "shape": list(value.shape),
                     "dtype": DTYPE_SHORT.get(value.dtype, str(value.dtype)),
-                    "bytes": value.numel() * value.element_size(),
+                    "bytes": nbytes,
                 }
             )
     return saved
@@ -98,7 +99,7 @@ def autograd_graph(model: nn.Module, loss: torch.Tensor) -> dict:
     names = {id(p): name for name, p in model.named_parameters()}
     nodes, edges = [], []
     ids: dict[int, str] = {}
-    storages: dict[int, int] = {}
+    distinct: dict[tuple[int, int], int] = {}
     stack = [loss.grad_fn]
     while stack:
         fn = stack.pop()
@@ -116,7 +117,7 @@ def autograd_graph(model: nn.Module, loss: torch.Tensor) -> dict:
                 }
             )
         else:
-            saved = saved_tensors(fn, storages)
+            saved = saved_tensors(fn, distinct)
             nodes.append({"id": node_id, "label": fn.name(), "kind": "backward", "name": fn.name(), "saved": saved})
             for i, s in enumerate(saved):
                 saved_id = f"{node_id}s{i}"
@@ -136,8 +137,8 @@ def autograd_graph(model: nn.Module, loss: torch.Tensor) -> dict:
         "backward_nodes": len(backward),
         "saved_tensors": sum(len(n["saved"]) for n in backward),
         "saved_bytes": sum(s["bytes"] for n in backward for s in n["saved"]),
-        # the ReLU output its pool saves again, the weights: each storage once
-        "saved_storage_bytes": sum(storages.values()),
+        # a ReLU output its pool saves again counted once
+        "saved_distinct_bytes": sum(distinct.values()),
     }
 
 
@@ -207,6 +208,32 @@ def parse_joint_graph(text: str) -> dict:
     return {"nodes": nodes, "edges": edges}
 
 
+KERNEL_SOURCE = re.compile(
+    r"^(\w+) = async_compile\.(?:cpp_pybinding|cpp|triton)\(.*?^'{3}.*?\)$", re.DOTALL | re.MULTILINE
+)
+
+
+def code_excerpts(code: str) -> dict[str, str]:
+    """The two instructive parts of an Inductor output file: one fused kernel's source (an
+    elementwise/pool fusion rather than a weight-layout copy when there is one), and `call`, the
+    schedule that runs library calls, fused kernels and buffer frees in order."""
+    excerpts = {}
+    kernels = {m.group(1): m.group(0) for m in KERNEL_SOURCE.finditer(code)}
+    if kernels:
+        name = next((k for k in kernels if "relu" in k or "pool" in k), next(iter(kernels)))
+        excerpts["kernel"] = kernels[name]
+    lines = code.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("def call(")), None)
+    if start is not None:
+        indent = len(lines[start]) - len(lines[start].lstrip())
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].strip() and not lines[i][: indent + 1].isspace()),
+            len(lines),
+        )
+        excerpts["schedule"] = "\n".join(line[indent:] for line in lines[start:end]).rstrip()
+    return excerpts
+
+
 def median_step_ms(
     models: dict[str, tuple[nn.Module, torch.optim.Optimizer]], x: torch.Tensor, y: torch.Tensor, repeats: int
 ) -> dict[str, float]:
@@ -267,7 +294,7 @@ def compile_and_compare(
         "backend": "inductor",
         "device": str(x.device),
         "generated_language": "Triton" if x.device.type == "cuda" else "C++ (OpenMP)",
-        "cache": "cold (fresh, empty Inductor cache)" if cold else "warm allowed (the user's Inductor cache)",
+        "cache": "cold: a fresh, empty Inductor cache" if cold else "warm allowed: the user's Inductor cache",
         "compile_seconds": compile_seconds,
         "batch_size": len(x),
         "repeats": repeats,

@@ -19,7 +19,7 @@ from dlscope.data.loaders import normalise
 from dlscope.data.mnist import load_mnist
 from dlscope.fsutil import atomic_write_bytes
 from dlscope.models import build_model
-from dlscope.observe.graph import autograd_graph, compile_and_compare, forward_graph, loss_on_batch
+from dlscope.observe.graph import autograd_graph, code_excerpts, compile_and_compare, forward_graph, loss_on_batch
 from dlscope.report.blocks import Block, Code, Findings, Para, Svg, Table
 from dlscope.report.graphs import graph_svg
 from dlscope.steps.base import LabContext, LabStep
@@ -52,7 +52,7 @@ def run(ctx: LabContext) -> dict[str, Any]:
     console.print(
         f"forward graph (torch.fx): [metric]{len(forward['nodes'])}[/] nodes; autograd graph from loss.grad_fn: "
         f"[metric]{autograd['backward_nodes']}[/] backward nodes holding [metric]{autograd['saved_tensors']}[/] "
-        f"saved tensors ({autograd['saved_storage_bytes'] / 2**20:.2f} MiB of distinct storage at batch {n})"
+        f"saved tensors ({autograd['saved_distinct_bytes'] / 2**20:.2f} MiB distinct at batch {n})"
     )
     table = RichTable(title="autograd graph: backward nodes and what they saved", title_justify="left")
     table.add_column("node")
@@ -115,7 +115,7 @@ def render(section: dict[str, Any]) -> list[Block]:
             "(2) Automatic differentiation records a backward graph while the forward runs: walked from "
             f"loss.grad_fn, {autograd['backward_nodes']} nodes (pink: backward functions, green: AccumulateGrad "
             f"writing a parameter's .grad) and, dashed orange, the {autograd['saved_tensors']} tensors they saved "
-            f"for backward — {autograd['saved_storage_bytes'] / 2**20:.2f} MiB of distinct storage (weights "
+            f"for backward — {autograd['saved_distinct_bytes'] / 2**20:.2f} MiB distinct (weights "
             "included; a ReLU output its pool saves again counted once): the activation memory of training."
         ),
         _svg("graph_autograd", autograd, "autograd graph from loss.grad_fn with saved tensors"),
@@ -158,10 +158,19 @@ def render(section: dict[str, Any]) -> list[Block]:
         Table(["generated kernel"], [[k] for k in compiled["kernels"]], "Inductor's fused kernels"),
     ]
     for kind, code in compiled["generated_code"].items():
-        lines = code.splitlines()
-        shown = "\n".join(lines[:120]) + (f"\n# … {len(lines) - 120} more lines" if len(lines) > 120 else "")
-        blocks += [Para(f"Inductor's generated {kind} code ({len(lines)} lines; full file in the run's graph/):")]
-        blocks.append(Code(shown, "python"))
+        excerpts = code_excerpts(code)
+        if "kernel" in excerpts:
+            blocks.append(Para(f"One fused kernel Inductor generated for the {kind} pass, as it was compiled:"))
+            blocks.append(Code(excerpts["kernel"], "cpp"))
+        if "schedule" in excerpts:
+            blocks.append(
+                Para(
+                    f"The {kind} schedule (`call`): library calls (extern_kernels), fused kernels and buffer "
+                    f"frees in the order they run ({len(code.splitlines())} lines in all; the run's graph/ "
+                    "folder has the whole file):"
+                )
+            )
+            blocks.append(Code(excerpts["schedule"], "python"))
     return blocks
 
 
