@@ -145,6 +145,7 @@ def test_perf_csv_parsing_keeps_counts_and_marks_unsupported_counters():
     assert parse_perf_csv(text) == {"cycles": 1234567, "cache-misses": None}
 
 
+@pytest.mark.slow
 def test_ops_conv_command_writes_results_and_report(tmp_path):
     out = tmp_path / "run"
     argv = ["ops", "conv", "--shape", "2,3,9,9", "--filters", "4,3,3", "--padding", "1", "--stride", "2"]
@@ -185,3 +186,12 @@ def test_seed_loops_match_torch_on_a_model_layer():
         reference = conv(x)
         out = CONV_IMPLS["loops"](x, conv.weight, conv.bias, 1, 2)
     assert (out - reference).abs().max() <= 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_library_implementations_on_the_gpu_agree_with_the_cpu():
+    shape = ConvShape(4, 16, 14, 14, 32, 5, 5, 1, 2)
+    timings = time_conv(shape, ("im2col", "torch"), repeats=3, device="cuda")
+    for t in timings:
+        assert t.max_abs_error <= 1e-2  # cuDNN may use TF32 (10-bit mantissa) for float32 convolutions
+        assert t.median_seconds > 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -135,11 +134,7 @@ def test_graph_command_without_compile_embeds_svgs(tmp_path):
     assert (out / "figures" / "graph_autograd.svg").exists()
 
 
-def test_graph_bad_repeats_is_one_line(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "dlscope.cli", "graph", "--repeats", "0", "--out", str(tmp_path / "r")],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 2
-    assert done.stderr.strip() == "dlscope: error: --repeats must be ≥ 1"
+def test_graph_bad_repeats_is_one_line(tmp_path, capsys):
+    assert main(["graph", "--repeats", "0", "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.strip() == "dlscope: error: --repeats must be ≥ 1"
+    assert not (tmp_path / "r").exists()

@@ -20,6 +20,7 @@ def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
+@pytest.mark.slow
 def test_memory_model_is_within_10_percent_of_the_measured_peak_for_cnn():
     result = memory_anatomy(lambda: build_model("cnn"), adam, [16, 64])
     assert result["method"].startswith("profiler memory events")
@@ -74,3 +75,14 @@ def test_ops_memory_command(tmp_path):
 def test_ops_memory_bad_batch_sizes(tmp_path, capsys):
     assert main(["ops", "memory", "--batch-sizes", "16,x", "--out", str(tmp_path / "r")]) == 2
     assert "--batch-sizes" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_peak_holds_at_least_the_modelled_tensors():
+    result = memory_anatomy(lambda: build_model("cnn"), adam, [16, 64], device="cuda")
+    assert result["method"] == "torch.cuda.max_memory_allocated"
+    small, large = result["comparisons"]
+    for c in (small, large):
+        # cuDNN workspaces come on top, so the measurement can only exceed the tensors that must exist
+        assert c["measured_peak_bytes"] >= c["static_bytes"] + c["activation_bytes"]
+    assert large["measured_peak_bytes"] > small["measured_peak_bytes"]

@@ -249,21 +249,36 @@ def time_conv(
     repeats: int = 5,
     loops_budget_s: float = 5.0,
     seed: int = 0,
+    device: str | torch.device = "cpu",
 ) -> list[ConvTiming]:
-    """Each implementation on random data of `shape`: median time, error against torch, GFLOP/s.
+    """Each implementation on random data of `shape`: median time, error against torch on the CPU,
+    GFLOP/s. im2col and torch run on `device` (cuDNN and cuBLAS on a GPU, synchronised around each
+    call); the Python loops and NumPy always run on the CPU.
 
-    The compiled implementations' repeats are interleaved (one of each per round), so a burst of
-    load from elsewhere on the machine hits all of them alike rather than one."""
+    The fast implementations' repeats are interleaved (one of each per round), so a burst of load
+    from elsewhere on the machine hits all of them alike rather than one."""
+    device = torch.device(device)
     x, w, b = random_conv(shape, seed)
     reference = conv_torch(x, w, b, shape.stride, shape.padding)
+    on_device = tuple(t.to(device) for t in (x, w, b))
     fast = [impl for impl in impls if impl != "loops"]
-    calls = {impl: (lambda fn=CONV_IMPLS[impl]: fn(x, w, b, shape.stride, shape.padding)) for impl in fast}
-    errors = {impl: float((call() - reference).abs().max()) for impl, call in calls.items()}  # also the warm-up
+
+    def call(impl: str) -> torch.Tensor:
+        args = on_device if impl in ("im2col", "torch") else (x, w, b)
+        return CONV_IMPLS[impl](*args, shape.stride, shape.padding)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    errors = {impl: float((call(impl).cpu() - reference).abs().max()) for impl in fast}  # also the warm-up
     times: dict[str, list[float]] = {impl: [] for impl in fast}
     for _ in range(repeats):
-        for impl, call in calls.items():
+        for impl in fast:
+            sync()
             start = time.perf_counter()
-            call()
+            call(impl)
+            sync()
             times[impl].append(time.perf_counter() - start)
     timings = []
     for impl in impls:

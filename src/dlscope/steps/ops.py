@@ -62,7 +62,7 @@ def run_conv(ctx: LabContext, options: OpsOptions, section: dict[str, Any]) -> N
     section["peak"] = peak.to_dict()
     shape = options.shape
     with console.status(f"timing {', '.join(options.impls)} on {shape.describe()}…"):
-        timings = time_conv(shape, options.impls, peak.value, options.repeats, options.loops_budget_s)
+        timings = time_conv(shape, options.impls, peak.value, options.repeats, options.loops_budget_s, device=device)
     table = RichTable(title=f"conv {shape.describe()}: {shape.flops / 1e6:,.1f} MFLOP", title_justify="left")
     for column in ("impl", "median time", "GFLOP/s", "% of peak", "max |err| vs torch", "note"):
         table.add_column(column, justify="left" if column in ("impl", "note") else "right")
@@ -93,6 +93,7 @@ def run_conv(ctx: LabContext, options: OpsOptions, section: dict[str, Any]) -> N
         "model": ctx.config.model,
         "model_batch_size": ctx.config.batch_size,
         "model_layers": layers,
+        "device": str(device),
     }
 
 
