@@ -166,7 +166,7 @@ def ops_options(args: argparse.Namespace, parts: tuple[str, ...]):
     from dlscope.experiments.conv import IMPLS, ConvShape, parse_ints
     from dlscope.steps.ops import OpsOptions
 
-    options = OpsOptions(parts=parts)
+    options = OpsOptions(parts=parts, peak_size=2048)
     if "conv" in parts:
         impls = tuple(args.impl.split(","))
         unknown = [i for i in impls if i not in IMPLS]

@@ -41,6 +41,7 @@ class OpsOptions:
     loops_budget_s: float = 2.0
     loop_order_shape: ConvShape = field(default_factory=lambda: ConvShape(1, 8, 112, 112, 32, 3, 3, 1, 1))
     memory_batch_sizes: list[int] = field(default_factory=lambda: [16, 64])
+    peak_size: int = 1024  # GEMM n for the peak: 1024³ keeps the lab short, `ops conv` uses 2048³
 
 
 def fmt_seconds(seconds: float) -> str:
@@ -57,8 +58,8 @@ def mib(n: float) -> str:
 
 def run_conv(ctx: LabContext, options: OpsOptions, section: dict[str, Any]) -> None:
     device = resolve_device(ctx.config.device)
-    with console.status("measuring the GEMM peak (2048³ fp32 matmul)…"):
-        peak = measure_gemm_peak(device)
+    with console.status(f"measuring the GEMM peak ({options.peak_size}³ fp32 matmul)…"):
+        peak = measure_gemm_peak(device, n=options.peak_size)
     section["peak"] = peak.to_dict()
     shape = options.shape
     with console.status(f"timing {', '.join(options.impls)} on {shape.describe()}…"):
@@ -78,7 +79,7 @@ def run_conv(ctx: LabContext, options: OpsOptions, section: dict[str, Any]) -> N
         )
     console.print(table)
     console.print(
-        f"GEMM peak [metric]{peak.value:.1f}[/] GFLOP/s; im2col buffer {mib(shape.im2col_bytes)} "
+        f"GEMM peak ({peak.size}³) [metric]{peak.value:.1f}[/] GFLOP/s; im2col buffer {mib(shape.im2col_bytes)} "
         f"({shape.im2col_bytes / (4 * shape.n * shape.c * shape.h * shape.w):.0f}× the input)"
     )
     model = build_model(ctx.config.model)
