@@ -6,13 +6,14 @@ matrix multiplication (im2col + GEMM). Each implementation here is checked again
 GEMM peak. A compiled C copy of the seven loops (conv_orders.c) runs in two loop orders to
 show locality, under `perf stat` where the machine exposes cache counters.
 
-Example (`dlscope ops conv --shape 1,16,14,14 --filters 32,5,5 --padding 2`, 2-core EPYC):
+Example: the cnn's conv2 at batch 128 (benchmarks/ops_graph.py, 2-core EPYC shared with other
+jobs, load average ~10, 2 threads; GEMM peak measured in the same run at 25.0 GFLOP/s):
 
-    impl     time          GFLOP/s  % peak   max |err|
-    loops    2.3 s           0.002   0.00%     4.8e-07
-    numpy    1.1 ms           4.6     2.5%     1.9e-06
-    im2col   0.21 ms          24     13%       9.5e-07
-    torch    0.05 ms          98     53%           0
+    impl    median time  GFLOP/s  % of peak  max |err|  note
+    loops   48,303 ms    0.0133   0.053%     2.4e-06    extrapolated from 1 of 128 images × 32 of 32 filters
+    numpy      414 ms    1.55     6.2%       4.5e-06    median of 11
+    im2col     185 ms    3.47     13.9%      6.2e-06    median of 11
+    torch     48.7 ms    13.2     52.7%      0          median of 11
 """
 
 from __future__ import annotations

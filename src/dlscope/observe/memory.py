@@ -173,12 +173,13 @@ def _allocation_recorder(device: torch.device):
         return
     with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         yield result
+    # allocation events (size, negative for a free) live in the event tree, not in prof.events()
     sizes = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         event = stack.pop()
         if event.typed[0] == _EventType.Allocation:
-            sizes.append((event.start_time_ns, event.typed[1].alloc_size))  # negative for a free
+            sizes.append((event.start_time_ns, event.typed[1].alloc_size))
         stack.extend(event.children)
     running = peak = 0
     for _, size in sorted(sizes):
