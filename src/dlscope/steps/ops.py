@@ -230,7 +230,10 @@ def render_conv(section: dict[str, Any]) -> list[Block]:
                 "info",
                 f"im2col copies the input into a {conv['im2col_bytes'] / 2**10:,.0f} KiB patch matrix — "
                 f"{conv['im2col_bytes'] / conv['input_bytes']:.0f}× the input — so that one GEMM does the work "
-                f"({by_impl['im2col']['pct_of_peak']:.0f}% of the GEMM peak).",
+                f"({by_impl['im2col']['pct_of_peak']:.2g}% of the GEMM peak, torch's conv2d "
+                f"{by_impl['torch']['pct_of_peak']:.2g}%)."
+                if "torch" in by_impl
+                else f"({by_impl['im2col']['pct_of_peak']:.2g}% of the GEMM peak).",
             )
         )
     worst = max(t["max_abs_error"] for t in timings)
@@ -301,6 +304,11 @@ def render_loop_order(result: dict[str, Any]) -> list[Block]:
     ]
 
 
+def whole(value: float) -> float | int:
+    """Bytes per sample are usually whole numbers; show them without decimals when they are."""
+    return int(value) if float(value).is_integer() else value
+
+
 def render_memory(memory: dict[str, Any]) -> list[Block]:
     rows = [
         [
@@ -309,8 +317,8 @@ def render_memory(memory: dict[str, Any]) -> list[Block]:
             r["weight_bytes"],
             r["grad_bytes"],
             r["optimizer_bytes"],
-            r["saved_bytes_per_sample"],
-            r["output_bytes_per_sample"],
+            whole(r["saved_bytes_per_sample"]),
+            whole(r["output_bytes_per_sample"]),
         ]
         for r in memory["layers"]
     ]
@@ -318,7 +326,7 @@ def render_memory(memory: dict[str, Any]) -> list[Block]:
         "total",
         "",
         *(sum(r[k] for r in memory["layers"]) for k in ("weight_bytes", "grad_bytes", "optimizer_bytes")),
-        sum(r["saved_bytes_per_sample"] for r in memory["layers"]),
+        whole(sum(r["saved_bytes_per_sample"] for r in memory["layers"])),
         None,
     ]
     comparisons = [
