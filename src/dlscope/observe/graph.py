@@ -186,8 +186,8 @@ def parse_joint_graph(text: str) -> dict:
     for name in re.findall(r"\b((?:primals|tangents)_\d+): \"", text):
         if name not in known:
             known.add(name)
-            kind = "param" if name.startswith("primals") else "input"
-            nodes.append({"id": name, "label": name, "kind": kind, "op": "input"})
+            # primals: the parameters and the batch; tangents: the gradient arriving at the output
+            nodes.append({"id": name, "label": name, "kind": "input", "op": "input"})
     for line in text.splitlines():
         if line.strip().startswith("return"):
             nodes.append({"id": "return", "label": "return (outputs, gradients)", "kind": "output", "op": "output"})

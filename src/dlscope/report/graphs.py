@@ -67,6 +67,13 @@ def layers_of(graph: dict) -> dict[str, int]:
 
     for node in inputs:
         depth(node)
+    # a source (a saved tensor, a parameter) sits just above its first consumer, not all in row 0
+    consumers: dict[str, list[str]] = {}
+    for edge in graph["edges"]:
+        consumers.setdefault(edge[0], []).append(edge[1])
+    for node, feeds in consumers.items():
+        if not inputs[node]:
+            layer[node] = min(layer[d] for d in feeds) - 1
     return layer
 
 
