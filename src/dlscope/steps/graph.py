@@ -36,6 +36,8 @@ class GraphOptions:
 
 def run(ctx: LabContext) -> dict[str, Any]:
     options: GraphOptions = ctx.options.extra.get("graph") or GraphOptions()
+    if ctx.config.threads:  # without a Trainer nobody else applies --threads
+        torch.set_num_threads(ctx.config.threads)
     config = ctx.config
     device = resolve_device(config.device)
     data = ctx.data or load_mnist(ctx.options.data_dir)

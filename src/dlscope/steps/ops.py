@@ -7,6 +7,7 @@ defaults, `dlscope ops conv` / `dlscope ops memory` the part asked for at the si
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,10 @@ def run_conv(ctx: LabContext, options: OpsOptions, section: dict[str, Any]) -> N
         "model_batch_size": ctx.config.batch_size,
         "model_layers": layers,
         "device": str(device),
+        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        # timings mean little on a machine others are using: keep how busy it was
+        "load_average_1min": os.getloadavg()[0],
     }
 
 
@@ -157,6 +162,8 @@ def run_memory(ctx: LabContext, options: OpsOptions, section: dict[str, Any]) ->
 
 def run(ctx: LabContext) -> dict[str, Any]:
     options: OpsOptions = ctx.options.extra.get("ops") or OpsOptions()
+    if ctx.config.threads:  # without a Trainer nobody else applies --threads
+        torch.set_num_threads(ctx.config.threads)
     section: dict[str, Any] = {"parts": list(options.parts)}
     if "conv" in options.parts:
         run_conv(ctx, options, section)
@@ -236,6 +243,15 @@ def render_conv(section: dict[str, Any]) -> list[Block]:
                 else f"({by_impl['im2col']['pct_of_peak']:.2g}% of the GEMM peak).",
             )
         )
+    if "torch" in by_impl and "numpy" in by_impl and by_impl["torch"]["gflops"] < by_impl["numpy"]["gflops"]:
+        items.append(
+            (
+                "warn",
+                f"torch's conv2d ran slower than NumPy: with {conv['threads']} intra-op threads on "
+                f"{conv['cpus']} CPUs at load average {conv['load_average_1min']:.1f}, its OpenMP threads wait "
+                "for each other whenever one is descheduled. Rerun with --threads 1 (or on an idle machine).",
+            )
+        )
     worst = max(t["max_abs_error"] for t in timings)
     items.append(("good" if worst <= 1e-4 else "bad", f"Largest difference from torch: {worst:.1e}."))
     layer_rows = [
@@ -247,7 +263,8 @@ def render_conv(section: dict[str, Any]) -> list[Block]:
             f"One convolution, {conv['describe']} ({conv['shape']['flops'] / 1e6:,.1f} MFLOP, FLOPs = 2 × "
             f"multiply-adds as FlopCounterMode counts them), four ways, each checked against torch's conv2d "
             f"and set against the measured fp32 GEMM peak of {peak['value']:.1f} GFLOP/s "
-            f"({peak['size']}³ matmul, median of {peak['repeats']})."
+            f"({peak['size']}³ matmul, median of {peak['repeats']}); {conv['threads']} intra-op threads, "
+            f"load average {conv['load_average_1min']:.1f} on {conv['cpus']} CPUs while measuring."
         ),
         Findings(items),
         Table(
