@@ -167,6 +167,7 @@ def test_ops_conv_command_writes_results_and_report(tmp_path):
         (["--shape", "1,2,3"], "--shape N,C,H,W must be 4"),
         (["--filters", "4,9,9", "--shape", "1,1,4,4", "--padding", "0"], "does not fit"),
         (["--impl", "loops,fft"], "unknown implementation fft"),
+        (["--loops-budget", "0"], "--loops-budget must be > 0"),
     ],
 )
 def test_ops_conv_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, fault):

@@ -193,6 +193,8 @@ def ops_options(args: argparse.Namespace, parts: tuple[str, ...]):
 def cmd_ops_conv(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise DlscopeError("--repeats must be ≥ 1")
+    if args.loops_budget <= 0:
+        raise DlscopeError("--loops-budget must be > 0 seconds")
     return run_pipeline(args, "ops-conv", ["environment", "ops"], {"ops": ops_options(args, ("conv", "loop_order"))})
 
 

@@ -99,17 +99,26 @@ def autograd_graph(model: nn.Module, loss: torch.Tensor) -> dict:
     names = {id(p): name for name, p in model.named_parameters()}
     nodes, edges = [], []
     ids: dict[int, str] = {}
+    keep = []  # hold every visited node so that no id() is reused while the walk runs
     distinct: dict[tuple[int, int], int] = {}
-    stack = [loss.grad_fn]
+
+    def node_id(fn) -> str:
+        if id(fn) not in ids:
+            ids[id(fn)] = f"b{len(ids)}"
+            keep.append(fn)
+        return ids[id(fn)]
+
+    stack, done = [loss.grad_fn], set()
     while stack:
         fn = stack.pop()
-        if id(fn) in ids:
+        fn_id = node_id(fn)
+        if fn_id in done:
             continue
-        node_id = ids[id(fn)] = f"b{len(ids)}"
+        done.add(fn_id)
         if hasattr(fn, "variable"):  # AccumulateGrad: writes a parameter's .grad
             nodes.append(
                 {
-                    "id": node_id,
+                    "id": fn_id,
                     "label": f"AccumulateGrad\n{names.get(id(fn.variable), '?')} {shape_text(fn.variable)}",
                     "kind": "accumulate",
                     "name": "AccumulateGrad",
@@ -118,18 +127,16 @@ def autograd_graph(model: nn.Module, loss: torch.Tensor) -> dict:
             )
         else:
             saved = saved_tensors(fn, distinct)
-            nodes.append({"id": node_id, "label": fn.name(), "kind": "backward", "name": fn.name(), "saved": saved})
+            nodes.append({"id": fn_id, "label": fn.name(), "kind": "backward", "name": fn.name(), "saved": saved})
             for i, s in enumerate(saved):
-                saved_id = f"{node_id}s{i}"
+                saved_id = f"{fn_id}s{i}"
                 label = f"{s['name']} {shape_text(torch.Size(s['shape']))} {s['dtype']}"
                 nodes.append({"id": saved_id, "label": label, "kind": "saved", "name": s["name"], "saved": []})
-                edges.append([saved_id, node_id, "saved"])
+                edges.append([saved_id, fn_id, "saved"])
         for next_fn, _ in fn.next_functions:
             if next_fn is not None:
-                edges.append([node_id, None, id(next_fn)])
+                edges.append([fn_id, node_id(next_fn)])
                 stack.append(next_fn)
-    # next_functions point at nodes that got their ids later in the walk: resolve them now
-    edges = [[e[0], ids[e[2]]] if e[1] is None else e for e in edges]
     backward = [n for n in nodes if n["kind"] in ("backward", "accumulate")]
     return {
         "nodes": nodes,

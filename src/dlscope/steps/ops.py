@@ -252,6 +252,15 @@ def render_conv(section: dict[str, Any]) -> list[Block]:
                 "for each other whenever one is descheduled. Rerun with --threads 1 (or on an idle machine).",
             )
         )
+    over = [t["impl"] for t in timings if (t["pct_of_peak"] or 0) > 100]
+    if over:
+        items.append(
+            (
+                "warn",
+                f"{', '.join(over)} beat the GEMM 'peak': the peak's long matmuls were slowed by other load on "
+                "the machine, so every % of peak here is overstated.",
+            )
+        )
     worst = max(t["max_abs_error"] for t in timings)
     items.append(("good" if worst <= 1e-4 else "bad", f"Largest difference from torch: {worst:.1e}."))
     layer_rows = [
