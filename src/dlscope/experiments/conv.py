@@ -6,14 +6,15 @@ matrix multiplication (im2col + GEMM). Each implementation here is checked again
 GEMM peak. A compiled C copy of the seven loops (conv_orders.c) runs in two loop orders to
 show locality, under `perf stat` where the machine exposes cache counters.
 
-Example: the cnn's conv2 at batch 128 (benchmarks/ops_graph.py, 2-core EPYC shared with other
-jobs, load average ~10, 2 threads; GEMM peak measured in the same run at 25.0 GFLOP/s):
+Example: the cnn's conv2 at batch 128 (benchmarks/ops_graph.py --threads 1, 2-core EPYC shared
+with other jobs, load average ~5; GEMM peak measured in the same run at 50.0 GFLOP/s, low because
+of that load — hence torch above 100%):
 
     impl    median time  GFLOP/s  % of peak  max |err|  note
-    loops   48,303 ms    0.0133   0.053%     2.4e-06    extrapolated from 1 of 128 images × 32 of 32 filters
-    numpy      414 ms    1.55     6.2%       4.5e-06    median of 11
-    im2col     185 ms    3.47     13.9%      6.2e-06    median of 11
-    torch     48.7 ms    13.2     52.7%      0          median of 11
+    loops   68,013 ms    0.00944  0.0189%    2.4e-06    extrapolated from 1 of 128 images × 32 of 32 filters
+    numpy      785 ms    0.818    1.64%      4.5e-06    median of 11
+    im2col     123 ms    5.23     10.5%      6.2e-06    median of 11
+    torch     7.18 ms    89.4     179%       0          median of 11
 """
 
 from __future__ import annotations
