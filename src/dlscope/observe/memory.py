@@ -9,7 +9,9 @@ The model of the peak: the static part (weights + gradients + optimizer state + 
 the worst moment of backward, when layer L's backward runs: every activation saved by layers
 ≤ L is still alive (autograd frees a node's saved tensors once the node has run), and so are the
 gradient arriving at L's output and the one it produces for L's input. The forward's end (all
-activations, logits and their gradient) is also a candidate.
+activations, logits and their gradient) and the optimizer step (its whole-model temporaries,
+measured once: they dominate a model whose weights outweigh its activations, like the MLP) are
+the other candidates.
 
 The measured peak, on CPU: every allocation the profiler's memory events record
 (`profile_memory=True`) from the model's creation through two training steps — the running sum's
@@ -134,13 +136,35 @@ def layer_memory(
     return rows
 
 
-def predict_peak(layers: list[LayerMemory], batch_size: int, input_bytes_per_sample: float, classes: int) -> dict:
+def optimizer_workspace(model: nn.Module, make_optimizer: OptimizerFactory, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Bytes one optimizer step allocates beyond its state (foreach implementations build
+    whole-model temporaries: Adam's sqrt of exp_avg_sq, SGD-Nesterov's update), measured on the CPU."""
+    probe = copy.deepcopy(model)
+    optimizer = make_optimizer(probe)
+    train_step(probe, optimizer, x, y)  # creates the state, so the step below allocates only temporaries
+    optimizer.zero_grad(set_to_none=True)
+    F.cross_entropy(probe(x), y).backward()
+    with _allocation_recorder(torch.device("cpu")) as recorded:
+        optimizer.step()
+    return recorded["peak_bytes"]
+
+
+def predict_peak(
+    layers: list[LayerMemory],
+    batch_size: int,
+    input_bytes_per_sample: float,
+    classes: int,
+    optimizer_workspace_bytes: int = 0,
+) -> dict:
     """The model of the peak (see the module docstring), in bytes, with where it happens."""
     static = sum(r.weight_bytes + r.grad_bytes + r.optimizer_bytes for r in layers)
     batch = batch_size * (input_bytes_per_sample + 8)  # images + int64 labels
     per_sample_saved = sum(r.saved_bytes_per_sample for r in layers)
     logits = batch_size * classes * 4
-    candidates = {"end of forward": per_sample_saved * batch_size + 2 * logits}
+    candidates = {
+        "end of forward": per_sample_saved * batch_size + 2 * logits,
+        "optimizer step": optimizer_workspace_bytes,  # activations are freed by then
+    }
     running = sum(r.saved_bytes_per_sample for r in layers if r.name == FUNCTIONAL) * batch_size
     previous_output = input_bytes_per_sample * batch_size
     for r in (r for r in layers if r.name != FUNCTIONAL):
@@ -222,11 +246,13 @@ def memory_anatomy(
     probe_batch = 4
     x = torch.randn(probe_batch, *image_shape)
     y = torch.randint(0, classes, (probe_batch,))
-    layers = layer_memory(build(), make_optimizer, x, y)
+    model = build()
+    layers = layer_memory(model, make_optimizer, x, y)
+    workspace = optimizer_workspace(model, make_optimizer, x, y)
     input_per_sample = x[0].numel() * x.element_size()
     comparisons = []
     for batch_size in batch_sizes:
-        predicted = predict_peak(layers, batch_size, input_per_sample, classes)
+        predicted = predict_peak(layers, batch_size, input_per_sample, classes, workspace)
         measured = measure_peak(build, make_optimizer, batch_size, image_shape, classes, device)
         predicted["measured_peak_bytes"] = measured
         predicted["error_pct"] = 100 * (predicted["peak_bytes"] - measured) / measured
@@ -238,5 +264,6 @@ def memory_anatomy(
         else "torch.cuda.max_memory_allocated",
         "layers": [r.to_dict() for r in layers],
         "input_bytes_per_sample": input_per_sample,
+        "optimizer_workspace_bytes": workspace,
         "comparisons": comparisons,
     }

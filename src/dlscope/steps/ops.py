@@ -373,8 +373,10 @@ def render_memory(memory: dict[str, Any]) -> list[Block]:
             f"Memory anatomy of a training step of {memory['model']} with {memory['optimizer']}: per layer the "
             "weights, their gradients, the optimizer's state, and the activations autograd saves for backward "
             "(counted with saved_tensors_hooks, each storage once, per sample — they grow with the batch; the "
-            "rest does not). The modelled peak is the static part plus the worst moment of backward; the measured "
-            f"peak comes from {memory['method']} from model creation through two training steps on {memory['device']}."
+            "rest does not). The modelled peak is the static part plus the worst moment of backward or of the "
+            f"optimizer step (whose temporaries take {memory['optimizer_workspace_bytes'] / 2**20:.2f} MiB); the "
+            f"measured peak comes from {memory['method']} from model creation through two training steps on "
+            f"{memory['device']}."
         ),
         Findings(
             [
