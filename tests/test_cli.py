@@ -213,3 +213,16 @@ def test_tensorboard_serves_the_run_on_loopback(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_report_survives_a_section_it_cannot_read(tmp_path):
+    from dlscope.report.render import render_report
+    from dlscope.rundir import RunDir
+
+    run = RunDir(tmp_path / "r", "lab", argv=["lab"])
+    run.record("environment", {"unexpected": "shape"})  # a known section in a form its renderer cannot read
+    run.record("from_the_future", {"x": 1})  # a section no renderer knows
+    run.finish("ok")
+    html, _ = render_report(run.path)
+    text = html.read_text()
+    assert "could not be rendered" in text and "No renderer for this section" in text
