@@ -304,7 +304,7 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
         args.format, args.read_buffer, args.shuffle_buffer, args.batch_size, args.workers, args.prefetch, args.seed
     )
     consumer = (
-        TrainingCompute(args.train, args.device, manifest.sample_bytes, args.seed)
+        TrainingCompute(args.train, args.device, manifest.sample_bytes, args.seed, args.threads)
         if args.train
         else SimulatedCompute(args.compute_ms / 1000)
     )
@@ -330,7 +330,9 @@ def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
         compute_ms=args.compute_ms,
         model=args.model,
         device=args.device,
+        threads=args.threads,
         seed=args.seed,
+        repeats=args.repeats,
     )
     config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
     extra = {"pipeline_plan": plan, "pipeline_keep_data": args.keep_data}
@@ -367,6 +369,7 @@ def add_pipeline_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compute-ms", type=float, default=5.0, help="simulated compute per batch (default 5 ms)")
     p.add_argument("--train", default=None, choices=list(MODELS), help="train this model instead of simulating")
     p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of the training consumer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0, help="epoch number (seeds the shuffle)")
     p.set_defaults(func=cmd_pipeline_run)
@@ -377,7 +380,9 @@ def add_pipeline_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compute-ms", type=float, default=5.0, help="simulated compute per batch (default 5 ms)")
     p.add_argument("--model", default="mlp", choices=list(MODELS), help="training consumer (default mlp)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the training consumer (default 1)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3, help="interleaved runs per row; the median is kept (default 3)")
     p.add_argument("--keep-data", action="store_true", help="keep the prepared datasets in the run directory")
     add_run_args(p)
     p.set_defaults(func=cmd_pipeline_sweep)

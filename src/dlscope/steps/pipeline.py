@@ -10,7 +10,7 @@ from rich.table import Table as RichTable
 
 from dlscope.console import console, err_console
 from dlscope.data.mnist import load_mnist
-from dlscope.data.pipeline.sweep import COLUMNS, SweepPlan, findings, row_cells, run_sweep
+from dlscope.data.pipeline.sweep import COLUMNS, SweepPlan, findings, ratio_text, row_cells, run_sweep
 from dlscope.report import plots
 from dlscope.report.blocks import Block, Figure, Findings, Para, Table
 from dlscope.steps.base import LabContext, LabStep
@@ -50,16 +50,36 @@ def run(ctx: LabContext) -> dict[str, Any]:
     return section
 
 
+TERMINAL_COLUMNS = ["cache", "wall s", "wait s", "compute s", "read s", "reads", "reads:steps", "samples/s", "AU %"]
+
+
 def rich_table(table: dict[str, Any]) -> RichTable:
-    out = RichTable(title=f"{table['title']} — {table['samples']:,} samples", title_justify="left", box=None)
-    for i, column in enumerate([table["varied"], *COLUMNS[1:]]):
-        out.add_column(column, justify="left" if i in (0, 1, len(COLUMNS) - 1) else "right")
+    """A compact terminal version of the report table (the report adds MB, MB/s and disk bytes)."""
+    out = RichTable(
+        title=f"[phase]{table['title']}[/] — {table['samples']:,} samples",
+        title_justify="left",
+        box=None,
+        padding=(0, 1),
+    )
+    out.add_column(table["varied"])
+    for column in TERMINAL_COLUMNS:
+        out.add_column(column, justify="left" if column == "cache" else "right")
+    out.add_column("verdict")
     for row in table["rows"]:
-        cells = [c if isinstance(c, str) else f"{c:,}" if isinstance(c, int) else f"{c:,.3f}" for c in row_cells(row)]
-        cells[-1] = f"[{VERDICT_STYLE[row['verdict']]}]{cells[-1]}[/]"
-        if row["cache"] == "cold" and row["cold_verified"] is False:
-            cells[1] = f"[bad]{cells[1]}[/]"
-        out.add_row(*cells)
+        cold_mark = {True: "✔", False: "[bad]✘[/]", None: "?"}[row["cold_verified"]]
+        out.add_row(
+            row["label"],
+            f"cold{cold_mark}" if row["cache"] == "cold" else "warm",
+            f"{row['wall_s']:.2f}",
+            f"{row['wait_s']:.2f}",
+            f"{row['compute_s']:.2f}",
+            f"{row['read_s']:.2f}",
+            f"{row['reads']:,}",
+            ratio_text(row["reads_per_step"]),
+            f"{row['samples_per_s'] or 0:,.0f}",
+            f"{100 * row['au']:.0f}",
+            f"[{VERDICT_STYLE[row['verdict']]}]{row['verdict']}[/]",
+        )
     return out
 
 

@@ -43,13 +43,22 @@ class TrainingCompute:
     ends with a synchronisation, so the time measured is the time the GPU took.
     """
 
-    def __init__(self, model: str, device: str = "auto", sample_bytes: int = MNIST_SAMPLE_BYTES, seed: int = 0):
+    def __init__(
+        self,
+        model: str,
+        device: str = "auto",
+        sample_bytes: int = MNIST_SAMPLE_BYTES,
+        seed: int = 0,
+        threads: int | None = None,
+    ):
         if sample_bytes != MNIST_SAMPLE_BYTES:
             raise ConfigError(
                 f"the training consumer needs 28×28 samples ({MNIST_SAMPLE_BYTES} bytes), these have {sample_bytes}; "
                 "use a simulated compute time instead"
             )
         self.device = resolve_device(device)
+        if threads is not None:
+            torch.set_num_threads(threads)
         torch.manual_seed(seed)
         self.model = build_model(model).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)

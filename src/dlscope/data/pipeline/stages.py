@@ -17,6 +17,7 @@ from __future__ import annotations
 import queue
 import random
 import threading
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dlscope.data.pipeline.prepare import PAYLOAD_HEADER, Manifest, data_files
 from dlscope.data.pipeline.tfrecord import IOCounters, read_records
-from dlscope.errors import ConfigError
+from dlscope.errors import ConfigError, DlscopeError
 
 
 class Batch(NamedTuple):
@@ -151,33 +152,51 @@ class PipelineDataset(IterableDataset):
         for path in files[worker::workers]:
             yield from read_records(path, config.read_buffer, io)
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Batch | DlscopeError]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         io = IOCounters(disk_bytes=disk_read_bytes())
         rng = random.Random(f"shuffle/{self.config.seed}/{self.epoch}/{worker}")
         records = shuffle(self._records(worker, workers, io), self.config.shuffle_buffer, rng)
         reported = io.copy()
-        for group in batches(records, self.config.batch_size):
-            io.disk_bytes = disk_read_bytes()
-            yield decode(group, io - reported)
-            reported = io.copy()
+        try:
+            for group in batches(records, self.config.batch_size):
+                io.disk_bytes = disk_read_bytes()
+                yield decode(group, io - reported)
+                reported = io.copy()
+        except DlscopeError as e:
+            if info is None:
+                raise
+            # handed over as an item: torch would re-raise it wrapped in the worker's traceback,
+            # and the user should see the one line naming the file and the offset
+            yield e
 
 
 def iterate_batches(dataset: PipelineDataset, pin_memory: bool = False) -> Iterator[Batch]:
     """The dataset's batches through a DataLoader (workers, prefetch_factor, pinned memory), or,
     without workers, through a background thread that keeps `prefetch` batches ready."""
     config = dataset.config
-    loader = DataLoader(
-        dataset,
-        batch_size=None,  # the dataset batches itself
-        num_workers=config.workers,
-        prefetch_factor=config.prefetch if config.workers else None,
-        pin_memory=pin_memory,
-    )
-    if config.workers or config.prefetch == 0:
-        return iter(loader)
-    return prefetch_thread(iter(loader), config.prefetch)
+    with warnings.catch_warnings():
+        # torch warns when workers outnumber cores; for I/O-bound readers that is the point
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        loader = DataLoader(
+            dataset,
+            batch_size=None,  # the dataset batches itself
+            num_workers=config.workers,
+            prefetch_factor=config.prefetch if config.workers else None,
+            pin_memory=pin_memory,
+        )
+        batches = iter(loader)
+    if config.workers:
+        return raise_worker_errors(batches)
+    return batches if config.prefetch == 0 else prefetch_thread(batches, config.prefetch)
+
+
+def raise_worker_errors(items: Iterator[Batch | DlscopeError]) -> Iterator[Batch]:
+    for item in items:
+        if isinstance(item, DlscopeError):
+            raise item
+        yield item
 
 
 _DONE = object()

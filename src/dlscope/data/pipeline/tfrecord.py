@@ -11,7 +11,7 @@ reads these files):
 mask(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8  (mod 2**32)
 
 The reader issues one `os.read(fd, read_buffer)` at a time and parses records out of what it has;
-it reads until a read returns nothing, so a file of F bytes costs floor(F / read_buffer) + 1 read
+it reads until a read returns nothing, so a file of F bytes costs ceil(F / read_buffer) + 1 read
 calls — 3 for a 550-byte file and a 275-byte buffer, 2 with 550 bytes or more (seed 003's
 arithmetic: 3,000,000 reads for a million files).
 """
