@@ -341,6 +341,7 @@ def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
 
 def add_pipeline_parsers(sub: argparse._SubParsersAction) -> None:
     from dlscope.data.pipeline import FORMATS
+    from dlscope.data.pipeline.sweep import SweepPlan
     from dlscope.models import MODELS
 
     pipeline = sub.add_parser("pipeline", help="input pipelines: small files, shards, read/shuffle buffers, workers")
@@ -375,17 +376,34 @@ def add_pipeline_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_pipeline_run)
 
     p = pipe_sub.add_parser("sweep", help="seed 003's tables and more, with verdicts and a report")
-    p.add_argument("--samples", type=int, default=10_000, help="MNIST samples (default 10000)")
-    p.add_argument("--small-files", type=int, default=30_000, help="550-byte files (default 30000)")
-    p.add_argument("--compute-ms", type=float, default=5.0, help="simulated compute per batch (default 5 ms)")
-    p.add_argument("--model", default="mlp", choices=list(MODELS), help="training consumer (default mlp)")
+    p.add_argument("--samples", type=int, default=SweepPlan.mnist_samples, help="MNIST samples (default %(default)s)")
+    p.add_argument(
+        "--small-files", type=int, default=SweepPlan.small_files, help="550-byte files (default %(default)s)"
+    )
+    p.add_argument(
+        "--compute-ms",
+        type=float,
+        default=SweepPlan.compute_ms,
+        help="simulated compute per batch (default %(default)s)",
+    )
+    p.add_argument(
+        "--model", default=SweepPlan.model, choices=list(MODELS), help="training consumer (default %(default)s)"
+    )
     p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the training consumer (default 1)")
+    p.add_argument("--threads", type=int, default=SweepPlan.threads, help="torch threads of the training consumer")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=3, help="interleaved runs per row; the median is kept (default 3)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=SweepPlan.repeats,
+        help="interleaved runs per row, median kept (default %(default)s)",
+    )
     p.add_argument("--keep-data", action="store_true", help="keep the prepared datasets in the run directory")
-    add_run_args(p)
-    p.set_defaults(func=cmd_pipeline_sweep)
+    p.add_argument("--out", default=None, help="run directory (default runs/pipeline-sweep-<time>)")
+    p.add_argument("--data-dir", default=None, help="MNIST laid out like torchvision's MNIST/raw (default: embedded)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    # run_pipeline's observation options: nothing here trains under TensorBoard or the profiler
+    p.set_defaults(func=cmd_pipeline_sweep, no_tensorboard=True, profile_steps=1, sort_by="self_cpu")
 
 
 def build_parser() -> Parser:
