@@ -43,6 +43,11 @@ def run(ctx: LabContext) -> dict[str, Any]:
         section = run_sweep(
             plan, ctx.run.sub("pipeline"), data, on_row, keep_data=ctx.options.extra.get("pipeline_keep_data", False)
         )
+    machine = section["machine"]
+    console.print(
+        f"[dim]{machine['cpus']} CPUs, load average {machine['load_average'][0]:.1f} before and "
+        f"{machine['load_after'][0]:.1f} after; each row: median of {plan.repeats} interleaved run(s)[/]"
+    )
     for table in section["tables"]:
         console.print(rich_table(table))
     for level, text in findings(section):
@@ -104,6 +109,7 @@ def time_split_figure(table: dict[str, Any]) -> bytes:
 
 def render(section: dict[str, Any]) -> list[Block]:
     plan = section["plan"]
+    machine = section["machine"]
     sets = "; ".join(
         f"{key}: {d['samples']:,} samples of {d['sample_bytes']} B ({d['source']})"
         for key, d in section["datasets"].items()
@@ -118,7 +124,10 @@ def render(section: dict[str, Any]) -> list[Block]:
             "Wait is the time the consumer blocked on the next batch; AU (accelerator utilisation) is compute ÷ wall. "
             f"Verdicts: input-bound when ≥ {100 * section['thresholds']['input_bound_wait']:.0f}% of the wall time "
             f"waits for data, compute-bound below {100 * section['thresholds']['compute_bound_wait']:.0f}%, "
-            "balanced between. Read time and read calls are summed over all readers (workers included)."
+            "balanced between. Read time and read calls are summed over all readers (workers included). "
+            f"Each row is the median wall time of {plan['repeats']} interleaved run(s). Machine: {machine['cpus']} "
+            f"CPUs, load average {machine['load_average'][0]:.1f} before the sweep and "
+            f"{machine['load_after'][0]:.1f} after (above the CPU count, other work competed for the cores)."
         ),
         Findings(findings(section)),
     ]
