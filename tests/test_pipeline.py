@@ -410,7 +410,9 @@ def test_sweep_command_writes_tables_verdicts_and_report(tmp_path):
     for row in (r for t in section["tables"] for r in t["rows"]):
         assert row["verdict"] in ("input-bound", "balanced", "compute-bound")
         assert 0 < row["au"] <= 1
-    assert not (out / "pipeline" / "small").exists()  # prepared data is removed unless --keep-data
+    kept = section["data_kept"]["small"]  # the prepared data stays for `dlscope pipeline run`
+    rerun = run_cli("pipeline", "run", kept, "--format", "files", "--read-buffer", "275", "--compute-ms", "0")
+    assert re.search(r"read calls\s+4,500\b", rerun.stdout), rerun.stdout + rerun.stderr
     report = (out / "report.md").read_text()
     assert "## Input pipeline" in report and "Read buffer on small files" in report
     assert (out / "figures" / "pipeline_layout.png").is_file()

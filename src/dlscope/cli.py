@@ -335,7 +335,7 @@ def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
         repeats=args.repeats,
     )
     config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
-    extra = {"pipeline_plan": plan, "pipeline_keep_data": args.keep_data}
+    extra = {"pipeline_plan": plan, "pipeline_remove_data": args.remove_data}
     return run_pipeline(args, "pipeline-sweep", ["environment", "dataset", "pipeline"], config, extra)
 
 
@@ -398,7 +398,7 @@ def add_pipeline_parsers(sub: argparse._SubParsersAction) -> None:
         default=SweepPlan.repeats,
         help="interleaved runs per row, median kept (default %(default)s)",
     )
-    p.add_argument("--keep-data", action="store_true", help="keep the prepared datasets in the run directory")
+    p.add_argument("--remove-data", action="store_true", help="delete the prepared datasets afterwards")
     p.add_argument("--out", default=None, help="run directory (default runs/pipeline-sweep-<time>)")
     p.add_argument("--data-dir", default=None, help="MNIST laid out like torchvision's MNIST/raw (default: embedded)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")

@@ -41,7 +41,11 @@ def run(ctx: LabContext) -> dict[str, Any]:
             finished += 1
 
         section = run_sweep(
-            plan, ctx.run.sub("pipeline"), data, on_row, keep_data=ctx.options.extra.get("pipeline_keep_data", False)
+            plan,
+            ctx.run.sub("pipeline"),
+            data,
+            on_row,
+            remove_data=ctx.options.extra.get("pipeline_remove_data", False),
         )
     machine = section["machine"]
     console.print(
