@@ -310,6 +310,11 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
     )
     m = measure_epoch(args.data, manifest, reader, consumer, cold=not args.warm, epoch=args.epoch)
     row = {"label": f"{args.format}", **m.to_dict()}
+    console.print(
+        f"[phase]{args.format}[/] · read buffer {reader.read_buffer:,} B · shuffle buffer {reader.shuffle_buffer:,} "
+        f"· batch {reader.batch_size} · workers {reader.workers} · prefetch {reader.prefetch} · {manifest.samples:,} "
+        f"samples of {manifest.sample_bytes} B"
+    )
     table = Table(show_header=False, box=None, padding=(0, 2))
     for column, cell in zip(COLUMNS[1:], row_cells(row)[1:], strict=True):
         table.add_row(column, f"[metric]{cell:,}" if isinstance(cell, int | float) else f"[metric]{cell}")

@@ -459,7 +459,7 @@ def _layout_findings(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 def _workers_finding(rows: list[dict[str, Any]]) -> tuple[str, str]:
     base = next((r for r in rows if r["workers"] == 0 and r["prefetch"] == 0), rows[0])
-    best = max(rows, key=lambda r: r["au"])
+    best = min(rows, key=lambda r: r["wall_s"])
     listing = ", ".join(f"{r['label']}: {100 * r['au']:.0f}% ({r['wall_s']:.2f} s)" for r in rows)
     text = f"AU by workers / prefetch — {listing}. "
     if best is base or best["wall_s"] > 0.95 * base["wall_s"]:
