@@ -36,7 +36,7 @@ from dlscope.data.pipeline import (
 from dlscope.data.pipeline.prepare import data_files, sample_file
 from dlscope.data.pipeline.stages import prefetch_thread
 from dlscope.data.pipeline.tfrecord import IOCounters
-from dlscope.errors import ConfigError
+from dlscope.errors import ConfigError, DatasetError
 
 N = 203  # not a multiple of any batch size or shard count used here
 
@@ -130,6 +130,18 @@ def test_corrupt_shard_through_cli_is_one_line_naming_file_and_offset(tmp_path):
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1
         assert result.stderr == f"dlscope: error: {shard}: data CRC32C mismatch in the record at offset {3 * 85}\n"
+
+
+def test_missing_files_and_a_damaged_array_are_named(tmp_path):
+    labels, samples = synthetic_samples(30, 16, seed=0)
+    root = tmp_path / "d"
+    manifest = prepare_dataset(root, labels, samples, "synthetic", shards=2)
+    sample_file(root, 7).unlink()
+    with pytest.raises(DatasetError, match=r"000007\.rec: missing, and 0 more of the 30 'files' data files$"):
+        measure_epoch(root, manifest, ReaderConfig("files"), SimulatedCompute(0), cold=False)
+    (root / "array.npy").write_bytes((root / "array.npy").read_bytes()[:100])
+    with pytest.raises(DatasetError, match=r"array\.npy: not a readable \.npy array"):
+        measure_epoch(root, manifest, ReaderConfig("array"), SimulatedCompute(0), cold=False)
 
 
 # --- read-call arithmetic ---------------------------------------------------------------------

@@ -25,6 +25,7 @@ from dlscope.data.pipeline.consumer import Consumer
 from dlscope.data.pipeline.prepare import Manifest, data_files
 from dlscope.data.pipeline.stages import PipelineDataset, ReaderConfig, iterate_batches
 from dlscope.data.pipeline.tfrecord import IOCounters
+from dlscope.errors import DatasetError
 
 INPUT_BOUND_WAIT = 0.20  # TF Profiler: a step is input-bound when ≥ 20% of it waits for input
 COMPUTE_BOUND_WAIT = 0.05  # below 5% waiting, input is not what limits the step
@@ -113,8 +114,14 @@ def measure_epoch(
 ) -> EpochMeasurement:
     """Feed one epoch to `consumer` and account for every second and every read."""
     root = Path(root)
+    files = data_files(root, manifest, reader.fmt)
+    missing = [path for path in files if not path.is_file()]
+    if missing:
+        raise DatasetError(
+            f"missing, and {len(missing) - 1:,} more of the {len(files):,} {reader.fmt!r} data files", missing[0]
+        )
     if cold:
-        evict_page_cache(data_files(root, manifest, reader.fmt))
+        evict_page_cache(files)
     dataset = PipelineDataset(root, manifest, reader, epoch)
     io = IOCounters()
     indices: list[torch.Tensor] = []

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dlscope.data.pipeline.prepare import PAYLOAD_HEADER, Manifest, data_files
 from dlscope.data.pipeline.tfrecord import IOCounters, read_records
-from dlscope.errors import ConfigError, DlscopeError
+from dlscope.errors import ConfigError, DatasetError, DlscopeError
 
 
 class Batch(NamedTuple):
@@ -123,9 +123,15 @@ def disk_read_bytes() -> int | None:
     return None
 
 
-def array_records(path: Path, rows: range, io: IOCounters) -> Iterator[bytes]:
+def array_records(path: Path, manifest: Manifest, rows: range, io: IOCounters) -> Iterator[bytes]:
     """Rows of the memory-mapped array: page faults, not read calls (io.reads stays 0)."""
-    array = np.load(path, mmap_mode="r")
+    try:
+        array = np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"not a readable .npy array ({e})", path) from None
+    expected = (manifest.samples, manifest.payload_bytes)
+    if array.shape != expected or array.dtype != np.uint8:
+        raise DatasetError(f"array is {array.dtype} {array.shape}, the manifest says uint8 {expected}", path)
     for i in rows:
         record = array[i].tobytes()
         io.bytes += len(record)
@@ -145,7 +151,9 @@ class PipelineDataset(IterableDataset):
         config, files = self.config, data_files(self.root, self.manifest, self.config.fmt)
         if config.fmt == "array":
             n = self.manifest.samples
-            yield from array_records(files[0], range(worker * n // workers, (worker + 1) * n // workers), io)
+            yield from array_records(
+                files[0], self.manifest, range(worker * n // workers, (worker + 1) * n // workers), io
+            )
             return
         if config.shuffle_buffer > 1:  # as tf.data's list_files(shuffle=True): file order too
             random.Random(f"files/{config.seed}/{self.epoch}").shuffle(files)
