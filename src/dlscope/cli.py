@@ -99,6 +99,7 @@ def run_pipeline(
     args: argparse.Namespace,
     command: str,
     step_names: Sequence[str],
+    *,
     config: TrainConfig | None = None,
     extra: dict[str, Any] | None = None,
 ) -> int:
@@ -156,7 +157,7 @@ def print_locations(run, html: Path, md: Path) -> None:
 def cmd_lab(args: argparse.Namespace) -> int:
     from dlscope.steps.graph import GraphOptions
 
-    return run_pipeline(args, "lab", [], {"graph": GraphOptions(compile=args.compile)})
+    return run_pipeline(args, "lab", [], extra={"graph": GraphOptions(compile=args.compile)})
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -200,11 +201,13 @@ def cmd_ops_conv(args: argparse.Namespace) -> int:
         raise DlscopeError("--repeats must be ≥ 1")
     if args.loops_budget <= 0:
         raise DlscopeError("--loops-budget must be > 0 seconds")
-    return run_pipeline(args, "ops-conv", ["environment", "ops"], {"ops": ops_options(args, ("conv", "loop_order"))})
+    return run_pipeline(
+        args, "ops-conv", ["environment", "ops"], extra={"ops": ops_options(args, ("conv", "loop_order"))}
+    )
 
 
 def cmd_ops_memory(args: argparse.Namespace) -> int:
-    return run_pipeline(args, "ops-memory", ["environment", "ops"], {"ops": ops_options(args, ("memory",))})
+    return run_pipeline(args, "ops-memory", ["environment", "ops"], extra={"ops": ops_options(args, ("memory",))})
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
@@ -213,7 +216,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise DlscopeError("--repeats must be ≥ 1")
     options = GraphOptions(compile=not args.no_compile, cold=not args.warm_cache, repeats=args.repeats)
-    return run_pipeline(args, "graph", ["environment", "dataset", "graph"], {"graph": options})
+    return run_pipeline(args, "graph", ["environment", "dataset", "graph"], extra={"graph": options})
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -390,7 +393,7 @@ def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
     )
     config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
     extra = {"pipeline_plan": plan, "pipeline_remove_data": args.remove_data}
-    return run_pipeline(args, "pipeline-sweep", ["environment", "dataset", "pipeline"], config, extra)
+    return run_pipeline(args, "pipeline-sweep", ["environment", "dataset", "pipeline"], config=config, extra=extra)
 
 
 def add_pipeline_parsers(sub: argparse._SubParsersAction) -> None:
