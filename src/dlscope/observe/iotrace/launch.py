@@ -1,0 +1,54 @@
+"""Start the traced command held at a gate, so a tracer can attach before its first syscall,
+and stop tracers without leaving any behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+
+# sh waits for one line on the gate pipe, closes it, then becomes the command (same pid: exec).
+_GATE = 'read -r _ <&{fd}; exec {fd}<&-; exec "$@"'
+
+
+class GatedProcess:
+    """The command, started but blocked until `release()`; its pid is the command's pid."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        read_end, self._write_end = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                ["sh", "-c", _GATE.format(fd=read_end), "sh", *argv], pass_fds=(read_end,), env=None if env is None else dict(env)
+            )
+        except OSError:
+            os.close(self._write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self.pid = self.proc.pid
+
+    def release(self) -> None:
+        os.write(self._write_end, b"go\n")
+        os.close(self._write_end)
+
+    def wait(self) -> int:
+        return self.proc.wait()
+
+
+def stop(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+    """SIGINT (tracers flush on it), then SIGTERM, then SIGKILL; returns once it is gone."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def exit_code(returncode: int) -> int:
+    """A child's status as a shell reports it: 128+N for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
