@@ -3,4 +3,4 @@
 from dlscope.phases import phase  # a few µs per marker; imports only os and re
 
 __version__ = "0.1.0"
-__all__ = ["phase", "__version__"]
+__all__ = ["__version__", "phase"]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlscope import __version__
+from dlscope import __version__, phase
 from dlscope.errors import DlscopeError
+from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
 
 
 class Parser(argparse.ArgumentParser):
@@ -115,7 +117,8 @@ def run_pipeline(args: argparse.Namespace, command: str, step_names: Sequence[st
     try:
         run_steps(ctx, steps)
     finally:
-        html, md = render_report(run.path)
+        with phase("report"):
+            html, md = render_report(run.path)
         print_locations(run, html, md)
     return 0
 
@@ -145,7 +148,77 @@ def print_locations(run, html: Path, md: Path) -> None:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
+    if args.trace_io:
+        return trace_lab(args)
     return run_pipeline(args, "lab", [])
+
+
+def _drop_options(argv: Sequence[str], with_value: set[str], flags: set[str]) -> list[str]:
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags or (arg.split("=", 1)[0] in with_value and "=" in arg):
+            continue
+        elif arg in with_value:
+            skip = True
+        else:
+            kept.append(arg)
+    return kept
+
+
+def trace_lab(args: argparse.Namespace) -> int:
+    """The lab as a traced child process writing into this run; the trace section is added after."""
+    from dlscope.report.render import render_report
+    from dlscope.rundir import RunDir
+    from dlscope.steps import LabContext, LabOptions, iotrace
+
+    config = train_config(args)  # validate before creating anything on disk
+    run = RunDir.create(args.out, "lab")
+    lab_args = _drop_options(
+        args.raw_argv[args.raw_argv.index("lab") + 1 :], {"--out", "--trace-backend"}, {"--trace-io"}
+    )
+    child = [sys.executable, "-m", "dlscope.cli", "lab", *lab_args, "--out", str(run.path)]
+    options = LabOptions(extra={"trace_command": child, "trace_backend": args.trace_backend})
+    try:
+        section = iotrace.run(LabContext(config=config, run=run, options=options))
+    finally:
+        run.reload()  # what the traced lab wrote
+    run.record("iotrace", section)
+    if run.results["run"]["status"] == "running":  # the lab died before it could say so
+        run.finish("failed")
+    html, md = render_report(run.path)
+    print_locations(run, html, md)
+    return section["exit_code"]
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from dlscope.report.render import render_report
+    from dlscope.rundir import RunDir
+    from dlscope.steps import LabContext, LabOptions, iotrace, run_steps
+    from dlscope.train import TrainConfig
+
+    command = args.command_argv[1:] if args.command_argv[:1] == ["--"] else args.command_argv
+    if not command:
+        raise DlscopeError("no command to trace: dlscope trace [options] -- CMD [ARGS...]")
+    if shutil.which(command[0]) is None:
+        raise DlscopeError("command not found (not an executable on PATH nor a path)", command[0])
+    if args.repeats < 1:
+        raise DlscopeError("--repeats must be ≥ 1")
+    run = RunDir.create(args.out, "trace")
+    extra = {
+        "trace_command": command,
+        "trace_backend": args.backend,
+        "measure_overhead": args.measure_overhead,
+        "overhead_repeats": args.repeats,
+    }
+    ctx = LabContext(config=TrainConfig(), run=run, options=LabOptions(extra=extra))
+    try:
+        run_steps(ctx, [iotrace.STEP])
+    finally:
+        html, md = render_report(run.path)
+        print_locations(run, html, md)
+    return run.results["sections"]["iotrace"]["exit_code"]
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -264,6 +337,10 @@ def build_parser() -> Parser:
     add_training_args(p)
     add_run_args(p)
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue a run from its checkpoint")
+    p.add_argument(
+        "--trace-io", action="store_true", help="trace the lab's file I/O through the OS (see dlscope trace)"
+    )
+    p.add_argument("--trace-backend", default="auto", choices=["auto", *TRACE_BACKENDS], help="with --trace-io")
     p.set_defaults(func=cmd_lab)
 
     p = sub.add_parser("train", help="train a model (TensorBoard, checkpoints, report)")
@@ -276,6 +353,18 @@ def build_parser() -> Parser:
     add_training_args(p)
     add_run_args(p)
     p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser(
+        "trace",
+        help="trace a command's file I/O through the OS: phases, files, data-flow diagram",
+        usage="dlscope trace [--backend {auto,ebpf,strace,proc}] [--out RUN] [--measure-overhead] -- CMD [ARGS ...]",
+    )
+    p.add_argument("--backend", default="auto", choices=["auto", *TRACE_BACKENDS], help="tracer (default auto)")
+    p.add_argument("--out", default=None, help="run directory (default runs/trace-<time>)")
+    p.add_argument("--measure-overhead", action="store_true", help="also time untraced vs traced runs")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each kind for --measure-overhead (default 3)")
+    p.add_argument("command_argv", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its arguments")
+    p.set_defaults(func=cmd_trace)
 
     p = sub.add_parser("report", help="re-render report.html and report.md from results.json")
     p.add_argument("run", help="run directory")
@@ -311,7 +400,9 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    raw_argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(raw_argv)
+    args.raw_argv = raw_argv
     try:
         return args.func(args)
     except DlscopeError as e:

@@ -13,6 +13,7 @@ from dlscope.checkpoint import (
     verify_dict,
 )
 from dlscope.console import console
+from dlscope.phases import phase
 from dlscope.report.blocks import Block, Findings, Para, Table
 from dlscope.steps.base import LabContext, LabStep
 
@@ -23,11 +24,14 @@ def run(ctx: LabContext) -> dict[str, Any]:
     path = ctx.run.sub("checkpoints") / "final.pt"
     state = trainer.state_dict()
     state["fingerprint"] = fingerprint(trainer.last_predictions, trainer.test_labels)
-    saved = save_checkpoint(path, state)
+    with phase("checkpoint_save"):
+        saved = save_checkpoint(path, state)
     start = time.perf_counter()
-    loaded = load_checkpoint(path)
+    with phase("checkpoint_load"):
+        loaded = load_checkpoint(path)
     load_seconds = time.perf_counter() - start
-    verified = verify_checkpoint(path, trainer.test_images, trainer.test_labels, reference=trainer.model)
+    with phase("verify"):
+        verified = verify_checkpoint(path, trainer.test_images, trainer.test_labels, reference=trainer.model)
     style = "good" if verified.ok else "bad"
     console.print(
         f"saved [path]{ctx.run.rel(path)}[/] ({saved.bytes / 1024:.0f} KiB, {saved.seconds * 1000:.0f} ms, "

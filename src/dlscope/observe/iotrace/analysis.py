@@ -106,6 +106,7 @@ class Analysis:
     def _switch(self, ts: float, new_stack: list[str]) -> None:
         before = self.current
         self.phase(before).seconds += ts - self.phase_started.get(before, self.first_ts or ts)
+        self.seen_marker = True
         self.stack = new_stack
         self.phase_started[self.current] = ts
         self.phase(self.current)
@@ -118,7 +119,6 @@ class Analysis:
         self.last_ts = max(ts, self.last_ts or ts)
         call = event["call"]
         if call == "phase":
-            self.seen_marker = True
             name = event["name"]
             if event["edge"] == "begin":
                 self._switch(ts, [*self.stack, name])
@@ -181,7 +181,7 @@ class Analysis:
             new.read_sizes[size] += n
         new.first_phase = old.first_phase if new.first_phase == phase else new.first_phase
         for table in (self.edges, self.opens_by_edge):
-            for (a, b) in [key for key in table if source in key]:
+            for a, b in [key for key in table if source in key]:
                 table[(target if a == source else a, target if b == source else b)] += table.pop((a, b))
 
     def _add_io(self, record: Event) -> None:

@@ -85,11 +85,11 @@ def build_script(root: Path, arrow: str) -> ScriptPlan:
         "tracepoint:sched:sched_process_exec /@gated[pid]/ { delete(@gated[pid]); @traced[pid] = 1; }",
     ]
     lines.append(
-        'tracepoint:sched:sched_process_fork /@traced[pid]/ { @traced[args{a}child_pid] = 1; '
+        "tracepoint:sched:sched_process_fork /@traced[pid]/ { @traced[args{a}child_pid] = 1; "
         'printf("fork\\t%d\\t%d\\t%llu\\n", pid, args{a}child_pid, nsecs); }'.replace("{a}", arrow)
     )
     lines.append(
-        'tracepoint:sched:sched_process_exit /@traced[pid] && pid == tid/ { delete(@traced[pid]); '
+        "tracepoint:sched:sched_process_exit /@traced[pid] && pid == tid/ { delete(@traced[pid]); "
         'printf("exit\\t%d\\t%d\\t%llu\\n", pid, tid, nsecs); }'
     )
     calls, missing = [], []
@@ -103,7 +103,7 @@ def build_script(root: Path, arrow: str) -> ScriptPlan:
         target = next((f for f in TARGET_FIELDS if f in fields), None)
         fd = next((f for f in FD_FIELDS if f in fields), None)
         arg = next((f for f in ARG_FIELDS if f in fields), None)
-        guard = f" && (int64)args{arrow}{fd} >= 0" if call == "mmap" else ""  # anonymous memory: fd -1
+        guard = f" && (int32)args{arrow}{fd} >= 0" if call == "mmap" else ""  # anonymous memory: fd -1
         saves = ["@ts[tid] = nsecs;"]
         saves += [f"@p1[tid] = (uint64)args{arrow}{path};"] if path else []
         saves += [f"@p2[tid] = (uint64)args{arrow}{target};"] if target else []
@@ -117,9 +117,10 @@ def build_script(root: Path, arrow: str) -> ScriptPlan:
             fmt.append("%s")
             values.append("str(@p1[tid])")
         # two path strings in one printf overflow the 512-byte BPF stack: the target goes first, alone
-        before = f'printf("target\\t%d\\t%s\\n", tid, str(@p2[tid])); ' if target else ""
+        before = 'printf("target\\t%d\\t%s\\n", tid, str(@p2[tid])); ' if target else ""
         out = "\\t".join([call, *fmt])
-        clear = " ".join(f"delete({m}[tid]);" for m, on in (("@p1", path), ("@p2", target), ("@fd", fd), ("@arg", arg)) if on)
+        saved = (("@p1", path), ("@p2", target), ("@fd", fd), ("@arg", arg))
+        clear = " ".join(f"delete({m}[tid]);" for m, on in saved if on)
         lines.append(
             f'tracepoint:syscalls:sys_exit_{call} /@ts[tid]/ {{ {before}printf("{out}\\n", {", ".join(values)}); '
             f"delete(@ts[tid]); {clear} }}"

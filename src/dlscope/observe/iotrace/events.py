@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import heapq
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from dlscope.phases import parse_marker
 
@@ -94,7 +94,7 @@ class FdTables:
     """fd → path per process (threads share their process's table), following opens, dups,
     fcntl(F_DUPFD*), close and fork — for backends that see only numbers (eBPF)."""
 
-    STD = {0: "<stdin>", 1: "<stdout>", 2: "<stderr>"}
+    STD: ClassVar[dict[int, str]] = {0: "<stdin>", 1: "<stdout>", 2: "<stderr>"}
 
     def __init__(self) -> None:
         self.tables: dict[int, dict[int, str]] = {}

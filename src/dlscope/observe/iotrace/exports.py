@@ -41,14 +41,28 @@ class EventWriters:
         ts = (event["ts"] - self._origin) * 1e6
         if event["call"] == "phase":
             self._slice(
-                {"ph": "B" if event["edge"] == "begin" else "E", "name": event["name"], "cat": "phase", "ts": ts,
-                 "pid": pid, "tid": tid}
+                {
+                    "ph": "B" if event["edge"] == "begin" else "E",
+                    "name": event["name"],
+                    "cat": "phase",
+                    "ts": ts,
+                    "pid": pid,
+                    "tid": tid,
+                }
             )
             return
         args = {k: event[k] for k in ("path", "ret", "bytes", "err") if event.get(k) is not None}
         self._slice(
-            {"ph": "X", "name": event["call"], "cat": event["kind"], "ts": ts, "dur": (event["dur"] or 0) * 1e6,
-             "pid": pid, "tid": tid, "args": args}
+            {
+                "ph": "X",
+                "name": event["call"],
+                "cat": event["kind"],
+                "ts": ts,
+                "dur": (event["dur"] or 0) * 1e6,
+                "pid": pid,
+                "tid": tid,
+                "args": args,
+            }
         )
 
     def close(self) -> None:
@@ -68,6 +82,16 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> Pat
 
 PHASE_COLUMNS = ["phase", "seconds", "calls", "errors", "bytes_read", "bytes_written", "syscall_seconds", "by_kind"]
 FILE_COLUMNS = [
-    "path", "category", "opens", "reads", "writes", "other_calls", "bytes_read", "bytes_written", "seconds",
-    "first_phase", "last_phase", "read_sizes",
+    "path",
+    "category",
+    "opens",
+    "reads",
+    "writes",
+    "other_calls",
+    "bytes_read",
+    "bytes_written",
+    "seconds",
+    "first_phase",
+    "last_phase",
+    "read_sizes",
 ]

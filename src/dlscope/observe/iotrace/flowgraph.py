@@ -42,9 +42,7 @@ def to_dot(edges: list[dict[str, Any]], phases: list[str]) -> str:
         lines.append(f'  "{_escape(node)}" [label="{_escape(_label(node))}", shape={shape}, fillcolor="{colour}"];')
     for e in edges:
         width = 1 + 4 * math.sqrt(e["bytes"] / biggest) if e["bytes"] else 1
-        lines.append(
-            f'  "{_escape(e["from"])}" -> "{_escape(e["to"])}" [label="{_weight(e)}", penwidth={width:.2f}];'
-        )
+        lines.append(f'  "{_escape(e["from"])}" -> "{_escape(e["to"])}" [label="{_weight(e)}", penwidth={width:.2f}];')
     lines.append("}")
     return "\n".join(lines)
 
@@ -87,7 +85,8 @@ def fallback_svg(edges: list[dict[str, Any]], phases: list[str]) -> str:
             top = y[(column, name)] - 10
             parts.append(
                 f'<rect x="{col[column]}" y="{top}" width="{box}" height="20" rx="6" fill="{colour}" stroke="#999"/>'
-                f'<text x="{col[column] + 6}" y="{top + 14}">{html.escape(_label(name, 58 if box > 200 else 24))}</text>'
+                f'<text x="{col[column] + 6}" y="{top + 14}">{html.escape(_label(name, 58 if column != 1 else 24))}'
+                "</text>"
             )
     parts.append("</svg>")
     return "".join(parts)

@@ -18,9 +18,8 @@ class GatedProcess:
     def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         read_end, self._write_end = os.pipe()
         try:
-            self.proc = subprocess.Popen(
-                ["sh", "-c", _GATE.format(fd=read_end), "sh", *argv], pass_fds=(read_end,), env=None if env is None else dict(env)
-            )
+            gate = ["sh", "-c", _GATE.format(fd=read_end), "sh", *argv]
+            self.proc = subprocess.Popen(gate, pass_fds=(read_end,), env=None if env is None else dict(env))
         except OSError:
             os.close(self._write_end)
             raise

@@ -96,7 +96,8 @@ def parse_call(pid: int, tgid: int, ts: float, body: str) -> Event | None:
         path = _join(directory, quoted[0]) if quoted[0] else directory
         if call in KINDS["open"] and retpath is not None:
             path = retpath
-        return make_event(ts, tgid, pid, call, ret, dur, path=path, fd=ret if call in KINDS["open"] and ret >= 0 else None)
+        fd = ret if call in KINDS["open"] and ret >= 0 else None
+        return make_event(ts, tgid, pid, call, ret, dur, path=path, fd=fd)
     if call in KINDS["rename"] or call in KINDS["unlink"]:
         if not quoted:
             return None

@@ -11,6 +11,7 @@ SIGKILL, Ctrl-C — what was seen is analysed, and no tracer process outlives th
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -130,8 +131,9 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
         raise TraceError(f"cannot start the command: {e.strerror}", argv[0]) from None
     env = {**ebpf.environment(), "BPFTRACE_PERF_RB_PAGES": "2048"}  # 8 MiB per CPU: start-up bursts
     with open(log, "w") as log_file:
+        command = ebpf.command(script, child.pid)
         tracer = subprocess.Popen(
-            ebpf.command(script, child.pid), stdout=subprocess.PIPE, stderr=log_file, text=True, errors="replace", env=env
+            command, stdout=subprocess.PIPE, stderr=log_file, text=True, errors="replace", env=env
         )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_pump, args=(tracer.stdout, lines), daemon=True).start()
@@ -157,8 +159,6 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
     time.sleep(0.3)  # let the per-CPU buffers drain before bpftrace stops reading them
     stop(tracer)
     with open(raw, "w", encoding="utf-8") as out:
-        import json
-
         while (line := lines.get()) is not None:
             event = ebpf.parse_line(line, counters)
             if event is not None:
@@ -175,15 +175,14 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
 
 
 def _read_jsonl(path: Path) -> Iterator[Event]:
-    import json
-
     with open(path, encoding="utf-8") as f:
         for line in f:
             yield json.loads(line)
 
 
 def _last_error(log: Path) -> str:
-    lines = [line for line in log.read_text(errors="replace").splitlines() if "error" in line.lower() and "MEMLOCK" not in line]
+    text = log.read_text(errors="replace")
+    lines = [line for line in text.splitlines() if "error" in line.lower() and "MEMLOCK" not in line]
     return lines[-1].strip() if lines else "no error message (see bpftrace.log)"
 
 
