@@ -47,29 +47,26 @@ def print_summary(section: dict[str, Any]) -> None:
         f"command exit [{style}]{section['exit_code']}[/]"
     )
     table = RichTable(title="per phase", title_justify="left")
-    for column in ("phase", "s", "calls", "read", "written", "in syscalls", "most frequent"):
-        table.add_column(column, justify="left" if column in ("phase", "most frequent") else "right")
+    for column in ("phase", "s", "calls", "read", "written", "in syscalls"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
     for p in section["phases"]:
-        read = p["bytes_read"] or p.get("proc_io", {}).get("rchar", 0)
-        written = p["bytes_written"] or p.get("proc_io", {}).get("wchar", 0)
+        io = p.get("proc_io", {})
         table.add_row(
             f"[phase]{p['phase']}",
             f"{p['seconds']:.2f}",
             f"{p['calls']:,}",
-            human_bytes(read),
-            human_bytes(written),
+            human_bytes(p["bytes_read"] or io.get("rchar", 0)),
+            human_bytes(p["bytes_written"] or io.get("wchar", 0)),
             f"{p['syscall_seconds'] * 1000:.1f} ms",
-            f"[dim]{_kinds(p['by_kind'])}",
         )
     console.print(table)
     files = RichTable(title="top files by bytes", title_justify="left")
-    for column in ("path", "category", "opens", "reads", "read", "written", "phases"):
+    for column in ("path", "category", "reads", "read", "written", "phases"):
         files.add_column(column, justify="left" if column in ("path", "category", "phases") else "right")
     for f in section["files"][:10]:
         files.add_row(
-            f"[path]{_short(f['path'])}",
+            f"[path]{_short(f['path'], 44)}",
             f["category"],
-            f"{f['opens']:,}",
             f"{f['reads']:,}",
             human_bytes(f["bytes_read"]),
             human_bytes(f["bytes_written"]),

@@ -12,6 +12,7 @@ from dlscope.observe.iotrace.events import Event
 
 STARTUP = "startup"  # before the first marker: interpreter start-up and imports
 OUTSIDE = "outside-phases"  # after a phase ended and before the next began
+ALWAYS_LISTED = ("dataset", "checkpoint", "tensorboard log")  # in the section's file table, however small
 IO_FIELDS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes")
 
 CATEGORY_RULES: list[tuple[str, re.Pattern[str]]] = [
@@ -20,7 +21,11 @@ CATEGORY_RULES: list[tuple[str, re.Pattern[str]]] = [
     ("checkpoint", re.compile(r"(\.pt|\.pth|\.ckpt|\.safetensors)(\.\d+)?$")),
     ("tensorboard log", re.compile(r"events\.out\.tfevents")),
     ("trace/report", re.compile(r"(results\.json|report\.(html|md)|\.pt\.trace\.json|/profile/|/iotrace/|\.csv$)")),
-    ("python module", re.compile(r"(\.pyc?$|\.pyi$|__pycache__|/site-packages|/lib/python3[^/]*(/|$)|\.pth$)")),
+    # modules, bytecode, and the package directories the import system stats (no file extension)
+    (
+        "python module",
+        re.compile(r"(\.(py|pyc|pyi|pth)$|__pycache__|/(site|dist)-packages(/[^.]*)?$|/lib/python3[^/]*/?$)"),
+    ),
     ("shared library", re.compile(r"(\.so(\.[\d.]+)?$|/ld\.so\.|/lib(64|32)?/|/lib/x86_64)")),
     ("device", re.compile(r"^(/dev/|/proc/|/sys/|<std|pipe:|socket:|anon_inode:)")),
     ("config", re.compile(r"(^/etc/|\.(cfg|ini|toml|ya?ml|conf|json)$)")),
@@ -220,6 +225,7 @@ class Analysis:
         by_bytes = sorted(files, key=lambda r: -(r["bytes_read"] + r["bytes_written"]))
         by_time = sorted(files, key=lambda r: -r["seconds"])
         important = {r["path"] for r in by_bytes[:file_rows]} | {r["path"] for r in by_time[:top]}
+        important |= {r["path"] for r in files if r["category"] in ALWAYS_LISTED}
         categories: dict[str, dict[str, int]] = defaultdict(lambda: {"files": 0, "bytes_read": 0, "bytes_written": 0})
         for r in files:
             c = categories[r["category"]]

@@ -61,6 +61,11 @@ class Collected:
     events: Callable[[], Iterator[Event]]
     needs_fd_resolution: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
+    scratch: Path | None = None  # the backend's own intermediate files, removed once analysed
+
+    def discard(self) -> None:
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch) if self.scratch.is_dir() else self.scratch.unlink(missing_ok=True)
 
 
 def _wait(child: subprocess.Popen | GatedProcess) -> tuple[int, bool]:
@@ -104,7 +109,8 @@ def collect_proc(argv: Sequence[str], work: Path) -> Collected:
     notes: dict[str, Any] = {"blind_to": list(proc.BLIND_TO)}
     if not any(events_dir.glob("*.jsonl")):
         notes["warning"] = "no Python process reported: the proc backend sees Python commands only"
-    return Collected("proc", returncode, seconds, interrupted, lambda: proc.read_events(events_dir), notes=notes)
+    events = lambda: proc.read_events(events_dir)  # noqa: E731
+    return Collected("proc", returncode, seconds, interrupted, events, notes=notes, scratch=events_dir)
 
 
 def _pump(stream, sink: queue.Queue) -> None:
@@ -171,7 +177,7 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
         "missing_tracepoints": plan.missing,
         "string_limit": ebpf.STRLEN,
     }
-    return Collected("ebpf", returncode, seconds, interrupted, lambda: _read_jsonl(raw), True, notes)
+    return Collected("ebpf", returncode, seconds, interrupted, lambda: _read_jsonl(raw), True, notes, scratch=raw)
 
 
 def _read_jsonl(path: Path) -> Iterator[Event]:
@@ -246,6 +252,7 @@ def trace_command(argv: Sequence[str], backend: str, out_dir: Path, say: Say = p
     finally:
         writers.close()
     analysis.finish()
+    collected.discard()
     section = analysis.summary()
     phases_csv = write_csv(out_dir / "phases.csv", section["phases"], PHASE_COLUMNS)
     files_csv = write_csv(out_dir / "files.csv", analysis.file_rows(), FILE_COLUMNS)
