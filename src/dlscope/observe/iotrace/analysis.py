@@ -110,7 +110,7 @@ class Analysis:
 
     def _switch(self, ts: float, new_stack: list[str]) -> None:
         before = self.current
-        self.phase(before).seconds += ts - self.phase_started.get(before, self.first_ts or ts)
+        self.phase(before).seconds += ts - self.phase_started[before]
         self.seen_marker = True
         self.stack = new_stack
         self.phase_started[self.current] = ts
@@ -119,7 +119,7 @@ class Analysis:
     def add(self, event: Event) -> None:
         ts = event["ts"]
         if self.first_ts is None:
-            self.first_ts = ts
+            self.first_ts = self.phase_started[STARTUP] = ts
             self.phase(STARTUP)
         self.last_ts = max(ts, self.last_ts or ts)
         call = event["call"]

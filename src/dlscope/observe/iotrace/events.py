@@ -98,17 +98,16 @@ class FdTables:
 
     def __init__(self) -> None:
         self.tables: dict[int, dict[int, str]] = {}
-        self.parent_of: dict[int, int] = {}  # forked child pid → parent pid
 
     def fork(self, parent: int, child: int) -> None:
-        self.parent_of[child] = parent
+        """The child starts with a copy of the parent's descriptors as they are at the fork.
+        (A new thread is reported as a fork too; its copy goes unused: threads use the pid's.)"""
+        self.tables[child] = dict(self.table(parent))
 
     def table(self, pid: int) -> dict[int, str]:
         table = self.tables.get(pid)
         if table is None:
-            parent = self.parent_of.pop(pid, None)
-            inherited = self.tables.get(parent) if parent is not None else None
-            table = self.tables[pid] = dict(inherited) if inherited is not None else dict(self.STD)
+            table = self.tables[pid] = dict(self.STD)
         return table
 
     def exit(self, pid: int) -> None:

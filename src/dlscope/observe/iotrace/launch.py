@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 
-# sh waits for one line on the gate pipe, closes it, then becomes the command (same pid: exec).
-_GATE = 'read -r _ <&{fd}; exec {fd}<&-; exec "$@"'
+# A bare interpreter (-I -S: no site, no environment) waits for one byte on the gate pipe, closes
+# it, then becomes the command (exec: same pid). sh cannot do this portably: dash redirects only
+# single-digit descriptors.
+_GATE = "import os, sys; fd = int(sys.argv[1]); os.read(fd, 1); os.close(fd); os.execvp(sys.argv[2], sys.argv[2:])"
 
 
 class GatedProcess:
@@ -18,7 +21,7 @@ class GatedProcess:
     def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         read_end, self._write_end = os.pipe()
         try:
-            gate = ["sh", "-c", _GATE.format(fd=read_end), "sh", *argv]
+            gate = [sys.executable, "-I", "-S", "-c", _GATE, str(read_end), *argv]
             self.proc = subprocess.Popen(gate, pass_fds=(read_end,), env=None if env is None else dict(env))
         except OSError:
             os.close(self._write_end)

@@ -64,8 +64,12 @@ class Collected:
     scratch: Path | None = None  # the backend's own intermediate files, removed once analysed
 
     def discard(self) -> None:
-        if self.scratch is not None:
-            shutil.rmtree(self.scratch) if self.scratch.is_dir() else self.scratch.unlink(missing_ok=True)
+        if self.scratch is None:
+            return
+        if self.scratch.is_dir():
+            shutil.rmtree(self.scratch)
+        else:
+            self.scratch.unlink(missing_ok=True)
 
 
 def _wait(child: subprocess.Popen | GatedProcess) -> tuple[int, bool]:
@@ -109,8 +113,9 @@ def collect_proc(argv: Sequence[str], work: Path) -> Collected:
     notes: dict[str, Any] = {"blind_to": list(proc.BLIND_TO)}
     if not any(events_dir.glob("*.jsonl")):
         notes["warning"] = "no Python process reported: the proc backend sees Python commands only"
-    events = lambda: proc.read_events(events_dir)  # noqa: E731
-    return Collected("proc", returncode, seconds, interrupted, events, notes=notes, scratch=events_dir)
+    return Collected(
+        "proc", returncode, seconds, interrupted, lambda: proc.read_events(events_dir), notes=notes, scratch=events_dir
+    )
 
 
 def _pump(stream, sink: queue.Queue) -> None:
