@@ -285,21 +285,26 @@ def trace_command(argv: Sequence[str], backend: str, out_dir: Path, say: Say = p
     return TraceOutcome(collected.backend, exit_code(collected.returncode), section)
 
 
-def measure_overhead(argv: Sequence[str], backend: str, work: Path, repeats: int = 3) -> dict[str, Any]:
-    """Untraced and traced runs, interleaved (noise hits both alike); medians and their ratio.
-    Traced runs only collect: the analysis afterwards is not part of the command's slowdown."""
-    plain, traced = [], []
-    for i in range(repeats):
+def timed_run(argv: Sequence[str], backend: str | None, work: Path) -> float:
+    """Wall seconds of one run of the command: untraced (backend None) or collected by `backend`
+    (collection only: the analysis afterwards is not part of the command's slowdown)."""
+    if backend is None:
         start = time.perf_counter()
         subprocess.run(list(argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        plain.append(time.perf_counter() - start)
-        scratch = work / f"overhead-{i}"
-        scratch.mkdir(parents=True, exist_ok=True)
-        try:
-            collected = COLLECTORS[backend](argv, scratch)
-            traced.append(collected.command_seconds)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        return time.perf_counter() - start
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        return COLLECTORS[backend](argv, work).command_seconds
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure_overhead(argv: Sequence[str], backend: str, work: Path, repeats: int = 3) -> dict[str, Any]:
+    """Untraced and traced runs, interleaved (noise hits both alike); medians and their ratio."""
+    plain, traced = [], []
+    for i in range(repeats):
+        plain.append(timed_run(argv, None, work))
+        traced.append(timed_run(argv, backend, work / f"overhead-{i}"))
     return {
         "backend": backend,
         "repeats": repeats,
