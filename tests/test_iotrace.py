@@ -172,6 +172,7 @@ def test_analysis_nests_phases_and_follows_renames():
         a.add(event)
 
     add(0.0, "openat", 3, "/lib/python3.11/os.py")
+    add(0.1, "read", 50, "/lib/python3.11/os.py")
     add(1.0, "openat", -20, f"{MARKER_PREFIX}checkpoint/begin")
     add(1.5, "openat", -20, f"{MARKER_PREFIX}checkpoint_save/begin")
     add(1.6, "write", 100, "/run/.tmp-final.pt")
@@ -186,7 +187,8 @@ def test_analysis_nests_phases_and_follows_renames():
     final = next(f for f in summary["files"] if f["path"] == "/run/final.pt")
     assert (final["bytes_written"], final["bytes_read"], final["first_phase"]) == (100, 100, "checkpoint_save")
     assert not any(f["path"] == "/run/.tmp-final.pt" for f in summary["files"])
-    assert {"from": "checkpoint_save", "to": "/run/final.pt", "bytes": 100, "opens": 0} in summary["flow"]
+    assert {"from": "checkpoint_save", "to": "/run/final.pt", "bytes": 100, "opens": 0, "files": 1} in summary["flow"]
+    assert {"from": "python module files", "to": "startup", "bytes": 50, "opens": 1, "files": 1} in summary["flow"]
     assert category("/x/MNIST/raw/train-images-idx3-ubyte.gz") == "dataset"
     assert category("/v/lib/python3.11/site-packages/torch/__init__.py") == "python module"
     assert category("/usr/lib/x86_64-linux-gnu/libc.so.6") == "shared library"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 from dlscope import __version__, phase
 from dlscope.errors import DlscopeError
 from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
+from dlscope.observe.iotrace.tracer import check_command
 
 
 class Parser(argparse.ArgumentParser):
@@ -199,10 +199,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from dlscope.train import TrainConfig
 
     command = args.command_argv[1:] if args.command_argv[:1] == ["--"] else args.command_argv
-    if not command:
-        raise DlscopeError("no command to trace: dlscope trace [options] -- CMD [ARGS...]")
-    if shutil.which(command[0]) is None:
-        raise DlscopeError("command not found (not an executable on PATH nor a path)", command[0])
+    check_command(command)
     if args.repeats < 1:
         raise DlscopeError("--repeats must be ≥ 1")
     run = RunDir.create(args.out, "trace")

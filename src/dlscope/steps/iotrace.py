@@ -12,7 +12,7 @@ from typing import Any
 from rich.table import Table as RichTable
 
 from dlscope.console import console
-from dlscope.observe.iotrace.flowgraph import human_bytes, render_svg
+from dlscope.observe.iotrace.flowgraph import dot_svg, hook_chart_dot, human_bytes, render_svg
 from dlscope.observe.iotrace.tracer import measure_overhead, trace_command
 from dlscope.report.blocks import Block, Findings, Para, Svg, Table
 from dlscope.steps.base import LabContext, LabStep
@@ -188,6 +188,13 @@ def file_table(section: dict[str, Any]) -> Table:
     return Table(columns, rows, caption)
 
 
+def hook_chart(rows: list[dict[str, Any]]) -> list[Block]:
+    """The hook-point flow chart (graphviz only: without it, the table below says the same)."""
+    svg = dot_svg(hook_chart_dot(rows)) if rows else None
+    caption = "Hook points: green where this kernel has them, dashed red where it does not."
+    return [Svg("iotrace-hookpoints", svg, caption)] if svg is not None else []
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     phases = [p["phase"] for p in section["phases"]]
     svg, engine = render_svg(section["flow"], phases)
@@ -212,6 +219,7 @@ def render(section: dict[str, Any]) -> list[Block]:
             svg,
             f"Data flow: files read → phase → files written, edges weighted by bytes (drawn by {engine}).",
         ),
+        *hook_chart(section["hook_points"]),
         Table(
             ["syscall", "tracepoints", "here", "kprobe / kretprobe", "here"],
             [

@@ -12,6 +12,7 @@ from dlscope.observe.iotrace.events import Event
 
 STARTUP = "startup"  # before the first marker: interpreter start-up and imports
 OUTSIDE = "outside-phases"  # after a phase ended and before the next began
+GROUPED_IN_FLOW = ("python module", "shared library", "device", "config")  # many small files: one node each
 ALWAYS_LISTED = ("dataset", "checkpoint", "tensorboard log")  # in the section's file table, however small
 IO_FIELDS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes")
 
@@ -257,15 +258,22 @@ class Analysis:
 
     def flow_edges(self, limit: int = 40) -> list[dict[str, Any]]:
         """files → phases (reads) and phases → files (writes), by bytes; edges without bytes
-        (only opens: the proc backend) are weighted by open count instead."""
+        (only opens: the proc backend) are weighted by open count instead. The many small files
+        of a kind (modules, libraries, devices) become one node per kind: "python module ×1,234"."""
         phase_names = set(self.phases)
-        edges = [
-            {"from": a, "to": b, "bytes": n, "opens": self.opens_by_edge.get((a, b), 0)}
-            for (a, b), n in self.edges.items()
-            if n > 0
-        ]
-        if not edges:
-            edges = [{"from": a, "to": b, "bytes": 0, "opens": n} for (a, b), n in self.opens_by_edge.items()]
-        edges = [e for e in edges if category(e["from"] if e["to"] in phase_names else e["to"]) != "phase marker"]
-        edges.sort(key=lambda e: (-e["bytes"], -e["opens"]))
+        weights = {k: n for k, n in self.edges.items() if n > 0} or dict(self.opens_by_edge)
+        by_bytes = any(n > 0 for n in self.edges.values())
+        merged: dict[tuple[str, str], dict[str, Any]] = {}
+        for (a, b), n in weights.items():
+            path = a if b in phase_names else b
+            kind = category(path)
+            if kind == "phase marker":
+                continue
+            node = f"{kind} files" if kind in GROUPED_IN_FLOW else path
+            key = (node, b) if b in phase_names else (a, node)
+            edge = merged.setdefault(key, {"from": key[0], "to": key[1], "bytes": 0, "opens": 0, "files": 0})
+            edge["bytes"] += n if by_bytes else 0
+            edge["opens"] += self.opens_by_edge.get((a, b), 0) if by_bytes else n
+            edge["files"] += 1
+        edges = sorted(merged.values(), key=lambda e: (-e["bytes"], -e["opens"]))
         return edges[:limit]

@@ -53,6 +53,11 @@ def bpftrace_version() -> tuple[int, int] | None:
     return (int(m[1]), int(m[2])) if m else None
 
 
+def args_operator(version: tuple[int, int]) -> str:
+    """Tracepoint fields are `args.x` from bpftrace 0.19 (bpftrace PR #2578), `args->x` before."""
+    return "." if version >= (0, 19) else "->"
+
+
 def available() -> str | None:
     """None when usable, else why not (one line)."""
     if not shutil.which("bpftrace"):
@@ -77,7 +82,7 @@ class ScriptPlan:
 
 
 def build_script(root: Path, arrow: str) -> ScriptPlan:
-    """The bpftrace program for this kernel. `arrow` is "->" (bpftrace < 0.18) or "." (newer)."""
+    """The bpftrace program for this kernel; `arrow` from `args_operator`."""
     # BEGIN runs once every probe is attached ("attached_probes" is printed before that); the
     # command is traced from its exec on, so the launcher's gate (a shell) stays out of the trace
     lines = [
@@ -134,7 +139,8 @@ def command(script: Path, pid: int) -> list[str]:
 
 
 def environment() -> dict[str, str]:
-    return {**os.environ, "BPFTRACE_STRLEN": str(STRLEN)}
+    # 2,048 pages = 8 MiB of perf buffer per CPU: Python start-up emits ~30,000 events in seconds
+    return {**os.environ, "BPFTRACE_STRLEN": str(STRLEN), "BPFTRACE_PERF_RB_PAGES": "2048"}
 
 
 @dataclass

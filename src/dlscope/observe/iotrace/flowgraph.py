@@ -25,7 +25,8 @@ def _label(path: str, width: int = 48) -> str:
 
 
 def _weight(edge: dict[str, Any]) -> str:
-    return human_bytes(edge["bytes"]) if edge["bytes"] else f"{edge['opens']} opens"
+    weight = human_bytes(edge["bytes"]) if edge["bytes"] else f"{edge['opens']} opens"
+    return weight + (f" ({edge['files']:,} files)" if edge.get("files", 1) > 1 else "")
 
 
 def to_dot(edges: list[dict[str, Any]], phases: list[str]) -> str:
@@ -94,12 +95,46 @@ def fallback_svg(edges: list[dict[str, Any]], phases: list[str]) -> str:
 
 def render_svg(edges: list[dict[str, Any]], phases: list[str]) -> tuple[str, str]:
     """(svg, engine): graphviz when `dot` runs, otherwise the built-in drawing."""
-    if shutil.which("dot"):
-        try:
-            done = subprocess.run(
-                ["dot", "-Tsvg"], input=to_dot(edges, phases), capture_output=True, text=True, timeout=30, check=True
-            )
-            return done.stdout, "graphviz"
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return fallback_svg(edges, phases), "built-in"
+    svg = dot_svg(to_dot(edges, phases))
+    return (svg, "graphviz") if svg is not None else (fallback_svg(edges, phases), "built-in")
+
+
+def hook_chart_dot(rows: list[dict[str, Any]]) -> str:
+    """The seed's hook-point flow chart, from what the kernel offers: the traced process's
+    syscalls → their tracepoints and kprobes (dashed red where this kernel lacks them) → an eBPF
+    program → the perf buffer → the tracer in user space."""
+    ok, missing = 'color="#2e7d32"', 'color="#c62828", style="dashed,rounded", fontcolor="#c62828"'
+    lines = [
+        "digraph hooks {",
+        '  rankdir=LR; node [fontname="Helvetica", fontsize=10, shape=box, style=rounded];',
+        '  edge [color="#777777"];',
+        '  process [label="traced process\\n(user space)", shape=ellipse];',
+        '  program [label="eBPF program\\n(dlscope/bpftrace)"]; buffer [label="perf buffer"];',
+        '  tool [label="dlscope trace\\n(user space)", shape=ellipse];',
+        "  program -> buffer -> tool;",
+    ]
+    for row in rows:
+        call = row["syscall"]
+        tp, kp = f"tp_{call}", f"kp_{call}"
+        lines.append(f'  "{call}" [label="{call}()", shape=plaintext]; process -> "{call}";')
+        lines.append(
+            f'  {tp} [label="tracepoint\\nsys_enter/exit_{call}", {ok if row["tracepoint_available"] else missing}];'
+        )
+        lines.append(
+            f'  {kp} [label="kprobe/kretprobe\\n__x64_sys_{call}", {ok if row["kprobe_available"] else missing}];'
+        )
+        lines.append(f'  "{call}" -> {tp} -> program; "{call}" -> {kp} -> program;')
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def dot_svg(dot: str) -> str | None:
+    """SVG from graphviz, or None when `dot` is not installed or fails."""
+    if not shutil.which("dot"):
+        return None
+    try:
+        return subprocess.run(
+            ["dot", "-Tsvg"], input=dot, capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None

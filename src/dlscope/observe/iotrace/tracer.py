@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
 import statistics
 import subprocess
@@ -22,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from dlscope.errors import DlscopeError
 from dlscope.observe.iotrace import ebpf, proc, strace
@@ -118,10 +117,24 @@ def collect_proc(argv: Sequence[str], work: Path) -> Collected:
     )
 
 
-def _pump(stream, sink: queue.Queue) -> None:
-    for line in stream:
-        sink.put(line)
-    sink.put(None)
+class EbpfReader(threading.Thread):
+    """Streams bpftrace's stdout into events on disk as it comes (nothing piles up in memory);
+    `ready` is set once the probes are attached, or when bpftrace ends without attaching."""
+
+    def __init__(self, stream: IO[str], raw: Path, counters: ebpf.Counters) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.raw, self.counters = stream, raw, counters
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        with open(self.raw, "w", encoding="utf-8") as out:
+            for line in self.stream:
+                event = ebpf.parse_line(line, self.counters)
+                if self.counters.ready:
+                    self.ready.set()
+                if event is not None:
+                    out.write(json.dumps(event, ensure_ascii=False) + "\n")
+        self.ready.set()
 
 
 def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
@@ -131,7 +144,7 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
     root = ebpf.tracefs()
     assert root is not None
     version = ebpf.bpftrace_version() or (0, 0)
-    plan = ebpf.build_script(root, "." if version >= (0, 21) else "->")  # args.x since 0.21, args->x before
+    plan = ebpf.build_script(root, ebpf.args_operator(version))
     script = work / "trace.bt"
     script.write_text(plan.script)
     raw = work / "ebpf-events.jsonl"
@@ -140,40 +153,27 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
         child = GatedProcess(argv)
     except OSError as e:
         raise TraceError(f"cannot start the command: {e.strerror}", argv[0]) from None
-    env = {**ebpf.environment(), "BPFTRACE_PERF_RB_PAGES": "2048"}  # 8 MiB per CPU: start-up bursts
     with open(log, "w") as log_file:
         command = ebpf.command(script, child.pid)
         tracer = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=log_file, text=True, errors="replace", env=env
+            command, stdout=subprocess.PIPE, stderr=log_file, text=True, errors="replace", env=ebpf.environment()
         )
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=_pump, args=(tracer.stdout, lines), daemon=True).start()
     counters = ebpf.Counters()
+    reader = EbpfReader(tracer.stdout, raw, counters)
+    reader.start()
     try:
-        deadline = time.monotonic() + ATTACH_TIMEOUT_S
-        while not counters.ready:
-            try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                line = None
-            if line is None:
-                raise BackendUnavailable(f"bpftrace did not attach: {_last_error(log)}")
-            ebpf.parse_line(line, counters)
-    except BaseException:
+        reader.ready.wait(ATTACH_TIMEOUT_S)
+        if not counters.ready:
+            raise BackendUnavailable(f"bpftrace did not attach: {_last_error(log)}")
+        start = time.perf_counter()
+        child.release()
+        returncode, interrupted = _wait(child)
+        seconds = time.perf_counter() - start
+        time.sleep(0.3)  # let the per-CPU buffers drain before bpftrace stops reading them
+    finally:
         stop(tracer)
-        stop(child.proc)
-        raise
-    start = time.perf_counter()
-    child.release()
-    returncode, interrupted = _wait(child)
-    seconds = time.perf_counter() - start
-    time.sleep(0.3)  # let the per-CPU buffers drain before bpftrace stops reading them
-    stop(tracer)
-    with open(raw, "w", encoding="utf-8") as out:
-        while (line := lines.get()) is not None:
-            event = ebpf.parse_line(line, counters)
-            if event is not None:
-                out.write(json.dumps(event, ensure_ascii=False) + "\n")
+        stop(child.proc)  # only still running when tracing failed
+        reader.join()
     notes = {
         "bpftrace_version": ".".join(map(str, version)),
         "lost_events": counters.lost,
@@ -200,12 +200,17 @@ def _last_error(log: Path) -> str:
 COLLECTORS = {"ebpf": collect_ebpf, "strace": collect_strace, "proc": collect_proc}
 
 
+def check_command(argv: Sequence[str]) -> None:
+    """Refuse, in one line, a command that cannot start — before anything is written."""
+    if not argv:
+        raise TraceError("no command to trace: dlscope trace [options] -- CMD [ARGS...]")
+    if shutil.which(argv[0]) is None:
+        raise TraceError("command not found (not an executable on PATH nor a path to one)", argv[0])
+
+
 def collect(argv: Sequence[str], backend: str, work: Path, say: Say) -> tuple[Collected, list[dict[str, str]]]:
     """Run the command under `backend` (or the next one that works); also what was skipped and why."""
-    if not argv:
-        raise TraceError("no command to trace (put it after --)")
-    if shutil.which(argv[0]) is None and not Path(argv[0]).exists():
-        raise TraceError("command not found", argv[0])
+    check_command(argv)
     order = list(BACKENDS) if backend == "auto" else [backend, *(b for b in BACKENDS if b != backend)]
     skipped = []
     for name in order:
