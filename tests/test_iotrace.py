@@ -56,14 +56,31 @@ WORKLOAD = textwrap.dedent(
 )
 
 
+def make_workload(directory: Path) -> tuple[list[str], Path, Path]:
+    script = directory / "workload.py"
+    script.write_text(WORKLOAD)
+    known = directory / "known.bin"
+    known.write_bytes(os.urandom(CHUNK * CHUNKS + TAIL))
+    ckpt = directory / "model.pt"
+    return [sys.executable, str(script), str(known), str(ckpt)], known, ckpt
+
+
 @pytest.fixture
 def workload(tmp_path: Path) -> tuple[list[str], Path, Path]:
-    script = tmp_path / "workload.py"
-    script.write_text(WORKLOAD)
-    known = tmp_path / "known.bin"
-    known.write_bytes(os.urandom(CHUNK * CHUNKS + TAIL))
-    ckpt = tmp_path / "model.pt"
-    return [sys.executable, str(script), str(known), str(ckpt)], known, ckpt
+    return make_workload(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory) -> dict:
+    """The workload traced once per available backend (bpftrace takes seconds to start)."""
+    directory = tmp_path_factory.mktemp("workload")
+    argv, known, ckpt = make_workload(directory)
+    outcomes = {
+        backend: trace_command(argv, backend, directory / backend, say=lambda _: None)
+        for backend, why in AVAILABLE.items()
+        if why is None
+    }
+    return {"outcomes": outcomes, "known": known, "ckpt": ckpt, "dir": directory}
 
 
 def by_path(section: dict, path: Path) -> dict:
@@ -212,9 +229,8 @@ def test_flow_graph_svg_with_and_without_graphviz():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_backend_sees_exact_bytes_of_a_controlled_workload(backend, workload, tmp_path):
-    argv, known, ckpt = workload
-    outcome = trace_command(argv, backend, tmp_path / "trace", say=lambda _: None)
+def test_backend_sees_exact_bytes_of_a_controlled_workload(backend, traced):
+    outcome, known, ckpt = traced["outcomes"][backend], traced["known"], traced["ckpt"]
     s = outcome.section
     assert (outcome.backend, outcome.exit_code) == (backend, 0)
     size = known.stat().st_size
@@ -232,7 +248,8 @@ def test_backend_sees_exact_bytes_of_a_controlled_workload(backend, workload, tm
         assert by_phase(s, "data_load")["bytes_read"] == size
         assert by_phase(s, "checkpoint_save")["bytes_written"] == written
         assert by_phase(s, "checkpoint_save")["by_kind"]["sync"]["count"] == 1
-    trace = json.loads((tmp_path / "trace" / "trace.json").read_text())
+    exports = traced["dir"] / backend
+    trace = json.loads((exports / "trace.json").read_text())
     phases = [e for e in trace["traceEvents"] if e.get("cat") == "phase"]
     assert [(e["name"], e["ph"]) for e in phases] == [
         ("data_load", "B"),
@@ -240,22 +257,19 @@ def test_backend_sees_exact_bytes_of_a_controlled_workload(backend, workload, tm
         ("checkpoint_save", "B"),
         ("checkpoint_save", "E"),
     ]
-    with open(tmp_path / "trace" / "events.jsonl") as f:
+    with open(exports / "events.jsonl") as f:
         assert sum(1 for _ in f) >= s["events"]
-    assert (tmp_path / "trace" / "files.csv").read_text().startswith("path,category,")
+    assert (exports / "files.csv").read_text().startswith("path,category,")
 
 
 @pytest.mark.skipif(AVAILABLE["ebpf"] is not None or AVAILABLE["strace"] is not None, reason="needs ebpf and strace")
-def test_ebpf_and_strace_agree_exactly(workload, tmp_path):
-    argv, known, ckpt = workload
-    seen = {}
-    for backend in ("ebpf", "strace"):
-        s = trace_command(argv, backend, tmp_path / backend, say=lambda _: None).section
-        seen[backend] = [
-            (f["reads"], f["bytes_read"], f["writes"], f["bytes_written"])
-            for f in (by_path(s, known), by_path(s, ckpt))
-        ]
-    assert seen["ebpf"] == seen["strace"]
+def test_ebpf_and_strace_agree_exactly(traced):
+    def counts(backend):
+        s = traced["outcomes"][backend].section
+        files = (by_path(s, traced["known"]), by_path(s, traced["ckpt"]))
+        return [(f["opens"], f["reads"], f["bytes_read"], f["writes"], f["bytes_written"]) for f in files]
+
+    assert counts("ebpf") == counts("strace")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -303,7 +317,7 @@ def test_trace_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
 def test_trace_cli_writes_a_report_and_passes_the_exit_code(workload, tmp_path):
     argv, known, _ = workload
     run = tmp_path / "run"
-    assert main(["trace", "--out", str(run), "--", *argv, "5"]) == 5
+    assert main(["trace", "--backend", "proc", "--out", str(run), "--", *argv, "5"]) == 5
     results = json.loads((run / "results.json").read_text())
     assert results["sections"]["iotrace"]["exit_code"] == 5
     html = (run / "report.html").read_text()

@@ -3,6 +3,7 @@ and stop tracers without leaving any behind."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -10,9 +11,20 @@ import sys
 from collections.abc import Mapping, Sequence
 
 # A bare interpreter (-I -S: no site, no environment) waits for one byte on the gate pipe, closes
-# it, then becomes the command (exec: same pid). sh cannot do this portably: dash redirects only
-# single-digit descriptors.
-_GATE = "import os, sys; fd = int(sys.argv[1]); os.read(fd, 1); os.close(fd); os.execvp(sys.argv[2], sys.argv[2:])"
+# it, then becomes the command (exec: same pid); if dlscope dies first (EOF), it exits instead of
+# running the command untraced. sh cannot do this portably: dash redirects single-digit fds only.
+_GATE = (
+    "import os, sys; fd = int(sys.argv[1]); go = os.read(fd, 1); os.close(fd); "
+    "os.execvp(sys.argv[2], sys.argv[2:]) if go else sys.exit(125)"
+)
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn for tracer processes: the kernel sends SIGTERM to the tracer if dlscope dies,
+    even by SIGKILL, so no tracer outlives the run."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class GatedProcess:

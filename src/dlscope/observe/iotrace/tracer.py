@@ -29,7 +29,7 @@ from dlscope.observe.iotrace.analysis import Analysis
 from dlscope.observe.iotrace.events import TRACED_SYSCALLS, Event, FdTables, reorder
 from dlscope.observe.iotrace.exports import FILE_COLUMNS, PHASE_COLUMNS, EventWriters, write_csv
 from dlscope.observe.iotrace.hookpoints import hook_map, kernel_offers
-from dlscope.observe.iotrace.launch import GatedProcess, exit_code, stop
+from dlscope.observe.iotrace.launch import GatedProcess, die_with_parent, exit_code, stop
 
 BACKENDS = ("ebpf", "strace", "proc")
 ATTACH_TIMEOUT_S = 90.0
@@ -87,7 +87,7 @@ def collect_strace(argv: Sequence[str], work: Path) -> Collected:
         raise BackendUnavailable(reason)
     output = work / "strace.txt"
     start = time.perf_counter()
-    child = subprocess.Popen([*strace.command(list(argv), output), "--", *argv])
+    child = subprocess.Popen([*strace.command(list(argv), output), "--", *argv], preexec_fn=die_with_parent)
     returncode, interrupted = _wait(child)  # strace exits with the command's status, signal included
     seconds = time.perf_counter() - start
     if not output.exists():
@@ -156,7 +156,13 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
     with open(log, "w") as log_file:
         command = ebpf.command(script, child.pid)
         tracer = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=log_file, text=True, errors="replace", env=ebpf.environment()
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+            errors="replace",
+            env=ebpf.environment(),
+            preexec_fn=die_with_parent,
         )
     counters = ebpf.Counters()
     reader = EbpfReader(tracer.stdout, raw, counters)
@@ -293,9 +299,9 @@ def trace_command(argv: Sequence[str], backend: str, out_dir: Path, say: Say = p
 def timed_run(argv: Sequence[str], backend: str | None, work: Path) -> float:
     """Wall seconds of one run of the command: untraced (backend None) or collected by `backend`
     (collection only: the analysis afterwards is not part of the command's slowdown)."""
-    if backend is None:
+    if backend is None:  # output goes where a traced run's goes: same cost
         start = time.perf_counter()
-        subprocess.run(list(argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        subprocess.run(list(argv), check=False)
         return time.perf_counter() - start
     work.mkdir(parents=True, exist_ok=True)
     try:
