@@ -179,6 +179,11 @@ def test_fd_tables_follow_dup_fcntl_and_fork():
     gone = ev("read", 1, fd=5)
     fds.resolve(gone)
     assert gone["path"] == "<fd 5>"
+    fds.resolve(ev("openat", 7, path="/data"))
+    at = ev("newfstatat", 0, path="b")
+    at["dirfd"] = 7  # newfstatat(7, "b"): relative to the directory descriptor
+    fds.resolve(at)
+    assert at["path"] == "/data/b"
 
 
 def test_analysis_nests_phases_and_follows_renames():

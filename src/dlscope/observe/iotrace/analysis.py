@@ -202,8 +202,11 @@ class Analysis:
             stats.io[key] += max(0, io.get(key, 0) - previous.get(key, 0))
 
     def finish(self) -> None:
+        """Close the phase the trace ended in."""
         if self.last_ts is not None:
-            self._switch(self.last_ts, [])
+            current = self.current
+            self.phase(current).seconds += self.last_ts - self.phase_started[current]
+            self.phase_started[current] = self.last_ts
 
     def summary(self, top: int = 15, file_rows: int = 40) -> dict[str, Any]:
         """The JSON-able tables (files cut to the `file_rows` most important; CSV has all)."""

@@ -18,13 +18,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlscope.observe.iotrace.events import TRACED_SYSCALLS, Event, make_event
+from dlscope.observe.iotrace.events import FD_ARG_CALLS, KINDS, TRACED_SYSCALLS, Event, make_event
 
 TRACEFS_CANDIDATES = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 STRLEN = 200  # bpftrace ≤ 0.17 refuses more; a path this long (minus NUL) counts as truncated
 PATH_FIELDS = ("filename", "pathname", "oldname")
 TARGET_FIELDS = ("newname",)
-FD_FIELDS = ("fd", "fildes", "oldfd")
+FD_FIELDS = ("fd", "fildes", "oldfd", "dfd")  # dfd: the directory a *at() path is relative to
 ARG_FIELDS = ("cmd",)  # fcntl: tells F_DUPFD* apart
 _FIELD = re.compile(r"field:([^;]*?)\s+\**(\w+);")
 
@@ -112,7 +112,7 @@ def build_script(root: Path, arrow: str) -> ScriptPlan:
         saves = ["@ts[tid] = nsecs;"]
         saves += [f"@p1[tid] = (uint64)args{arrow}{path};"] if path else []
         saves += [f"@p2[tid] = (uint64)args{arrow}{target};"] if target else []
-        saves += [f"@fd[tid] = (int64)args{arrow}{fd};"] if fd else []
+        saves += [f"@fd[tid] = (int32)args{arrow}{fd};"] if fd else []  # int: AT_FDCWD is -100
         saves += [f"@arg[tid] = (int64)args{arrow}{arg};"] if arg else []
         lines.append(f"tracepoint:syscalls:sys_enter_{call} /@traced[pid]{guard}/ {{ {' '.join(saves)} }}")
         fmt = ["%d", "%d", "%llu", "%llu", "%lld", "%lld", "%lld"]
@@ -182,17 +182,13 @@ def parse_line(line: str, counters: Counters) -> Event | None:
     pid, tid, start, dur, ret, fd, arg = (int(p) for p in parts[1:8])
     path = _checked("\t".join(parts[8:]), counters) if len(parts) > 8 else None
     target = counters.targets.pop(tid, None)
-    event = make_event(
-        start / 1e9,
-        pid,
-        tid,
-        call,
-        ret,
-        dur / 1e9,
-        path=path,
-        fd=fd if fd >= 0 else None,
-        target=target,
-    )
+    if call in FD_ARG_CALLS:
+        event = make_event(start / 1e9, pid, tid, call, ret, dur / 1e9, path=path, fd=fd, target=target)
+    else:  # the fd argument of a path call is its directory (dfd); an open's own fd is its result
+        opened = ret if call in KINDS["open"] and ret >= 0 else None
+        event = make_event(start / 1e9, pid, tid, call, ret, dur / 1e9, path=path, fd=opened, target=target)
+        if fd >= 0:
+            event["dirfd"] = fd
     if arg >= 0:
         event["arg"] = arg
     return event

@@ -118,11 +118,16 @@ class FdTables:
         (`arg`: fcntl's cmd, telling F_DUPFD* from the other commands)."""
         call, ret, fd = event["call"], event["ret"], event.get("fd")
         table = self.table(event["pid"])
+        dirfd = event.pop("dirfd", None)
+        if dirfd is not None:  # a *at() call: its path is relative to this directory descriptor
+            path, directory = event.get("path") or "", table.get(dirfd)
+            if directory is not None and not path.startswith("/"):
+                event["path"] = f"{directory}/{path}" if path else directory
         if call in KINDS["open"]:
             if ret >= 0 and event.get("path") is not None:
                 table[ret] = event["path"]
             return
-        if fd is None:
+        if fd is None or call not in FD_ARG_CALLS:
             return
         event["path"] = table.get(fd, f"<fd {fd}>")
         if ret < 0:

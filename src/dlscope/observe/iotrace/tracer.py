@@ -240,9 +240,11 @@ def resolved(collected: Collected, cwd: str) -> Iterator[Event]:
             if call == "exit":
                 fds.exit(event["pid"])
                 continue
-            path = event.get("path")
-            if path and call != "phase" and not path.startswith("/"):
-                event["path"] = os.path.normpath(os.path.join(cwd, path))
+            if call != "phase" and "dirfd" not in event:  # paths relative to the cwd (AT_FDCWD)
+                for key in ("path", "target"):
+                    path = event.get(key)
+                    if path and not path.startswith("/"):
+                        event[key] = os.path.normpath(os.path.join(cwd, path))
             if call != "phase":
                 fds.resolve(event, event.pop("arg", None))
         yield event
