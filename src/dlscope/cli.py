@@ -184,6 +184,7 @@ def trace_lab(args: argparse.Namespace) -> int:
         section = iotrace.run(LabContext(config=config, run=run, options=options))
     finally:
         run.reload()  # what the traced lab wrote
+    run.results["run"]["argv"] = args.raw_argv  # as the user typed it, --trace-io included
     run.record("iotrace", section)
     if run.results["run"]["status"] == "running":  # the lab died before it could say so
         run.finish("failed")
