@@ -277,6 +277,7 @@ def test_ebpf_and_strace_agree_exactly(traced):
     assert counts("ebpf") == counts("strace")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_exit_status_passes_through_and_a_killed_command_still_reports(backend, workload, tmp_path):
     argv, known, _ = workload
@@ -293,6 +294,26 @@ def test_exit_status_passes_through_and_a_killed_command_still_reports(backend, 
     assert by_path(outcome.section, known)["opens"] == 1
     children = subprocess.run(["ps", "--ppid", str(os.getpid()), "-o", "comm="], capture_output=True, text=True)
     assert not {"strace", "bpftrace"} & set(children.stdout.split()), "a tracer outlived the run"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.values[0] != "ebpf"])
+def test_ctrl_c_stops_cleanly_with_a_report(backend, tmp_path):
+    script = tmp_path / "slow.py"
+    script.write_text("import time\nimport dlscope\nwith dlscope.phase('waiting'):\n    time.sleep(60)\n")
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "dlscope.cli", "trace", "--backend", backend, "--out", str(run)]
+    # a terminal's Ctrl-C: SIGINT to the whole foreground process group
+    child = subprocess.Popen([*argv, "--", sys.executable, str(script)], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (run / "iotrace").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # let the command reach its phase
+    os.killpg(child.pid, signal.SIGINT)
+    assert child.wait(timeout=60) == 128 + signal.SIGINT
+    section = json.loads((run / "results.json").read_text())["sections"]["iotrace"]
+    assert section["interrupted"] and any(p["phase"] == "waiting" for p in section["phases"])
+    assert (run / "report.html").exists()
 
 
 def test_unavailable_backend_says_why_and_falls_back(workload, tmp_path, monkeypatch):
