@@ -195,6 +195,15 @@ def hook_chart(rows: list[dict[str, Any]]) -> list[Block]:
     return [Svg("iotrace-hookpoints", svg, caption)] if svg is not None else []
 
 
+def top_by_time(section: dict[str, Any]) -> Table:
+    files = {f["path"]: f for f in section["files"]}
+    rows = [
+        [_short(path, 70), files[path]["category"], round(files[path]["seconds"] * 1000, 2), _phases(files[path])]
+        for path in section["top_by_time"]
+    ]
+    return Table(["path", "category", "ms in syscalls", "phases"], rows, "Top files by time spent in their syscalls")
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     phases = [p["phase"] for p in section["phases"]]
     svg, engine = render_svg(section["flow"], phases)
@@ -209,6 +218,7 @@ def render(section: dict[str, Any]) -> list[Block]:
         Findings(findings(section)),
         phase_table(section),
         file_table(section),
+        top_by_time(section),
         Table(
             ["category", "files", "bytes read", "bytes written"],
             [[name, c["files"], c["bytes_read"], c["bytes_written"]] for name, c in section["categories"].items()],
