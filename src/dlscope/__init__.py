@@ -1,6 +1,50 @@
-"""dlscope: what a deep-learning training job does to a machine, layer by layer."""
+"""dlscope: what a deep-learning training job does to a machine, layer by layer.
 
-from dlscope.phases import phase  # a few µs per marker; imports only os and re
+The public API, for notebooks and scripts (imported lazily: `import dlscope` stays light):
+
+    import dlscope
+    data = dlscope.load_mnist()
+    trainer = dlscope.Trainer(dlscope.TrainConfig(epochs=1), data, [dlscope.TensorBoardObserver("tb")])
+    result = trainer.fit()
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from dlscope.phases import phase  # eager: a marker must cost µs, and the module imports only os and re
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "phase"]
+
+_API = {
+    "load_mnist": "dlscope.data.mnist",
+    "fetch_mnist": "dlscope.data.mnist",
+    "read_idx": "dlscope.data.idx",
+    "write_idx": "dlscope.data.idx",
+    "build_model": "dlscope.models",
+    "MODELS": "dlscope.models",
+    "TrainConfig": "dlscope.train",
+    "Trainer": "dlscope.train",
+    "Observer": "dlscope.train",
+    "StopAtAccuracy": "dlscope.train",
+    "evaluate": "dlscope.train",
+    "TensorBoardObserver": "dlscope.observe.tensorboard",
+    "ProgressObserver": "dlscope.observe.progress",
+    "profile_training": "dlscope.observe.profiler",
+    "summarize_model": "dlscope.observe.summary",
+    "collect_environment": "dlscope.observe.environment",
+    "save_checkpoint": "dlscope.checkpoint",
+    "load_checkpoint": "dlscope.checkpoint",
+    "verify_checkpoint": "dlscope.checkpoint",
+    "CheckpointObserver": "dlscope.checkpoint",
+    "render_report": "dlscope.report.render",
+}
+
+__all__ = ["__version__", "phase", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'dlscope' has no attribute {name!r}")

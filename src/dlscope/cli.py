@@ -129,18 +129,16 @@ def print_locations(run, html: Path, md: Path) -> None:
     from dlscope.console import console
 
     table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
-    table.add_row("report", f"[path]{html}[/]  (and {md.name})")
-    table.add_row("results", f"[path]{run.path / 'results.json'}[/]")
-    for name, what in (
-        ("tensorboard", "TensorBoard logs — dlscope tensorboard " + str(run.path)),
-        ("profile", "profiler trace and operator tables"),
-        ("checkpoints", "checkpoints"),
-    ):
+    table.add_row("report", f"[path]{html}[/]", f"[dim]and {md.name}: one file, works offline")
+    table.add_row("results", f"[path]{run.path / 'results.json'}[/]", "[dim]the report's single source")
+    artifacts = {
+        "tensorboard": f"dlscope tensorboard {run.path}",
+        "profile": "trace.json opens in ui.perfetto.dev",
+        "checkpoints": "dlscope ckpt verify <file>",
+    }
+    for name, hint in artifacts.items():
         if (run.path / name).exists():
-            table.add_row(
-                what.split(" —")[0],
-                f"[path]{run.path / name}[/]" + (f"  [dim]{what.split('— ')[1]}" if "—" in what else ""),
-            )
+            table.add_row(name, f"[path]{run.path / name}[/]", f"[dim]{hint}")
     console.print(table)
     status = run.results["run"]["status"]
     style = "good" if status == "ok" else "bad"
