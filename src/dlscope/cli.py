@@ -129,6 +129,9 @@ def print_locations(run, html: Path, md: Path) -> None:
     from dlscope.console import console
 
     table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
+    table.add_column()
+    table.add_column(overflow="fold")  # a path is never cut short, however narrow the terminal
+    table.add_column()
     table.add_row("report", f"[path]{html}[/]", f"[dim]and {md.name}: one file, works offline")
     table.add_row("results", f"[path]{run.path / 'results.json'}[/]", "[dim]the report's single source")
     artifacts = {
