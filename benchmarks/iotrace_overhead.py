@@ -7,7 +7,10 @@ the whole command (start-up and imports included, where tracing costs most: ~30,
 syscalls before the first training step). Only collection is timed: the analysis after a
 traced run is not part of the command's slowdown.
 
-    .venv/bin/python benchmarks/iotrace_overhead.py [--rounds 3] [--train-subset 12000]
+Then the cost of one traced file syscall, which noise on a shared machine hides far less: a
+loop of `os.stat` calls timed inside the traced process, untraced and under each backend.
+
+    .venv/bin/python benchmarks/iotrace_overhead.py [--rounds 3] [--train-subset 12000] [--calls 20000]
 """
 
 from __future__ import annotations
@@ -26,12 +29,49 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--train-subset", type=int, default=12000, help="training images per run (default 12000)")
+    parser.add_argument("--calls", type=int, default=20000, help="os.stat calls per per-syscall run")
+    parser.add_argument("--skip-training", action="store_true", help="only the per-syscall cost")
     args = parser.parse_args()
     usable = [b for b, why in availability().items() if why is None]
     for backend in BACKENDS:
         if backend not in usable:
             print(f"{backend}: skipped ({availability()[backend]})")
     variants = ["untraced", *usable]
+    if not args.skip_training:
+        training_overhead(variants, args)
+    syscall_cost(variants, args)
+
+
+def syscall_cost(variants: list[str], args: argparse.Namespace) -> None:
+    per_call: dict[str, list[float]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        loop = Path(tmp) / "stat_loop.py"
+        loop.write_text(STAT_LOOP)
+        for round_ in range(args.rounds):
+            for variant in variants:
+                result = Path(tmp) / f"{variant}-{round_}.txt"
+                argv = [sys.executable, str(loop), str(args.calls), str(result)]
+                timed_run(argv, None if variant == "untraced" else variant, Path(tmp) / f"trace-{variant}-{round_}")
+                per_call[variant].append(float(result.read_text()) / args.calls)
+    base = statistics.median(per_call["untraced"])
+    print("\n| variant | µs per os.stat (runs) | median µs | + µs per traced call |\n|---|---|---:|---:|")
+    for variant, runs in per_call.items():
+        median = statistics.median(runs)
+        cells = ", ".join(f"{t * 1e6:.2f}" for t in runs)
+        print(f"| {variant} | {cells} | {median * 1e6:.2f} | {(median - base) * 1e6:+.2f} |")
+
+
+STAT_LOOP = """
+import os, sys, time
+n, out = int(sys.argv[1]), sys.argv[2]
+start = time.perf_counter()
+for _ in range(n):
+    os.stat(sys.executable)
+open(out, "w").write(str(time.perf_counter() - start))
+"""
+
+
+def training_overhead(variants: list[str], args: argparse.Namespace) -> None:
     command: dict[str, list[float]] = {v: [] for v in variants}
     training: dict[str, list[float]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
