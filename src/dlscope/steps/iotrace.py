@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.table import Table as RichTable
 
 from dlscope.console import console
@@ -46,7 +47,7 @@ def print_summary(section: dict[str, Any]) -> None:
         f"{section['command_seconds']:.2f}s, {section['files_total']:,} files; "
         f"command exit [{style}]{section['exit_code']}[/]"
     )
-    table = RichTable(title="per phase", title_justify="left")
+    table = RichTable(title="per phase", title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("phase", "s", "calls", "read", "written", "in syscalls"):
         table.add_column(column, justify="left" if column == "phase" else "right")
     for p in section["phases"]:
@@ -60,14 +61,14 @@ def print_summary(section: dict[str, Any]) -> None:
             f"{p['syscall_seconds'] * 1000:.1f} ms",
         )
     console.print(table)
-    files = RichTable(title="top files by bytes", title_justify="left")
-    for column in ("path", "category", "reads", "read", "written", "phases"):
-        files.add_column(column, justify="left" if column in ("path", "category", "phases") else "right")
+    files = RichTable(title="top files by bytes", title_justify="left", box=box.SIMPLE_HEAD)
+    files.add_column("path (category in the report)", no_wrap=True, min_width=34)
+    files.add_column("read", justify="right", no_wrap=True)
+    files.add_column("written", justify="right", no_wrap=True)
+    files.add_column("phases")
     for f in section["files"][:10]:
         files.add_row(
-            f"[path]{_short(f['path'], 44)}",
-            f["category"],
-            f"{f['reads']:,}",
+            f"[path]{_short(f['path'], 34)}",
             human_bytes(f["bytes_read"]),
             human_bytes(f["bytes_written"]),
             f"[dim]{_phases(f)}",

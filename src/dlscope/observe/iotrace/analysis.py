@@ -27,7 +27,7 @@ CATEGORY_RULES: list[tuple[str, re.Pattern[str]]] = [
         "python module",
         re.compile(r"(\.(py|pyc|pyi|pth)$|__pycache__|/(site|dist)-packages(/[^.]*)?$|/lib/python3[^/]*/?$)"),
     ),
-    ("shared library", re.compile(r"(\.so(\.[\d.]+)?$|/ld\.so\.|/lib(64|32)?/|/lib/x86_64)")),
+    ("shared library", re.compile(r"(\.so(\.\d+)*$|/ld\.so\.(cache|preload)$|/glibc-hwcaps/)")),
     ("device", re.compile(r"^(/dev/|/proc/|/sys/|<std|pipe:|socket:|anon_inode:)")),
     ("config", re.compile(r"(^/etc/|\.(cfg|ini|toml|ya?ml|conf|json)$)")),
 ]
