@@ -154,7 +154,6 @@ def test_strace_parser_joins_unfinished_lines_and_decodes_paths():
     assert (events[6]["pid"], events[6]["tid"]) == (100, 102)  # a thread maps to its process
     assert events[7] == {"ts": 1.0008, "pid": 100, "tid": 100, "call": "phase", "name": "save", "edge": "begin"}
     assert events[8]["target"] == "/w/a.pt"
-    assert parser.exits == [(100, "exited with 0")]
 
 
 def test_fd_tables_follow_dup_fcntl_and_fork():

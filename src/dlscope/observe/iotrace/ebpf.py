@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,7 +148,6 @@ class Counters:
     truncated_paths: int = 0
     attached_probes: int = 0
     ready: bool = False
-    messages: list[str] = field(default_factory=list)
     targets: dict[int, str] = field(default_factory=dict)  # tid → rename target printed just before
 
 
@@ -158,8 +156,7 @@ def parse_line(line: str, counters: Counters) -> Event | None:
     try:
         record = json.loads(line)
     except json.JSONDecodeError:
-        counters.messages.append(line.strip()[:200])
-        return None
+        return None  # not bpftrace's JSON (a stray message): nothing to count
     kind, data = record.get("type"), record.get("data")
     if kind == "attached_probes":
         counters.attached_probes = int(data.get("probes", 0))
@@ -198,10 +195,3 @@ def _checked(path: str, counters: Counters) -> str:
     if len(path.encode()) >= STRLEN - 1:  # str() stopped at the limit: the path is cut
         counters.truncated_paths += 1
     return path
-
-
-def read_stream(lines: Iterator[str], counters: Counters) -> Iterator[Event]:
-    for line in lines:
-        event = parse_line(line, counters)
-        if event is not None:
-            yield event

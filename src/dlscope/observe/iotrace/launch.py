@@ -46,9 +46,6 @@ class GatedProcess:
         os.write(self._write_end, b"go\n")
         os.close(self._write_end)
 
-    def wait(self) -> int:
-        return self.proc.wait()
-
 
 def stop(proc: subprocess.Popen, timeout: float = 5.0) -> None:
     """SIGINT (tracers flush on it), then SIGTERM, then SIGKILL; returns once it is gone."""

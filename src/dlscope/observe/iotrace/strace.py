@@ -119,16 +119,13 @@ class StraceParser:
     def __init__(self) -> None:
         self.pending: dict[int, tuple[float, str]] = {}
         self.tgid: dict[int, int] = {}
-        self.exits: list[tuple[int, str]] = []
 
     def feed(self, line: str) -> Event | None:
         m = _LINE.match(line)
         if not m:
             return None
         pid, ts, body = int(m[1]), float(m[2]), m[3]
-        if body.startswith(("---", "+++")):
-            if body.startswith("+++"):
-                self.exits.append((pid, body.strip("+ ")))
+        if body.startswith(("---", "+++")):  # a signal, or a process exit: no file event
             return None
         if body.endswith(_UNFINISHED):
             self.pending[pid] = (ts, body[: -len(_UNFINISHED)])
