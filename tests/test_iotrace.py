@@ -342,9 +342,12 @@ def test_trace_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
 def test_trace_cli_writes_a_report_and_passes_the_exit_code(workload, tmp_path):
     argv, known, _ = workload
     run = tmp_path / "run"
-    assert main(["trace", "--backend", "proc", "--out", str(run), "--", *argv, "5"]) == 5
-    results = json.loads((run / "results.json").read_text())
-    assert results["sections"]["iotrace"]["exit_code"] == 5
+    args = ["trace", "--backend", "proc", "--measure-overhead", "--repeats", "2", "--out", str(run)]
+    assert main([*args, "--", *argv, "5"]) == 5
+    section = json.loads((run / "results.json").read_text())["sections"]["iotrace"]
+    assert section["exit_code"] == 5
+    overhead = section["overhead"]
+    assert len(overhead["untraced_seconds"]) == len(overhead["traced_seconds"]) == 2 and overhead["ratio"] > 0
     html = (run / "report.html").read_text()
     assert "File data flow through the OS" in html and "<svg" in html and str(known) in html
 
