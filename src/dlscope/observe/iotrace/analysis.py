@@ -21,12 +21,12 @@ CATEGORY_RULES: list[tuple[str, re.Pattern[str]]] = [
     ("dataset", re.compile(r"(idx\d-ubyte|/MNIST/|\.npy$|\.npz$|\.parquet$|\.tfrecord|/datasets?/)")),
     ("checkpoint", re.compile(r"(\.pt|\.pth|\.ckpt|\.safetensors)(\.\d+)?$")),
     ("tensorboard log", re.compile(r"events\.out\.tfevents")),
-    ("trace/report", re.compile(r"(results\.json|report\.(html|md)|\.pt\.trace\.json|/profile/|/iotrace/|\.csv$)")),
     # modules, bytecode, and the package directories the import system stats (no file extension)
     (
         "python module",
         re.compile(r"(\.(py|pyc|pyi|pth)$|__pycache__|/(site|dist)-packages(/[^.]*)?$|/lib/python3[^/]*/?$)"),
     ),
+    ("trace/report", re.compile(r"(results\.json|report\.(html|md)|\.pt\.trace\.json|/profile/|/iotrace/|\.csv$)")),
     ("shared library", re.compile(r"(\.so(\.\d+)*$|/ld\.so\.(cache|preload)$|/glibc-hwcaps/)")),
     ("device", re.compile(r"^(/dev/|/proc/|/sys/|<std|pipe:|socket:|anon_inode:)")),
     ("config", re.compile(r"(^/etc/|\.(cfg|ini|toml|ya?ml|conf|json)$)")),
@@ -225,7 +225,7 @@ class Analysis:
             if p.io_samples:
                 row["proc_io"] = dict(p.io)
             phases.append(row)
-        files = [self._file_row(f) for f in self.files.values() if f.category != "phase marker"]
+        files = self.file_rows()
         by_bytes = sorted(files, key=lambda r: -(r["bytes_read"] + r["bytes_written"]))
         by_time = sorted(files, key=lambda r: -r["seconds"])
         important = {r["path"] for r in by_bytes[:file_rows]} | {r["path"] for r in by_time[:top]}
@@ -250,6 +250,7 @@ class Analysis:
         }
 
     def file_rows(self) -> list[dict[str, Any]]:
+        """Every file seen, one row each (files.csv)."""
         return [self._file_row(f) for f in self.files.values() if f.category != "phase marker"]
 
     @staticmethod
@@ -262,7 +263,8 @@ class Analysis:
     def flow_edges(self, limit: int = 40) -> list[dict[str, Any]]:
         """files → phases (reads) and phases → files (writes), by bytes; edges without bytes
         (only opens: the proc backend) are weighted by open count instead. The many small files
-        of a kind (modules, libraries, devices) become one node per kind: "python module ×1,234"."""
+        of a kind (modules, libraries, devices, config) become one node per kind, "python module files",
+        whose edges say how many files they stand for."""
         phase_names = set(self.phases)
         weights = {k: n for k, n in self.edges.items() if n > 0} or dict(self.opens_by_edge)
         by_bytes = any(n > 0 for n in self.edges.values())
