@@ -7,11 +7,15 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dlscope import __version__, phase
 from dlscope.errors import DlscopeError
 from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
 from dlscope.observe.iotrace.tracer import check_command
+
+if TYPE_CHECKING:
+    from dlscope.train import TrainConfig
 
 
 class Parser(argparse.ArgumentParser):
@@ -93,13 +97,19 @@ def train_config(args: argparse.Namespace):
     )
 
 
-def run_pipeline(args: argparse.Namespace, command: str, step_names: Sequence[str]) -> int:
+def run_pipeline(
+    args: argparse.Namespace,
+    command: str,
+    step_names: Sequence[str],
+    config: TrainConfig | None = None,
+    extra: dict[str, Any] | None = None,
+) -> int:
     from dlscope.console import console
     from dlscope.report.render import render_report
     from dlscope.rundir import RunDir
     from dlscope.steps import STEPS, STEPS_BY_NAME, LabContext, LabOptions, run_steps
 
-    config = train_config(args)  # validate before creating anything on disk
+    config = config or train_config(args)  # validate before creating anything on disk
     if args.profile_steps < 1:
         raise DlscopeError("--profile-steps must be ≥ 1")
     run = RunDir.create(args.out, command)
@@ -110,6 +120,7 @@ def run_pipeline(args: argparse.Namespace, command: str, step_names: Sequence[st
         profile_active=args.profile_steps,
         profile_sort=args.sort_by,
         resume=getattr(args, "resume", None),
+        extra=extra or {},
     )
     ctx = LabContext(config=config, run=run, options=options)
     steps = [STEPS_BY_NAME[name] for name in step_names] if step_names else STEPS
@@ -151,7 +162,9 @@ def print_locations(run, html: Path, md: Path) -> None:
 def cmd_lab(args: argparse.Namespace) -> int:
     if args.trace_io:
         return trace_lab(args)
-    return run_pipeline(args, "lab", [])
+    from dlscope.steps.graph import GraphOptions
+
+    return run_pipeline(args, "lab", [], extra={"graph": GraphOptions(compile=args.compile)})
 
 
 def _drop_options(argv: Sequence[str], with_value: set[str], flags: set[str]) -> list[str]:
@@ -226,6 +239,55 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     return run_pipeline(args, "profile", ["environment", "dataset", "model", "profile"])
+
+
+def ops_options(args: argparse.Namespace, parts: tuple[str, ...]):
+    from dlscope.experiments.conv import IMPLS, ConvShape, parse_ints
+    from dlscope.steps.ops import OpsOptions
+
+    options = OpsOptions(parts=parts, peak_size=2048)
+    if "conv" in parts:
+        impls = tuple(args.impl.split(","))
+        unknown = [i for i in impls if i not in IMPLS]
+        if unknown:
+            raise DlscopeError(f"--impl: unknown implementation {', '.join(unknown)}; choose from {', '.join(IMPLS)}")
+        n, c, h, w = parse_ints(args.shape, 4, "--shape N,C,H,W")
+        k, r, s = parse_ints(args.filters, 3, "--filters K,R,S")
+        options.shape = ConvShape(n, c, h, w, k, r, s, args.stride, args.padding)
+        options.impls = impls
+        options.repeats = args.repeats
+        options.loops_budget_s = args.loops_budget
+        if args.loop_order_shape == "off":
+            options.parts = ("conv",)
+        else:
+            n, c, h, w, k, r, s = parse_ints(args.loop_order_shape, 7, "--loop-order-shape N,C,H,W,K,R,S")
+            options.loop_order_shape = ConvShape(n, c, h, w, k, r, s, 1, r // 2)
+    if "memory" in parts:
+        options.memory_batch_sizes = parse_ints(args.batch_sizes, len(args.batch_sizes.split(",")), "--batch-sizes")
+        if min(options.memory_batch_sizes) < 1:
+            raise DlscopeError("--batch-sizes must all be ≥ 1")
+    return options
+
+
+def cmd_ops_conv(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise DlscopeError("--repeats must be ≥ 1")
+    if args.loops_budget <= 0:
+        raise DlscopeError("--loops-budget must be > 0 seconds")
+    return run_pipeline(args, "ops-conv", ["environment", "ops"], extra={"ops": ops_options(args, ("conv", "loop_order"))})
+
+
+def cmd_ops_memory(args: argparse.Namespace) -> int:
+    return run_pipeline(args, "ops-memory", ["environment", "ops"], extra={"ops": ops_options(args, ("memory",))})
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from dlscope.steps.graph import GraphOptions
+
+    if args.repeats < 1:
+        raise DlscopeError("--repeats must be ≥ 1")
+    options = GraphOptions(compile=not args.no_compile, cold=not args.warm_cache, repeats=args.repeats)
+    return run_pipeline(args, "graph", ["environment", "dataset", "graph"], extra={"graph": options})
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -327,6 +389,151 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_pipeline_prepare(args: argparse.Namespace) -> int:
+    from dlscope.console import console
+    from dlscope.data.pipeline import prepare_dataset, synthetic_samples
+    from dlscope.errors import ConfigError
+
+    formats = tuple(f.strip() for f in args.formats.split(","))
+    if args.samples < 1 or args.sample_bytes < 1:
+        raise ConfigError("--samples and --sample-bytes must be ≥ 1")
+    if args.source == "mnist":
+        from dlscope.data.mnist import load_mnist
+
+        mnist = load_mnist(args.data_dir)
+        n = min(args.samples, len(mnist.train_labels))
+        labels = mnist.train_labels[:n].numpy().astype("uint8")
+        samples = mnist.train_images[:n].reshape(n, -1).numpy()
+    else:
+        labels, samples = synthetic_samples(args.samples, args.sample_bytes, args.seed)
+    manifest = prepare_dataset(args.out, labels, samples, args.source, args.shards, formats)
+    console.print(
+        f"[good]wrote[/] {manifest.samples:,} samples of {manifest.sample_bytes} B into [path]{args.out}[/]: "
+        + ", ".join(f"{fmt} ({manifest.data_bytes(fmt) / 1e6:.1f} MB)" for fmt in manifest.formats)
+        + f"; one file per sample is {manifest.record_file_bytes} B"
+    )
+    return 0
+
+
+def cmd_pipeline_run(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from dlscope.console import console
+    from dlscope.data.pipeline import ReaderConfig, SimulatedCompute, TrainingCompute, load_manifest, measure_epoch
+    from dlscope.data.pipeline.sweep import COLUMNS, row_cells
+
+    manifest = load_manifest(args.data, args.format)
+    reader = ReaderConfig(
+        args.format, args.read_buffer, args.shuffle_buffer, args.batch_size, args.workers, args.prefetch, args.seed
+    )
+    consumer = (
+        TrainingCompute(args.train, args.device, manifest.sample_bytes, args.seed, args.threads)
+        if args.train
+        else SimulatedCompute(args.compute_ms / 1000)
+    )
+    m = measure_epoch(args.data, manifest, reader, consumer, cold=not args.warm, epoch=args.epoch)
+    row = {"label": f"{args.format}", **m.to_dict()}
+    console.print(
+        f"[phase]{args.format}[/] · read buffer {reader.read_buffer:,} B · shuffle buffer {reader.shuffle_buffer:,} "
+        f"· batch {reader.batch_size} · workers {reader.workers} · prefetch {reader.prefetch} · {manifest.samples:,} "
+        f"samples of {manifest.sample_bytes} B"
+    )
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    for column, cell in zip(COLUMNS[1:], row_cells(row)[1:], strict=True):
+        table.add_row(column, f"[metric]{cell:,}" if isinstance(cell, int | float) else f"[metric]{cell}")
+    table.add_row("consumer", m.consumer)
+    table.add_row("samples", f"{m.samples:,} in {m.steps:,} batches; exactly once: {'yes' if m.exactly_once else 'NO'}")
+    table.add_row("order digest", m.order_digest)
+    console.print(table)
+    return 0 if m.exactly_once else 1
+
+
+def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
+    from dlscope.data.pipeline.sweep import SweepPlan
+    from dlscope.train import TrainConfig
+
+    plan = SweepPlan(
+        mnist_samples=args.samples,
+        small_files=args.small_files,
+        compute_ms=args.compute_ms,
+        model=args.model,
+        device=args.device,
+        threads=args.threads,
+        seed=args.seed,
+        repeats=args.repeats,
+    )
+    config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
+    extra = {"pipeline_plan": plan, "pipeline_remove_data": args.remove_data}
+    return run_pipeline(args, "pipeline-sweep", ["environment", "dataset", "pipeline"], config, extra)
+
+
+def add_pipeline_parsers(sub: argparse._SubParsersAction) -> None:
+    from dlscope.data.pipeline import FORMATS
+    from dlscope.data.pipeline.sweep import SweepPlan
+    from dlscope.models import MODELS
+
+    pipeline = sub.add_parser("pipeline", help="input pipelines: small files, shards, read/shuffle buffers, workers")
+    pipe_sub = pipeline.add_subparsers(dest="pipeline_command", required=True, parser_class=Parser)
+
+    p = pipe_sub.add_parser("prepare", help="write samples as small files, TFRecord shards and one array")
+    p.add_argument("--out", required=True, help="new directory for the dataset")
+    p.add_argument("--source", default="mnist", choices=["mnist", "synthetic"])
+    p.add_argument("--samples", type=int, default=60_000, help="how many samples (default 60000)")
+    p.add_argument("--sample-bytes", type=int, default=529, help="synthetic sample size (529: 550-byte files)")
+    p.add_argument("--shards", type=int, default=8, help="TFRecord shards (default 8)")
+    p.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated subset of {','.join(FORMATS)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=None, help="MNIST directory (default: embedded)")
+    p.set_defaults(func=cmd_pipeline_prepare)
+
+    p = pipe_sub.add_parser("run", help="measure one epoch of one pipeline configuration")
+    p.add_argument("data", help="a directory made by `dlscope pipeline prepare`")
+    p.add_argument("--format", default="tfrecord", choices=FORMATS)
+    p.add_argument("--read-buffer", type=int, default=262_144, metavar="BYTES", help="bytes per read call")
+    p.add_argument("--shuffle-buffer", type=int, default=0, metavar="N", help="records (0: no shuffle)")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--prefetch", type=int, default=2, help="batches prefetched (per worker)")
+    p.add_argument("--warm", action="store_true", help="keep the page cache (default: evict it, a cold run)")
+    p.add_argument("--compute-ms", type=float, default=5.0, help="simulated compute per batch (default 5 ms)")
+    p.add_argument("--train", default=None, choices=list(MODELS), help="train this model instead of simulating")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of the training consumer")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epoch", type=int, default=0, help="epoch number (seeds the shuffle)")
+    p.set_defaults(func=cmd_pipeline_run)
+
+    p = pipe_sub.add_parser("sweep", help="seed 003's tables and more, with verdicts and a report")
+    p.add_argument("--samples", type=int, default=SweepPlan.mnist_samples, help="MNIST samples (default %(default)s)")
+    p.add_argument(
+        "--small-files", type=int, default=SweepPlan.small_files, help="550-byte files (default %(default)s)"
+    )
+    p.add_argument(
+        "--compute-ms",
+        type=float,
+        default=SweepPlan.compute_ms,
+        help="simulated compute per batch (default %(default)s)",
+    )
+    p.add_argument(
+        "--model", default=SweepPlan.model, choices=list(MODELS), help="training consumer (default %(default)s)"
+    )
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=SweepPlan.threads, help="torch threads of the training consumer")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=SweepPlan.repeats,
+        help="interleaved runs per row, median kept (default %(default)s)",
+    )
+    p.add_argument("--remove-data", action="store_true", help="delete the prepared datasets afterwards")
+    p.add_argument("--out", default=None, help="run directory (default runs/pipeline-sweep-<time>)")
+    p.add_argument("--data-dir", default=None, help="MNIST laid out like torchvision's MNIST/raw (default: embedded)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    # run_pipeline's observation options: nothing here trains under TensorBoard or the profiler
+    p.set_defaults(func=cmd_pipeline_sweep, no_tensorboard=True, profile_steps=1, sort_by="self_cpu")
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="dlscope", description="What a deep-learning training job does to a machine.")
     parser.add_argument("--version", action="version", version=f"dlscope {__version__}")
@@ -336,6 +543,9 @@ def build_parser() -> Parser:
     add_training_args(p)
     add_run_args(p)
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue a run from its checkpoint")
+    p.add_argument(
+        "--compile", action="store_true", help="also torch.compile the model in the graph step (tens of seconds)"
+    )
     p.add_argument(
         "--trace-io", action="store_true", help="trace the lab's file I/O through the OS (see dlscope trace)"
     )
@@ -352,6 +562,45 @@ def build_parser() -> Parser:
     add_training_args(p)
     add_run_args(p)
     p.set_defaults(func=cmd_profile)
+
+    ops = sub.add_parser("ops", help="operators: a convolution four ways, loop order, memory per layer")
+    ops_sub = ops.add_subparsers(dest="ops_command", required=True, parser_class=Parser)
+    p = ops_sub.add_parser("conv", help="seven loops, NumPy, im2col + GEMM, torch: checked, timed, % of GEMM peak")
+    p.add_argument("--shape", default="1,16,14,14", metavar="N,C,H,W", help="input (default: cnn's conv2, one image)")
+    p.add_argument("--filters", default="32,5,5", metavar="K,R,S", help="K filters of R×S (default 32,5,5)")
+    p.add_argument("--stride", type=int, default=1)
+    p.add_argument("--padding", type=int, default=2)
+    p.add_argument("--impl", default="loops,numpy,im2col,torch", help="comma-separated implementations")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats after one warm-up (median)")
+    p.add_argument(
+        "--loops-budget",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds the pure-Python loops may take; beyond it they run on a sample and are extrapolated",
+    )
+    p.add_argument(
+        "--loop-order-shape",
+        default="1,8,224,224,32,3,3",
+        metavar="N,C,H,W,K,R,S",
+        help="shape of the compiled loop-order experiment (same padding), or 'off'",
+    )
+    add_training_args(p)
+    add_run_args(p)
+    p.set_defaults(func=cmd_ops_conv)
+    p = ops_sub.add_parser("memory", help="memory per layer against the measured peak, by batch size")
+    p.add_argument("--batch-sizes", default="16,64,128", metavar="B,B,…", help="batch sizes to model and measure")
+    add_training_args(p)
+    add_run_args(p)
+    p.set_defaults(func=cmd_ops_memory)
+
+    p = sub.add_parser("graph", help="forward graph, autograd graph, torch.compile's joint graph and generated code")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (forward and autograd graphs only)")
+    p.add_argument("--warm-cache", action="store_true", help="let Inductor reuse its cache (compile time then warm)")
+    p.add_argument("--repeats", type=int, default=20, help="timed training steps, eager and compiled (median)")
+    add_training_args(p)
+    add_run_args(p)
+    p.set_defaults(func=cmd_graph)
 
     p = sub.add_parser(
         "trace",
@@ -395,6 +644,8 @@ def build_parser() -> Parser:
     p.add_argument("path")
     p.add_argument("--data-dir", default=None)
     p.set_defaults(func=cmd_ckpt_verify)
+
+    add_pipeline_parsers(sub)
     return parser
 
 
