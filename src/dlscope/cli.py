@@ -274,7 +274,9 @@ def cmd_ops_conv(args: argparse.Namespace) -> int:
         raise DlscopeError("--repeats must be ≥ 1")
     if args.loops_budget <= 0:
         raise DlscopeError("--loops-budget must be > 0 seconds")
-    return run_pipeline(args, "ops-conv", ["environment", "ops"], extra={"ops": ops_options(args, ("conv", "loop_order"))})
+    return run_pipeline(
+        args, "ops-conv", ["environment", "ops"], extra={"ops": ops_options(args, ("conv", "loop_order"))}
+    )
 
 
 def cmd_ops_memory(args: argparse.Namespace) -> int:
