@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from dlscope.phases import phase  # eager: a marker must cost µs, and the module imports only os and re
+
 __version__ = "0.1.0"
 
 _API = {
@@ -39,7 +41,7 @@ _API = {
     "render_report": "dlscope.report.render",
 }
 
-__all__ = ["__version__", *_API]
+__all__ = ["__version__", "phase", *_API]
 
 
 def __getattr__(name: str) -> Any:

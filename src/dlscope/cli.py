@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlscope import __version__
+from dlscope import __version__, phase
 from dlscope.errors import DlscopeError
+from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
+from dlscope.observe.iotrace.tracer import check_command
 
 if TYPE_CHECKING:
     from dlscope.train import TrainConfig
@@ -100,6 +102,7 @@ def run_pipeline(
     args: argparse.Namespace,
     command: str,
     step_names: Sequence[str],
+    *,
     config: TrainConfig | None = None,
     extra: dict[str, Any] | None = None,
 ) -> int:
@@ -127,7 +130,8 @@ def run_pipeline(
     try:
         run_steps(ctx, steps)
     finally:
-        html, md = render_report(run.path)
+        with phase("report"):
+            html, md = render_report(run.path)
         print_locations(run, html, md)
     return 0
 
@@ -139,7 +143,7 @@ def print_locations(run, html: Path, md: Path) -> None:
 
     table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
     table.add_column()
-    table.add_column(overflow="fold")  # a path is copied from here: wrap it, never cut it with an ellipsis
+    table.add_column(overflow="fold")  # a path is never cut short, however narrow the terminal
     table.add_column()
     table.add_row("report", f"[path]{html}[/]", f"[dim]and {md.name}: one file, works offline")
     table.add_row("results", f"[path]{run.path / 'results.json'}[/]", "[dim]the report's single source")
@@ -162,12 +166,80 @@ def keras_seed_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
+    if args.trace_io:
+        return trace_lab(args)
     from dlscope.steps.graph import GraphOptions
 
     extra: dict[str, Any] = {"graph": GraphOptions(compile=args.compile)}
     if args.keras_seed:
         extra.update(keras_seed_options(args))
-    return run_pipeline(args, "lab", [], extra)
+    return run_pipeline(args, "lab", [], extra=extra)
+
+
+def _drop_options(argv: Sequence[str], with_value: set[str], flags: set[str]) -> list[str]:
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags or (arg.split("=", 1)[0] in with_value and "=" in arg):
+            continue
+        elif arg in with_value:
+            skip = True
+        else:
+            kept.append(arg)
+    return kept
+
+
+def trace_lab(args: argparse.Namespace) -> int:
+    """The lab as a traced child process writing into this run; the trace section is added after."""
+    from dlscope.report.render import render_report
+    from dlscope.rundir import RunDir
+    from dlscope.steps import LabContext, LabOptions, iotrace
+
+    config = train_config(args)  # validate before creating anything on disk
+    run = RunDir.create(args.out, "lab")
+    lab_args = _drop_options(
+        args.raw_argv[args.raw_argv.index("lab") + 1 :], {"--out", "--trace-backend"}, {"--trace-io"}
+    )
+    child = [sys.executable, "-m", "dlscope.cli", "lab", *lab_args, "--out", str(run.path)]
+    options = LabOptions(extra={"trace_command": child, "trace_backend": args.trace_backend})
+    try:
+        section = iotrace.run(LabContext(config=config, run=run, options=options))
+    finally:
+        run.reload()  # what the traced lab wrote
+    run.results["run"]["argv"] = args.raw_argv  # as the user typed it, --trace-io included
+    run.record("iotrace", section)
+    if run.results["run"]["status"] == "running":  # the lab died before it could say so
+        run.finish("failed")
+    html, md = render_report(run.path)
+    print_locations(run, html, md)
+    return section["exit_code"]
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from dlscope.report.render import render_report
+    from dlscope.rundir import RunDir
+    from dlscope.steps import LabContext, LabOptions, iotrace, run_steps
+    from dlscope.train import TrainConfig
+
+    command = args.command_argv[1:] if args.command_argv[:1] == ["--"] else args.command_argv
+    check_command(command)
+    if args.repeats < 1:
+        raise DlscopeError("--repeats must be ≥ 1")
+    run = RunDir.create(args.out, "trace")
+    extra = {
+        "trace_command": command,
+        "trace_backend": args.backend,
+        "measure_overhead": args.measure_overhead,
+        "overhead_repeats": args.repeats,
+    }
+    ctx = LabContext(config=TrainConfig(), run=run, options=LabOptions(extra=extra))
+    try:
+        run_steps(ctx, [iotrace.STEP])
+    finally:
+        html, md = render_report(run.path)
+        print_locations(run, html, md)
+    return run.results["sections"]["iotrace"]["exit_code"]
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -211,11 +283,13 @@ def cmd_ops_conv(args: argparse.Namespace) -> int:
         raise DlscopeError("--repeats must be ≥ 1")
     if args.loops_budget <= 0:
         raise DlscopeError("--loops-budget must be > 0 seconds")
-    return run_pipeline(args, "ops-conv", ["environment", "ops"], {"ops": ops_options(args, ("conv", "loop_order"))})
+    return run_pipeline(
+        args, "ops-conv", ["environment", "ops"], extra={"ops": ops_options(args, ("conv", "loop_order"))}
+    )
 
 
 def cmd_ops_memory(args: argparse.Namespace) -> int:
-    return run_pipeline(args, "ops-memory", ["environment", "ops"], {"ops": ops_options(args, ("memory",))})
+    return run_pipeline(args, "ops-memory", ["environment", "ops"], extra={"ops": ops_options(args, ("memory",))})
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
@@ -224,7 +298,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise DlscopeError("--repeats must be ≥ 1")
     options = GraphOptions(compile=not args.no_compile, cold=not args.warm_cache, repeats=args.repeats)
-    return run_pipeline(args, "graph", ["environment", "dataset", "graph"], {"graph": options})
+    return run_pipeline(args, "graph", ["environment", "dataset", "graph"], extra={"graph": options})
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -327,7 +401,9 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_ckpt_seed003(args: argparse.Namespace) -> int:
-    return run_pipeline(args, "ckpt-seed003", ["environment", "dataset", "ckpt_anatomy"], keras_seed_options(args))
+    return run_pipeline(
+        args, "ckpt-seed003", ["environment", "dataset", "ckpt_anatomy"], extra=keras_seed_options(args)
+    )
 
 
 def cmd_ckpt_inspect(args: argparse.Namespace) -> int:
@@ -431,7 +507,7 @@ def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
     )
     config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
     extra = {"pipeline_plan": plan, "pipeline_remove_data": args.remove_data}
-    return run_pipeline(args, "pipeline-sweep", ["environment", "dataset", "pipeline"], config, extra)
+    return run_pipeline(args, "pipeline-sweep", ["environment", "dataset", "pipeline"], config=config, extra=extra)
 
 
 def add_pipeline_parsers(sub: argparse._SubParsersAction) -> None:
@@ -516,6 +592,10 @@ def build_parser() -> Parser:
     p.add_argument(
         "--keras-seed", action="store_true", help="also train and dissect seed 003's Keras MLP (needs .[keras])"
     )
+    p.add_argument(
+        "--trace-io", action="store_true", help="trace the lab's file I/O through the OS (see dlscope trace)"
+    )
+    p.add_argument("--trace-backend", default="auto", choices=["auto", *TRACE_BACKENDS], help="with --trace-io")
     p.set_defaults(func=cmd_lab)
 
     p = sub.add_parser("train", help="train a model (TensorBoard, checkpoints, report)")
@@ -567,6 +647,18 @@ def build_parser() -> Parser:
     add_training_args(p)
     add_run_args(p)
     p.set_defaults(func=cmd_graph)
+
+    p = sub.add_parser(
+        "trace",
+        help="trace a command's file I/O through the OS: phases, files, data-flow diagram",
+        usage="dlscope trace [--backend {auto,ebpf,strace,proc}] [--out RUN] [--measure-overhead] -- CMD [ARGS ...]",
+    )
+    p.add_argument("--backend", default="auto", choices=["auto", *TRACE_BACKENDS], help="tracer (default auto)")
+    p.add_argument("--out", default=None, help="run directory (default runs/trace-<time>)")
+    p.add_argument("--measure-overhead", action="store_true", help="also time untraced vs traced runs")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each kind for --measure-overhead (default 3)")
+    p.add_argument("command_argv", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its arguments")
+    p.set_defaults(func=cmd_trace)
 
     p = sub.add_parser("report", help="re-render report.html and report.md from results.json")
     p.add_argument("run", help="run directory")
@@ -627,7 +719,9 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    raw_argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(raw_argv)
+    args.raw_argv = raw_argv
     try:
         return args.func(args)
     except DlscopeError as e:

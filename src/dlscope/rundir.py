@@ -105,6 +105,10 @@ class RunDir:
         run["wall_seconds"] = round(time.time() - self.started, 3)
         self.save()
 
+    def reload(self) -> None:
+        """Take results.json as another process left it (a lab run traced from outside)."""
+        self.results = load_results(self.path)
+
     def save(self) -> None:
         text = json.dumps(self.results, indent=2, allow_nan=False, ensure_ascii=False)
         atomic_write_bytes(self.path / "results.json", text.encode())

@@ -278,6 +278,10 @@ class Observer:
 
     def on_train_begin(self, trainer: Trainer) -> None: ...
 
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...
+
+    def on_evaluate_begin(self, trainer: Trainer, epoch: int) -> None: ...
+
     def on_step_end(self, trainer: Trainer, loss: torch.Tensor, batch_size: int) -> None: ...
 
     def on_log(self, trainer: Trainer, point: LogPoint) -> None: ...
@@ -385,7 +389,9 @@ class Trainer:
         for epoch in range(self.start_epoch, config.epochs):
             self.batches.set_epoch(epoch)
             self.model.train()
+            self._emit("on_epoch_begin", epoch + 1)
             epoch_stats = self._train_epoch(epoch)
+            self._emit("on_evaluate_begin", epoch + 1)
             eval_start = time.perf_counter()
             test = evaluate(self.model, self.test_images, self.test_labels, config.test_batch_size)
             self.start_epoch = epoch + 1  # the epoch boundary a checkpoint resumes from

@@ -21,6 +21,7 @@ import torch
 from dlscope.data.idx import maybe_gunzip, parse_idx, read_file_bytes
 from dlscope.errors import DatasetError
 from dlscope.fsutil import atomic_write_bytes
+from dlscope.phases import phase
 
 MEAN, STD = 0.1307, 0.3081  # of the training pixels scaled to [0, 1]
 
@@ -111,9 +112,11 @@ def load_mnist(data_dir: str | Path | None = None) -> MNIST:
         path = _file_in(raw, spec.name)
         if path is None:
             raise DatasetError(f"missing {spec.name}[.gz]", raw)
-        content = read_file_bytes(path)
-        verify_content(content, spec, path)
-        arrays[key] = parse_idx(content, path)
+        with phase("data_load"):
+            content = read_file_bytes(path)
+        with phase("preprocess"):  # decompress-checked, verified, parsed
+            verify_content(content, spec, path)
+            arrays[key] = parse_idx(content, path)
         files[key] = str(path)
     _check_shapes(arrays, raw)
     return MNIST(

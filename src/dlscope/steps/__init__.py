@@ -1,6 +1,18 @@
 """The lab's steps, in the order `dlscope lab` runs them. Adding a step: one module, one line."""
 
-from dlscope.steps import checkpoint, ckpt_anatomy, dataset, environment, graph, model, ops, pipeline, profile, train
+from dlscope.steps import (
+    checkpoint,
+    ckpt_anatomy,
+    dataset,
+    environment,
+    graph,
+    iotrace,
+    model,
+    ops,
+    pipeline,
+    profile,
+    train,
+)
 from dlscope.steps.base import LabContext, LabOptions, LabStep, run_steps
 
 STEPS: list[LabStep] = [
@@ -15,6 +27,7 @@ STEPS: list[LabStep] = [
     graph.STEP,
     pipeline.STEP,
 ]
-STEPS_BY_NAME = {step.name: step for step in STEPS}
+# iotrace runs around a command (dlscope trace, dlscope lab --trace-io), never inside the lab
+STEPS_BY_NAME = {step.name: step for step in [*STEPS, iotrace.STEP]}
 
 __all__ = ["STEPS", "STEPS_BY_NAME", "LabContext", "LabOptions", "LabStep", "run_steps"]

@@ -12,6 +12,7 @@ from dlscope.checkpoint import (
     verify_dict,
 )
 from dlscope.console import console
+from dlscope.phases import phase
 from dlscope.report.blocks import Block, Findings, Para, Table
 from dlscope.steps.base import LabContext, LabStep
 
@@ -20,11 +21,14 @@ def run(ctx: LabContext) -> dict[str, Any]:
     trainer = ctx.trainer
     assert trainer is not None and trainer.last_predictions is not None, "the train step runs first"
     path = ctx.run.sub("checkpoints") / "final.pt"
-    saved = save_checkpoint(path, trainer.state_dict())
+    with phase("checkpoint_save"):
+        saved = save_checkpoint(path, trainer.state_dict())
     start = time.perf_counter()
-    loaded = load_checkpoint(path)
+    with phase("checkpoint_load"):
+        loaded = load_checkpoint(path)
     load_seconds = time.perf_counter() - start
-    verified = verify_checkpoint(path, trainer.test_images, trainer.test_labels, reference=trainer.model)
+    with phase("verify"):
+        verified = verify_checkpoint(path, trainer.test_images, trainer.test_labels, reference=trainer.model)
     style = "good" if verified.ok else "bad"
     console.print(
         f"saved [path]{ctx.run.rel(path)}[/] ({saved.bytes / 1024:.0f} KiB, {saved.seconds * 1000:.0f} ms, "

@@ -11,6 +11,7 @@ from dlscope.console import console
 from dlscope.data.loaders import normalise
 from dlscope.models import MODELS, build_model
 from dlscope.observe.summary import summarize_model
+from dlscope.phases import phase
 from dlscope.report.blocks import Block, Code, Para, Table
 from dlscope.steps.base import LabContext, LabStep
 
@@ -19,7 +20,8 @@ def run(ctx: LabContext) -> dict[str, Any]:
     assert ctx.data is not None, "the dataset step runs first"
     config = ctx.config
     torch.manual_seed(config.seed)
-    model = build_model(config.model)
+    with phase("model_build"):
+        model = build_model(config.model)
     n = min(config.batch_size, len(ctx.data.train_labels))
     x = normalise(ctx.data.train_images[:n])
     y = ctx.data.train_labels[:n]

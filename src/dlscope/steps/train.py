@@ -8,10 +8,25 @@ from dlscope.checkpoint import CheckpointObserver, load_checkpoint
 from dlscope.console import console
 from dlscope.observe.progress import ProgressObserver
 from dlscope.observe.tensorboard import TensorBoardObserver
+from dlscope.phases import mark_begin, mark_end
 from dlscope.report import plots
 from dlscope.report.blocks import Block, Figure, Findings, Para, Table
 from dlscope.steps.base import LabContext, LabStep
-from dlscope.train import LogPoint, Observer, StopAtAccuracy, TrainConfig, Trainer
+from dlscope.train import EpochResult, LogPoint, Observer, StopAtAccuracy, TrainConfig, Trainer
+
+
+class PhaseMarker(Observer):
+    """Phase markers per epoch: train-epoch-N, then evaluate-epoch-N (see dlscope.phases)."""
+
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        mark_begin(f"train-epoch-{epoch}")
+
+    def on_evaluate_begin(self, trainer: Trainer, epoch: int) -> None:
+        mark_end(f"train-epoch-{epoch}")
+        mark_begin(f"evaluate-epoch-{epoch}")
+
+    def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None:
+        mark_end(f"evaluate-epoch-{epoch.epoch}")
 
 
 class LogRecorder(Observer):
@@ -33,7 +48,8 @@ def run(ctx: LabContext) -> dict[str, Any]:
         config = ctx.config = TrainConfig.from_dict(resume_state["config"])
         console.print(f"resuming [path]{ctx.options.resume}[/] after epoch {resume_state['epoch']}")
     recorder = LogRecorder()
-    observers: list[Observer] = [recorder, ProgressObserver(ctx.options.progress)]
+    # PhaseMarker first: its evaluate phase ends before other observers write checkpoints and logs
+    observers: list[Observer] = [PhaseMarker(), recorder, ProgressObserver(ctx.options.progress)]
     if ctx.options.tensorboard:
         observers.append(TensorBoardObserver(ctx.run.sub("tensorboard")))
     if config.target_acc is not None:

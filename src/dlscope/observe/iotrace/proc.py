@@ -1,0 +1,59 @@
+"""The unprivileged backend: for Python commands, a PEP 578 audit hook injected through
+`sitecustomize` (pyhook/), plus /proc/self/io sampled at every phase boundary.
+
+It sees: opens (path, mode), renames, removes, mkdir, directory listings, mmap — and, per
+phase, exact bytes and syscall counts from /proc/self/io. It does NOT see individual reads,
+writes, seeks, closes, stats, fsyncs, their latencies, nor anything a non-Python process does
+(a C extension's own open() bypasses the hook too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from dlscope.observe.iotrace.events import Event, make_event
+
+HOOK_DIR = Path(__file__).parent / "pyhook"
+BLIND_TO = (
+    "individual read/write/lseek/close/stat/fsync calls and their latency (bytes per phase come "
+    "from /proc/self/io instead)",
+    "opens done in C code (extension modules, shared-library loading)",
+    "processes that are not Python",
+)
+
+
+def available() -> str | None:
+    return None if Path("/proc/self/io").exists() else "/proc/self/io is missing (not Linux, or no procfs)"
+
+
+def environment(events_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOK_DIR), env.get("PYTHONPATH")) if p)
+    env["DLSCOPE_PROC_TRACE_DIR"] = str(events_dir)
+    return env
+
+
+def read_events(events_dir: Path) -> Iterator[Event]:
+    """Every process's records, as events (procio samples pass through as they are)."""
+    for path in sorted(events_dir.glob("*.jsonl")):
+        with open(path, encoding="utf-8", errors="backslashreplace") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # the last line of a killed process may be cut
+                if record["call"] == "procio":
+                    yield record
+                    continue
+                yield make_event(
+                    record["ts"],
+                    record["pid"],
+                    record["tid"],
+                    record["call"],
+                    0,
+                    path=record.get("path"),
+                    target=record.get("target"),
+                )

@@ -1,0 +1,103 @@
+"""Injected by `dlscope trace --backend proc` (PYTHONPATH) into every Python process it starts.
+
+A PEP 578 audit hook records file events (open, os.* renames, removes, mkdir, listdir, mmap)
+and, at each dlscope phase marker, a sample of /proc/self/io. One JSON line per event into
+$DLSCOPE_PROC_TRACE_DIR/<pid>.jsonl. Stdlib only, and the hook returns at once for the
+hundreds of audit events per second it does not record.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+_DIR = os.environ.get("DLSCOPE_PROC_TRACE_DIR")
+_MARKER = "/dev/null/dlscope/phase/"
+_EVENTS = {
+    "open": "open",
+    "os.rename": "rename",
+    "os.remove": "unlink",
+    "os.rmdir": "unlink",
+    "os.mkdir": "mkdir",
+    "os.listdir": "getdents",
+    "os.scandir": "getdents",
+    "mmap.__new__": "mmap",
+}
+_IO_FIELDS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes")
+
+
+# What the hook itself reads and writes, subtracted from /proc/self/io so a phase's bytes are
+# the program's own: each record is one os.write, each sample one os.read.
+_OWN = dict.fromkeys(_IO_FIELDS[:4], 0)
+
+
+def _proc_io():
+    values = {}
+    try:
+        fd = os.open("/proc/self/io", os.O_RDONLY)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    except OSError:
+        return values
+    for line in data.decode().splitlines():
+        key, _, value = line.partition(":")
+        if key in _IO_FIELDS:
+            values[key] = int(value) - _OWN.get(key, 0)
+    _OWN["rchar"] += len(data)
+    _OWN["syscr"] += 1
+    return values
+
+
+def _install(directory):
+    pid = os.getpid()
+    out = os.open(os.path.join(directory, f"{pid}.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    lock = threading.Lock()
+    busy = threading.local()
+
+    def write(record):
+        line = (json.dumps(record) + "\n").encode()
+        with lock:
+            os.write(out, line)  # unbuffered: a SIGKILL loses nothing already recorded
+            _OWN["wchar"] += len(line)
+            _OWN["syscw"] += 1
+
+    def hook(event, args):
+        call = _EVENTS.get(event)
+        if call is None or getattr(busy, "on", False):
+            return
+        busy.on = True
+        try:
+            path = args[0] if args else None
+            if isinstance(path, bytes):
+                path = path.decode("utf-8", "backslashreplace")
+            elif not isinstance(path, str):
+                path = None if isinstance(path, int) or path is None else str(path)
+            record = {"ts": time.time(), "pid": pid, "tid": threading.get_native_id(), "call": call, "path": path}
+            if call == "open":
+                record["mode"] = args[1] if len(args) > 1 and isinstance(args[1], str) else None
+                if path is not None and path.startswith(_MARKER):
+                    # the sample closes the phase that is ending, so it goes before the marker
+                    write({"ts": record["ts"], "pid": pid, "tid": record["tid"], "call": "procio", "io": _proc_io()})
+                    write(record)
+                    return
+            elif call == "rename" and len(args) > 1:
+                record["target"] = str(args[1])
+            write(record)
+        finally:
+            busy.on = False
+
+    def at_exit():
+        write({"ts": time.time(), "pid": pid, "tid": threading.get_native_id(), "call": "procio", "io": _proc_io()})
+
+    import atexit
+
+    write({"ts": time.time(), "pid": pid, "tid": threading.get_native_id(), "call": "procio", "io": _proc_io()})
+    atexit.register(at_exit)
+    sys.addaudithook(hook)
+
+
+if _DIR:
+    _install(_DIR)

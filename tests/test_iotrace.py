@@ -1,0 +1,381 @@
+"""dlscope trace: phase markers, the strace parser, fd resolution, the analysis, and every
+backend available here on a controlled workload (a known file read in known chunks, a
+checkpoint written atomically) — the backends must agree to the byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+import dlscope
+from dlscope.cli import main
+from dlscope.observe.iotrace import ebpf, proc, strace
+from dlscope.observe.iotrace.analysis import Analysis, category
+from dlscope.observe.iotrace.events import FdTables, make_event
+from dlscope.observe.iotrace.flowgraph import fallback_svg, render_svg
+from dlscope.observe.iotrace.tracer import availability, trace_command
+from dlscope.phases import MARKER_PREFIX, parse_marker
+
+AVAILABLE = availability()
+BACKENDS = [
+    pytest.param(name, marks=pytest.mark.skipif(why is not None, reason=f"{name}: {why}"))
+    for name, why in AVAILABLE.items()
+]
+CHUNK, CHUNKS, TAIL = 65536, 4, 1000  # the known file: 4 full chunks and a short one
+CKPT_WRITES, CKPT_WRITE = 10, 10000
+
+WORKLOAD = textwrap.dedent(
+    f"""
+    import os, sys
+    import dlscope
+    src, ckpt = sys.argv[1], sys.argv[2]
+    with dlscope.phase("data_load"):
+        fd = os.open(src, os.O_RDONLY)
+        copy = os.dup(fd)               # fd resolution must follow the dup
+        os.close(fd)
+        with os.fdopen(copy, "rb", buffering=0) as f:
+            while f.read({CHUNK}):
+                pass
+    with dlscope.phase("checkpoint_save"):
+        with open(ckpt + ".tmp", "wb", buffering=0) as out:
+            for _ in range({CKPT_WRITES}):
+                out.write(b"x" * {CKPT_WRITE})
+            os.fsync(out.fileno())
+        os.replace(ckpt + ".tmp", ckpt)  # an atomic save: reported under the final name
+    sys.exit(int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+    """
+)
+
+
+def make_workload(directory: Path) -> tuple[list[str], Path, Path]:
+    script = directory / "workload.py"
+    script.write_text(WORKLOAD)
+    known = directory / "known.bin"
+    known.write_bytes(os.urandom(CHUNK * CHUNKS + TAIL))
+    ckpt = directory / "model.pt"
+    return [sys.executable, str(script), str(known), str(ckpt)], known, ckpt
+
+
+@pytest.fixture
+def workload(tmp_path: Path) -> tuple[list[str], Path, Path]:
+    return make_workload(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory) -> dict:
+    """The workload traced once per available backend (bpftrace takes seconds to start)."""
+    directory = tmp_path_factory.mktemp("workload")
+    argv, known, ckpt = make_workload(directory)
+    outcomes = {
+        backend: trace_command(argv, backend, directory / backend, say=lambda _: None)
+        for backend, why in AVAILABLE.items()
+        if why is None
+    }
+    return {"outcomes": outcomes, "known": known, "ckpt": ckpt, "dir": directory}
+
+
+def by_path(section: dict, path: Path) -> dict:
+    return next(f for f in section["files"] if f["path"] == str(path))
+
+
+def by_phase(section: dict, name: str) -> dict:
+    return next(p for p in section["phases"] if p["phase"] == name)
+
+
+# --- phase markers -------------------------------------------------------------------------
+
+
+def test_phase_marker_is_a_failing_open_and_parses_back():
+    with dlscope.phase("checkpoint_save"):
+        pass
+    with pytest.raises(NotADirectoryError):
+        os.open(f"{MARKER_PREFIX}x/begin", os.O_RDONLY)
+    assert parse_marker(f"{MARKER_PREFIX}checkpoint_save/begin") == ("checkpoint_save", "begin")
+    assert parse_marker("/dev/null") is None
+    with pytest.raises(ValueError):
+        dlscope.phase("no/slashes").__enter__()
+
+
+def test_phase_marker_costs_microseconds_without_a_tracer():
+    n = 2000
+    start = time.perf_counter()
+    for _ in range(n):
+        with dlscope.phase("x"):
+            pass
+    per_marker = (time.perf_counter() - start) / (2 * n)
+    assert per_marker < 100e-6, f"{per_marker * 1e6:.1f} µs per marker"
+
+
+def test_import_dlscope_stays_light():
+    code = "import sys, dlscope; dlscope.phase; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+# --- strace parsing, fd tables, analysis ----------------------------------------------------
+
+STRACE_LINES = r"""
+100 1.000000 openat(AT_FDCWD</w>, "data/x", O_RDONLY|O_CLOEXEC) = 3</w/data/x> <0.000010>
+100 1.000100 read(3</w/data/x>, ""..., 4096) = 4096 <0.000020>
+101 1.000150 read(3</w/data/x>,  <unfinished ...>
+100 1.000160 --- SIGCHLD {si_signo=SIGCHLD, si_code=CLD_EXITED} ---
+101 1.000300 <... read resumed>""..., 4096) = 100 <0.000150>
+100 1.000400 openat(AT_FDCWD</w>, "/nope", O_RDONLY) = -1 ENOENT (No such file or directory) <0.000005>
+100 1.000500 openat(AT_FDCWD</w>, "caf\303\251 \"q\".bin", O_WRONLY|O_CREAT) = 4</w/caf\303\251 "q".bin> <0.000009>
+100 1.000510 openat(AT_FDCWD</w>, "raw\377.bin", O_RDONLY) = -1 ENOENT (No such file or directory) <0.000004>
+100 1.000600 clone3({flags=CLONE_VM|CLONE_FS|CLONE_FILES|CLONE_THREAD, exit_signal=0}, 88) = 102 <0.000030>
+102 1.000700 write(4</w/caf\303\251 "q".bin>, ""..., 10) = 10 <0.000011>
+100 1.000800 openat(AT_FDCWD</w>, "/dev/null/dlscope/phase/save/begin", O_RDONLY) = -1 ENOTDIR (Not a dir) <0.000003>
+100 1.000900 rename("/w/a.tmp", "/w/a.pt") = 0 <0.000020>
+100 1.001000 exit_group(0) = ?
+100 1.001100 +++ exited with 0 +++
+"""
+
+
+def test_strace_parser_joins_unfinished_lines_and_decodes_paths():
+    parser = strace.StraceParser()
+    events = [e for line in STRACE_LINES.strip().splitlines() if (e := parser.feed(line)) is not None]
+    calls = [e["call"] for e in events]
+    assert calls == ["openat", "read", "read", "openat", "openat", "openat", "write", "phase", "rename"]
+    resumed = events[2]
+    assert (resumed["tid"], resumed["ts"], resumed["bytes"], resumed["dur"]) == (101, 1.00015, 100, 0.00015)
+    assert events[3]["err"] == "ENOENT" and events[3]["ret"] < 0
+    assert events[4]["path"] == '/w/café "q".bin'
+    assert events[5]["path"] == "/w/raw\\xff.bin"  # not UTF-8: kept visible, never dropped
+    assert (events[6]["pid"], events[6]["tid"]) == (100, 102)  # a thread maps to its process
+    assert events[7] == {"ts": 1.0008, "pid": 100, "tid": 100, "call": "phase", "name": "save", "edge": "begin"}
+    assert events[8]["target"] == "/w/a.pt"
+
+
+def test_fd_tables_follow_dup_fcntl_and_fork():
+    fds = FdTables()
+
+    def ev(call, ret, pid=1, fd=None, path=None):
+        return make_event(0.0, pid, pid, call, ret, path=path, fd=fd)
+
+    fds.resolve(ev("openat", 5, path="/data/a"))
+    for event, arg in ((ev("dup", 6, fd=5), None), (ev("dup2", 9, fd=5), None), (ev("fcntl", 10, fd=5), 1030)):
+        fds.resolve(event, arg)
+    fds.resolve(ev("fcntl", 0, fd=5), 2)  # F_SETFD: no new descriptor
+    fds.fork(1, 2)
+    fds.resolve(ev("close", 0, fd=5))
+    child_read = ev("read", 10, pid=2, fd=5)
+    fds.resolve(child_read)
+    assert child_read["path"] == "/data/a"  # the child inherited fd 5 before the parent closed it
+    for fd in (6, 9, 10):
+        read = ev("read", 1, fd=fd)
+        fds.resolve(read)
+        assert read["path"] == "/data/a"
+    gone = ev("read", 1, fd=5)
+    fds.resolve(gone)
+    assert gone["path"] == "<fd 5>"
+    fds.resolve(ev("openat", 7, path="/data"))
+    at = ev("newfstatat", 0, path="b")
+    at["dirfd"] = 7  # newfstatat(7, "b"): relative to the directory descriptor
+    fds.resolve(at)
+    assert at["path"] == "/data/b"
+
+
+def test_analysis_nests_phases_and_follows_renames():
+    a = Analysis()
+
+    def add(ts, call, ret=0, path=None, **extra):
+        event = make_event(ts, 1, 1, call, ret, 0.001, path=path, target=extra.get("target"))
+        a.add(event)
+
+    add(0.0, "openat", 3, "/lib/python3.11/os.py")
+    add(0.1, "read", 50, "/lib/python3.11/os.py")
+    add(1.0, "openat", -20, f"{MARKER_PREFIX}checkpoint/begin")
+    add(1.5, "openat", -20, f"{MARKER_PREFIX}checkpoint_save/begin")
+    add(1.6, "write", 100, "/run/.tmp-final.pt")
+    add(1.7, "rename", 0, "/run/.tmp-final.pt", target="/run/final.pt")
+    add(2.0, "openat", -20, f"{MARKER_PREFIX}checkpoint_save/end")
+    add(2.5, "read", 100, "/run/final.pt")
+    add(3.0, "openat", -20, f"{MARKER_PREFIX}checkpoint/end")
+    a.finish()
+    summary = a.summary()
+    seconds = {p["phase"]: p["seconds"] for p in summary["phases"]}
+    assert seconds == pytest.approx({"startup": 1.0, "checkpoint": 1.5, "checkpoint_save": 0.5, "outside-phases": 0})
+    final = next(f for f in summary["files"] if f["path"] == "/run/final.pt")
+    assert (final["bytes_written"], final["bytes_read"], final["first_phase"]) == (100, 100, "checkpoint_save")
+    assert not any(f["path"] == "/run/.tmp-final.pt" for f in summary["files"])
+    assert {"from": "checkpoint_save", "to": "/run/final.pt", "bytes": 100, "opens": 0, "files": 1} in summary["flow"]
+    assert {"from": "python module files", "to": "startup", "bytes": 50, "opens": 1, "files": 1} in summary["flow"]
+    assert category("/x/MNIST/raw/train-images-idx3-ubyte.gz") == "dataset"
+    assert category("/v/lib/python3.11/site-packages/torch/__init__.py") == "python module"
+    assert category("/usr/lib/x86_64-linux-gnu/libc.so.6") == "shared library"
+    assert category("/r/tensorboard/events.out.tfevents.1.host") == "tensorboard log"
+
+
+def test_flow_graph_svg_with_and_without_graphviz():
+    edges = [
+        {"from": "/d/train.gz", "to": "data_load", "bytes": 9_000_000, "opens": 1},
+        {"from": "checkpoint_save", "to": "/r/final.pt", "bytes": 370_000, "opens": 1},
+    ]
+    root = ET.fromstring(fallback_svg(edges, ["data_load", "checkpoint_save"]))
+    assert root.tag.endswith("svg")
+    texts = "".join(root.itertext())
+    assert "/d/train.gz" in texts and "checkpoint_save" in texts
+    svg, engine = render_svg(edges, ["data_load", "checkpoint_save"])
+    assert "<svg" in svg and "data_load" in svg and engine in ("graphviz", "built-in")
+
+
+# --- backends on a controlled workload ------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_sees_exact_bytes_of_a_controlled_workload(backend, traced):
+    outcome, known, ckpt = traced["outcomes"][backend], traced["known"], traced["ckpt"]
+    s = outcome.section
+    assert (outcome.backend, outcome.exit_code) == (backend, 0)
+    size = known.stat().st_size
+    written = CKPT_WRITES * CKPT_WRITE
+    if backend == "proc":  # no per-call events: bytes per phase from /proc/self/io
+        assert by_phase(s, "data_load")["proc_io"]["rchar"] == size
+        assert by_phase(s, "checkpoint_save")["proc_io"]["wchar"] == written
+        assert by_path(s, known)["opens"] == 1 and by_path(s, ckpt)["first_phase"] == "checkpoint_save"
+    else:
+        src, out = by_path(s, known), by_path(s, ckpt)
+        assert (src["reads"], src["bytes_read"]) == (CHUNKS + 2, size)  # + the short chunk + EOF
+        assert src["read_sizes"] == {"≤64 KiB": CHUNKS, "≤1 KiB": 1}
+        assert (out["writes"], out["bytes_written"]) == (CKPT_WRITES, written)
+        assert (src["first_phase"], out["first_phase"]) == ("data_load", "checkpoint_save")
+        assert by_phase(s, "data_load")["bytes_read"] == size
+        assert by_phase(s, "checkpoint_save")["bytes_written"] == written
+        assert by_phase(s, "checkpoint_save")["by_kind"]["sync"]["count"] == 1
+    exports = traced["dir"] / backend
+    trace = json.loads((exports / "trace.json").read_text())
+    phases = [e for e in trace["traceEvents"] if e.get("cat") == "phase"]
+    assert [(e["name"], e["ph"]) for e in phases] == [
+        ("data_load", "B"),
+        ("data_load", "E"),
+        ("checkpoint_save", "B"),
+        ("checkpoint_save", "E"),
+    ]
+    with open(exports / "events.jsonl") as f:
+        assert sum(1 for _ in f) >= s["events"]
+    assert (exports / "files.csv").read_text().startswith("path,category,")
+
+
+@pytest.mark.skipif(AVAILABLE["ebpf"] is not None or AVAILABLE["strace"] is not None, reason="needs ebpf and strace")
+def test_ebpf_and_strace_agree_exactly(traced):
+    def counts(backend):
+        s = traced["outcomes"][backend].section
+        files = (by_path(s, traced["known"]), by_path(s, traced["ckpt"]))
+        return [(f["opens"], f["reads"], f["bytes_read"], f["writes"], f["bytes_written"]) for f in files]
+
+    assert counts("ebpf") == counts("strace")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_exit_status_passes_through_and_a_killed_command_still_reports(backend, workload, tmp_path):
+    argv, known, _ = workload
+    assert trace_command([*argv, "3"], backend, tmp_path / "a", say=lambda _: None).exit_code == 3
+    killer = tmp_path / "killed.py"
+    killer.write_text(
+        "import os, signal, sys\nimport dlscope\n"
+        "with dlscope.phase('data_load'):\n    open(sys.argv[1], 'rb').read()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    outcome = trace_command([sys.executable, str(killer), str(known)], backend, tmp_path / "b", say=lambda _: None)
+    assert outcome.exit_code == 128 + signal.SIGKILL
+    assert any(p["phase"] == "data_load" for p in outcome.section["phases"])
+    assert by_path(outcome.section, known)["opens"] == 1
+    children = subprocess.run(["ps", "--ppid", str(os.getpid()), "-o", "comm="], capture_output=True, text=True)
+    assert not {"strace", "bpftrace"} & set(children.stdout.split()), "a tracer outlived the run"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.values[0] != "ebpf"])
+def test_ctrl_c_stops_cleanly_with_a_report(backend, tmp_path):
+    script = tmp_path / "slow.py"
+    script.write_text("import time\nimport dlscope\nwith dlscope.phase('waiting'):\n    time.sleep(60)\n")
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "dlscope.cli", "trace", "--backend", backend, "--out", str(run)]
+    # a terminal's Ctrl-C: SIGINT to the whole foreground process group
+    child = subprocess.Popen([*argv, "--", sys.executable, str(script)], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (run / "iotrace").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # let the command reach its phase
+    os.killpg(child.pid, signal.SIGINT)
+    assert child.wait(timeout=60) == 128 + signal.SIGINT
+    section = json.loads((run / "results.json").read_text())["sections"]["iotrace"]
+    assert section["interrupted"] and any(p["phase"] == "waiting" for p in section["phases"])
+    assert (run / "report.html").exists()
+
+
+def test_unavailable_backend_says_why_and_falls_back(workload, tmp_path, monkeypatch):
+    argv, _, _ = workload
+    monkeypatch.setattr(ebpf, "available", lambda: "eBPF needs root or CAP_BPF+CAP_PERFMON")
+    monkeypatch.setattr(strace, "available", lambda: "strace is not installed")
+    said = []
+    outcome = trace_command(argv, "ebpf", tmp_path / "t", say=said.append)
+    assert outcome.backend == "proc"
+    assert [s["backend"] for s in outcome.section["skipped_backends"]] == ["ebpf", "strace"]
+    assert len(said) == 2 and "CAP_BPF" in said[0]
+    assert proc.BLIND_TO and outcome.section["notes"]["blind_to"] == list(proc.BLIND_TO)
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+def test_trace_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["trace", "--out", str(out), "--", "no-such-command-xyz"]) == 2
+    assert main(["trace", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "no-such-command-xyz: command not found" in err[0] and "no command" in err[1]
+    assert not out.exists()
+
+
+def test_trace_cli_writes_a_report_and_passes_the_exit_code(workload, tmp_path):
+    argv, known, _ = workload
+    run = tmp_path / "run"
+    args = ["trace", "--backend", "proc", "--measure-overhead", "--repeats", "2", "--out", str(run)]
+    assert main([*args, "--", *argv, "5"]) == 5
+    section = json.loads((run / "results.json").read_text())["sections"]["iotrace"]
+    assert section["exit_code"] == 5
+    overhead = section["overhead"]
+    assert len(overhead["untraced_seconds"]) == len(overhead["traced_seconds"]) == 2 and overhead["ratio"] > 0
+    html = (run / "report.html").read_text()
+    assert "File data flow through the OS" in html and "<svg" in html and str(known) in html
+
+
+@pytest.mark.slow
+def test_traced_lab_shows_mnist_under_data_load_and_the_checkpoint(tmp_path):
+    run = tmp_path / "lab"
+    args = ["lab", "--trace-io", "--train-subset", "512", "--test-subset", "500", "--epochs", "1"]
+    args += ["--no-tensorboard", "--no-progress", "--profile-steps", "1", "--target-acc", "1", "--out", str(run)]
+    done = subprocess.run([sys.executable, "-m", "dlscope.cli", *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((run / "results.json").read_text())
+    assert results["run"]["status"] == "ok"
+    assert results["steps"][-1] == "iotrace" and "checkpoint" in results["steps"]
+    s = results["sections"]["iotrace"]
+    # the four files opened (the loader also stats the uncompressed names it looks for first)
+    mnist = [f for f in s["files"] if f["category"] == "dataset" and "ubyte" in f["path"] and f["opens"]]
+    assert len(mnist) == 4
+    for f in mnist:
+        assert f["last_phase"] == "data_load"
+        if s["backend"] != "proc":
+            assert f["bytes_read"] == Path(f["path"]).stat().st_size
+    final = next(f for f in s["files"] if f["path"].endswith("checkpoints/final.pt"))
+    assert final["first_phase"] == "checkpoint_save"
+    phases = {p["phase"] for p in s["phases"]}
+    assert {"startup", "data_load", "preprocess", "model_build", "train-epoch-1", "evaluate-epoch-1"} <= phases
+    assert {"profile", "checkpoint_save", "checkpoint_load", "verify", "report"} <= phases
+    if s["backend"] != "proc":
+        assert by_phase(s, "checkpoint_load")["bytes_read"] >= final["bytes_written"] > 0
+    md = (run / "report.md").read_text()
+    assert "## File data flow through the OS" in md and (run / "figures" / "iotrace-dataflow.svg").exists()
