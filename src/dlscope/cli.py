@@ -91,13 +91,15 @@ def train_config(args: argparse.Namespace):
     )
 
 
-def run_pipeline(args: argparse.Namespace, command: str, step_names: Sequence[str]) -> int:
+def run_pipeline(
+    args: argparse.Namespace, command: str, step_names: Sequence[str], config=None, extra: dict | None = None
+) -> int:
     from dlscope.console import console
     from dlscope.report.render import render_report
     from dlscope.rundir import RunDir
     from dlscope.steps import STEPS, STEPS_BY_NAME, LabContext, LabOptions, run_steps
 
-    config = train_config(args)  # validate before creating anything on disk
+    config = config or train_config(args)  # validate before creating anything on disk
     if args.profile_steps < 1:
         raise DlscopeError("--profile-steps must be ≥ 1")
     run = RunDir.create(args.out, command)
@@ -108,6 +110,7 @@ def run_pipeline(args: argparse.Namespace, command: str, step_names: Sequence[st
         profile_active=args.profile_steps,
         profile_sort=args.sort_by,
         resume=getattr(args, "resume", None),
+        extra=extra or {},
     )
     ctx = LabContext(config=config, run=run, options=options)
     steps = [STEPS_BY_NAME[name] for name in step_names] if step_names else STEPS
@@ -154,6 +157,56 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     return run_pipeline(args, "profile", ["environment", "dataset", "model", "profile"])
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    sweep = {
+        "batch_sizes": args.batch_sizes,
+        "devices": args.devices,
+        "threads": args.threads,
+        "cudnn_benchmark": args.cudnn_benchmark,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "profile_steps": args.profile_steps,
+        "rounds": args.rounds,
+        "gemm_n": 2048,
+        "copy_mbytes": 256,
+    }
+    from dlscope.experiments.sweep import SweepSettings
+    from dlscope.train import TrainConfig
+
+    # the sweep trains nothing to completion: the config names the model and optimizer it times
+    config = TrainConfig(model=args.model, optimizer=args.optimizer, lr=args.lr, seed=args.seed, target_acc=None)
+    SweepSettings(steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps, rounds=args.rounds)
+    return run_pipeline(args, "sweep", ["environment", "dataset", "sweep"], config=config, extra={"sweep": sweep})
+
+
+def int_list(text: str) -> list[int]:
+    """'1,16,64' → [1, 16, 64]; each ≥ 1."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers ≥ 1, got {text!r}")
+    return values
+
+
+def device_list(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v != "cpu" and not (v == "cuda" or v.startswith("cuda:"))]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"devices are cpu, cuda or cuda:N, comma-separated; got {text!r}")
+    return values
+
+
+def switch_list(text: str) -> list[bool]:
+    """'off,on' → [False, True]."""
+    words = {"off": False, "on": True}
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in words for v in values):
+        raise argparse.ArgumentTypeError(f"expected off, on or off,on; got {text!r}")
+    return [words[v] for v in values]
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -256,6 +309,9 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> Parser:
+    from dlscope.models import MODELS
+    from dlscope.train import OPTIMIZERS
+
     parser = Parser(prog="dlscope", description="What a deep-learning training job does to a machine.")
     parser.add_argument("--version", action="version", version=f"dlscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -276,6 +332,34 @@ def build_parser() -> Parser:
     add_training_args(p)
     add_run_args(p)
     p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("sweep", help="batch size × device: throughput, latency, overhead, roofline, operator shift")
+    g = p.add_argument_group("sweep")
+    g.add_argument("--batch-sizes", type=int_list, default=[1, 16, 64], metavar="B,B,…", help="default 1,16,64")
+    g.add_argument(
+        "--devices", type=device_list, default=None, metavar="D,D,…", help="cpu, cuda (default: every available)"
+    )
+    g.add_argument(
+        "--threads", type=int_list, default=None, metavar="T,T,…", help="CPU intra-op threads (default: torch's)"
+    )
+    g.add_argument(
+        "--cudnn-benchmark",
+        type=switch_list,
+        default=[False, True],
+        metavar="off,on",
+        help="cuDNN autotuning settings to sweep on CUDA (default off,on)",
+    )
+    g.add_argument("--steps", type=int, default=50, help="timed training steps per configuration (default 50)")
+    g.add_argument("--warmup", type=int, default=5, help="warm-up steps after the cold one, not timed (default 5)")
+    g.add_argument(
+        "--rounds", type=int, default=5, help="timed steps split into rounds interleaved across configurations"
+    )
+    g.add_argument("--model", default="cnn", choices=list(MODELS), help="model from the zoo (default cnn)")
+    g.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    g.add_argument("--lr", type=float, default=None, help="learning rate (default per optimizer)")
+    g.add_argument("--seed", type=int, default=1)
+    add_run_args(p)
+    p.set_defaults(func=cmd_sweep, profile_steps=3)
 
     p = sub.add_parser("report", help="re-render report.html and report.md from results.json")
     p.add_argument("run", help="run directory")
