@@ -172,12 +172,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         "gemm_n": 2048,
         "copy_mbytes": 256,
     }
-    from dlscope.experiments.sweep import SweepSettings
+    from dlscope.experiments.sweep import SweepSettings, available_devices, sweep_grid
     from dlscope.train import TrainConfig
 
+    # validate the grid and settings before a run directory exists
+    sweep_grid(args.batch_sizes, args.devices or available_devices(), args.threads or [1], args.cudnn_benchmark)
+    SweepSettings(steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps, rounds=args.rounds)
     # the sweep trains nothing to completion: the config names the model and optimizer it times
     config = TrainConfig(model=args.model, optimizer=args.optimizer, lr=args.lr, seed=args.seed, target_acc=None)
-    SweepSettings(steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps, rounds=args.rounds)
     return run_pipeline(args, "sweep", ["environment", "dataset", "sweep"], config=config, extra={"sweep": sweep})
 
 

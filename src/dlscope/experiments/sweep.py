@@ -46,6 +46,7 @@ OVERHEAD_BOUND_PCT = 50.0  # more than half the step outside compute kernels: ov
 OVERHEAD_MODERATE_PCT = 20.0
 COLD_RATIO_WARN = 5.0  # a first step this many times a warm one is worth a warning
 TOP_KERNEL_PCT = 20.0  # one kernel taking this share of kernel time is worth naming
+NOISY_P95_RATIO = 3.0  # p95 this many times p50: something else competes for the device
 SHIFT_TOP_N = 10
 
 # Operators that do no arithmetic on tensor data: views, allocation, metadata, scalar reads and thin
@@ -85,9 +86,10 @@ def is_compute_kernel(name: str) -> bool:
     overloads = [getattr(packet, o) for o in packet.overloads()]
     if any(op.is_view for op in overloads):
         return False
-    composite = torch._C.DispatchKey.CompositeImplicitAutograd
+    # the functional overload is what a training step calls (aten::linear.out has its own kernel)
+    main = getattr(packet, "default", None) or overloads[0]
     try:
-        return not all(op.has_kernel_for_dispatch_key(composite) for op in overloads)
+        return not main.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
     except RuntimeError:  # an overload the dispatcher does not know (aten::to.prim_Device …)
         return True
 
@@ -539,6 +541,16 @@ def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                     f"{large['top_kernel_pct']:.0f}% of kernel time (named from {TOP_KERNEL_PCT:.0f}%).",
                     _cite(large, "batch_size", "top_kernel", "top_kernel_pct"),
                 )
+    noisiest = max(rows, key=lambda r: r["step_p95_ms"] / r["step_p50_ms"])
+    if noisiest["step_p95_ms"] >= NOISY_P95_RATIO * noisiest["step_p50_ms"]:
+        add(
+            "warn",
+            f"Timings are noisy: the p95 step of {noisiest['config']} took {noisiest['step_p95_ms']:.2f} ms against "
+            f"a p50 of {noisiest['step_p50_ms']:.2f} ms (warned from {NOISY_P95_RATIO:.0f}×) — another job is "
+            "competing for the cores; multi-threaded kernels suffer most, as each parallel region waits "
+            "for its slowest thread. Compare medians, or rerun on an idle machine.",
+            _cite(noisiest, "step_p95_ms", "step_p50_ms"),
+        )
     coldest = max(rows, key=lambda r: r["cold_ratio"])
     if coldest["cold_ratio"] >= COLD_RATIO_WARN:
         add(
@@ -629,6 +641,7 @@ def run_sweep(
             "overhead_moderate_pct": OVERHEAD_MODERATE_PCT,
             "cold_ratio_warn": COLD_RATIO_WARN,
             "top_kernel_pct": TOP_KERNEL_PCT,
+            "noisy_p95_ratio": NOISY_P95_RATIO,
         },
     }
 
