@@ -19,9 +19,15 @@ class Parser(argparse.ArgumentParser):
 
 def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float | None = 99.0) -> None:
     from dlscope.models import MODELS
-    from dlscope.train import LOADERS, OPTIMIZERS, SCHEDULES
+    from dlscope.train import LOADERS, OPTIMIZERS, RECIPES, SCHEDULES
 
     g = p.add_argument_group("training")
+    g.add_argument(
+        "--recipe",
+        default="default",
+        choices=list(RECIPES),
+        help="a named set of defaults; fast: least time to 99%% (flags that differ from the defaults still win)",
+    )
     g.add_argument("--model", default="cnn", choices=list(MODELS), help="model from the zoo (default cnn)")
     g.add_argument("--epochs", type=int, default=epochs, help=f"epochs (default {epochs})")
     g.add_argument("--batch-size", type=int, default=128, help="training batch size (default 128)")
@@ -70,7 +76,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def train_config(args: argparse.Namespace):
     from dlscope.train import TrainConfig
 
-    return TrainConfig(
+    return TrainConfig.from_recipe(
+        args.recipe,
         model=args.model,
         epochs=args.epochs,
         batch_size=args.batch_size,
