@@ -179,9 +179,9 @@ def roofline_chart(section: dict[str, Any]) -> bytes:
     fig, axes = plots.subplots(1, width=6.0, height=4.0)
     ax = axes[0][0]
     rows = section["rows"]
-    intensities = [r["intensity"] for r in rows if r["intensity"]]
-    lo = min([*intensities, 0.1]) / 4
-    hi = max([*intensities, 100.0]) * 4
+    ridges = [p["gemm_gflops"] / p["copy_gbps"] for p in section["peaks"].values()]
+    spots = [r["intensity"] for r in rows if r["intensity"]] + ridges
+    lo, hi = min(spots) / 4, max(spots) * 4
     for colour, (device, peak) in zip(SERIES_COLOURS, section["peaks"].items(), strict=False):
         ridge = peak["gemm_gflops"] / peak["copy_gbps"]
         xs = [lo, ridge, hi]
