@@ -173,6 +173,7 @@ def _row(config, batch, samples_per_s, kernels, device="cpu", **extra):
         "top_kernel_pct": 40.0,
         "conv_kernels": sorted(k for k in kernels if "conv" in k),
         "kernels_us": kernels,
+        "cudnn_benchmark": None,
     }
     return {**row, **extra}
 
@@ -208,6 +209,20 @@ def test_diagnosis_explains_a_gpu_slower_than_the_cpu_and_overhead_bound_steps()
     bound = next(f for f in findings if f["text"].startswith("At batch 1 on cpu/t2"))
     assert bound["level"] == "bad" and "70%" in bound["text"]
     assert any("_slow_conv2d_forward at batch 1 but aten::mkldnn_convolution at batch 64" in t for t in texts)
+
+
+def test_diagnosis_compares_cudnn_autotuning_on_and_off():
+    off = _row(
+        "cuda/bench-off/b64", 64, 90000.0, {"aten::cudnn_convolution": 50.0}, device="cuda", cudnn_benchmark=False
+    )
+    on = _row("cuda/bench-on/b64", 64, 95000.0, {"aten::cudnn_convolution": 45.0}, device="cuda", cudnn_benchmark=True)
+    on["cold_step_ms"] = 900.0
+    finding = next(f for f in diagnose([off, on]) if f["text"].startswith("cuDNN autotuning"))
+    assert "900.0 ms with benchmark on against 50.0 ms with it off" in finding["text"]
+    assert {(c["config"], c["metric"]) for c in finding["evidence"]} >= {
+        ("cuda/bench-on/b64", "cold_step_ms"),
+        ("cuda/bench-off/b64", "cold_step_ms"),
+    }
 
 
 def test_render_builds_tables_and_three_figures_from_the_section(sweep):

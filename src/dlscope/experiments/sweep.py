@@ -241,6 +241,19 @@ def kernel_times_us(table: TopOpsTable, device: torch.device) -> dict[str, float
     return {r.name: r.self_cpu_us / steps for r in table.rows if is_compute_kernel(r.name)}
 
 
+def cuda_step_memory(step: Callable[[], object], device: torch.device) -> int:
+    """The caching allocator's peak during one step above what stays allocated between steps.
+
+    Measured alone (the peak counter is per device, and the sweep interleaves configurations).
+    """
+    torch.cuda.synchronize(device)
+    resident = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - resident
+
+
 def profile_steps(step: Callable[[], object], timer: StepTimer, steps: int) -> tuple[TopOpsTable, float, int | None]:
     """Operators of `steps` profiled steps, their wall seconds, and on the CPU their allocation peak (bytes)."""
     device = timer.device
@@ -290,7 +303,6 @@ class PointRun:
         self.timer = StepTimer(self.device)
         self.times: list[float] = []
         self.cold_s = 0.0
-        self.resident_bytes = 0
         with self.configured():
             seed_everything(settings.seed)
             self.model = build_model(settings.model).to(self.device).train()
@@ -327,10 +339,6 @@ class PointRun:
         with self.configured():
             self.cold_s = self.timer.time_steps(self.step, 1)[0]
             self.timer.time_steps(self.step, self.settings.warmup)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-                torch.cuda.reset_peak_memory_stats(self.device)
-                self.resident_bytes = torch.cuda.memory_allocated(self.device)
 
     def time(self, n: int) -> None:
         with self.configured():
@@ -340,8 +348,8 @@ class PointRun:
         """Profile, count FLOPs and bytes, and return the configuration's row."""
         device, b, times = self.device, self.point.batch_size, self.times
         with self.configured():
-            if device.type == "cuda":  # the caching allocator's peak over the timed steps, above what stays resident
-                step_memory = torch.cuda.max_memory_allocated(device) - self.resident_bytes
+            if device.type == "cuda":
+                step_memory = cuda_step_memory(self.step, device)
             table, profiled_s, cpu_peak = profile_steps(self.step, self.timer, self.settings.profile_steps)
             if device.type == "cpu":
                 step_memory = cpu_peak
@@ -582,6 +590,18 @@ def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 f"{cpu['config']} ({gpu['samples_per_s']:,.0f} against {cpu['samples_per_s']:,.0f}).",
                 _cite(gpu, "samples_per_s") + _cite(cpu, "samples_per_s"),
             )
+    tuned = {(r["device"], r["batch_size"]): r for r in rows if r["cudnn_benchmark"]}
+    for plain in (r for r in rows if r["cudnn_benchmark"] is False):
+        on = tuned.get((plain["device"], plain["batch_size"]))
+        if on is None:
+            continue
+        add(
+            "info",
+            f"cuDNN autotuning at batch {plain['batch_size']}: the first step took {on['cold_step_ms']:.1f} ms "
+            f"with benchmark on against {plain['cold_step_ms']:.1f} ms with it off (it times every algorithm "
+            f"once), for a warm p50 of {on['step_p50_ms']:.3f} ms against {plain['step_p50_ms']:.3f} ms.",
+            _cite(on, "batch_size", "cold_step_ms", "step_p50_ms") + _cite(plain, "cold_step_ms", "step_p50_ms"),
+        )
     best = max(rows, key=lambda r: r["pct_of_peak"])
     bound = "memory" if best["intensity"] is not None and best["intensity"] < best["ridge_intensity"] else "compute"
     add(
