@@ -47,6 +47,8 @@ OVERHEAD_MODERATE_PCT = 20.0
 COLD_RATIO_WARN = 5.0  # a first step this many times a warm one is worth a warning
 TOP_KERNEL_PCT = 20.0  # one kernel taking this share of kernel time is worth naming
 NOISY_P95_RATIO = 3.0  # p95 this many times p50: something else competes for the device
+NON_GEMM_PCT = 30.0  # kernel time outside convolutions and matmuls worth pointing at
+GEMM_KERNELS = ("conv", "addmm", "aten::mm", "aten::bmm", "matmul")  # name fragments of the FLOP-heavy kernels
 SHIFT_TOP_N = 10
 
 # Operators that do no arithmetic on tensor data: views, allocation, metadata, scalar reads and thin
@@ -372,6 +374,8 @@ class PointRun:
         achieved = flops / p50 / 1e9
         ranked = sorted(kernels.items(), key=lambda kv: kv[1], reverse=True)
         top_name, top_us = ranked[0] if ranked else (None, 0.0)
+        others = [(name, us) for name, us in ranked if not any(g in name for g in GEMM_KERNELS)]
+        kernel_total = sum(kernels.values()) or 1.0
         return {
             "config": self.point.key,
             "series": self.point.series,
@@ -407,7 +411,10 @@ class PointRun:
             "us_per_op": step_us / ops_per_step if ops_per_step else None,
             "overhead_us_per_op": overhead_us / ops_per_step if ops_per_step else None,
             "top_kernel": top_name,
-            "top_kernel_pct": 100 * top_us / sum(kernels.values()) if kernels else None,
+            "top_kernel_pct": 100 * top_us / kernel_total,
+            "non_gemm_kernel_pct": 100 * sum(us for _, us in others) / kernel_total,
+            "top_non_gemm_kernel": others[0][0] if others else None,
+            "top_non_gemm_kernel_pct": 100 * others[0][1] / kernel_total if others else None,
             "conv_kernels": sorted(name for name in kernels if "conv" in name and "backward" not in name),
             **transfers,
             "kernels_us": dict(ranked),
@@ -448,6 +455,9 @@ TABLE_FIELDS = (
     "overhead_us_per_op",
     "top_kernel",
     "top_kernel_pct",
+    "non_gemm_kernel_pct",
+    "top_non_gemm_kernel",
+    "top_non_gemm_kernel_pct",
     "h2d_pinned_us",
     "h2d_pageable_us",
 )
@@ -549,6 +559,20 @@ def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                     f"{large['top_kernel_pct']:.0f}% of kernel time (named from {TOP_KERNEL_PCT:.0f}%).",
                     _cite(large, "batch_size", "top_kernel", "top_kernel_pct"),
                 )
+        if large["non_gemm_kernel_pct"] >= NON_GEMM_PCT and large["top_non_gemm_kernel"]:
+            add(
+                "info",
+                f"At batch {large['batch_size']} on {series}, {large['non_gemm_kernel_pct']:.0f}% of kernel time is "
+                f"outside convolutions and matrix multiplies, led by {large['top_non_gemm_kernel']} "
+                f"({large['top_non_gemm_kernel_pct']:.0f}%): such kernels do few FLOPs per byte and run at memory "
+                f"speed (pointed out from {NON_GEMM_PCT:.0f}%)."
+                + (
+                    " Pooling before the ReLU, in channels-last layout, is how `--recipe fast` trims them."
+                    if "pool" in large["top_non_gemm_kernel"]
+                    else ""
+                ),
+                _cite(large, "batch_size", "non_gemm_kernel_pct", "top_non_gemm_kernel", "top_non_gemm_kernel_pct"),
+            )
     noisiest = max(rows, key=lambda r: r["step_p95_ms"] / r["step_p50_ms"])
     if noisiest["step_p95_ms"] >= NOISY_P95_RATIO * noisiest["step_p50_ms"]:
         add(
@@ -662,6 +686,7 @@ def run_sweep(
             "cold_ratio_warn": COLD_RATIO_WARN,
             "top_kernel_pct": TOP_KERNEL_PCT,
             "noisy_p95_ratio": NOISY_P95_RATIO,
+            "non_gemm_pct": NON_GEMM_PCT,
         },
     }
 
