@@ -83,6 +83,20 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
     console.print(where)
 
 
+def print_shift(section: dict[str, Any], n: int = 12) -> None:
+    configs = [r["config"] for r in section["rows"]]
+    table = RichTable(title="operator shift: rank by kernel time", title_justify="left", **TERMINAL_TABLE)
+    table.add_column("kernel", no_wrap=True)
+    for config in configs:
+        table.add_column(config.replace("/", "/\n"), justify="right")
+    for shift in section["shift"][:n]:
+        table.add_row(
+            shift["operator"].removeprefix("aten::"),
+            *(f"{shift['ranks'][c]}" if shift["ranks"][c] else "[dim]—" for c in configs),
+        )
+    console.print(table)
+
+
 def run(ctx: LabContext) -> dict[str, Any]:
     assert ctx.data is not None, "the dataset step runs first"
     options = {**LAB_SWEEP, **ctx.options.extra.get("sweep", {})}
@@ -119,6 +133,8 @@ def run(ctx: LabContext) -> dict[str, Any]:
         peaks = measure_peaks(devices, options["gemm_n"], options["copy_mbytes"])
         section = run_sweep(points, settings, images, labels, peaks, on_phase)
     print_rows(section["rows"])
+    console.print()
+    print_shift(section)
     for device, peak in peaks.items():
         console.print(
             f"measured peaks on {device}: [metric]{peak['gemm_gflops']:.1f}[/] GFLOP/s "
