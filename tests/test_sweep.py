@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from dlscope.cli import main
 from dlscope.data.loaders import normalise
 from dlscope.experiments.sweep import (
     TABLE_FIELDS,
@@ -300,12 +301,14 @@ def test_cli_sweep_writes_table_csv_results_and_report(tmp_path):
     assert (out / "figures" / "sweep_roofline.png").is_file()
 
 
-def test_cli_sweep_rejects_bad_input_in_one_line_without_a_run_directory(tmp_path):
+def test_cli_sweep_rejects_bad_input_in_one_line_without_a_run_directory(tmp_path, capsys):
     out = tmp_path / "run"
-    for bad in (["--batch-sizes", "1,x"], ["--steps", "1"], ["--devices", "tpu"]):
-        proc = subprocess.run(
-            [sys.executable, "-m", "dlscope.cli", "sweep", *bad, "--out", str(out)], capture_output=True, text=True
-        )
-        assert proc.returncode == 2, bad
-        assert proc.stderr.count("\n") == 1 and "error" in proc.stderr
+    for bad in (["--batch-sizes", "1,x"], ["--steps", "1"], ["--devices", "tpu"], ["--cudnn-benchmark", "maybe"]):
+        try:
+            code = main(["sweep", *bad, "--out", str(out)])
+        except SystemExit as e:  # argparse's own errors
+            code = e.code
+        assert code == 2, bad
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error" in err, err
         assert not out.exists()
