@@ -23,9 +23,9 @@ from dlscope.experiments.sweep import (
     SweepPoint,
     SweepSettings,
     allocation_peak_bytes,
+    best_peaks,
     diagnose,
     is_compute_kernel,
-    measure_peaks,
     operator_shift,
     run_sweep,
     sweep_grid,
@@ -49,9 +49,8 @@ def batches(mnist):
 def sweep(batches):
     images, labels = batches
     points = sweep_grid([1, 64], ["cpu"], [1])
-    peaks = measure_peaks(["cpu"], gemm_n=512, copy_mbytes=16)
     phases = []
-    result = run_sweep(points, SETTINGS, images, labels, peaks, lambda p, phase: phases.append(phase))
+    result = run_sweep(points, SETTINGS, images, labels, (512, 16), lambda p, phase: phases.append(phase))
     result["phases"] = phases
     return result
 
@@ -67,7 +66,7 @@ def test_a_row_for_every_requested_configuration(sweep):
         assert row["kernel_pct"] + row["overhead_pct"] == pytest.approx(100)
         assert len(row["top10"]) == 10
         assert row["step_memory_bytes"] > 0
-    assert len(sweep["phases"]) == 2 * 2 + SETTINGS.rounds
+    assert len(sweep["phases"]) == 2 * 2 + SETTINGS.rounds + 2
 
 
 def test_batch_one_trains_fewer_samples_per_second_than_batch_64(sweep):
@@ -100,6 +99,13 @@ def test_flops_equal_flop_counter_mode(sweep, batches):
             F.cross_entropy(model(images[:b]), labels[:b]).backward()
         assert row["flops_per_step"] == counter.get_total_flops()
     assert sweep["rows"][1]["flops_per_step"] == 64 * sweep["rows"][0]["flops_per_step"]
+
+
+def test_best_peaks_keep_the_higher_of_two_measurements():
+    low = {"cpu": {"gemm_gflops": 50.0, "copy_gbps": 12.0, "gemm": {"n": 1}, "copy": {"n": 1}}}
+    high = {"cpu": {"gemm_gflops": 150.0, "copy_gbps": 9.0, "gemm": {"n": 2}, "copy": {"n": 2}}}
+    best = best_peaks(low, high)["cpu"]
+    assert (best["gemm_gflops"], best["gemm"], best["copy_gbps"], best["copy"]) == (150.0, {"n": 2}, 12.0, {"n": 1})
 
 
 def test_measured_peaks_are_positive(sweep):
@@ -262,8 +268,7 @@ def test_grid_rejects_bad_configurations():
 def test_cuda_points_sync_with_events_and_report_allocator_memory(batches):
     images, labels = batches
     points = sweep_grid([1, 64], ["cpu", "cuda"], [1], [False, True])
-    peaks = measure_peaks(["cpu", "cuda"], gemm_n=1024, copy_mbytes=64)
-    result = run_sweep(points, SETTINGS, images, labels, peaks)
+    result = run_sweep(points, SETTINGS, images, labels, (1024, 64))
     gpu = [r for r in result["rows"] if r["device_type"] == "cuda"]
     assert [r["config"] for r in gpu] == [
         "cuda/bench-off/b1",

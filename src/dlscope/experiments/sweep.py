@@ -478,6 +478,19 @@ def measure_peaks(devices: Sequence[str], gemm_n: int = 2048, copy_mbytes: int =
     return peaks
 
 
+def best_peaks(*measured: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per device and roof, the best of several measurements: a peak is what the machine can do,
+    and a neighbour's burst during one measurement only ever lowers it."""
+    best: dict[str, dict[str, Any]] = {}
+    for peaks in measured:
+        for device, peak in peaks.items():
+            mine = best.setdefault(device, dict(peak))
+            for value, detail in (("gemm_gflops", "gemm"), ("copy_gbps", "copy")):
+                if peak[value] > mine[value]:
+                    mine[value], mine[detail] = peak[value], peak[detail]
+    return best
+
+
 def operator_shift(rows: Sequence[dict[str, Any]], top_n: int = SHIFT_TOP_N) -> list[dict[str, Any]]:
     """Which compute kernels appear, vanish or change rank across configurations.
 
@@ -629,11 +642,17 @@ def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     best = max(rows, key=lambda r: r["pct_of_peak"])
     bound = "memory" if best["intensity"] is not None and best["intensity"] < best["ridge_intensity"] else "compute"
     add(
-        "info",
+        "warn" if best["pct_of_peak"] > 100 else "info",
         f"The best configuration, {best['config']}, reaches {best['achieved_gflops']:.1f} GFLOP/s, "
         f"{best['pct_of_peak']:.1f}% of the measured GEMM peak ({best['peak_gflops']:.0f} GFLOP/s); at "
         f"{best['intensity']:.1f} FLOP/byte against a ridge point of {best['ridge_intensity']:.1f} it sits "
-        f"under the {bound} roof.",
+        f"under the {bound} roof."
+        + (
+            " Above 100%: the peak measurements were slowed by other work on the machine, so read "
+            "the percentages as lower bounds on that run's peak, not the hardware's."
+            if best["pct_of_peak"] > 100
+            else ""
+        ),
         _cite(best, "achieved_gflops", "pct_of_peak", "peak_gflops", "intensity", "ridge_intensity"),
     )
     return findings
@@ -644,16 +663,22 @@ def run_sweep(
     settings: SweepSettings,
     images: torch.Tensor,
     labels: torch.Tensor,
-    peaks: dict[str, dict[str, Any]],
+    peak_sizes: tuple[int, int] = (2048, 256),
     on_point: Callable[[SweepPoint | None, str], None] | None = None,
 ) -> dict[str, Any]:
     """Measure every point (normalised `images`, on the host); then the operator shift and findings.
 
-    `on_point(point, phase)` is called before each unit of work (starting or profiling a point,
-    or a timed round with point None): 2 × len(points) + settings.rounds calls in all.
+    The peaks (GEMM n, copy MiB: `peak_sizes`) are measured before and after the timed rounds
+    and the better kept. `on_point(point, phase)` is called before each unit of work (a peak
+    measurement or a timed round with point None, starting or profiling a point):
+    2 × len(points) + settings.rounds + 2 calls in all.
     """
     if len(labels) < max(p.batch_size for p in points):
         raise ConfigError(f"the largest batch needs {max(p.batch_size for p in points)} samples, got {len(labels)}")
+    devices = list(dict.fromkeys(p.device for p in points))
+    if on_point is not None:
+        on_point(None, "measuring peaks")
+    first_peaks = measure_peaks(devices, *peak_sizes)
     runs = []
     for point in points:
         if on_point is not None:
@@ -669,6 +694,9 @@ def run_sweep(
             on_point(None, f"timed round {i + 1}/{settings.rounds}")
         for run in runs:
             run.time(n)
+    if on_point is not None:
+        on_point(None, "measuring peaks again")
+    peaks = best_peaks(first_peaks, measure_peaks(devices, *peak_sizes))
     rows = []
     for run in runs:
         if on_point is not None:

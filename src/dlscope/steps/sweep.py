@@ -16,7 +16,6 @@ from dlscope.experiments.sweep import (
     SweepPoint,
     SweepSettings,
     available_devices,
-    measure_peaks,
     rows_csv,
     run_sweep,
     sweep_grid,
@@ -124,18 +123,18 @@ def run(ctx: LabContext) -> dict[str, Any]:
         transient=True,
         disable=not ctx.options.progress,
     ) as progress:
-        task = progress.add_task("measuring peaks", total=2 * len(points) + settings.rounds + 1)
+        task = progress.add_task("sweep", total=2 * len(points) + settings.rounds + 2)
 
         def on_phase(point: SweepPoint | None, phase: str) -> None:
-            progress.advance(task)
             progress.update(task, description=f"{phase} {point.key}" if point else phase)
+            progress.advance(task)
 
-        peaks = measure_peaks(devices, options["gemm_n"], options["copy_mbytes"])
-        section = run_sweep(points, settings, images, labels, peaks, on_phase)
+        peak_sizes = (options["gemm_n"], options["copy_mbytes"])
+        section = run_sweep(points, settings, images, labels, peak_sizes, on_phase)
     print_rows(section["rows"])
     console.print()
     print_shift(section)
-    for device, peak in peaks.items():
+    for device, peak in section["peaks"].items():
         console.print(
             f"measured peaks on {device}: [metric]{peak['gemm_gflops']:.1f}[/] GFLOP/s "
             f"(fp32 GEMM {peak['gemm']['size']}³), [metric]{peak['copy_gbps']:.1f}[/] GB/s (copy)"
