@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: lab test lint bench clean
+.PHONY: lab test lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,9 +26,6 @@ lint: $(VENV)/.test-installed
 
 test: $(VENV)/.test-installed lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
-
-bench: $(VENV)/.lab-installed
-	$(BIN)/python benchmarks/run_all.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,3 +1,48 @@
-"""dlscope: what a deep-learning training job does to a machine, layer by layer."""
+"""dlscope: what a deep-learning training job does to a machine, layer by layer.
+
+The public API, for notebooks and scripts (imported lazily: `import dlscope` stays light):
+
+    import dlscope
+    data = dlscope.load_mnist()
+    trainer = dlscope.Trainer(dlscope.TrainConfig(epochs=1), data, [dlscope.TensorBoardObserver("tb")])
+    result = trainer.fit()
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_API = {
+    "load_mnist": "dlscope.data.mnist",
+    "fetch_mnist": "dlscope.data.mnist",
+    "read_idx": "dlscope.data.idx",
+    "write_idx": "dlscope.data.idx",
+    "build_model": "dlscope.models",
+    "MODELS": "dlscope.models",
+    "TrainConfig": "dlscope.train",
+    "Trainer": "dlscope.train",
+    "Observer": "dlscope.train",
+    "StopAtAccuracy": "dlscope.train",
+    "evaluate": "dlscope.train",
+    "TensorBoardObserver": "dlscope.observe.tensorboard",
+    "ProgressObserver": "dlscope.observe.progress",
+    "profile_training": "dlscope.observe.profiler",
+    "summarize_model": "dlscope.observe.summary",
+    "collect_environment": "dlscope.observe.environment",
+    "save_checkpoint": "dlscope.checkpoint",
+    "load_checkpoint": "dlscope.checkpoint",
+    "verify_checkpoint": "dlscope.checkpoint",
+    "CheckpointObserver": "dlscope.checkpoint",
+    "render_report": "dlscope.report.render",
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'dlscope' has no attribute {name!r}")

@@ -7,7 +7,6 @@ fresh model loaded from the file predicts exactly what the saved one did.
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 import time
 import zipfile
@@ -22,7 +21,7 @@ from torch import nn
 from dlscope.errors import CheckpointError
 from dlscope.fsutil import atomic_write_with, clean_stale_temps
 from dlscope.models import build_model
-from dlscope.train import EpochResult, Observer, Trainer
+from dlscope.train import EpochResult, Observer, Trainer, fingerprint
 
 
 @dataclass
@@ -59,16 +58,6 @@ def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 1000) -> t
     return out
 
 
-def fingerprint(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
-    """What `verify` compares: a digest of the predicted class of every test sample."""
-    predictions = predictions.cpu().to(torch.int64)
-    return {
-        "samples": len(labels),
-        "predictions_sha256": hashlib.sha256(predictions.numpy().tobytes()).hexdigest(),
-        "accuracy": 100.0 * (predictions == labels.cpu()).double().mean().item(),
-    }
-
-
 def portable_rng(state: dict[str, Any]) -> dict[str, Any]:
     """RNG states in types `torch.load(weights_only=True)` accepts (no numpy objects)."""
     out = dict(state)
@@ -94,11 +83,11 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> SaveInfo:
     """Write `state` with torch.save, atomically: temp file, fsync, rename, fsync directory."""
     path = Path(path)
     start = time.perf_counter()
-    removed = clean_stale_temps(path.parent)
     state = dict(state)
     if "rng" in state:
         state["rng"] = portable_rng(state["rng"])
     try:
+        removed = clean_stale_temps(path.parent)
         atomic_write_with(path, lambda f: torch.save(state, f))
     except OSError as e:
         raise CheckpointError(f"cannot write checkpoint: {e.strerror or e}", path) from None
@@ -175,7 +164,4 @@ class CheckpointObserver(Observer):
         self.saves: list[SaveInfo] = []
 
     def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None:
-        state = trainer.state_dict()
-        assert trainer.last_predictions is not None
-        state["fingerprint"] = fingerprint(trainer.last_predictions, trainer.test_labels)
-        self.saves.append(save_checkpoint(self.path, state))
+        self.saves.append(save_checkpoint(self.path, trainer.state_dict()))

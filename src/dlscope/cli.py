@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dlscope import __version__
 from dlscope.errors import DlscopeError
@@ -99,7 +100,11 @@ def train_config(args: argparse.Namespace):
 
 
 def run_pipeline(
-    args: argparse.Namespace, command: str, step_names: Sequence[str], config=None, extra: dict | None = None
+    args: argparse.Namespace,
+    command: str,
+    step_names: Sequence[str],
+    extra: dict[str, Any] | None = None,
+    config=None,
 ) -> int:
     from dlscope.console import console
     from dlscope.report.render import render_report
@@ -136,18 +141,16 @@ def print_locations(run, html: Path, md: Path) -> None:
     from dlscope.console import console
 
     table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
-    table.add_row("report", f"[path]{html}[/]  (and {md.name})")
-    table.add_row("results", f"[path]{run.path / 'results.json'}[/]")
-    for name, what in (
-        ("tensorboard", "TensorBoard logs — dlscope tensorboard " + str(run.path)),
-        ("profile", "profiler trace and operator tables"),
-        ("checkpoints", "checkpoints"),
-    ):
+    table.add_row("report", f"[path]{html}[/]", f"[dim]and {md.name}: one file, works offline")
+    table.add_row("results", f"[path]{run.path / 'results.json'}[/]", "[dim]the report's single source")
+    artifacts = {
+        "tensorboard": f"dlscope tensorboard {run.path}",
+        "profile": "trace.json opens in ui.perfetto.dev",
+        "checkpoints": "dlscope ckpt verify <file>",
+    }
+    for name, hint in artifacts.items():
         if (run.path / name).exists():
-            table.add_row(
-                what.split(" —")[0],
-                f"[path]{run.path / name}[/]" + (f"  [dim]{what.split('— ')[1]}" if "—" in what else ""),
-            )
+            table.add_row(name, f"[path]{run.path / name}[/]", f"[dim]{hint}")
     console.print(table)
     status = run.results["run"]["status"]
     style = "good" if status == "ok" else "bad"
@@ -155,7 +158,9 @@ def print_locations(run, html: Path, md: Path) -> None:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    return run_pipeline(args, "lab", [])
+    from dlscope.steps.graph import GraphOptions
+
+    return run_pipeline(args, "lab", [], {"graph": GraphOptions(compile=args.compile)})
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -216,6 +221,55 @@ def switch_list(text: str) -> list[bool]:
     if not values or any(v not in words for v in values):
         raise argparse.ArgumentTypeError(f"expected off, on or off,on; got {text!r}")
     return [words[v] for v in values]
+
+
+def ops_options(args: argparse.Namespace, parts: tuple[str, ...]):
+    from dlscope.experiments.conv import IMPLS, ConvShape, parse_ints
+    from dlscope.steps.ops import OpsOptions
+
+    options = OpsOptions(parts=parts, peak_size=2048)
+    if "conv" in parts:
+        impls = tuple(args.impl.split(","))
+        unknown = [i for i in impls if i not in IMPLS]
+        if unknown:
+            raise DlscopeError(f"--impl: unknown implementation {', '.join(unknown)}; choose from {', '.join(IMPLS)}")
+        n, c, h, w = parse_ints(args.shape, 4, "--shape N,C,H,W")
+        k, r, s = parse_ints(args.filters, 3, "--filters K,R,S")
+        options.shape = ConvShape(n, c, h, w, k, r, s, args.stride, args.padding)
+        options.impls = impls
+        options.repeats = args.repeats
+        options.loops_budget_s = args.loops_budget
+        if args.loop_order_shape == "off":
+            options.parts = ("conv",)
+        else:
+            n, c, h, w, k, r, s = parse_ints(args.loop_order_shape, 7, "--loop-order-shape N,C,H,W,K,R,S")
+            options.loop_order_shape = ConvShape(n, c, h, w, k, r, s, 1, r // 2)
+    if "memory" in parts:
+        options.memory_batch_sizes = parse_ints(args.batch_sizes, len(args.batch_sizes.split(",")), "--batch-sizes")
+        if min(options.memory_batch_sizes) < 1:
+            raise DlscopeError("--batch-sizes must all be ≥ 1")
+    return options
+
+
+def cmd_ops_conv(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise DlscopeError("--repeats must be ≥ 1")
+    if args.loops_budget <= 0:
+        raise DlscopeError("--loops-budget must be > 0 seconds")
+    return run_pipeline(args, "ops-conv", ["environment", "ops"], {"ops": ops_options(args, ("conv", "loop_order"))})
+
+
+def cmd_ops_memory(args: argparse.Namespace) -> int:
+    return run_pipeline(args, "ops-memory", ["environment", "ops"], {"ops": ops_options(args, ("memory",))})
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from dlscope.steps.graph import GraphOptions
+
+    if args.repeats < 1:
+        raise DlscopeError("--repeats must be ≥ 1")
+    options = GraphOptions(compile=not args.no_compile, cold=not args.warm_cache, repeats=args.repeats)
+    return run_pipeline(args, "graph", ["environment", "dataset", "graph"], {"graph": options})
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -329,6 +383,9 @@ def build_parser() -> Parser:
     add_training_args(p)
     add_run_args(p)
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue a run from its checkpoint")
+    p.add_argument(
+        "--compile", action="store_true", help="also torch.compile the model in the graph step (tens of seconds)"
+    )
     p.set_defaults(func=cmd_lab)
 
     p = sub.add_parser("train", help="train a model (TensorBoard, checkpoints, report)")
@@ -369,6 +426,45 @@ def build_parser() -> Parser:
     g.add_argument("--seed", type=int, default=1)
     add_run_args(p)
     p.set_defaults(func=cmd_sweep, profile_steps=3)
+
+    ops = sub.add_parser("ops", help="operators: a convolution four ways, loop order, memory per layer")
+    ops_sub = ops.add_subparsers(dest="ops_command", required=True, parser_class=Parser)
+    p = ops_sub.add_parser("conv", help="seven loops, NumPy, im2col + GEMM, torch: checked, timed, % of GEMM peak")
+    p.add_argument("--shape", default="1,16,14,14", metavar="N,C,H,W", help="input (default: cnn's conv2, one image)")
+    p.add_argument("--filters", default="32,5,5", metavar="K,R,S", help="K filters of R×S (default 32,5,5)")
+    p.add_argument("--stride", type=int, default=1)
+    p.add_argument("--padding", type=int, default=2)
+    p.add_argument("--impl", default="loops,numpy,im2col,torch", help="comma-separated implementations")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats after one warm-up (median)")
+    p.add_argument(
+        "--loops-budget",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds the pure-Python loops may take; beyond it they run on a sample and are extrapolated",
+    )
+    p.add_argument(
+        "--loop-order-shape",
+        default="1,8,224,224,32,3,3",
+        metavar="N,C,H,W,K,R,S",
+        help="shape of the compiled loop-order experiment (same padding), or 'off'",
+    )
+    add_training_args(p)
+    add_run_args(p)
+    p.set_defaults(func=cmd_ops_conv)
+    p = ops_sub.add_parser("memory", help="memory per layer against the measured peak, by batch size")
+    p.add_argument("--batch-sizes", default="16,64,128", metavar="B,B,…", help="batch sizes to model and measure")
+    add_training_args(p)
+    add_run_args(p)
+    p.set_defaults(func=cmd_ops_memory)
+
+    p = sub.add_parser("graph", help="forward graph, autograd graph, torch.compile's joint graph and generated code")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (forward and autograd graphs only)")
+    p.add_argument("--warm-cache", action="store_true", help="let Inductor reuse its cache (compile time then warm)")
+    p.add_argument("--repeats", type=int, default=20, help="timed training steps, eager and compiled (median)")
+    add_training_args(p)
+    add_run_args(p)
+    p.set_defaults(func=cmd_graph)
 
     p = sub.add_parser("report", help="re-render report.html and report.md from results.json")
     p.add_argument("run", help="run directory")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import random
 import time
 from collections.abc import Sequence
@@ -223,6 +224,16 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch
     }
 
 
+def fingerprint(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
+    """What checkpoint verification compares: a digest of the predicted class of every test sample."""
+    predictions = predictions.cpu().to(torch.int64)
+    return {
+        "samples": len(labels),
+        "predictions_sha256": hashlib.sha256(predictions.numpy().tobytes()).hexdigest(),
+        "accuracy": 100.0 * (predictions == labels.cpu()).double().mean().item(),
+    }
+
+
 @dataclass
 class LogPoint:
     """Training metrics averaged over the samples of the last `log_every` steps."""
@@ -261,6 +272,7 @@ class TrainResult:
     target_reached_epoch: int | None = None
     time_to_target_s: float | None = None
     stopped_early: bool = False
+    interrupted: bool = False
     resumed_from_epoch: int | None = None
 
     @property
@@ -343,8 +355,9 @@ class Trainer:
         return torch.stack(x).to(self.device), torch.stack(y).to(self.device)
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint holds to resume this run exactly at the current epoch boundary."""
-        return {
+        """What a checkpoint holds: all to resume exactly at the current epoch boundary, and the
+        fingerprint of the last evaluation's predictions that `verify_checkpoint` checks."""
+        state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -354,6 +367,9 @@ class Trainer:
             "config": self.config.to_dict(),
             "history": [dataclasses.asdict(e) for e in self.result.epochs],
         }
+        if self.last_predictions is not None:
+            state["fingerprint"] = fingerprint(self.last_predictions, self.test_labels)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -370,9 +386,21 @@ class Trainer:
             getattr(observer, hook)(self, *args)
 
     def fit(self) -> TrainResult:
-        config, result = self.config, self.result
+        result = self.result
         self._emit("on_train_begin")
         wall_start = time.perf_counter()
+        try:
+            self._run_epochs(wall_start)
+        except BaseException:
+            result.interrupted = True  # Ctrl-C or a failure: observers still close what they opened
+            raise
+        finally:
+            result.wall_seconds = time.perf_counter() - wall_start
+            self._emit("on_train_end", result)
+        return result
+
+    def _run_epochs(self, wall_start: float) -> None:
+        config, result = self.config, self.result
         for epoch in range(self.start_epoch, config.epochs):
             self.batches.set_epoch(epoch)
             self.model.train()
@@ -397,9 +425,6 @@ class Trainer:
             if self.should_stop:
                 result.stopped_early = epoch + 1 < config.epochs
                 break
-        result.wall_seconds = time.perf_counter() - wall_start
-        self._emit("on_train_end", result)
-        return result
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
         log_every = self.config.log_every

@@ -21,6 +21,13 @@ def normalise(images: torch.Tensor) -> torch.Tensor:
     return ((images.float() / 255.0 - MEAN) / STD).unsqueeze(1)
 
 
+def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
+    """The sample order of one epoch: a function of (seed, epoch) alone, whichever loader."""
+    if not shuffle:
+        return torch.arange(n)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
 class ResidentBatches:
     """Batches sliced from normalised tensors held on the target device.
 
@@ -57,15 +64,8 @@ class ResidentBatches:
     def num_samples(self) -> int:
         return len(self.labels)
 
-    def order(self) -> torch.Tensor:
-        n = len(self.labels)
-        if not self.shuffle:
-            return torch.arange(n)
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randperm(n, generator=generator)
-
     def __iter__(self) -> Iterator[Batch]:
-        order = self.order().to(self.images.device)
+        order = epoch_order(len(self.labels), self.shuffle, self.seed, self.epoch).to(self.images.device)
         for b in range(len(self)):
             index = order[b * self.batch_size : (b + 1) * self.batch_size]
             yield self.images[index], self.labels[index]
@@ -120,12 +120,10 @@ class TorchLoaderBatches:
         return len(self.dataset)
 
     def __iter__(self) -> Iterator[Batch]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         loader = DataLoader(
             self.dataset,
             batch_size=self.batch_size,
-            shuffle=self.shuffle,
-            generator=generator,
+            sampler=epoch_order(len(self.dataset), self.shuffle, self.seed, self.epoch).tolist(),
             num_workers=self.workers,
             pin_memory=self.device.type == "cuda",
             drop_last=self.drop_last,

@@ -110,6 +110,18 @@ def unknown_section(section: dict[str, Any]) -> list[Block]:
     ]
 
 
+def render_section(step, data: dict[str, Any]) -> list[Block]:
+    """One section's blocks; a section this renderer cannot read (written by another dlscope
+    version, or cut short by a crash) becomes a note plus its data, never a failed report."""
+    try:
+        return step.render(data)
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as e:
+        return [
+            Findings([("bad", f"This section could not be rendered ({type(e).__name__}: {e}).")]),
+            *unknown_section(data)[1:],
+        ]
+
+
 def build_sections(results: dict[str, Any]) -> list[Section]:
     from dlscope.steps import STEPS_BY_NAME
 
@@ -121,7 +133,7 @@ def build_sections(results: dict[str, Any]) -> list[Section]:
             continue
         step = STEPS_BY_NAME.get(key)
         title = step.title if step else key
-        blocks = step.render(data) if step else unknown_section(data)
+        blocks = render_section(step, data) if step else unknown_section(data)
         sections.append(Section(key, title, blocks))
     return sections
 
@@ -146,7 +158,7 @@ def render_report(run: str | Path) -> tuple[Path, Path]:
     md = [
         f"# dlscope report — {info['name']}",
         "",
-        f"`dlscope {info['command']} {' '.join(info.get('argv') or [])}`".replace(" `", "`")
+        f"`dlscope {' '.join(info.get('argv') or [info['command']])}`"
         + f" · started {info['started']} · status **{info['status']}**",
         "",
     ]

@@ -6,7 +6,6 @@ import time
 from typing import Any
 
 from dlscope.checkpoint import (
-    fingerprint,
     load_checkpoint,
     save_checkpoint,
     verify_checkpoint,
@@ -21,9 +20,7 @@ def run(ctx: LabContext) -> dict[str, Any]:
     trainer = ctx.trainer
     assert trainer is not None and trainer.last_predictions is not None, "the train step runs first"
     path = ctx.run.sub("checkpoints") / "final.pt"
-    state = trainer.state_dict()
-    state["fingerprint"] = fingerprint(trainer.last_predictions, trainer.test_labels)
-    saved = save_checkpoint(path, state)
+    saved = save_checkpoint(path, trainer.state_dict())
     start = time.perf_counter()
     loaded = load_checkpoint(path)
     load_seconds = time.perf_counter() - start

@@ -11,6 +11,7 @@ from dlscope.observe.profiler import TopOpsTable, profile_training, write_tables
 from dlscope.report import plots
 from dlscope.report.blocks import Block, Figure, Findings, Para, Table
 from dlscope.steps.base import LabContext, LabStep
+from dlscope.train import Trainer
 
 
 def print_top(table: TopOpsTable, n: int = 10, sort_by: str | None = None) -> None:
@@ -18,7 +19,10 @@ def print_top(table: TopOpsTable, n: int = 10, sort_by: str | None = None) -> No
         title=f"top {n} operators by {sort_by or table.sort_by} (sum over {table.steps} steps)", title_justify="left"
     )
     for column in ("operator", "calls", "self CPU", "self %", "CPU total", "µs/call", "GFLOP"):
-        rich_table.add_column(column, justify="left" if column == "operator" else "right")
+        if column == "operator":
+            rich_table.add_column(column, no_wrap=True, min_width=30)
+        else:
+            rich_table.add_column(column, justify="right")
     for row in table.top(n, sort_by):
         rich_table.add_row(
             row.name,
@@ -33,8 +37,9 @@ def print_top(table: TopOpsTable, n: int = 10, sort_by: str | None = None) -> No
 
 
 def run(ctx: LabContext) -> dict[str, Any]:
-    trainer = ctx.trainer
-    assert trainer is not None, "the train step runs first"
+    assert ctx.data is not None, "the dataset step runs first"
+    # after the train step: the trained model; alone (`dlscope profile`): a fresh one
+    trainer = ctx.trainer or Trainer(ctx.config, ctx.data)
     options = ctx.options
     profile_dir = ctx.run.sub("profile")
     result = profile_training(

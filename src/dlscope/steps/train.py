@@ -47,6 +47,7 @@ def run(ctx: LabContext) -> dict[str, Any]:
     section = result.to_dict()
     section["log"] = recorder.points
     section["steps_per_epoch"] = trainer.steps_per_epoch
+    section["peak_lr"] = config.peak_lr
     section["train_samples"] = trainer.batches.num_samples
     section["test_samples"] = len(trainer.test_labels)
     section["checkpoint"] = ctx.run.rel(checkpoints.path)
@@ -128,10 +129,11 @@ def render(section: dict[str, Any]) -> list[Block]:
         for e in section["epochs"]
     ]
     cfg_rows = [[k, v] for k, v in config.items() if v is not None]
+    lr = section.get("peak_lr") or config["lr"] or "default"
     blocks: list[Block] = [
         Para(
-            f"{config['model']} trained with {config['optimizer']} (peak lr "
-            f"{config['lr'] or 'default'}, {config['schedule']} schedule), batch {config['batch_size']}, "
+            f"{config['model']} trained with {config['optimizer']} (lr {lr}, "
+            f"{config['schedule']} schedule), batch {config['batch_size']}, "
             f"seed {config['seed']}, on {section['device']}: {section['steps']} steps, "
             f"{section['train_seconds']:.1f} s of training at {section['samples_per_s'] or 0:,.0f} samples/s. "
             "Training points are sample-weighted means over each logging window; the test set is "

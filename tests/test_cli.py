@@ -1,0 +1,228 @@
+"""The CLI end to end on a tiny configuration, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY = [
+    "--epochs",
+    "1",
+    "--train-subset",
+    "3000",
+    "--test-subset",
+    "1000",
+    "--batch-size",
+    "100",
+    "--target-acc",
+    "90",
+    "--no-progress",
+    "--profile-steps",
+    "2",
+]
+
+
+def dlscope(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "120"}
+    return subprocess.run(
+        [sys.executable, "-m", "dlscope.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
+
+
+@pytest.mark.slow
+def test_lab_end_to_end_writes_every_section(tmp_path):
+    run = tmp_path / "lab"
+    proc = dlscope("lab", "--out", str(run), *TINY)
+    assert proc.returncode == 0, proc.stderr
+    assert "where everything is" in proc.stdout and "report.html" in proc.stdout
+    results = json.loads((run / "results.json").read_text())
+    from dlscope.steps import STEPS
+
+    expected = [step.name for step in STEPS]
+    assert results["steps"] == expected and results["run"]["status"] == "ok"
+    html = (run / "report.html").read_text()
+    for name in expected:
+        assert f'<section id="{name}">' in html
+    assert "<link" not in html and 'src="http' not in html  # self-contained, offline
+    assert html.count("data:image/png;base64,") >= 2  # the curves and the top-10 chart
+    md = (run / "report.md").read_text()
+    assert all(f'<a id="{name}"></a>' in md for name in expected)
+    for link in re.findall(r"\]\((figures/[^)]+)\)", md):
+        assert (run / link).is_file()
+    assert results["sections"]["train"]["final_test_acc"] >= 85
+    assert results["sections"]["checkpoint"]["verify"]["ok"]
+    assert (run / "profile" / "trace.json").is_file() and (run / "profile" / "top10_ops.csv").is_file()
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    # the report renders from results.json alone
+    for leftover in ("report.html", "report.md", "figures", "tensorboard", "profile", "checkpoints"):
+        target = run / leftover
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    again = dlscope("report", str(run))
+    assert again.returncode == 0, again.stderr
+    assert (run / "report.html").read_text().count("<section id=") == len(expected)
+
+    # a checkpoint from the CLI verifies from the CLI (the full test set: a subset fingerprint must be refused)
+    proc = dlscope(
+        "train",
+        "--out",
+        str(tmp_path / "t"),
+        "--epochs",
+        "1",
+        "--train-subset",
+        "2000",
+        "--no-progress",
+        "--no-tensorboard",
+        "--target-acc",
+        "50",
+    )
+    assert proc.returncode == 0, proc.stderr
+    ok = dlscope("ckpt", "verify", str(tmp_path / "t" / "checkpoints" / "final.pt"))
+    assert ok.returncode == 0 and "identical predictions on 10,000" in ok.stdout
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_bad_flags_are_one_line_errors(tmp_path):
+    assert_one_line_error(dlscope("lab", "--batch-size", "0", "--out", str(tmp_path / "r")), "batch sizes must be ≥ 1")
+    assert not (tmp_path / "r").exists()  # validated before anything is written
+    assert_one_line_error(dlscope("lab", "--model", "vgg"), "invalid choice")
+    assert_one_line_error(dlscope("lab", "--target-acc", "101"), "target accuracy")
+    assert_one_line_error(dlscope("train", "--epochs", "x"), "invalid int value")
+
+
+def test_bad_files_are_one_line_errors(tmp_path):
+    assert_one_line_error(dlscope("report", str(tmp_path)), str(tmp_path), "no results.json")
+    (tmp_path / "results.json").write_text("{not json")
+    assert_one_line_error(dlscope("report", str(tmp_path)), "not valid JSON")
+    torn = tmp_path / "torn.pt"
+    torn.write_bytes(b"PK\x03\x04" + b"\x00" * 100)
+    assert_one_line_error(dlscope("ckpt", "verify", str(torn)), str(torn), "not a loadable checkpoint")
+    assert_one_line_error(dlscope("data", "verify", "--data-dir", str(tmp_path / "none")), "does not exist")
+    assert_one_line_error(dlscope("tensorboard", str(tmp_path)), "no tensorboard/ directory")
+
+
+def test_data_verify_and_models(tmp_path):
+    proc = dlscope("data", "verify")
+    assert proc.returncode == 0 and "checksums verified" in proc.stdout
+    proc = dlscope("models")
+    assert proc.returncode == 0 and all(name in proc.stdout for name in ("cnn", "net", "lenet", "mlp"))
+
+
+@pytest.mark.slow
+def test_train_interrupted_then_resumed_matches_uninterrupted(tmp_path):
+    """Ctrl-C after epoch 1, then `--resume last.pt`: the final weights equal an uninterrupted run's."""
+    import signal
+    import time
+
+    import torch
+
+    args = [
+        "--epochs",
+        "2",
+        "--train-subset",
+        "4000",
+        "--test-subset",
+        "500",
+        "--batch-size",
+        "100",
+        "--target-acc",
+        "100",
+        "--no-progress",
+        "--no-tensorboard",
+        "--model",
+        "mlp",
+    ]
+    straight = dlscope("train", "--out", str(tmp_path / "straight"), *args)
+    assert straight.returncode == 0, straight.stderr
+
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlscope.cli", "train", "--out", str(cut), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    last = cut / "checkpoints" / "last.pt"
+    deadline = time.time() + 300
+    while not last.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before it could be interrupted (machine too fast for this test)")
+    assert proc.returncode == 130 and "interrupted" in err
+    assert json.loads((cut / "results.json").read_text())["run"]["status"] == "interrupted"
+
+    resumed = dlscope(
+        "train", "--out", str(tmp_path / "resumed"), "--resume", str(last), "--no-progress", "--no-tensorboard"
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    a = torch.load(tmp_path / "straight" / "checkpoints" / "final.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "resumed" / "checkpoints" / "final.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_tensorboard_serves_the_run_on_loopback(tmp_path):
+    import socket
+    import time
+    import urllib.request
+
+    from dlscope.data.mnist import load_mnist
+    from dlscope.observe.tensorboard import TensorBoardObserver
+    from dlscope.train import TrainConfig, Trainer
+
+    run = tmp_path / "run"
+    trainer = Trainer(
+        TrainConfig(epochs=1, train_subset=500, test_subset=100, batch_size=100, log_every=2),
+        load_mnist(),
+        [TensorBoardObserver(run / "tensorboard")],
+    )
+    trainer.fit()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlscope.cli", "tensorboard", str(run), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline, body = time.time() + 120, ""
+        while time.time() < deadline and "loss/train" not in body:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5) as r:
+                    body = r.read().decode()
+            except OSError:
+                time.sleep(0.5)
+        assert "loss/train" in body and "accuracy/test" in body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_report_survives_a_section_it_cannot_read(tmp_path):
+    from dlscope.report.render import render_report
+    from dlscope.rundir import RunDir
+
+    run = RunDir(tmp_path / "r", "lab", argv=["lab"])
+    run.record("environment", {"unexpected": "shape"})  # a known section in a form its renderer cannot read
+    run.record("from_the_future", {"x": 1})  # a section no renderer knows
+    run.finish("ok")
+    html, _ = render_report(run.path)
+    text = html.read_text()
+    assert "could not be rendered" in text and "No renderer for this section" in text

@@ -1,0 +1,128 @@
+"""The training engine on real MNIST subsets: accuracy, observers, early stop, exact resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dlscope.checkpoint import CheckpointObserver, load_checkpoint
+from dlscope.errors import ConfigError
+from dlscope.observe.tensorboard import SCALAR_TAGS, TensorBoardObserver, read_tags
+from dlscope.train import EpochResult, LogPoint, Observer, StopAtAccuracy, TrainConfig, Trainer
+
+SMALL = dict(train_subset=6000, test_subset=2000, batch_size=64, log_every=20)
+
+
+class Recorder(Observer):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.points: list[LogPoint] = []
+
+    def on_train_begin(self, trainer):
+        self.calls.append("begin")
+
+    def on_log(self, trainer, point):
+        self.points.append(point)
+
+    def on_epoch_end(self, trainer, epoch):
+        self.calls.append(f"epoch{epoch.epoch}")
+
+    def on_train_end(self, trainer, result):
+        self.calls.append("end")
+
+
+def test_short_training_reaches_95_percent(mnist):
+    recorder = Recorder()
+    result = Trainer(TrainConfig(epochs=1, **SMALL), mnist, [recorder]).fit()
+    assert result.final.test_acc >= 95.0, result.final
+    assert recorder.calls == ["begin", "epoch1", "end"]
+    assert result.steps == 6000 // 64 + 1
+    # windows cover every step: 94 steps, logged every 20 → 4 points of 20 × 64 samples
+    assert [p.samples for p in recorder.points] == [1280] * 4
+    assert all(0 < p.loss < 3 for p in recorder.points)
+    assert recorder.points[-1].loss < recorder.points[0].loss
+
+
+def test_window_means_are_sample_weighted(mnist):
+    """The logged loss is the mean over every sample of the window (not last batch / batch size)."""
+    recorder = Recorder()
+    trainer = Trainer(
+        TrainConfig(epochs=1, train_subset=300, test_subset=100, batch_size=100, log_every=3), mnist, [recorder]
+    )
+    losses: list[float] = []
+
+    class Capture(Observer):
+        def on_step_end(self, trainer, loss, batch_size):
+            losses.append(loss.item())
+
+    trainer.observers.append(Capture())
+    trainer.fit()
+    assert len(recorder.points) == 1
+    assert recorder.points[0].loss == pytest.approx(sum(losses) / 3, rel=1e-6)
+
+
+def test_stop_at_accuracy_ends_training_early(mnist):
+    config = TrainConfig(epochs=3, target_acc=80.0, **SMALL)
+    result = Trainer(config, mnist, [StopAtAccuracy(config.target_acc)]).fit()
+    assert result.target_reached_epoch == 1 and len(result.epochs) == 1 and result.stopped_early
+    assert result.time_to_target_s > 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(epochs=0),
+        dict(batch_size=0),
+        dict(optimizer="lbfgs"),
+        dict(lr=-1.0),
+        dict(target_acc=150.0),
+        dict(device="tpu"),
+        dict(model="vgg"),
+    ],
+)
+def test_bad_config_is_rejected(bad):
+    with pytest.raises(ConfigError):
+        TrainConfig(**bad)
+
+
+def test_tensorboard_holds_graph_image_and_every_scalar(mnist, tmp_path):
+    config = TrainConfig(epochs=1, **SMALL)
+    Trainer(config, mnist, [TensorBoardObserver(tmp_path / "tb")]).fit()
+    tags = read_tags(tmp_path / "tb")
+    assert tags["graph"]
+    assert "train/batch" in tags["images"]
+    for tag in SCALAR_TAGS:
+        assert tag in tags["scalars"], tag
+    assert len(tags["scalars"]["loss/train"]) == 4
+    assert len(tags["scalars"]["accuracy/test"]) == 1
+    step, acc = tags["scalars"]["accuracy/test"][0]
+    assert step == 94 and 90 < acc <= 100
+
+
+class StopAfterEpoch(Observer):
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_epoch_end(self, trainer, epoch: EpochResult):
+        if epoch.epoch == self.epoch:
+            trainer.should_stop = True
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])  # mlp has dropout: the RNG state must resume too
+def test_resume_is_bit_identical(mnist, tmp_path, model):
+    config = TrainConfig(model=model, epochs=2, train_subset=2000, test_subset=500, batch_size=100)
+    straight = Trainer(config, mnist)
+    straight.fit()
+
+    first = Trainer(config, mnist, [CheckpointObserver(tmp_path), StopAfterEpoch(1)])
+    first.fit()
+    state = load_checkpoint(tmp_path / "last.pt")
+    assert state["epoch"] == 1
+    torch.manual_seed(12345)  # scramble the global RNG: resume must restore it
+    resumed = Trainer(config, mnist)
+    resumed.load_state_dict(state)
+    result = resumed.fit()
+    assert [e.epoch for e in result.epochs] == [1, 2] and result.resumed_from_epoch == 1
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert result.final.test_acc == straight.result.final.test_acc
