@@ -30,11 +30,11 @@ LAB_SWEEP = {
     "devices": None,  # every available device
     "threads": None,  # torch's current intra-op threads
     "cudnn_benchmark": [False, True],
-    "steps": 20,
+    "steps": 16,
     "warmup": 3,
-    "profile_steps": 3,
+    "profile_steps": 2,
     "rounds": 4,
-    "gemm_n": 2048,
+    "gemm_n": 1536,
     "copy_mbytes": 64,
 }
 TERMINAL_TABLE = {"box": None, "pad_edge": False, "padding": (0, 1), "header_style": "bold underline"}  # 80 columns
