@@ -1,6 +1,6 @@
 """The lab's steps, in the order `dlscope lab` runs them. Adding a step: one module, one line."""
 
-from dlscope.steps import checkpoint, dataset, environment, graph, model, ops, profile, sweep, train
+from dlscope.steps import checkpoint, dataset, environment, graph, model, ops, pipeline, profile, sweep, train
 from dlscope.steps.base import LabContext, LabOptions, LabStep, run_steps
 
 STEPS: list[LabStep] = [
@@ -13,6 +13,7 @@ STEPS: list[LabStep] = [
     checkpoint.STEP,
     ops.STEP,
     graph.STEP,
+    pipeline.STEP,
 ]
 STEPS_BY_NAME = {step.name: step for step in STEPS}
 

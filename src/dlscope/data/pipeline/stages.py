@@ -1,0 +1,247 @@
+"""Reader stages composed as in tf.data: read → parse → shuffle → batch → decode, then workers
+and prefetch.
+
+    records  = read_records(file, read_buffer)     # os.read of read_buffer bytes, CRCs checked
+    records  = shuffle(records, buffer_size, rng)  # tf.data's shuffle buffer
+    groups   = batches(records, batch_size)
+    batch    = decode(group)                       # one numpy view per batch, not per sample
+
+`PipelineDataset` is a torch IterableDataset: each DataLoader worker reads its own share of the
+files (every file read by exactly one worker, so no sample is seen twice), shuffles its own
+stream and makes its own batches. `iterate_batches` adds prefetching: the DataLoader's
+`prefetch_factor` with workers, a background thread with a bounded queue without them.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from dlscope.data.pipeline.prepare import PAYLOAD_HEADER, Manifest, data_files
+from dlscope.data.pipeline.tfrecord import IOCounters, read_records
+from dlscope.errors import ConfigError, DatasetError, DlscopeError
+
+
+class Batch(NamedTuple):
+    index: torch.Tensor  # int64 sample indices (for the exactly-once check)
+    label: torch.Tensor  # int64
+    x: torch.Tensor  # uint8 (n, sample_bytes)
+    io: IOCounters  # what reading this batch cost (deltas since the worker's previous batch)
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    fmt: str = "tfrecord"
+    read_buffer: int = 262_144  # bytes per read system call (tf.data's default buffer)
+    shuffle_buffer: int = 0  # records; 0 or 1: no shuffling
+    batch_size: int = 500
+    workers: int = 0
+    prefetch: int = 2  # batches in flight per worker (DataLoader) or in the thread queue
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.fmt in ("files", "tfrecord", "array"), "format must be files, tfrecord or array"),
+            (self.read_buffer >= 1, "read buffer must be ≥ 1 byte"),
+            (self.shuffle_buffer >= 0, "shuffle buffer must be ≥ 0"),
+            (self.batch_size >= 1, "batch size must be ≥ 1"),
+            (self.workers >= 0, "workers must be ≥ 0"),
+            (self.prefetch >= 0, "prefetch must be ≥ 0"),
+            (
+                self.workers == 0 or self.prefetch >= 1,
+                "with workers, prefetch (prefetch_factor) must be ≥ 1",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+
+def shuffle(records: Iterable[bytes], buffer_size: int, rng: random.Random) -> Iterator[bytes]:
+    """tf.data's shuffle: hold `buffer_size` records, emit one drawn uniformly, refill its slot.
+
+    A buffer smaller than the dataset only shuffles locally: a record can move at most about
+    `buffer_size` places earlier. At the end of the input the rest drain in random order.
+    """
+    if buffer_size <= 1:
+        yield from records
+        return
+    buffer: list[bytes] = []
+    for record in records:
+        if len(buffer) < buffer_size:
+            buffer.append(record)
+            continue
+        i = rng.randrange(buffer_size)
+        yield buffer[i]
+        buffer[i] = record
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def batches(records: Iterable[bytes], batch_size: int) -> Iterator[list[bytes]]:
+    """Groups of `batch_size` (the last may be short). A full group is handed on only once the
+    next record has arrived or the input has ended, so the reads that discover the end of the
+    data are counted with the last batch rather than after it."""
+    group: list[bytes] = []
+    for record in records:
+        if len(group) == batch_size:
+            yield group
+            group = []
+        group.append(record)
+    if group:
+        yield group
+
+
+def decode(group: list[bytes], io: IOCounters) -> Batch:
+    """Payloads (uint32 index, uint8 label, sample bytes) → tensors, with one copy per batch."""
+    rows = np.frombuffer(bytearray(b"".join(group)), np.uint8).reshape(len(group), -1)
+    index = rows[:, :4].copy().view("<u4")[:, 0].astype(np.int64)
+    label = rows[:, 4].astype(np.int64)
+    x = np.ascontiguousarray(rows[:, PAYLOAD_HEADER.size :])
+    return Batch(torch.from_numpy(index), torch.from_numpy(label), torch.from_numpy(x), io)
+
+
+def disk_read_bytes() -> int | None:
+    """Bytes this process has made the kernel fetch from a storage device (/proc/self/io)."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def array_records(path: Path, manifest: Manifest, rows: range, io: IOCounters) -> Iterator[bytes]:
+    """Rows of the memory-mapped array: page faults, not read calls (io.reads stays 0)."""
+    try:
+        array = np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"not a readable .npy array ({e})", path) from None
+    expected = (manifest.samples, manifest.payload_bytes)
+    if array.shape != expected or array.dtype != np.uint8:
+        raise DatasetError(f"array is {array.dtype} {array.shape}, the manifest says uint8 {expected}", path)
+    for i in rows:
+        record = array[i].tobytes()
+        io.bytes += len(record)
+        yield record
+
+
+class PipelineDataset(IterableDataset):
+    """One epoch of batches from a prepared dataset, sharded across DataLoader workers."""
+
+    def __init__(self, root: str | Path, manifest: Manifest, config: ReaderConfig, epoch: int = 0) -> None:
+        self.root = Path(root)
+        self.manifest = manifest
+        self.config = config
+        self.epoch = epoch
+
+    def _records(self, worker: int, workers: int, io: IOCounters) -> Iterator[bytes]:
+        config, files = self.config, data_files(self.root, self.manifest, self.config.fmt)
+        if config.fmt == "array":
+            n = self.manifest.samples
+            yield from array_records(
+                files[0], self.manifest, range(worker * n // workers, (worker + 1) * n // workers), io
+            )
+            return
+        if config.shuffle_buffer > 1:  # as tf.data's list_files(shuffle=True): file order too
+            random.Random(f"files/{config.seed}/{self.epoch}").shuffle(files)
+        for path in files[worker::workers]:
+            yield from read_records(path, config.read_buffer, io)
+
+    def __iter__(self) -> Iterator[Batch | DlscopeError]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        io = IOCounters(disk_bytes=disk_read_bytes())
+        rng = random.Random(f"shuffle/{self.config.seed}/{self.epoch}/{worker}")
+        records = shuffle(self._records(worker, workers, io), self.config.shuffle_buffer, rng)
+        reported = io.copy()
+        try:
+            for group in batches(records, self.config.batch_size):
+                io.disk_bytes = disk_read_bytes()
+                yield decode(group, io - reported)
+                reported = io.copy()
+        except DlscopeError as e:
+            if info is None:
+                raise
+            # handed over as an item: torch would re-raise it wrapped in the worker's traceback,
+            # and the user should see the one line naming the file and the offset
+            yield e
+
+
+def iterate_batches(dataset: PipelineDataset, pin_memory: bool = False) -> Iterator[Batch]:
+    """The dataset's batches through a DataLoader (workers, prefetch_factor, pinned memory), or,
+    without workers, through a background thread that keeps `prefetch` batches ready."""
+    config = dataset.config
+    with warnings.catch_warnings():
+        # torch warns when workers outnumber cores; for I/O-bound readers that is the point
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        loader = DataLoader(
+            dataset,
+            batch_size=None,  # the dataset batches itself
+            num_workers=config.workers,
+            prefetch_factor=config.prefetch if config.workers else None,
+            pin_memory=pin_memory,
+        )
+        batches = iter(loader)
+    if config.workers:
+        return raise_worker_errors(batches)
+    return batches if config.prefetch == 0 else prefetch_thread(batches, config.prefetch)
+
+
+def raise_worker_errors(items: Iterator[Batch | DlscopeError]) -> Iterator[Batch]:
+    for item in items:
+        if isinstance(item, DlscopeError):
+            raise item
+        yield item
+
+
+_DONE = object()
+
+
+def prefetch_thread(source: Iterator[Batch], depth: int) -> Iterator[Batch]:
+    """tf.data's prefetch(depth) without processes: a producer thread fills a bounded queue, so
+    reading (system calls and numpy release the GIL) overlaps the consumer."""
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    failure: list[BaseException] = []
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for batch in source:
+                if not put(batch):
+                    return  # the consumer stopped early
+        except BaseException as e:  # handed to the consumer, raised there
+            failure.append(e)
+        put(_DONE)
+
+    thread = threading.Thread(target=produce, name="dlscope-prefetch", daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not _DONE:
+            yield item
+        if failure:
+            raise failure[0]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
