@@ -143,17 +143,23 @@ def print_locations(run, html: Path, md: Path) -> None:
 
     from dlscope.console import console
 
-    table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
-    table.add_row("report", f"[path]{html}[/]", f"[dim]and {md.name}: one file, works offline")
-    table.add_row("results", f"[path]{run.path / 'results.json'}[/]", "[dim]the report's single source")
+    rows = [
+        ("report", str(html), f"and {md.name}: one file, works offline"),
+        ("results", str(run.path / "results.json"), "the report's single source"),
+    ]
     artifacts = {
         "tensorboard": f"dlscope tensorboard {run.path}",
         "profile": "trace.json opens in ui.perfetto.dev",
         "checkpoints": "dlscope ckpt verify <file>",
     }
-    for name, hint in artifacts.items():
-        if (run.path / name).exists():
-            table.add_row(name, f"[path]{run.path / name}[/]", f"[dim]{hint}")
+    rows += [(name, str(run.path / name), hint) for name, hint in artifacts.items() if (run.path / name).exists()]
+    table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
+    table.add_column()
+    # paths are never cut (they are what the user copies); the hints wrap instead
+    table.add_column(no_wrap=True, min_width=max(len(path) for _, path, _ in rows))
+    table.add_column()
+    for name, path, hint in rows:
+        table.add_row(name, f"[path]{path}[/]", f"[dim]{hint}")
     console.print(table)
     status = run.results["run"]["status"]
     style = "good" if status == "ok" else "bad"
