@@ -370,12 +370,14 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     if result.ok:
         console.print(
             f"[good]ok[/] {args.path}: identical predictions on {result.samples:,} test images "
-            f"({result.accuracy_loaded:.2f}%)"
+            f"({result.accuracy_loaded:.2f}%)",
+            soft_wrap=True,  # one line whatever the path's length (scripts grep it)
         )
         return 0
     console.print(
         f"[bad]MISMATCH[/] {args.path}: predictions differ from the saved fingerprint "
-        f"(saved {result.accuracy_saved:.2f}%, now {result.accuracy_loaded:.2f}%)"
+        f"(saved {result.accuracy_saved:.2f}%, now {result.accuracy_loaded:.2f}%)",
+        soft_wrap=True,
     )
     return 1
 
