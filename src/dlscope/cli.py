@@ -26,9 +26,15 @@ class Parser(argparse.ArgumentParser):
 
 def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float | None = 99.0) -> None:
     from dlscope.models import MODELS
-    from dlscope.train import LOADERS, OPTIMIZERS, SCHEDULES
+    from dlscope.train import LOADERS, OPTIMIZERS, RECIPES, SCHEDULES
 
     g = p.add_argument_group("training")
+    g.add_argument(
+        "--recipe",
+        default="default",
+        choices=list(RECIPES),
+        help="a named set of defaults; fast: least time to 99%% (flags that differ from the defaults still win)",
+    )
     g.add_argument("--model", default="cnn", choices=list(MODELS), help="model from the zoo (default cnn)")
     g.add_argument("--epochs", type=int, default=epochs, help=f"epochs (default {epochs})")
     g.add_argument("--batch-size", type=int, default=128, help="training batch size (default 128)")
@@ -77,7 +83,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def train_config(args: argparse.Namespace):
     from dlscope.train import TrainConfig
 
-    return TrainConfig(
+    return TrainConfig.from_recipe(
+        args.recipe,
         model=args.model,
         epochs=args.epochs,
         batch_size=args.batch_size,
@@ -141,20 +148,23 @@ def print_locations(run, html: Path, md: Path) -> None:
 
     from dlscope.console import console
 
-    table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
-    table.add_column()
-    table.add_column(overflow="fold")  # a path is never cut short, however narrow the terminal
-    table.add_column()
-    table.add_row("report", f"[path]{html}[/]", f"[dim]and {md.name}: one file, works offline")
-    table.add_row("results", f"[path]{run.path / 'results.json'}[/]", "[dim]the report's single source")
+    rows = [
+        ("report", str(html), f"and {md.name}: one file, works offline"),
+        ("results", str(run.path / "results.json"), "the report's single source"),
+    ]
     artifacts = {
         "tensorboard": f"dlscope tensorboard {run.path}",
         "profile": "trace.json opens in ui.perfetto.dev",
         "checkpoints": "dlscope ckpt verify <file>",
     }
-    for name, hint in artifacts.items():
-        if (run.path / name).exists():
-            table.add_row(name, f"[path]{run.path / name}[/]", f"[dim]{hint}")
+    rows += [(name, str(run.path / name), hint) for name, hint in artifacts.items() if (run.path / name).exists()]
+    table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
+    table.add_column()
+    # paths are never cut or wrapped (they are what the user copies); the hints wrap instead
+    table.add_column(no_wrap=True, min_width=max(len(path) for _, path, _ in rows))
+    table.add_column()
+    for name, path, hint in rows:
+        table.add_row(name, f"[path]{path}[/]", f"[dim]{hint}")
     console.print(table)
     status = run.results["run"]["status"]
     style = "good" if status == "ok" else "bad"
@@ -248,6 +258,58 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     return run_pipeline(args, "profile", ["environment", "dataset", "model", "profile"])
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    sweep = {
+        "batch_sizes": args.batch_sizes,
+        "devices": args.devices,
+        "threads": args.threads,
+        "cudnn_benchmark": args.cudnn_benchmark,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "profile_steps": args.profile_steps,
+        "rounds": args.rounds,
+        "gemm_n": 2048,
+        "copy_mbytes": 256,
+    }
+    from dlscope.experiments.sweep import SweepSettings, available_devices, sweep_grid
+    from dlscope.train import TrainConfig
+
+    # validate the grid and settings before a run directory exists
+    sweep_grid(args.batch_sizes, args.devices or available_devices(), args.threads or [1], args.cudnn_benchmark)
+    SweepSettings(steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps, rounds=args.rounds)
+    # the sweep trains nothing to completion: the config names the model and optimizer it times
+    config = TrainConfig(model=args.model, optimizer=args.optimizer, lr=args.lr, seed=args.seed, target_acc=None)
+    return run_pipeline(args, "sweep", ["environment", "dataset", "sweep"], config=config, extra={"sweep": sweep})
+
+
+def int_list(text: str) -> list[int]:
+    """'1,16,64' → [1, 16, 64]; each ≥ 1."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers ≥ 1, got {text!r}")
+    return values
+
+
+def device_list(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v != "cpu" and not (v == "cuda" or v.startswith("cuda:"))]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"devices are cpu, cuda or cuda:N, comma-separated; got {text!r}")
+    return values
+
+
+def switch_list(text: str) -> list[bool]:
+    """'off,on' → [False, True]."""
+    words = {"off": False, "on": True}
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in words for v in values):
+        raise argparse.ArgumentTypeError(f"expected off, on or off,on; got {text!r}")
+    return [words[v] for v in values]
 
 
 def ops_options(args: argparse.Namespace, parts: tuple[str, ...]):
@@ -580,6 +642,9 @@ def add_pipeline_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> Parser:
+    from dlscope.models import MODELS
+    from dlscope.train import OPTIMIZERS
+
     parser = Parser(prog="dlscope", description="What a deep-learning training job does to a machine.")
     parser.add_argument("--version", action="version", version=f"dlscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -610,6 +675,34 @@ def build_parser() -> Parser:
     add_training_args(p)
     add_run_args(p)
     p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("sweep", help="batch size × device: throughput, latency, overhead, roofline, operator shift")
+    g = p.add_argument_group("sweep")
+    g.add_argument("--batch-sizes", type=int_list, default=[1, 16, 64], metavar="B,B,…", help="default 1,16,64")
+    g.add_argument(
+        "--devices", type=device_list, default=None, metavar="D,D,…", help="cpu, cuda (default: every available)"
+    )
+    g.add_argument(
+        "--threads", type=int_list, default=None, metavar="T,T,…", help="CPU intra-op threads (default: torch's)"
+    )
+    g.add_argument(
+        "--cudnn-benchmark",
+        type=switch_list,
+        default=[False, True],
+        metavar="off,on",
+        help="cuDNN autotuning settings to sweep on CUDA (default off,on)",
+    )
+    g.add_argument("--steps", type=int, default=50, help="timed training steps per configuration (default 50)")
+    g.add_argument("--warmup", type=int, default=5, help="warm-up steps after the cold one, not timed (default 5)")
+    g.add_argument(
+        "--rounds", type=int, default=5, help="timed steps split into rounds interleaved across configurations"
+    )
+    g.add_argument("--model", default="cnn", choices=list(MODELS), help="model from the zoo (default cnn)")
+    g.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    g.add_argument("--lr", type=float, default=None, help="learning rate (default per optimizer)")
+    g.add_argument("--seed", type=int, default=1)
+    add_run_args(p)
+    p.set_defaults(func=cmd_sweep, profile_steps=3)
 
     ops = sub.add_parser("ops", help="operators: a convolution four ways, loop order, memory per layer")
     ops_sub = ops.add_subparsers(dest="ops_command", required=True, parser_class=Parser)

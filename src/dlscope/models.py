@@ -26,6 +26,27 @@ class SeedCNN(nn.Module):
         return self.out(x.flatten(1))
 
 
+class FastCNN(SeedCNN):
+    """Seed 000's CNN, same function and parameters, laid out for the CPU (`--recipe fast`).
+
+    Max-pooling before the ReLU gives the same result (ReLU is monotonic, so it commutes with max)
+    on a quarter of the elements, and channels-last tensors let oneDNN run convolution and pooling
+    without reordering: ~30% less time per training step on a 2-core CPU. The state dict is
+    SeedCNN's, so checkpoints load in either.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.to(memory_format=torch.channels_last)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous(memory_format=torch.channels_last)
+        for block in (self.conv1, self.conv2):
+            conv, relu, pool = block
+            x = relu(pool(conv(x)))
+        return self.out(x.flatten(1))
+
+
 class ExamplesNet(nn.Module):
     """pytorch/examples mnist `Net` (the lab's mnist_basic.py), log-probabilities out."""
 
@@ -91,6 +112,7 @@ MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
         ModelSpec("cnn", SeedCNN, "seed 000 CNN: 2 × (conv5x5 → ReLU → maxpool) → linear (default)"),
+        ModelSpec("fastcnn", FastCNN, "the cnn computed faster: pool before ReLU, channels-last (--recipe fast)"),
         ModelSpec("net", ExamplesNet, "pytorch/examples MNIST Net: 2 conv3x3, dropout, 2 linear"),
         ModelSpec("lenet", LeNet5, "LeNet-5 (seed 004, fixed): 2 conv5x5 → maxpool, 3 linear"),
         ModelSpec("mlp", SeedMLP, "seed 003 MLP: 784 → 512 ReLU → dropout 0.2 → 10"),

@@ -34,6 +34,14 @@ SCHEDULES = ("onecycle", "step", "constant")
 LOADERS = ("resident", "torch")
 DEFAULT_LR = {"adam": 0.01, "sgd": 0.05, "adadelta": 1.0}
 
+# Named sets of training defaults (`--recipe`). "fast": the least wall time to 99% test accuracy on
+# a 2-core CPU (benchmarks/fast_recipe.py; BENCHMARKS.md): the default cnn computed in a faster
+# layout, data resident on the device, stopping at the first epoch that reaches the target.
+RECIPES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "fast": {"model": "fastcnn", "epochs": 2, "batch_size": 128, "optimizer": "adam", "lr": 0.01},
+}
+
 
 @dataclass
 class TrainConfig:
@@ -87,6 +95,17 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_recipe(cls, recipe: str, **settings: Any) -> TrainConfig:
+        """A config from `settings`, where the recipe replaces every setting left at its default."""
+        if recipe not in RECIPES:
+            raise ConfigError(f"unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        for key, value in RECIPES[recipe].items():
+            if settings.get(key, defaults[key]) == defaults[key]:
+                settings[key] = value
+        return cls(**settings)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from dlscope.train import train_step
@@ -143,7 +144,8 @@ def table_from_events(events: Iterable, steps: int, sort_by: str = "self_cpu") -
             flops=int(e.flops or 0),
         )
         for e in events
-        if is_operator(e.key)
+        # with CUDA activity the GPU kernels are events too; they are counted in their operator's device time
+        if is_operator(e.key) and getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU
     ]
     return TopOpsTable(
         rows=rows,

@@ -11,6 +11,7 @@ from dlscope.steps import (
     ops,
     pipeline,
     profile,
+    sweep,
     train,
 )
 from dlscope.steps.base import LabContext, LabOptions, LabStep, run_steps
@@ -21,6 +22,7 @@ STEPS: list[LabStep] = [
     model.STEP,
     train.STEP,
     profile.STEP,
+    sweep.STEP,
     checkpoint.STEP,
     ckpt_anatomy.STEP,
     ops.STEP,

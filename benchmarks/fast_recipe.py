@@ -1,0 +1,77 @@
+"""`--recipe fast`: wall time to 99% test accuracy, data loading included, over several seeds.
+
+Each seed runs the fast recipe and, interleaved with it, the default recipe, so a busy machine
+slows both alike and the ratio stays meaningful. CPU time is printed too: on one thread it is
+close to what the run takes on an idle machine, whatever the neighbours do. Time runs from before MNIST is read (and its
+checksums verified) to the end of the first evaluation that reaches the target.
+
+    .venv/bin/python benchmarks/fast_recipe.py --seeds 1,2,3,4,5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from dlscope.data.mnist import load_mnist
+from dlscope.train import StopAtAccuracy, TrainConfig, Trainer
+
+TARGET = 99.0
+
+
+def time_to_target(recipe: str, seed: int, threads: int) -> dict:
+    start, cpu_start = time.perf_counter(), time.process_time()
+    data = load_mnist()
+    config = TrainConfig.from_recipe(recipe, seed=seed, threads=threads, target_acc=TARGET)
+    result = Trainer(config, data, [StopAtAccuracy(TARGET)]).fit()
+    return {
+        "recipe": recipe,
+        "seed": seed,
+        "model": config.model,
+        "accuracy": result.final.test_acc,
+        "epochs": len(result.epochs),
+        "reached": result.target_reached_epoch is not None,
+        "seconds": time.perf_counter() - start,
+        "cpu_seconds": time.process_time() - cpu_start,
+        "train_seconds": result.train_seconds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="1,2,3,4,5")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compare", default="default", help="recipe to interleave with (none: skip)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    recipes = ["fast"] + ([args.compare] if args.compare != "none" else [])
+    runs = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for recipe in recipes:
+            run = time_to_target(recipe, seed, args.threads)
+            runs.append(run)
+            print(
+                f"{run['recipe']:8} seed {seed}: {run['accuracy']:.2f}% after {run['epochs']} epoch(s), "
+                f"{run['seconds']:.1f} s to target (training {run['train_seconds']:.1f} s), "
+                f"{run['cpu_seconds']:.1f} s CPU" + ("" if run["reached"] else "  TARGET NOT REACHED"),
+                flush=True,
+            )
+    for recipe in recipes:
+        mine = [r for r in runs if r["recipe"] == recipe]
+        seconds = [r["seconds"] for r in mine]
+        print(
+            f"{recipe}: {sum(r['reached'] for r in mine)}/{len(mine)} seeds ≥ {TARGET}% "
+            f"(min {min(r['accuracy'] for r in mine):.2f}%), median {statistics.median(seconds):.1f} s, "
+            f"range {min(seconds):.1f}–{max(seconds):.1f} s; "
+            f"median CPU {statistics.median(r['cpu_seconds'] for r in mine):.1f} s"
+        )
+    if len(recipes) == 2:
+        ratios = [a["seconds"] / b["seconds"] for a, b in zip(runs[::2], runs[1::2], strict=True)]
+        print(f"fast / {recipes[1]} time ratio per seed: {', '.join(f'{r:.2f}' for r in ratios)}")
+
+
+if __name__ == "__main__":
+    main()

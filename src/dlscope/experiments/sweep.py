@@ -1,0 +1,727 @@
+"""Batch size × device sweep: what a training step costs, where the time goes, and why (lab steps 6–7).
+
+For every configuration (device, threads, cuDNN autotuning, batch size) on a freshly built model:
+
+    cold step        the very first training step, timed on its own (lazy init, kernel selection)
+    warm-up steps    run and thrown away
+    timed steps      N training steps (forward, backward, optimizer), each synchronised:
+                     CUDA events on a GPU, perf_counter on the CPU; taken in rounds that
+                     interleave all configurations, so a noisy neighbour hits them alike
+    profiled steps   torch.profiler over a few more steps: top-10, operators per step, the time
+                     inside compute kernels (the rest of the step is framework overhead)
+    counted step     one step under FlopCounterMode (FLOPs) and a byte-counting dispatch mode
+                     (bytes each operator reads and writes) → arithmetic intensity for a roofline
+
+The device's peaks (a large GEMM, a large copy) are measured in the same run, so "% of peak" is
+relative to what this machine actually does. Findings are drawn from stated thresholds and cite
+the exact row values they rest on (`evidence`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import functools
+import io
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from dlscope.errors import ConfigError
+from dlscope.experiments.peaks import measure_copy_bandwidth, measure_gemm_peak
+from dlscope.models import build_model
+from dlscope.observe.profiler import TopOpsTable, clone_for_profiling, quiet_native_stderr, table_from_events
+from dlscope.observe.summary import count_flops
+from dlscope.train import TrainConfig, make_optimizer, seed_everything, train_step
+
+# Thresholds behind the findings (percent or ratios), stated once so the report can quote them.
+OVERHEAD_BOUND_PCT = 50.0  # more than half the step outside compute kernels: overhead-bound
+OVERHEAD_MODERATE_PCT = 20.0
+COLD_RATIO_WARN = 5.0  # a first step this many times a warm one is worth a warning
+TOP_KERNEL_PCT = 20.0  # one kernel taking this share of kernel time is worth naming
+NOISY_P95_RATIO = 3.0  # p95 this many times p50: something else competes for the device
+NON_GEMM_PCT = 30.0  # kernel time outside convolutions and matmuls worth pointing at
+GEMM_KERNELS = ("conv", "addmm", "aten::mm", "aten::bmm", "matmul")  # name fragments of the FLOP-heavy kernels
+SHIFT_TOP_N = 10
+
+# Operators that do no arithmetic on tensor data: views, allocation, metadata, scalar reads and thin
+# dispatch wrappers (whose work is done by the operator they call). Their self time is framework
+# overhead. CompositeImplicitAutograd operators (aten::linear, aten::conv2d …) and views are
+# recognised from the dispatcher; this set names the rest.
+FRAMEWORK_OPS = frozenset(
+    {
+        "aten::empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::resize_",
+        "aten::as_strided_",
+        "aten::set_",
+        "aten::item",
+        "aten::_local_scalar_dense",
+        "aten::resolve_conj",
+        "aten::resolve_neg",
+        "aten::lift_fresh",
+        "aten::result_type",
+        "aten::to",
+        "aten::convolution",
+        "aten::_convolution",
+        "aten::relu",  # calls aten::clamp_min (CPU) / a TensorIterator kernel counted under it
+    }
+)
+
+
+@functools.cache
+def is_compute_kernel(name: str) -> bool:
+    """True for an aten operator whose self time is arithmetic on tensor data (see FRAMEWORK_OPS)."""
+    if not name.startswith("aten::") or name in FRAMEWORK_OPS:
+        return False
+    packet = getattr(torch.ops.aten, name.removeprefix("aten::"), None)
+    if packet is None:
+        return True
+    overloads = [getattr(packet, o) for o in packet.overloads()]
+    if any(op.is_view for op in overloads):
+        return False
+    # the functional overload is what a training step calls (aten::linear.out has its own kernel)
+    main = getattr(packet, "default", None) or overloads[0]
+    try:
+        return not main.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+    except RuntimeError:  # an overload the dispatcher does not know (aten::to.prim_Device …)
+        return True
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One configuration of the grid."""
+
+    device: str
+    batch_size: int
+    threads: int
+    cudnn_benchmark: bool | None = None  # CUDA only
+
+    @property
+    def key(self) -> str:
+        """A short, unique label: cpu/t2/b16, cuda/bench-on/b64."""
+        if self.device.startswith("cuda"):
+            return f"{self.device}/bench-{'on' if self.cudnn_benchmark else 'off'}/b{self.batch_size}"
+        return f"{self.device}/t{self.threads}/b{self.batch_size}"
+
+    @property
+    def series(self) -> str:
+        """The configuration without its batch size: one line on a throughput plot."""
+        return self.key.rsplit("/", 1)[0]
+
+
+def available_devices() -> list[str]:
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def sweep_grid(
+    batch_sizes: Sequence[int],
+    devices: Sequence[str],
+    threads: Sequence[int],
+    cudnn_benchmark: Sequence[bool] = (False, True),
+) -> list[SweepPoint]:
+    """Every combination: CPU points vary threads, CUDA points vary cuDNN autotuning."""
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise ConfigError("batch sizes must be ≥ 1")
+    if not threads or any(t < 1 for t in threads):
+        raise ConfigError("threads must be ≥ 1")
+    points = []
+    for device in devices:
+        if device.startswith("cuda"):
+            if not torch.cuda.is_available():
+                raise ConfigError(f"device {device} requested but torch sees no CUDA GPU")
+            points += [
+                SweepPoint(device, b, torch.get_num_threads(), bench) for bench in cudnn_benchmark for b in batch_sizes
+            ]
+        elif device == "cpu":
+            points += [SweepPoint("cpu", b, t) for t in threads for b in batch_sizes]
+        else:
+            raise ConfigError(f"unknown device {device!r}; the sweep knows cpu and cuda[:N]")
+    return points
+
+
+class ByteCounterMode(TorchDispatchMode):
+    """Bytes every compute operator reads (its tensor inputs) and writes (its outputs).
+
+    Eager mode runs one operator at a time, each reading its operands from memory and writing its
+    result back, so this is the traffic of an unfused step (caches aside) — the denominator of
+    its arithmetic intensity. Views, allocations and wrappers move no data and are skipped.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if is_compute_kernel(func.name().split(".")[0]):
+            leaves, _ = tree_flatten((args, kwargs, out))
+            self.bytes += sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+        return out
+
+
+def count_step_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Bytes moved by one whole training step (forward, backward, optimizer) on copies of both."""
+    model, optimizer = clone_for_profiling(model, optimizer)
+    with ByteCounterMode() as counter:
+        train_step(model, optimizer, x, y)
+    return counter.bytes
+
+
+def allocation_peak_bytes(events: Sequence) -> int:
+    """Peak of bytes allocated minus bytes freed, replayed over profiler events in start order.
+
+    torch.profiler's `profile_memory` charges every allocation and free to the operator (or
+    autograd node) running at the time; the running sum's maximum is the most memory a step held
+    above its starting level, at operator granularity. The CPU has no allocator counter, so this
+    is its `max_memory_allocated`.
+    """
+    level = peak = 0
+    for event in sorted(events, key=lambda e: e.time_range.start):
+        level += event.self_cpu_memory_usage
+        peak = max(peak, level)
+    return peak
+
+
+class StepTimer:
+    """Wall time of one step: CUDA events around it on a GPU (read after a sync), perf_counter on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def time_steps(self, step: Callable[[], object], n: int) -> list[float]:
+        """Seconds for each of `n` calls of `step`, each bracketed by its own synchronisation."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            pairs = []
+            for _ in range(n):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                step()
+                end.record()
+                pairs.append((start, end))
+            torch.cuda.synchronize(self.device)
+            return [s.elapsed_time(e) / 1000 for s, e in pairs]
+        seconds = []
+        for _ in range(n):
+            start = time.perf_counter()
+            step()
+            seconds.append(time.perf_counter() - start)
+        return seconds
+
+
+def transfer_us(batch: torch.Tensor, device: torch.device, pinned: bool, repeats: int = 10) -> float:
+    """Median µs to copy one input batch host → device, from pinned or pageable host memory."""
+    host = batch.cpu().pin_memory() if pinned else batch.cpu().clone()
+    timer = StepTimer(device)
+    times = timer.time_steps(lambda: host.to(device, non_blocking=pinned), repeats)
+    return statistics.median(times) * 1e6
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Linear-interpolated percentile (numpy's default method)."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * pct / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def kernel_times_us(table: TopOpsTable, device: torch.device) -> dict[str, float]:
+    """µs per step of every compute kernel: self device time on a GPU, self CPU time on the CPU."""
+    steps = max(table.steps, 1)
+    if device.type == "cuda":
+        return {r.name: r.self_device_us / steps for r in table.rows if r.self_device_us > 0}
+    return {r.name: r.self_cpu_us / steps for r in table.rows if is_compute_kernel(r.name)}
+
+
+def cuda_step_memory(step: Callable[[], object], device: torch.device) -> int:
+    """The caching allocator's peak during one step above what stays allocated between steps.
+
+    Measured alone (the peak counter is per device, and the sweep interleaves configurations).
+    """
+    torch.cuda.synchronize(device)
+    resident = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - resident
+
+
+def profile_steps(step: Callable[[], object], timer: StepTimer, steps: int) -> tuple[TopOpsTable, float, int | None]:
+    """Operators of `steps` profiled steps, their wall seconds, and on the CPU their allocation peak (bytes)."""
+    device = timer.device
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    on_cpu = device.type == "cpu"
+    with quiet_native_stderr(), profile(activities=activities, profile_memory=on_cpu) as prof:
+        seconds = sum(timer.time_steps(step, steps))
+    peak = allocation_peak_bytes(prof.events()) if on_cpu else None
+    return table_from_events(prof.key_averages(), steps), seconds, peak
+
+
+@dataclass
+class SweepSettings:
+    model: str = "cnn"
+    steps: int = 30  # timed steps per configuration
+    warmup: int = 3
+    profile_steps: int = 3
+    rounds: int = 5  # the timed steps are taken in this many interleaved rounds over all configurations
+    optimizer: str = "adam"
+    lr: float | None = None
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if self.steps < 2:
+            raise ConfigError("the sweep needs at least 2 timed steps per configuration (for p50/p95)")
+        if self.warmup < 0:
+            raise ConfigError("warm-up steps must be ≥ 0")
+        if self.profile_steps < 1:
+            raise ConfigError("profiled steps must be ≥ 1")
+        if self.rounds < 1:
+            raise ConfigError("rounds must be ≥ 1")
+
+
+class PointRun:
+    """One configuration's model, optimizer and batches, kept alive so timed rounds can interleave.
+
+    Timing every configuration in turn, round after round, spreads a noisy neighbour (other jobs
+    on a shared machine) over all of them instead of letting it sink whichever ran at the time.
+    """
+
+    def __init__(self, point: SweepPoint, settings: SweepSettings, images: torch.Tensor, labels: torch.Tensor):
+        self.point = point
+        self.settings = settings
+        self.device = torch.device(point.device)
+        self.timer = StepTimer(self.device)
+        self.times: list[float] = []
+        self.cold_s = 0.0
+        with self.configured():
+            seed_everything(settings.seed)
+            self.model = build_model(settings.model).to(self.device).train()
+            config = TrainConfig(model=settings.model, optimizer=settings.optimizer, lr=settings.lr)
+            self.optimizer = make_optimizer(config, self.model)
+            b = point.batch_size
+            pool = max(1, min(8, len(labels) // b))  # distinct batches, resident on the device
+            self.batches = [
+                (images[i * b : (i + 1) * b].to(self.device), labels[i * b : (i + 1) * b].to(self.device))
+                for i in range(pool)
+            ]
+        self._next = 0
+
+    @contextlib.contextmanager
+    def configured(self) -> Iterator[None]:
+        """This point's threads and cuDNN autotuning, restored afterwards."""
+        threads, benchmark = torch.get_num_threads(), torch.backends.cudnn.benchmark
+        torch.set_num_threads(self.point.threads)
+        if self.point.cudnn_benchmark is not None:
+            torch.backends.cudnn.benchmark = self.point.cudnn_benchmark
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+            torch.backends.cudnn.benchmark = benchmark
+
+    def step(self) -> None:
+        x, y = self.batches[self._next % len(self.batches)]
+        self._next += 1
+        train_step(self.model, self.optimizer, x, y)
+
+    def start(self) -> None:
+        """The cold first step, timed on its own, then the warm-up steps (not timed)."""
+        with self.configured():
+            self.cold_s = self.timer.time_steps(self.step, 1)[0]
+            self.timer.time_steps(self.step, self.settings.warmup)
+
+    def time(self, n: int) -> None:
+        with self.configured():
+            self.times += self.timer.time_steps(self.step, n)
+
+    def finish(self, peak: dict[str, Any]) -> dict[str, Any]:
+        """Profile, count FLOPs and bytes, and return the configuration's row."""
+        device, b, times = self.device, self.point.batch_size, self.times
+        with self.configured():
+            if device.type == "cuda":
+                step_memory = cuda_step_memory(self.step, device)
+            table, profiled_s, cpu_peak = profile_steps(self.step, self.timer, self.settings.profile_steps)
+            if device.type == "cpu":
+                step_memory = cpu_peak
+            x, y = self.batches[0]
+            flops = count_flops(self.model, x, y)["train_step"]
+            moved = count_step_bytes(self.model, self.optimizer, x, y)
+            transfers = (
+                {"h2d_pinned_us": transfer_us(x, device, True), "h2d_pageable_us": transfer_us(x, device, False)}
+                if device.type == "cuda"
+                else {"h2d_pinned_us": None, "h2d_pageable_us": None}
+            )
+        p50 = statistics.median(times)
+        kernels = kernel_times_us(table, device)
+        # the kernel share is measured within the profiled steps (both sides under the same conditions)
+        # and applied to the unprofiled p50
+        kernel_share = min(sum(kernels.values()) * table.steps / (profiled_s * 1e6), 1.0)
+        step_us = p50 * 1e6
+        overhead_us = step_us * (1 - kernel_share)
+        ops_per_step = sum(r.calls for r in table.rows) / table.steps
+        achieved = flops / p50 / 1e9
+        ranked = sorted(kernels.items(), key=lambda kv: kv[1], reverse=True)
+        top_name, top_us = ranked[0] if ranked else (None, 0.0)
+        others = [(name, us) for name, us in ranked if not any(g in name for g in GEMM_KERNELS)]
+        kernel_total = sum(kernels.values()) or 1.0
+        return {
+            "config": self.point.key,
+            "series": self.point.series,
+            "device": self.point.device,
+            "device_type": device.type,
+            "threads": self.point.threads,
+            "cudnn_benchmark": self.point.cudnn_benchmark,
+            "batch_size": b,
+            "samples_per_s": b / p50,
+            "step_p50_ms": p50 * 1e3,
+            "step_p95_ms": percentile(times, 95) * 1e3,
+            "step_mean_ms": statistics.fmean(times) * 1e3,
+            "per_sample_us": step_us / b,
+            "cold_step_ms": self.cold_s * 1e3,
+            "cold_ratio": self.cold_s / p50,
+            "timed_steps": len(times),
+            "warmup_steps": self.settings.warmup,
+            "flops_per_step": flops,
+            "bytes_per_step": moved,
+            "intensity": flops / moved if moved else None,
+            "achieved_gflops": achieved,
+            "peak_gflops": peak["gemm_gflops"],
+            "peak_gbps": peak["copy_gbps"],
+            "ridge_intensity": peak["gemm_gflops"] / peak["copy_gbps"],
+            "pct_of_peak": 100 * achieved / peak["gemm_gflops"],
+            "step_memory_bytes": step_memory,
+            "memory_source": "torch.cuda.max_memory_allocated" if device.type == "cuda" else "profile_memory",
+            "kernel_ms": (step_us - overhead_us) / 1e3,
+            "overhead_ms": overhead_us / 1e3,
+            "kernel_pct": 100 * kernel_share,
+            "overhead_pct": 100 * (1 - kernel_share),
+            "ops_per_step": ops_per_step,
+            "us_per_op": step_us / ops_per_step if ops_per_step else None,
+            "overhead_us_per_op": overhead_us / ops_per_step if ops_per_step else None,
+            "top_kernel": top_name,
+            "top_kernel_pct": 100 * top_us / kernel_total,
+            "non_gemm_kernel_pct": 100 * sum(us for _, us in others) / kernel_total,
+            "top_non_gemm_kernel": others[0][0] if others else None,
+            "top_non_gemm_kernel_pct": 100 * others[0][1] / kernel_total if others else None,
+            "conv_kernels": sorted(name for name in kernels if "conv" in name and "backward" not in name),
+            **transfers,
+            "kernels_us": dict(ranked),
+            "top10": table.to_records(10, "self_device" if device.type == "cuda" else "self_cpu"),
+            "profiled_steps": table.steps,
+            "profiled_step_ms": profiled_s / table.steps * 1e3,
+        }
+
+
+# Row fields that are one number or label each: the terminal/CSV/report table and what findings cite.
+TABLE_FIELDS = (
+    "config",
+    "device",
+    "threads",
+    "cudnn_benchmark",
+    "batch_size",
+    "samples_per_s",
+    "step_p50_ms",
+    "step_p95_ms",
+    "per_sample_us",
+    "cold_step_ms",
+    "cold_ratio",
+    "flops_per_step",
+    "bytes_per_step",
+    "intensity",
+    "achieved_gflops",
+    "pct_of_peak",
+    "peak_gflops",
+    "peak_gbps",
+    "ridge_intensity",
+    "step_memory_bytes",
+    "kernel_ms",
+    "overhead_ms",
+    "kernel_pct",
+    "overhead_pct",
+    "ops_per_step",
+    "us_per_op",
+    "overhead_us_per_op",
+    "top_kernel",
+    "top_kernel_pct",
+    "non_gemm_kernel_pct",
+    "top_non_gemm_kernel",
+    "top_non_gemm_kernel_pct",
+    "h2d_pinned_us",
+    "h2d_pageable_us",
+)
+
+
+def measure_peaks(devices: Sequence[str], gemm_n: int = 2048, copy_mbytes: int = 256) -> dict[str, dict[str, Any]]:
+    """Each device's measured GEMM FLOP/s and copy bandwidth (the roofline's two roofs)."""
+    peaks = {}
+    for device in devices:
+        gemm = measure_gemm_peak(device, n=gemm_n)
+        copy = measure_copy_bandwidth(device, mbytes=copy_mbytes)
+        peaks[device] = {
+            "gemm_gflops": gemm.value,
+            "copy_gbps": copy.value,
+            "gemm": gemm.to_dict(),
+            "copy": copy.to_dict(),
+        }
+    return peaks
+
+
+def best_peaks(*measured: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per device and roof, the best of several measurements: a peak is what the machine can do,
+    and a neighbour's burst during one measurement only ever lowers it."""
+    best: dict[str, dict[str, Any]] = {}
+    for peaks in measured:
+        for device, peak in peaks.items():
+            mine = best.setdefault(device, dict(peak))
+            for value, detail in (("gemm_gflops", "gemm"), ("copy_gbps", "copy")):
+                if peak[value] > mine[value]:
+                    mine[value], mine[detail] = peak[value], peak[detail]
+    return best
+
+
+def operator_shift(rows: Sequence[dict[str, Any]], top_n: int = SHIFT_TOP_N) -> list[dict[str, Any]]:
+    """Which compute kernels appear, vanish or change rank across configurations.
+
+    Each configuration ranks its kernels by time per step; a kernel is listed if it is in some
+    configuration's top `top_n`. `ranks` maps every configuration to its rank there (None: absent).
+    """
+    ranks = {row["config"]: {name: i + 1 for i, name in enumerate(row["kernels_us"])} for row in rows}
+    listed = sorted(
+        {name for row in rows for name in list(row["kernels_us"])[:top_n]},
+        key=lambda name: min(r.get(name, 1 << 30) for r in ranks.values()),
+    )
+    configs = [row["config"] for row in rows]
+    shift = []
+    for name in listed:
+        where = {c: ranks[c].get(name) for c in configs}
+        present = [c for c in configs if where[c] is not None]
+        absent = [c for c in configs if where[c] is None]
+        if absent:
+            change = (
+                f"only in {', '.join(present)}" if len(present) <= len(absent) else f"absent in {', '.join(absent)}"
+            )
+        else:
+            values = [where[c] for c in configs]
+            change = "same rank" if len(set(values)) == 1 else f"rank {min(values)}–{max(values)}"
+        shift.append({"operator": name, "ranks": where, "change": change})
+    return shift
+
+
+def _cite(row: dict[str, Any], *metrics: str) -> list[dict[str, Any]]:
+    return [{"config": row["config"], "metric": m, "value": row[m]} for m in metrics]
+
+
+def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Plain-language findings from the thresholds above, each with the row values it cites."""
+    findings: list[dict[str, Any]] = []
+
+    def add(level: str, text: str, evidence: list[dict[str, Any]]) -> None:
+        findings.append({"level": level, "text": text, "evidence": evidence})
+
+    by_series: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_series.setdefault(row["series"], []).append(row)
+    for series, group in by_series.items():
+        group = sorted(group, key=lambda r: r["batch_size"])
+        small, large = group[0], group[-1]
+        pct = small["overhead_pct"]
+        level = "bad" if pct >= OVERHEAD_BOUND_PCT else "warn" if pct >= OVERHEAD_MODERATE_PCT else "good"
+        add(
+            level,
+            f"At batch {small['batch_size']} on {series}, {pct:.0f}% of a {small['step_p50_ms']:.2f} ms step is "
+            f"outside compute kernels: ~{small['overhead_us_per_op']:.1f} µs × {small['ops_per_step']:.0f} "
+            f"operators of Python, dispatch, autograd and allocation (overhead-bound from "
+            f"{OVERHEAD_BOUND_PCT:.0f}%).",
+            _cite(small, "batch_size", "overhead_pct", "step_p50_ms", "overhead_us_per_op", "ops_per_step"),
+        )
+        if large is not small:
+            gain = large["samples_per_s"] / small["samples_per_s"]
+            add(
+                "info",
+                f"On {series}, batch {large['batch_size']} trains {gain:.1f}× the samples/s of batch "
+                f"{small['batch_size']} ({large['samples_per_s']:,.0f} against {small['samples_per_s']:,.0f}): "
+                f"the same ~{large['ops_per_step']:.0f} operators per step now carry "
+                f"{large['batch_size']} samples, and kernels take {large['kernel_pct']:.0f}% of the step.",
+                _cite(large, "batch_size", "samples_per_s", "ops_per_step", "kernel_pct")
+                + _cite(small, "batch_size", "samples_per_s"),
+            )
+            if small["conv_kernels"] != large["conv_kernels"] and small["conv_kernels"] and large["conv_kernels"]:
+                add(
+                    "info",
+                    f"On {series} the convolution runs {', '.join(small['conv_kernels'])} at batch "
+                    f"{small['batch_size']} but {', '.join(large['conv_kernels'])} at batch {large['batch_size']}: "
+                    "the backend picks a different kernel for the shape.",
+                    _cite(small, "batch_size", "conv_kernels") + _cite(large, "batch_size", "conv_kernels"),
+                )
+            if large["top_kernel_pct"] is not None and large["top_kernel_pct"] >= TOP_KERNEL_PCT:
+                add(
+                    "info",
+                    f"The largest kernel at batch {large['batch_size']} on {series} is {large['top_kernel']}: "
+                    f"{large['top_kernel_pct']:.0f}% of kernel time (named from {TOP_KERNEL_PCT:.0f}%).",
+                    _cite(large, "batch_size", "top_kernel", "top_kernel_pct"),
+                )
+        if large["non_gemm_kernel_pct"] >= NON_GEMM_PCT and large["top_non_gemm_kernel"]:
+            add(
+                "info",
+                f"At batch {large['batch_size']} on {series}, {large['non_gemm_kernel_pct']:.0f}% of kernel time is "
+                f"outside convolutions and matrix multiplies, led by {large['top_non_gemm_kernel']} "
+                f"({large['top_non_gemm_kernel_pct']:.0f}%): such kernels do few FLOPs per byte and run at memory "
+                f"speed (pointed out from {NON_GEMM_PCT:.0f}%)."
+                + (
+                    " Pooling before the ReLU, in channels-last layout, is how `--recipe fast` trims them."
+                    if "pool" in large["top_non_gemm_kernel"]
+                    else ""
+                ),
+                _cite(large, "batch_size", "non_gemm_kernel_pct", "top_non_gemm_kernel", "top_non_gemm_kernel_pct"),
+            )
+    noisiest = max(rows, key=lambda r: r["step_p95_ms"] / r["step_p50_ms"])
+    if noisiest["step_p95_ms"] >= NOISY_P95_RATIO * noisiest["step_p50_ms"]:
+        add(
+            "warn",
+            f"Timings are noisy: the p95 step of {noisiest['config']} took {noisiest['step_p95_ms']:.2f} ms against "
+            f"a p50 of {noisiest['step_p50_ms']:.2f} ms (warned from {NOISY_P95_RATIO:.0f}×) — another job is "
+            "competing for the cores; multi-threaded kernels suffer most, as each parallel region waits "
+            "for its slowest thread. Compare medians, or rerun on an idle machine.",
+            _cite(noisiest, "step_p95_ms", "step_p50_ms"),
+        )
+    coldest = max(rows, key=lambda r: r["cold_ratio"])
+    if coldest["cold_ratio"] >= COLD_RATIO_WARN:
+        add(
+            "warn",
+            f"The first step of {coldest['config']} took {coldest['cold_ratio']:.0f}× a warm one "
+            f"({coldest['cold_step_ms']:.1f} ms against a p50 of {coldest['step_p50_ms']:.2f} ms): lazy "
+            "initialisation and kernel selection. It is reported apart and excluded from every other figure.",
+            _cite(coldest, "cold_ratio", "cold_step_ms", "step_p50_ms"),
+        )
+    cpu_rows = {r["batch_size"]: r for r in rows if r["device_type"] == "cpu"}
+    for gpu in (r for r in rows if r["device_type"] == "cuda"):
+        cpu = cpu_rows.get(gpu["batch_size"])
+        if cpu is None:
+            continue
+        if gpu["samples_per_s"] < cpu["samples_per_s"]:
+            add(
+                "warn",
+                f"{gpu['config']} is slower than {cpu['config']} ({gpu['samples_per_s']:,.0f} against "
+                f"{cpu['samples_per_s']:,.0f} samples/s) because the GPU computes for only "
+                f"{gpu['kernel_pct']:.0f}% of the step: the rest is ~{gpu['overhead_us_per_op']:.1f} µs × "
+                f"{gpu['ops_per_step']:.0f} operators of launch and dispatch, which a faster device cannot shorten.",
+                _cite(gpu, "samples_per_s", "kernel_pct", "overhead_us_per_op", "ops_per_step")
+                + _cite(cpu, "samples_per_s"),
+            )
+        else:
+            add(
+                "good",
+                f"{gpu['config']} trains {gpu['samples_per_s'] / cpu['samples_per_s']:.1f}× the samples/s of "
+                f"{cpu['config']} ({gpu['samples_per_s']:,.0f} against {cpu['samples_per_s']:,.0f}).",
+                _cite(gpu, "samples_per_s") + _cite(cpu, "samples_per_s"),
+            )
+    tuned = {(r["device"], r["batch_size"]): r for r in rows if r["cudnn_benchmark"]}
+    for plain in (r for r in rows if r["cudnn_benchmark"] is False):
+        on = tuned.get((plain["device"], plain["batch_size"]))
+        if on is None:
+            continue
+        add(
+            "info",
+            f"cuDNN autotuning at batch {plain['batch_size']}: the first step took {on['cold_step_ms']:.1f} ms "
+            f"with benchmark on against {plain['cold_step_ms']:.1f} ms with it off (it times every algorithm "
+            f"once), for a warm p50 of {on['step_p50_ms']:.3f} ms against {plain['step_p50_ms']:.3f} ms.",
+            _cite(on, "batch_size", "cold_step_ms", "step_p50_ms") + _cite(plain, "cold_step_ms", "step_p50_ms"),
+        )
+    best = max(rows, key=lambda r: r["pct_of_peak"])
+    bound = "memory" if best["intensity"] is not None and best["intensity"] < best["ridge_intensity"] else "compute"
+    add(
+        "warn" if best["pct_of_peak"] > 100 else "info",
+        f"The best configuration, {best['config']}, reaches {best['achieved_gflops']:.1f} GFLOP/s, "
+        f"{best['pct_of_peak']:.1f}% of the measured GEMM peak ({best['peak_gflops']:.0f} GFLOP/s); at "
+        f"{best['intensity']:.1f} FLOP/byte against a ridge point of {best['ridge_intensity']:.1f} it sits "
+        f"under the {bound} roof."
+        + (
+            " Above 100%: the peak measurements were slowed by other work on the machine, so read "
+            "the percentages as lower bounds on that run's peak, not the hardware's."
+            if best["pct_of_peak"] > 100
+            else ""
+        ),
+        _cite(best, "achieved_gflops", "pct_of_peak", "peak_gflops", "intensity", "ridge_intensity"),
+    )
+    return findings
+
+
+def run_sweep(
+    points: Sequence[SweepPoint],
+    settings: SweepSettings,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    peak_sizes: tuple[int, int] = (2048, 256),
+    on_point: Callable[[SweepPoint | None, str], None] | None = None,
+) -> dict[str, Any]:
+    """Measure every point (normalised `images`, on the host); then the operator shift and findings.
+
+    The peaks (GEMM n, copy MiB: `peak_sizes`) are measured before and after the timed rounds
+    and the better kept. `on_point(point, phase)` is called before each unit of work (a peak
+    measurement or a timed round with point None, starting or profiling a point):
+    2 × len(points) + settings.rounds + 2 calls in all.
+    """
+    if len(labels) < max(p.batch_size for p in points):
+        raise ConfigError(f"the largest batch needs {max(p.batch_size for p in points)} samples, got {len(labels)}")
+    devices = list(dict.fromkeys(p.device for p in points))
+    if on_point is not None:
+        on_point(None, "measuring peaks")
+    first_peaks = measure_peaks(devices, *peak_sizes)
+    runs = []
+    for point in points:
+        if on_point is not None:
+            on_point(point, "starting")
+        run = PointRun(point, settings, images, labels)
+        run.start()
+        runs.append(run)
+    per_round = [
+        settings.steps // settings.rounds + (i < settings.steps % settings.rounds) for i in range(settings.rounds)
+    ]
+    for i, n in enumerate(per_round):
+        if on_point is not None:
+            on_point(None, f"timed round {i + 1}/{settings.rounds}")
+        for run in runs:
+            run.time(n)
+    if on_point is not None:
+        on_point(None, "measuring peaks again")
+    peaks = best_peaks(first_peaks, measure_peaks(devices, *peak_sizes))
+    rows = []
+    for run in runs:
+        if on_point is not None:
+            on_point(run.point, "profiling")
+        rows.append(run.finish(peaks[run.point.device]))
+    return {
+        "settings": asdict(settings),
+        "rows": rows,
+        "peaks": peaks,
+        "shift": operator_shift(rows),
+        "findings": diagnose(rows),
+        "thresholds": {
+            "overhead_bound_pct": OVERHEAD_BOUND_PCT,
+            "overhead_moderate_pct": OVERHEAD_MODERATE_PCT,
+            "cold_ratio_warn": COLD_RATIO_WARN,
+            "top_kernel_pct": TOP_KERNEL_PCT,
+            "noisy_p95_ratio": NOISY_P95_RATIO,
+            "non_gemm_pct": NON_GEMM_PCT,
+        },
+    }
+
+
+def rows_csv(rows: Sequence[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(TABLE_FIELDS), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
