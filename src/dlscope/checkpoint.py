@@ -48,7 +48,7 @@ class VerifyResult:
 
 
 @torch.no_grad()
-def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
+def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 500) -> torch.Tensor:
     """Logits for normalised images, in eval mode, on the model's device, returned on CPU."""
     was_training = model.training
     model.eval()

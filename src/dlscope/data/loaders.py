@@ -28,7 +28,29 @@ def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
 
 
-class ResidentBatches:
+class EpochBatches:
+    """What both batch sources share: a size, a seeded per-epoch order, and a length."""
+
+    def __init__(self, num_samples: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool) -> None:
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def order(self) -> torch.Tensor:
+        return epoch_order(self.num_samples, self.shuffle, self.seed, self.epoch)
+
+    def __len__(self) -> int:
+        n = self.num_samples
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+class ResidentBatches(EpochBatches):
     """Batches sliced from normalised tensors held on the target device.
 
     Each epoch draws a fresh permutation from its own seeded generator, so the order depends
@@ -45,27 +67,12 @@ class ResidentBatches:
         device: torch.device | str = "cpu",
         drop_last: bool = False,
     ):
+        super().__init__(len(labels), batch_size, shuffle, seed, drop_last)
         self.images = normalise(images).to(device)
         self.labels = labels.to(device)
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.drop_last = drop_last
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        n = len(self.labels)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.labels)
 
     def __iter__(self) -> Iterator[Batch]:
-        order = epoch_order(len(self.labels), self.shuffle, self.seed, self.epoch).to(self.images.device)
+        order = self.order().to(self.images.device)
         for b in range(len(self)):
             index = order[b * self.batch_size : (b + 1) * self.batch_size]
             yield self.images[index], self.labels[index]
@@ -85,8 +92,8 @@ class MnistSamples(Dataset):
         return normalise(self.images[i : i + 1])[0], self.labels[i]
 
 
-class TorchLoaderBatches:
-    """The classic `DataLoader` path (`--loader torch`), with the same per-epoch seeding."""
+class TorchLoaderBatches(EpochBatches):
+    """The classic `DataLoader` path (`--loader torch`), with the same per-epoch order."""
 
     def __init__(
         self,
@@ -99,31 +106,16 @@ class TorchLoaderBatches:
         device: torch.device | str = "cpu",
         drop_last: bool = False,
     ):
+        super().__init__(len(labels), batch_size, shuffle, seed, drop_last)
         self.dataset = MnistSamples(images, labels)
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
         self.workers = workers
         self.device = torch.device(device)
-        self.drop_last = drop_last
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        n = len(self.dataset)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.dataset)
 
     def __iter__(self) -> Iterator[Batch]:
         loader = DataLoader(
             self.dataset,
             batch_size=self.batch_size,
-            sampler=epoch_order(len(self.dataset), self.shuffle, self.seed, self.epoch).tolist(),
+            sampler=self.order().tolist(),
             num_workers=self.workers,
             pin_memory=self.device.type == "cuda",
             drop_last=self.drop_last,
