@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
-from dlscope.console import console, err_console
+from dlscope.console import console, step_progress
 from dlscope.data.mnist import load_mnist
 from dlscope.data.pipeline.sweep import COLUMNS, SweepPlan, findings, ratio_text, row_cells, run_sweep
 from dlscope.report import plots
@@ -22,15 +21,7 @@ FINDING_STYLE = {"good": "good", "info": "metric", "warn": "warn", "bad": "bad"}
 def run(ctx: LabContext) -> dict[str, Any]:
     plan: SweepPlan = ctx.options.extra.get("pipeline_plan") or SweepPlan.short()
     data = ctx.data or load_mnist(ctx.options.data_dir)
-    with Progress(
-        TextColumn("[phase]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=not ctx.options.progress,
-    ) as progress:
+    with step_progress(ctx.options.progress) as progress:
         task = progress.add_task("preparing small files, shards and array", total=None)
 
         finished = 0

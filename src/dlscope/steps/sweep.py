@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
-from dlscope.console import console, err_console
+from dlscope.console import console, step_progress
 from dlscope.data.loaders import normalise
 from dlscope.experiments.sweep import (
     COLD_RATIO_WARN,
@@ -114,15 +113,7 @@ def run(ctx: LabContext) -> dict[str, Any]:
     )
     n = max(SAMPLES, max(options["batch_sizes"]))
     images, labels = normalise(ctx.data.train_images[:n]), ctx.data.train_labels[:n]
-    with Progress(
-        TextColumn("[phase]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=not ctx.options.progress,
-    ) as progress:
+    with step_progress(ctx.options.progress) as progress:
         task = progress.add_task("sweep", total=2 * len(points) + settings.rounds + 2)
 
         def on_phase(point: SweepPoint | None, phase: str) -> None:
