@@ -16,6 +16,7 @@ import torch
 from dlscope.checkpoint import save_checkpoint
 from dlscope.ckpt.diff import diff_checkpoints
 from dlscope.ckpt.inspect import inspect_checkpoint, tensor_stats
+from dlscope.ckpt.keras_seed import seed_mlp
 from dlscope.errors import CheckpointError
 from dlscope.models import build_model
 from dlscope.train import TrainConfig, rng_state
@@ -251,17 +252,7 @@ def keras_files(tmp_path_factory):
     import numpy as np
 
     out = tmp_path_factory.mktemp("keras")
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential(
-        [
-            keras.Input((28, 28)),
-            keras.layers.Flatten(),
-            keras.layers.Dense(512, activation="relu"),
-            keras.layers.Dropout(0.2),
-            keras.layers.Dense(10, activation="softmax"),
-        ]
-    )
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model = seed_mlp(keras)
     model.fit(np.random.rand(64, 28, 28).astype("float32"), np.random.randint(0, 10, 64), epochs=1, verbose=0)
     files = {"h5": out / "model.h5", "keras": out / "model.keras", "weights": out / "w.weights.h5"}
     model.save(files["keras"])  # first: after a legacy .h5 save, Keras 3.15 drops the optimizer from compile_config

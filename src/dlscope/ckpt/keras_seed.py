@@ -28,14 +28,9 @@ def import_keras() -> Any:
     return keras
 
 
-def train_seed_mlp(
-    images: torch.Tensor, labels: torch.Tensor, out_dir: Path, epochs: int, batch_size: int = 32
-) -> dict[str, Any]:
-    """Train the seed model on uint8 images (scaled /255 as the seed does); save model.h5 and model.keras."""
-    keras = import_keras()
-    start = time.perf_counter()
-    keras.backend.clear_session()  # layer names restart at dense, dense_1 … as in the handout's listing
-    keras.utils.set_random_seed(1)
+def seed_mlp(keras: Any, seed: int = 1) -> Any:
+    """Seed 003's model, compiled as the handout compiles it (Adam, sparse categorical cross-entropy)."""
+    keras.utils.set_random_seed(seed)
     model = keras.Sequential(
         [
             keras.Input((28, 28)),
@@ -46,6 +41,17 @@ def train_seed_mlp(
         ]
     )
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def train_seed_mlp(
+    images: torch.Tensor, labels: torch.Tensor, out_dir: Path, epochs: int, batch_size: int = 32
+) -> dict[str, Any]:
+    """Train the seed model on uint8 images (scaled /255 as the seed does); save model.h5 and model.keras."""
+    keras = import_keras()
+    start = time.perf_counter()
+    keras.backend.clear_session()  # layer names restart at dense, dense_1 … as in the handout's listing
+    model = seed_mlp(keras)
     x = (images.numpy() / 255.0).astype("float32")
     history = model.fit(x, labels.numpy(), epochs=epochs, batch_size=batch_size, verbose=0)
     train_seconds = time.perf_counter() - start
