@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dlscope.cli import build_parser, train_config
+from dlscope.cli import build_parser
+from dlscope.cli.common import train_config
 from dlscope.errors import ConfigError
 from dlscope.models import FastCNN, SeedCNN
 from dlscope.train import RECIPES, StopAtAccuracy, TrainConfig, Trainer

@@ -33,3 +33,15 @@ def step_progress(enabled: bool = True) -> Progress:
         transient=True,
         disable=not enabled,
     )
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0)]}
+
+
+def safe(text: object) -> str:
+    """Untrusted text (a traced file name, a pickle's key, a tensor name) made safe to print through rich:
+    markup escaped, so `[/x]` cannot crash the printer, and control characters shown as \\xNN, so an
+    ESC sequence in a file cannot rewrite the user's terminal. The one place this is done."""
+    from rich.markup import escape
+
+    return escape(str(text).translate(_CONTROL))

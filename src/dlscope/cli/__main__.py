@@ -1,0 +1,5 @@
+import sys
+
+from dlscope.cli import main
+
+sys.exit(main())

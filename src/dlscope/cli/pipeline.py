@@ -1,0 +1,155 @@
+"""dlscope pipeline: prepare, run, sweep."""
+
+from __future__ import annotations
+
+import argparse
+
+from dlscope.cli.common import (
+    Parser,
+    run_pipeline,
+)
+
+
+def cmd_pipeline_prepare(args: argparse.Namespace) -> int:
+    from dlscope.console import console
+    from dlscope.data.pipeline import prepare_dataset, synthetic_samples
+    from dlscope.errors import ConfigError
+
+    formats = tuple(f.strip() for f in args.formats.split(","))
+    if args.samples < 1 or args.sample_bytes < 1:
+        raise ConfigError("--samples and --sample-bytes must be ≥ 1")
+    if args.source == "mnist":
+        from dlscope.data.mnist import load_mnist
+
+        mnist = load_mnist(args.data_dir)
+        n = min(args.samples, len(mnist.train_labels))
+        labels = mnist.train_labels[:n].numpy().astype("uint8")
+        samples = mnist.train_images[:n].reshape(n, -1).numpy()
+    else:
+        labels, samples = synthetic_samples(args.samples, args.sample_bytes, args.seed)
+    manifest = prepare_dataset(args.out, labels, samples, args.source, args.shards, formats)
+    console.print(
+        f"[good]wrote[/] {manifest.samples:,} samples of {manifest.sample_bytes} B into [path]{args.out}[/]: "
+        + ", ".join(f"{fmt} ({manifest.data_bytes(fmt) / 1e6:.1f} MB)" for fmt in manifest.formats)
+        + f"; one file per sample is {manifest.record_file_bytes} B"
+    )
+    return 0
+
+
+def cmd_pipeline_run(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from dlscope.console import console
+    from dlscope.data.pipeline import ReaderConfig, SimulatedCompute, TrainingCompute, load_manifest, measure_epoch
+    from dlscope.data.pipeline.sweep import COLUMNS, row_cells
+
+    manifest = load_manifest(args.data, args.format)
+    reader = ReaderConfig(
+        args.format, args.read_buffer, args.shuffle_buffer, args.batch_size, args.workers, args.prefetch, args.seed
+    )
+    consumer = (
+        TrainingCompute(args.train, args.device, manifest.sample_bytes, args.seed, args.threads)
+        if args.train
+        else SimulatedCompute(args.compute_ms / 1000)
+    )
+    m = measure_epoch(args.data, manifest, reader, consumer, cold=not args.warm, epoch=args.epoch)
+    row = {"label": f"{args.format}", **m.to_dict()}
+    console.print(
+        f"[phase]{args.format}[/] · read buffer {reader.read_buffer:,} B · shuffle buffer {reader.shuffle_buffer:,} "
+        f"· batch {reader.batch_size} · workers {reader.workers} · prefetch {reader.prefetch} · {manifest.samples:,} "
+        f"samples of {manifest.sample_bytes} B"
+    )
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    for column, cell in zip(COLUMNS[1:], row_cells(row)[1:], strict=True):
+        table.add_row(column, f"[metric]{cell:,}" if isinstance(cell, int | float) else f"[metric]{cell}")
+    table.add_row("consumer", m.consumer)
+    table.add_row("samples", f"{m.samples:,} in {m.steps:,} batches; exactly once: {'yes' if m.exactly_once else 'NO'}")
+    table.add_row("order digest", m.order_digest)
+    console.print(table)
+    return 0 if m.exactly_once else 1
+
+
+def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
+    from dlscope.data.pipeline.sweep import SweepPlan
+    from dlscope.train import TrainConfig
+
+    plan = SweepPlan(
+        mnist_samples=args.samples,
+        small_files=args.small_files,
+        compute_ms=args.compute_ms,
+        model=args.model,
+        device=args.device,
+        threads=args.threads,
+        seed=args.seed,
+        repeats=args.repeats,
+    )
+    config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
+    extra = {"pipeline_plan": plan, "pipeline_remove_data": args.remove_data}
+    return run_pipeline(args, "pipeline-sweep", ["environment", "dataset", "pipeline"], config=config, extra=extra)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from dlscope.data.pipeline import FORMATS
+    from dlscope.data.pipeline.sweep import SweepPlan
+    from dlscope.models import MODELS
+
+    pipeline = sub.add_parser("pipeline", help="input pipelines: small files, shards, read/shuffle buffers, workers")
+    pipe_sub = pipeline.add_subparsers(dest="pipeline_command", required=True, parser_class=Parser)
+
+    p = pipe_sub.add_parser("prepare", help="write samples as small files, TFRecord shards and one array")
+    p.add_argument("--out", required=True, help="new directory for the dataset")
+    p.add_argument("--source", default="mnist", choices=["mnist", "synthetic"])
+    p.add_argument("--samples", type=int, default=60_000, help="how many samples (default 60000)")
+    p.add_argument("--sample-bytes", type=int, default=529, help="synthetic sample size (529: 550-byte files)")
+    p.add_argument("--shards", type=int, default=8, help="TFRecord shards (default 8)")
+    p.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated subset of {','.join(FORMATS)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=None, help="MNIST directory (default: embedded)")
+    p.set_defaults(func=cmd_pipeline_prepare)
+
+    p = pipe_sub.add_parser("run", help="measure one epoch of one pipeline configuration")
+    p.add_argument("data", help="a directory made by `dlscope pipeline prepare`")
+    p.add_argument("--format", default="tfrecord", choices=FORMATS)
+    p.add_argument("--read-buffer", type=int, default=262_144, metavar="BYTES", help="bytes per read call")
+    p.add_argument("--shuffle-buffer", type=int, default=0, metavar="N", help="records (0: no shuffle)")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--prefetch", type=int, default=2, help="batches prefetched (per worker)")
+    p.add_argument("--warm", action="store_true", help="keep the page cache (default: evict it, a cold run)")
+    p.add_argument("--compute-ms", type=float, default=5.0, help="simulated compute per batch (default 5 ms)")
+    p.add_argument("--train", default=None, choices=list(MODELS), help="train this model instead of simulating")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of the training consumer")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epoch", type=int, default=0, help="epoch number (seeds the shuffle)")
+    p.set_defaults(func=cmd_pipeline_run)
+
+    p = pipe_sub.add_parser("sweep", help="seed 003's tables and more, with verdicts and a report")
+    p.add_argument("--samples", type=int, default=SweepPlan.mnist_samples, help="MNIST samples (default %(default)s)")
+    p.add_argument(
+        "--small-files", type=int, default=SweepPlan.small_files, help="550-byte files (default %(default)s)"
+    )
+    p.add_argument(
+        "--compute-ms",
+        type=float,
+        default=SweepPlan.compute_ms,
+        help="simulated compute per batch (default %(default)s)",
+    )
+    p.add_argument(
+        "--model", default=SweepPlan.model, choices=list(MODELS), help="training consumer (default %(default)s)"
+    )
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=SweepPlan.threads, help="torch threads of the training consumer")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=SweepPlan.repeats,
+        help="interleaved runs per row, median kept (default %(default)s)",
+    )
+    p.add_argument("--remove-data", action="store_true", help="delete the prepared datasets afterwards")
+    p.add_argument("--out", default=None, help="run directory (default runs/pipeline-sweep-<time>)")
+    p.add_argument("--data-dir", default=None, help="MNIST laid out like torchvision's MNIST/raw (default: embedded)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    # run_pipeline's observation options: nothing here trains under TensorBoard or the profiler
+    p.set_defaults(func=cmd_pipeline_sweep, no_tensorboard=True, profile_steps=1, sort_by="self_cpu")

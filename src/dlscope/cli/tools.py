@@ -1,0 +1,117 @@
+"""Small commands: report, tensorboard, env, models, data."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from dlscope.cli.common import (
+    Parser,
+)
+from dlscope.errors import DlscopeError
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dlscope.console import console
+    from dlscope.report.render import render_report
+
+    html, md = render_report(args.run)
+    console.print(f"wrote [path]{html}[/] and [path]{md}[/]")
+    return 0
+
+
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    logdir = Path(args.run) / "tensorboard"
+    if not logdir.is_dir():
+        raise DlscopeError("no tensorboard/ directory in this run", args.run)
+    os.execvp(
+        sys.executable,
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(logdir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(args.port),
+        ],
+    )
+    return 0  # not reached
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from dlscope.console import console
+    from dlscope.observe.environment import collect_environment, environment_rows
+
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    for category, item, value in environment_rows(collect_environment()):
+        table.add_row(f"[dim]{category}", item, f"[metric]{value}")
+    console.print(table)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from dlscope.console import console
+    from dlscope.models import MODELS, build_model
+
+    for name, spec in MODELS.items():
+        params = sum(p.numel() for p in build_model(name).parameters())
+        console.print(f"[metric]{name:6}[/] {params:>9,} params  {spec.description}")
+    return 0
+
+
+def cmd_data_fetch(args: argparse.Namespace) -> int:
+    from dlscope.console import console
+    from dlscope.data.mnist import fetch_mnist
+
+    raw = fetch_mnist(args.mirror, args.dest)
+    console.print(
+        f"[good]verified[/] the four MNIST files into [path]{raw}[/]; use them with --data-dir {raw.parent.parent}"
+    )
+    return 0
+
+
+def cmd_data_verify(args: argparse.Namespace) -> int:
+    from dlscope.console import console
+    from dlscope.data.mnist import load_mnist
+
+    data = load_mnist(args.data_dir)
+    for key, path in data.files.items():
+        console.print(f"[good]ok[/] {key:13} [path]{path}[/]")
+    console.print(
+        f"{len(data.train_labels):,} train + {len(data.test_labels):,} test images, "
+        f"checksums verified in {data.load_seconds:.2f}s"
+    )
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="re-render report.html and report.md from results.json")
+    p.add_argument("run", help="run directory")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("tensorboard", help="start TensorBoard on a run, bound to 127.0.0.1")
+    p.add_argument("run")
+    p.add_argument("--port", type=int, default=6006)
+    p.set_defaults(func=cmd_tensorboard)
+
+    p = sub.add_parser("env", help="print the environment table")
+    p.set_defaults(func=cmd_env)
+    p = sub.add_parser("models", help="list the model zoo")
+    p.set_defaults(func=cmd_models)
+
+    data = sub.add_parser("data", help="MNIST: fetch from a mirror, verify a copy")
+    data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
+    p = data_sub.add_parser("fetch", help="download the four .gz files, verified, atomically")
+    p.add_argument("--mirror", required=True, help="base URL holding train-images-idx3-ubyte.gz etc.")
+    p.add_argument("--dest", default=None, help="cache root (default ~/.cache/dlscope)")
+    p.set_defaults(func=cmd_data_fetch)
+    p = data_sub.add_parser("verify", help="verify the MNIST files' checksums")
+    p.add_argument("--data-dir", default=None)
+    p.set_defaults(func=cmd_data_verify)
