@@ -160,7 +160,9 @@ def clone_for_profiling(model: nn.Module, optimizer: torch.optim.Optimizer) -> t
     """An independent copy of model and optimizer state, so profiling never alters training."""
     model_copy = copy.deepcopy(model)
     optimizer_copy = type(optimizer)(model_copy.parameters(), **optimizer.defaults)
-    optimizer_copy.load_state_dict(optimizer.state_dict())
+    # load_state_dict alone keeps the state tensors it is given (its .to() returns the same tensor),
+    # so the copy's steps would move the real exp_avg, exp_avg_sq and step: hand it copies
+    optimizer_copy.load_state_dict(copy.deepcopy(optimizer.state_dict()))
     return model_copy, optimizer_copy
 
 
@@ -190,6 +192,7 @@ def profile_training(
     source = cycle(batches)
     batch_size = 0
     with (
+        torch.random.fork_rng(),  # dropout and shuffling draw here, not from the trainer's random stream
         quiet_native_stderr(),
         profile(
             activities=activities,

@@ -113,7 +113,9 @@ def run(ctx: LabContext) -> dict[str, Any]:
     )
     n = max(SAMPLES, max(options["batch_sizes"]))
     images, labels = normalise(ctx.data.train_images[:n]), ctx.data.train_labels[:n]
-    with step_progress(ctx.options.progress) as progress:
+    # the sweep builds and trains its own models: from a forked random stream, so the trainer's
+    # checkpoint (saved after this step) holds the RNG state training ended with
+    with torch.random.fork_rng(), step_progress(ctx.options.progress) as progress:
         task = progress.add_task("sweep", total=2 * len(points) + settings.rounds + 2)
 
         def on_phase(point: SweepPoint | None, phase: str) -> None:
