@@ -7,8 +7,9 @@ fresh model loaded from the file predicts exactly what the saved one did.
 
 from __future__ import annotations
 
-import pickle
+import re
 import time
+import warnings
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dlscope.errors import CheckpointError
+from dlscope.errors import CheckpointError, ConfigError
 from dlscope.fsutil import atomic_write_with, clean_stale_temps
 from dlscope.models import build_model
 from dlscope.train import EpochResult, Observer, Trainer, fingerprint
@@ -94,16 +95,55 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> SaveInfo:
     return SaveInfo(str(path), path.stat().st_size, time.perf_counter() - start, len(removed))
 
 
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save ≥ 1.6
+PICKLE_PROTO = 0x80  # the legacy torch.save format and plain pickles start with the PROTO opcode
+
+
+def check_torch_file(path: Path) -> None:
+    """Refuse, in words, what torch.load would fail on with a traceback: not a file, empty, text,
+    neither zip nor pickle, or a zip cut short before its central directory."""
+    if path.is_dir():
+        raise CheckpointError("is a directory, not a checkpoint file", path)
+    if not path.exists():
+        raise CheckpointError("checkpoint not found", path)
+    try:
+        with path.open("rb") as f:
+            head = f.read(512)
+    except OSError as e:
+        raise CheckpointError(f"cannot read: {e.strerror or e}", path) from None
+    if not head:
+        raise CheckpointError("empty file, not a checkpoint", path)
+    if head.startswith(ZIP_MAGIC):
+        if not zipfile.is_zipfile(path):
+            raise CheckpointError("not a loadable checkpoint: a zip cut short (no central directory)", path)
+        return
+    if head[0] == PICKLE_PROTO:
+        return
+    kind = "a text file" if head.isascii() and all(b >= 0x20 or b in b"\t\n\r" for b in head) else "unknown bytes"
+    raise CheckpointError(f"not a PyTorch checkpoint ({kind}, neither a torch zip nor a pickle)", path)
+
+
+def refusal(e: Exception) -> str:
+    """torch.load's failure in one line of our own: what it could not read, never its advice to
+    retry with weights_only=False (that runs whatever code the file holds)."""
+    unpickler = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(e))
+    if unpickler:
+        what = unpickler.group(1).split(". Please use")[0].strip()  # the rest is torch's advice
+        return f"weights_only loading refused it ({what}); `dlscope ckpt inspect` shows what is inside"
+    first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
+    return f"torch.load cannot read it ({type(e).__name__}{': ' + first if first else ''})"
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load with `weights_only=True` (no arbitrary code); faults become one-line errors."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError("checkpoint not found", path)
+    check_torch_file(path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError, ValueError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"not a loadable checkpoint: {first_line}", path) from None
+        with warnings.catch_warnings():  # its notes on pickle protocols are not the user's concern
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # any garbage reaches the unpickler, which fails in any way (IndexError, KeyError…)
+        raise CheckpointError(f"not a loadable checkpoint: {refusal(e)}", path) from None
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError("not a dlscope checkpoint (no 'model' and 'config' entries)", path)
     if "rng" in state:
@@ -134,7 +174,11 @@ def verify_checkpoint(
         raise CheckpointError("checkpoint has no prediction fingerprint to verify against", path)
     if saved["samples"] != len(labels):
         raise CheckpointError(f"fingerprint covers {saved['samples']} test samples, {len(labels)} given", path)
-    model = model_from_checkpoint(state)
+    try:
+        model = model_from_checkpoint(state)
+    except (RuntimeError, KeyError, TypeError, AttributeError, ConfigError) as e:  # weights that do not fit
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"its weights do not load into a fresh model: {first}", path) from None
     load_seconds = time.perf_counter() - start
     logits = predict(model, images)
     now = fingerprint(logits.argmax(1), labels)
