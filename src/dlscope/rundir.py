@@ -118,9 +118,11 @@ def load_results(run: str | Path) -> dict[str, Any]:
     """results.json of a run directory (or the file itself), checked against the schema."""
     path = Path(run)
     if path.is_dir():
+        if not (path / "results.json").is_file():
+            raise RunDirError("no results.json here: not a dlscope run directory", run)
         path = path / "results.json"
     if not path.is_file():
-        raise RunDirError("no results.json here: not a dlscope run directory", path)
+        raise RunDirError("no such run directory or results.json", run)
     try:
         results = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -24,6 +24,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_tensorboard(args: argparse.Namespace) -> int:
     logdir = Path(args.run) / "tensorboard"
+    if not Path(args.run).is_dir():
+        raise DlscopeError("no such run directory", args.run)
     if not logdir.is_dir():
         raise DlscopeError("no tensorboard/ directory in this run", args.run)
     os.execvp(

@@ -141,8 +141,8 @@ def build_sections(results: dict[str, Any]) -> list[Section]:
 def render_report(run: str | Path) -> tuple[Path, Path]:
     """Write report.html and report.md into the run directory from its results.json."""
     run = Path(run)
+    results = load_results(run)  # first: its errors name the path as given
     run_dir = run if run.is_dir() else run.parent
-    results = load_results(run_dir)
     sections = build_sections(results)
     env = Environment(loader=PackageLoader("dlscope.report"), autoescape=select_autoescape())
     page = env.get_template("report.html.j2").render(
