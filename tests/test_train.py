@@ -7,7 +7,7 @@ import torch
 
 from dlscope.checkpoint import CheckpointObserver, load_checkpoint
 from dlscope.errors import ConfigError
-from dlscope.observe.tensorboard import SCALAR_TAGS, TensorBoardObserver, read_tags
+from dlscope.observe.tensorboard import RUN_TAGS, TensorBoardObserver, read_tags
 from dlscope.train import EpochResult, LogPoint, Observer, StopAtAccuracy, TrainConfig, Trainer
 
 SMALL = dict(train_subset=6000, test_subset=2000, batch_size=64, log_every=20)
@@ -85,18 +85,20 @@ def test_bad_config_is_rejected(bad):
         TrainConfig(**bad)
 
 
-def test_tensorboard_holds_graph_image_and_every_scalar(mnist, tmp_path):
+def test_tensorboard_puts_train_and_test_on_one_chart_per_metric(mnist, tmp_path):
     config = TrainConfig(epochs=1, **SMALL)
     Trainer(config, mnist, [TensorBoardObserver(tmp_path / "tb")]).fit()
-    tags = read_tags(tmp_path / "tb")
-    assert tags["graph"]
-    assert "train/batch" in tags["images"]
-    for tag in SCALAR_TAGS:
-        assert tag in tags["scalars"], tag
-    assert len(tags["scalars"]["loss/train"]) == 4
-    assert len(tags["scalars"]["accuracy/test"]) == 1
-    step, acc = tags["scalars"]["accuracy/test"][0]
-    assert step == 94 and 90 < acc <= 100
+    runs = read_tags(tmp_path / "tb")
+    assert runs["train"]["graph"] and "batch" in runs["train"]["images"]
+    for run, tags in RUN_TAGS.items():
+        assert set(tags) <= set(runs[run]["scalars"]), run
+    # one chart per metric: TensorBoard draws the same tag of both runs together
+    assert {"loss", "accuracy"} <= set(runs["train"]["scalars"]) & set(runs["test"]["scalars"])
+    assert len(runs["train"]["scalars"]["loss"]) == 4
+    # a one-epoch run still draws a test curve: the untrained model at step 0, then the epoch's end
+    (start, chance), (end, acc) = runs["test"]["scalars"]["accuracy"]
+    assert (start, end) == (0, 94)
+    assert chance < 30 and 90 < acc <= 100
 
 
 class StopAfterEpoch(Observer):

@@ -28,6 +28,7 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
         raise DlscopeError("no such run directory", args.run)
     if not logdir.is_dir():
         raise DlscopeError("no tensorboard/ directory in this run", args.run)
+    print("dlscope: set Smoothing to 0 in TensorBoard's settings: test points are one per epoch", file=sys.stderr)
     os.execvp(
         sys.executable,
         [

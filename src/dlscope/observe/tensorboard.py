@@ -1,7 +1,11 @@
 """TensorBoard logging: graph, an image grid, train/test curves, LR, throughput and hparams.
 
-Tags (one chart per pair, train and test side by side):
-    loss/train  loss/test  accuracy/train  accuracy/test  lr  throughput/samples_per_s
+TensorBoard's convention for curves that belong on one chart: one run per split, the same tag in
+each. So `tensorboard/train` and `tensorboard/test` both hold `loss` and `accuracy`, and each
+chart shows train and test together; `train` also holds `lr`, `throughput/samples_per_s`, the
+image grid, the graph and the hparams. The test set is also evaluated before the first step
+(step 0), so even a one-epoch run draws a test curve, not a lone point. Test points are one per
+epoch: view them with smoothing 0, or TensorBoard's moving average shows values never measured.
 The training points are means over every sample of the last `log_every` steps, not the last
 batch's loss divided once more by the batch size as the lab's reference script did.
 """
@@ -15,16 +19,12 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 
 from dlscope.data.mnist import MEAN, STD
-from dlscope.train import EpochResult, LogPoint, Observer, Trainer, TrainResult
+from dlscope.train import EpochResult, LogPoint, Observer, Trainer, TrainResult, evaluate
 
-SCALAR_TAGS = (
-    "loss/train",
-    "accuracy/train",
-    "loss/test",
-    "accuracy/test",
-    "lr",
-    "throughput/samples_per_s",
-)
+RUN_TAGS = {
+    "train": ("loss", "accuracy", "lr", "throughput/samples_per_s"),
+    "test": ("loss", "accuracy"),
+}
 
 
 class TensorBoardObserver(Observer):
@@ -32,42 +32,51 @@ class TensorBoardObserver(Observer):
         self.log_dir = Path(log_dir)
         self.graph = graph
         self.images = images
-        self.writer: SummaryWriter | None = None
+        self.train: SummaryWriter | None = None
+        self.test: SummaryWriter | None = None
         self.graph_logged = False
 
     def on_train_begin(self, trainer: Trainer) -> None:
-        if trainer.result.resumed_from_epoch is None and self.log_dir.exists():
+        fresh = trainer.result.resumed_from_epoch is None
+        if fresh and self.log_dir.exists():
             shutil.rmtree(self.log_dir)  # a fresh run: old event files would mix curves
-        self.writer = SummaryWriter(str(self.log_dir))
+        self.train = SummaryWriter(str(self.log_dir / "train"))
+        self.test = SummaryWriter(str(self.log_dir / "test"))
         x, _ = trainer.sample_batch(self.images)
-        self.writer.add_images("train/batch", (x * STD + MEAN).clamp(0, 1).cpu(), 0)
+        self.train.add_images("batch", (x * STD + MEAN).clamp(0, 1).cpu(), 0)
         if self.graph:
             was_training = trainer.model.training
             trainer.model.eval()  # trace without dropout randomness; inputs on the model's device
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self.writer.add_graph(trainer.model, x[:1])
+                self.train.add_graph(trainer.model, x[:1])
             trainer.model.train(was_training)
             self.graph_logged = True
-        self.writer.flush()
+        if fresh:  # where the test curve starts: the untrained model (eval mode changes no state)
+            start = evaluate(trainer.model, trainer.test_images, trainer.test_labels, trainer.config.test_batch_size)
+            self.test.add_scalar("loss", start["loss"], 0)
+            self.test.add_scalar("accuracy", start["accuracy"], 0)
+        self.train.flush()
+        self.test.flush()
 
     def on_log(self, trainer: Trainer, point: LogPoint) -> None:
-        assert self.writer is not None
-        w, step = self.writer, point.step
-        w.add_scalar("loss/train", point.loss, step)
-        w.add_scalar("accuracy/train", point.accuracy, step)
+        assert self.train is not None
+        w, step = self.train, point.step
+        w.add_scalar("loss", point.loss, step)
+        w.add_scalar("accuracy", point.accuracy, step)
         w.add_scalar("lr", point.lr, step)
         w.add_scalar("throughput/samples_per_s", point.samples_per_s, step)
 
     def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None:
-        assert self.writer is not None
+        assert self.train is not None and self.test is not None
         step = trainer.global_step
-        self.writer.add_scalar("loss/test", epoch.test_loss, step)
-        self.writer.add_scalar("accuracy/test", epoch.test_acc, step)
-        self.writer.flush()
+        self.test.add_scalar("loss", epoch.test_loss, step)
+        self.test.add_scalar("accuracy", epoch.test_acc, step)
+        self.test.flush()
+        self.train.flush()
 
     def on_train_end(self, trainer: Trainer, result: TrainResult) -> None:
-        if self.writer is None:
+        if self.train is None or self.test is None:
             return
         final = result.final
         if final is not None:
@@ -77,20 +86,24 @@ class TensorBoardObserver(Observer):
                 "hparam/test_loss": final.test_loss,
                 "hparam/train_seconds": result.train_seconds,
             }
-            self.writer.add_hparams(hparams, metrics, run_name=".", global_step=result.steps)
-        self.writer.close()
-        self.writer = None
+            self.train.add_hparams(hparams, metrics, run_name=".", global_step=result.steps)
+        self.train.close()
+        self.test.close()
+        self.train = self.test = None
 
 
-def read_tags(log_dir: str | Path) -> dict[str, list]:
-    """What the event files under `log_dir` hold, read back with TensorBoard's own reader."""
+def read_tags(log_dir: str | Path) -> dict[str, dict]:
+    """What each run's event files under `log_dir` hold, read back with TensorBoard's own reader."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0})
-    acc.Reload()
-    tags = acc.Tags()
-    return {
-        "scalars": {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in tags["scalars"]},
-        "images": list(tags["images"]),
-        "graph": bool(tags["graph"]),
-    }
+    runs = {}
+    for run in sorted(p for p in Path(log_dir).iterdir() if p.is_dir()):
+        acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "images": 0})
+        acc.Reload()
+        tags = acc.Tags()
+        runs[run.name] = {
+            "scalars": {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in tags["scalars"]},
+            "images": list(tags["images"]),
+            "graph": bool(tags["graph"]),
+        }
+    return runs
