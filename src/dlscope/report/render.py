@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,56 +18,88 @@ from dlscope.rundir import load_results
 
 Renderer = Callable[[dict[str, Any]], list[Block]]
 FINDING_MARK = {"good": "✔", "info": "•", "warn": "⚠", "bad": "✘"}
+MD_FINDING_MARK = {"good": "✔ ", "warn": "⚠ ", "bad": "✘ "}
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+INLINE_CODE = re.compile(r"`([^`\n]+)`")
+
+
+def inline_html(text: str) -> str:
+    """Escaped text with the Markdown inline code the sections write (`dlscope graph`) as <code>."""
+    parts = INLINE_CODE.split(text)  # odd indices are the code spans
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
+
+
+def png_width(png: bytes) -> int:
+    """Pixel width from the PNG's IHDR chunk (bytes 16–20)."""
+    return int.from_bytes(png[16:20], "big")
+
+
+# A figure is never shown below this share of its drawn size (its 9 pt text would fall under ~9 px);
+# on a narrow screen it scrolls sideways inside its own box instead, and the page does not.
+MIN_FIGURE_SCALE = 0.65
+
+
 def block_html(block: Block) -> str:
     if isinstance(block, Para):
-        return f"<p>{html.escape(block.text)}</p>"
+        return f"<p>{inline_html(block.text)}</p>"
     if isinstance(block, Table):
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in block.columns)
+        head = "".join(f"<th>{inline_html(c)}</th>" for c in block.columns)
         body = "".join(
             "<tr>"
             + "".join(
-                f'<td class="num">{html.escape(fmt(v))}</td>' if _is_number(v) else f"<td>{html.escape(fmt(v))}</td>"
+                f'<td class="num">{html.escape(fmt(v))}</td>' if _is_number(v) else f"<td>{inline_html(fmt(v))}</td>"
                 for v in row
             )
             + "</tr>"
             for row in block.rows
         )
-        caption = f"<caption>{html.escape(block.caption)}</caption>" if block.caption else ""
-        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        caption = f"<caption>{inline_html(block.caption)}</caption>" if block.caption else ""
+        return f'<div class="scroll"><table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
     if isinstance(block, Figure):
         data = base64.b64encode(block.png).decode()
-        caption = f"<figcaption>{html.escape(block.caption)}</figcaption>" if block.caption else ""
+        caption = f"<figcaption>{inline_html(block.caption)}</figcaption>" if block.caption else ""
         alt = html.escape(block.caption or block.name)
-        return f'<figure><img alt="{alt}" src="data:image/png;base64,{data}">{caption}</figure>'
+        min_width = round(png_width(block.png) * MIN_FIGURE_SCALE)
+        img = f'<img alt="{alt}" style="min-width:{min_width}px" src="data:image/png;base64,{data}">'
+        return f'<figure><div class="scroll">{img}</div>{caption}</figure>'
     if isinstance(block, Svg):
-        caption = f"<figcaption>{html.escape(block.caption)}</figcaption>" if block.caption else ""
-        return f'<figure class="svg">{inline_svg(block.svg)}{caption}</figure>'
+        caption = f"<figcaption>{inline_html(block.caption)}</figcaption>" if block.caption else ""
+        return f'<figure class="svg"><div class="scroll">{inline_svg(block.svg)}</div>{caption}</figure>'
     if isinstance(block, Code):
         return f"<pre><code>{html.escape(block.text)}</code></pre>"
     if isinstance(block, Findings):
         items = "".join(
-            f'<li class="{level}">{FINDING_MARK.get(level, "•")} {html.escape(text)}</li>'
+            f'<li class="{level}">{FINDING_MARK.get(level, "•")} {inline_html(text)}</li>'
             for level, text in block.items
         )
         return f'<ul class="findings">{items}</ul>'
     raise TypeError(f"unknown block {block!r}")
 
 
+SVG_WIDTH_PT = re.compile(r'<svg\b[^>]*?\swidth="([\d.]+)pt"')
+
+
 def inline_svg(svg: str) -> str:
-    """An SVG document as an inline element: drop the XML declaration and DOCTYPE, keep <svg…>."""
+    """An SVG document as an inline element: drop the XML declaration and DOCTYPE, keep <svg…>,
+    kept at MIN_FIGURE_SCALE of its drawn width or more (graphviz gives the width in points)."""
     start = svg.find("<svg")
     if start < 0:
         raise ValueError("not an SVG document")
-    return svg[start:]
+    svg = svg[start:]
+    width = SVG_WIDTH_PT.match(svg)
+    if width:
+        min_width = round(float(width.group(1)) * 4 / 3 * MIN_FIGURE_SCALE)
+        svg = f'<svg style="min-width:{min_width}px"' + svg[len("<svg") :]
+    return svg
 
 
-def _md_cell(value: Any) -> str:
+def md_cell(value: Any) -> str:
+    """A table cell or header: a `|` would end the cell, a newline the row."""
     return fmt(value).replace("|", "\\|").replace("\n", " ")
 
 
@@ -75,7 +108,7 @@ def block_md(block: Block, figures_dir: Path, run_dir: Path) -> str:
         return block.text
     if isinstance(block, Table):
         lines = [f"*{block.caption}*", ""] if block.caption else []
-        lines.append("| " + " | ".join(block.columns) + " |")
+        lines.append("| " + " | ".join(md_cell(c) for c in block.columns) + " |")
         lines.append(
             "|"
             + "|".join(
@@ -84,7 +117,7 @@ def block_md(block: Block, figures_dir: Path, run_dir: Path) -> str:
             )
             + "|"
         )
-        lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in block.rows]
+        lines += ["| " + " | ".join(md_cell(v) for v in row) + " |" for row in block.rows]
         return "\n".join(lines)
     figures_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(block, Figure):
@@ -98,7 +131,8 @@ def block_md(block: Block, figures_dir: Path, run_dir: Path) -> str:
     if isinstance(block, Code):
         return f"```{block.language}\n{block.text}\n```"
     if isinstance(block, Findings):
-        return "\n".join(f"- {FINDING_MARK.get(level, '•')} {text}" for level, text in block.items)
+        # the list item is the bullet: only marks that say something (✔ ⚠ ✘) are added
+        return "\n".join(f"- {MD_FINDING_MARK.get(level, '')}{text}" for level, text in block.items)
     raise TypeError(f"unknown block {block!r}")
 
 
@@ -162,6 +196,8 @@ def render_report(run: str | Path) -> tuple[Path, Path]:
         + f" · started {info['started']} · status **{info['status']}**",
         "",
     ]
+    if info.get("error"):
+        md += [f"**The run {info['status']}:** {info['error']}", ""]
     md += [f"- [{s.title}](#{s.key})" for s in sections]
     for s in sections:
         md += ["", f'<a id="{s.key}"></a>', f"## {s.title}", ""]
