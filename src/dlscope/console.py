@@ -38,10 +38,16 @@ def step_progress(enabled: bool = True) -> Progress:
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0)]}
 
 
+def printable(text: object) -> str:
+    """Control characters shown as \\xNN, so an ESC sequence in a file name cannot rewrite the terminal
+    of whoever prints it — or `cat`s the report.md it ended up in."""
+    return str(text).translate(_CONTROL)
+
+
 def safe(text: object) -> str:
     """Untrusted text (a traced file name, a pickle's key, a tensor name) made safe to print through rich:
-    markup escaped, so `[/x]` cannot crash the printer, and control characters shown as \\xNN, so an
-    ESC sequence in a file cannot rewrite the user's terminal. The one place this is done."""
+    markup escaped, so `[/x]` cannot crash the printer, and control characters shown as \\xNN (printable).
+    The one place this is done."""
     from rich.markup import escape
 
-    return escape(str(text).translate(_CONTROL))
+    return escape(printable(text))

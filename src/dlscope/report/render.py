@@ -12,6 +12,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from dlscope.console import printable
 from dlscope.fsutil import atomic_write_bytes
 from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Section, Svg, Table, fmt
 from dlscope.rundir import load_results
@@ -30,7 +31,7 @@ INLINE_CODE = re.compile(r"`([^`\n]+)`")
 
 def inline_html(text: str) -> str:
     """Escaped text with the Markdown inline code the sections write (`dlscope graph`) as <code>."""
-    parts = INLINE_CODE.split(text)  # odd indices are the code spans
+    parts = INLINE_CODE.split(printable(text))  # odd indices are the code spans
     return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
 
 
@@ -63,15 +64,15 @@ def block_html(block: Block) -> str:
     if isinstance(block, Figure):
         data = base64.b64encode(block.png).decode()
         caption = f"<figcaption>{inline_html(block.caption)}</figcaption>" if block.caption else ""
-        alt = html.escape(block.caption or block.name)
+        alt = html.escape(printable(block.caption or block.name))
         min_width = round(png_width(block.png) * MIN_FIGURE_SCALE)
         img = f'<img alt="{alt}" style="min-width:{min_width}px" src="data:image/png;base64,{data}">'
         return f'<figure><div class="scroll">{img}</div>{caption}</figure>'
     if isinstance(block, Svg):
         caption = f"<figcaption>{inline_html(block.caption)}</figcaption>" if block.caption else ""
-        return f'<figure class="svg"><div class="scroll">{inline_svg(block.svg)}</div>{caption}</figure>'
+        return f'<figure class="svg"><div class="scroll">{inline_svg(printable(block.svg))}</div>{caption}</figure>'
     if isinstance(block, Code):
-        return f"<pre><code>{html.escape(block.text)}</code></pre>"
+        return f"<pre><code>{html.escape(printable(block.text))}</code></pre>"
     if isinstance(block, Findings):
         items = "".join(
             f'<li class="{level}">{FINDING_MARK.get(level, "•")} {inline_html(text)}</li>'
@@ -100,14 +101,14 @@ def inline_svg(svg: str) -> str:
 
 def md_cell(value: Any) -> str:
     """A table cell or header: a `|` would end the cell, a newline the row."""
-    return fmt(value).replace("|", "\\|").replace("\n", " ")
+    return printable(fmt(value).replace("\n", " ")).replace("|", "\\|")
 
 
 def block_md(block: Block, figures_dir: Path, run_dir: Path) -> str:
     if isinstance(block, Para):
-        return block.text
+        return printable(block.text)
     if isinstance(block, Table):
-        lines = [f"*{block.caption}*", ""] if block.caption else []
+        lines = [f"*{printable(block.caption)}*", ""] if block.caption else []
         lines.append("| " + " | ".join(md_cell(c) for c in block.columns) + " |")
         lines.append(
             "|"
@@ -123,16 +124,16 @@ def block_md(block: Block, figures_dir: Path, run_dir: Path) -> str:
     if isinstance(block, Figure):
         path = figures_dir / f"{block.name}.png"
         atomic_write_bytes(path, block.png)
-        return f"![{block.caption or block.name}]({path.relative_to(run_dir)})"
+        return f"![{printable(block.caption or block.name)}]({path.relative_to(run_dir)})"
     if isinstance(block, Svg):
         path = figures_dir / f"{block.name}.svg"
-        atomic_write_bytes(path, block.svg.encode())
-        return f"![{block.caption or block.name}]({path.relative_to(run_dir)})"
+        atomic_write_bytes(path, printable(block.svg).encode())
+        return f"![{printable(block.caption or block.name)}]({path.relative_to(run_dir)})"
     if isinstance(block, Code):
-        return f"```{block.language}\n{block.text}\n```"
+        return f"```{block.language}\n{printable(block.text)}\n```"
     if isinstance(block, Findings):
         # the list item is the bullet: only marks that say something (✔ ⚠ ✘) are added
-        return "\n".join(f"- {MD_FINDING_MARK.get(level, '')}{text}" for level, text in block.items)
+        return "\n".join(f"- {MD_FINDING_MARK.get(level, '')}{printable(text)}" for level, text in block.items)
     raise TypeError(f"unknown block {block!r}")
 
 
@@ -180,7 +181,7 @@ def render_report(run: str | Path) -> tuple[Path, Path]:
     sections = build_sections(results)
     env = Environment(loader=PackageLoader("dlscope.report"), autoescape=select_autoescape())
     page = env.get_template("report.html.j2").render(
-        run={"wall_seconds": None, **results["run"]},
+        run={"wall_seconds": None, **results["run"], "error": printable(results["run"].get("error") or "")},
         version=results.get("dlscope_version"),
         schema=results["schema"],
         schema_version=results["schema_version"],
@@ -197,7 +198,7 @@ def render_report(run: str | Path) -> tuple[Path, Path]:
         "",
     ]
     if info.get("error"):
-        md += [f"**The run {info['status']}:** {info['error']}", ""]
+        md += [f"**The run {info['status']}:** {printable(info['error'])}", ""]
     md += [f"- [{s.title}](#{s.key})" for s in sections]
     for s in sections:
         md += ["", f'<a id="{s.key}"></a>', f"## {s.title}", ""]

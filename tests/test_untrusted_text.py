@@ -1,0 +1,74 @@
+"""Text from a traced program, a file name or a checkpoint is printed as text: rich markup in it
+cannot crash the printer and ESC sequences cannot reach the terminal or the reports."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import dlscope as dlscope_package
+from dlscope.observe.iotrace.tracer import availability
+
+MARKUP = "[/x]markup[bold].bin"  # a file `x]markup[bold].bin` in a directory named `[`
+ESCAPES = "esc\x1b[31mred\x1b]0;title\x07.bin"  # colour, then an OSC that retitles the terminal
+WRITER = textwrap.dedent(
+    f"""
+    import os
+    os.makedirs("[", exist_ok=True)
+    for name in {[MARKUP, ESCAPES]!r}:
+        with open(name, "wb") as f:  # large, so a tracer that counts bytes ranks them first
+            f.write(b"x" * 300_000)
+    """
+)
+
+
+def dlscope(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    # run elsewhere, the child must still import this dlscope, not whichever one is installed
+    source = str(Path(dlscope_package.__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "COLUMNS": "80",
+        "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "dlscope.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
+
+
+def assert_printed_as_text(proc: subprocess.CompletedProcess, code: int) -> None:
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr and "MarkupError" not in proc.stderr
+    assert "\x1b" not in proc.stdout + proc.stderr
+    assert all(len(line) <= 80 for line in proc.stdout.splitlines())
+
+
+@pytest.mark.parametrize("backend", ["proc", "strace"])
+def test_trace_prints_file_names_with_markup_and_escapes_as_text(tmp_path, backend):
+    why = availability()[backend]
+    if why is not None:
+        pytest.skip(f"{backend}: {why}")
+    (tmp_path / "writer.py").write_text(WRITER)
+    run = tmp_path / "run"
+    proc = dlscope("trace", "--backend", backend, "--out", str(run), "--", sys.executable, "writer.py", cwd=tmp_path)
+    assert_printed_as_text(proc, 0)
+    if backend == "strace":  # it counts bytes per file: the two files top the terminal's table
+        assert "markup[bold].bin" in proc.stdout and "esc\\x1b[31mred" in proc.stdout
+    for report in ("report.md", "report.html"):
+        text = (run / report).read_text()
+        assert "\x1b" not in text and "\x07" not in text
+        assert "markup[bold].bin" in text and "esc\\x1b[31mred\\x1b]0;title\\x07.bin" in text
+
+
+def test_ckpt_inspect_prints_pickle_keys_and_values_as_text(tmp_path):
+    state = {"[/bold]key\x1b[2J": "[/bold]value\x1b]0;pwned\x07", "[/x]weights": [1.0, 2.0]}
+    path = tmp_path / "state.pkl"
+    path.write_bytes(pickle.dumps(state, protocol=2))
+    proc = dlscope("ckpt", "inspect", str(path), cwd=tmp_path)
+    assert_printed_as_text(proc, 0)
+    assert "[/bold]key\\x1b[2J" in proc.stdout
