@@ -6,8 +6,10 @@ import copy
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
+from dlscope.cli import main
 from dlscope.experiments.sweep import count_step_bytes
 from dlscope.observe.profiler import profile_training
 from dlscope.train import TrainConfig, Trainer
@@ -47,3 +49,18 @@ def test_profiling_and_byte_count_leave_the_trainer_untouched(mnist):
     count_step_bytes(trainer.model, trainer.optimizer, x, y)  # the sweep step forks the RNG around it
     after = trainer.state_dict()
     assert_same_state({k: before[k] for k in ("model", "optimizer")}, {k: after[k] for k in ("model", "optimizer")})
+
+
+@pytest.mark.slow
+def test_final_checkpoint_is_the_trained_state_after_profile_and_sweep(tmp_path, capsys):
+    run = tmp_path / "lab"
+    tiny = ["--epochs", "1", "--train-subset", "1000", "--test-subset", "500", "--no-progress", "--no-tensorboard"]
+    steps = "environment,dataset,train,profile,sweep,checkpoint"
+    assert main(["lab", "--steps", steps, "--out", str(run), *tiny]) == 0
+    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    final = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
+    assert all(int(s["step"]) == final["global_step"] for s in final["optimizer"]["state"].values())
+    assert_same_state(last, final)
+    capsys.readouterr()
+    assert main(["ckpt", "diff", str(run / "checkpoints" / "last.pt"), str(run / "checkpoints" / "final.pt")]) == 0
+    assert "identical" in capsys.readouterr().out
