@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlscope import phase
+from dlscope.cli.help import HelpFormatter, Subcommands, examples_epilog
 from dlscope.errors import DlscopeError
 
 if TYPE_CHECKING:
@@ -15,6 +16,13 @@ if TYPE_CHECKING:
 
 
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        command = (kwargs.get("prog") or "dlscope").removeprefix("dlscope").strip()
+        kwargs.setdefault("epilog", examples_epilog(command))
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", Subcommands)
+
     def error(self, message: str) -> None:  # one line, exit 2, as for every other bad input
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 

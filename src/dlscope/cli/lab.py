@@ -221,7 +221,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     ops = sub.add_parser("ops", help="operators: a convolution four ways, loop order, memory per layer")
     ops_sub = ops.add_subparsers(dest="ops_command", required=True, parser_class=Parser)
-    p = ops_sub.add_parser("conv", help="seven loops, NumPy, im2col + GEMM, torch: checked, timed, % of GEMM peak")
+    p = ops_sub.add_parser("conv", help="seven loops, NumPy, im2col + GEMM, torch: checked, timed, %% of GEMM peak")
     p.add_argument("--shape", default="1,16,14,14", metavar="N,C,H,W", help="input (default: cnn's conv2, one image)")
     p.add_argument("--filters", default="32,5,5", metavar="K,R,S", help="K filters of R×S (default 32,5,5)")
     p.add_argument("--stride", type=int, default=1)
