@@ -59,7 +59,7 @@ def test_lab_end_to_end_writes_every_section(tmp_path):
     assert results["sections"]["train"]["final_test_acc"] >= 85
     assert results["sections"]["checkpoint"]["verify"]["ok"]
     assert (run / "profile" / "trace.json").is_file() and (run / "profile" / "top10_ops.csv").is_file()
-    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((run / "tensorboard" / "test").glob("events.out.tfevents.*"))
     # the report renders from results.json alone
     for leftover in ("report.html", "report.md", "figures", "tensorboard", "profile", "checkpoints"):
         target = run / leftover

@@ -27,7 +27,7 @@ def test_python_api_example_runs(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "test accuracy" in proc.stdout and "aten::" in proc.stdout and "verified: True" in proc.stdout
-    assert list((tmp_path / "runs" / "notebook" / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "runs" / "notebook" / "tensorboard" / "train").glob("events.out.tfevents.*"))
     assert (tmp_path / "runs" / "notebook" / "cnn.pt").is_file()
 
 
