@@ -40,9 +40,9 @@ def png_width(png: bytes) -> int:
     return int.from_bytes(png[16:20], "big")
 
 
-# A figure is never shown below this share of its drawn size (its 9 pt text would fall under ~9 px);
-# on a narrow screen it scrolls sideways inside its own box instead, and the page does not.
-MIN_FIGURE_SCALE = 0.65
+# A figure is never shown below this share of its drawn size, so its text stays ≥ 11 px (matplotlib's
+# 9 pt at 110 dpi, graphviz's 10 pt); on a narrow screen it scrolls inside its own box instead.
+MIN_FIGURE_SCALE = 0.8
 
 
 def block_html(block: Block) -> str:
