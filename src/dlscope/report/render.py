@@ -6,7 +6,6 @@ import base64
 import html
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from dlscope.console import printable
 from dlscope.fsutil import atomic_write_bytes
 from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Section, Svg, Table, fmt
-from dlscope.rundir import load_results
+from dlscope.rundir import SCHEMA_VERSION, load_results
 
-Renderer = Callable[[dict[str, Any]], list[Block]]
 FINDING_MARK = {"good": "✔", "info": "•", "warn": "⚠", "bad": "✘"}
 MD_FINDING_MARK = {"good": "✔ ", "warn": "⚠ ", "bad": "✘ "}
 
@@ -60,7 +58,9 @@ def block_html(block: Block) -> str:
             for row in block.rows
         )
         caption = f"<caption>{inline_html(block.caption)}</caption>" if block.caption else ""
-        return f'<div class="scroll"><table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+        legend = f'<p class="legend">{inline_html(block.legend)}</p>' if block.legend else ""
+        table = f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return f'<div class="scroll">{table}</div>{legend}'
     if isinstance(block, Figure):
         data = base64.b64encode(block.png).decode()
         caption = f"<figcaption>{inline_html(block.caption)}</figcaption>" if block.caption else ""
@@ -119,6 +119,8 @@ def block_md(block: Block, figures_dir: Path, run_dir: Path) -> str:
             + "|"
         )
         lines += ["| " + " | ".join(md_cell(v) for v in row) + " |" for row in block.rows]
+        if block.legend:
+            lines += ["", printable(block.legend)]
         return "\n".join(lines)
     figures_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(block, Figure):
@@ -145,31 +147,33 @@ def unknown_section(section: dict[str, Any]) -> list[Block]:
     ]
 
 
-def render_section(step, data: dict[str, Any]) -> list[Block]:
-    """One section's blocks; a section this renderer cannot read (written by another dlscope
-    version, or cut short by a crash) becomes a note plus its data, never a failed report."""
-    try:
-        return step.render(data)
-    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as e:
-        return [
-            Findings([("bad", f"This section could not be rendered ({type(e).__name__}: {e}).")]),
-            *unknown_section(data)[1:],
-        ]
-
-
 def build_sections(results: dict[str, Any]) -> list[Section]:
-    from dlscope.steps import STEPS_BY_NAME
+    """Every recorded section as Blocks. A renderer that fails on data of this schema version is a
+    bug and raises; only a section written by an older dlscope (or one this version has no renderer
+    for) becomes a note with its data, so an old run directory still gets a report."""
+    from dlscope.report.sections import SECTIONS
 
+    older = results["schema_version"] < SCHEMA_VERSION
     sections = []
-    order = results.get("steps") or list(results["sections"])
-    for key in order:
+    for key in results.get("steps") or list(results["sections"]):
         data = results["sections"].get(key)
         if data is None:
             continue
-        step = STEPS_BY_NAME.get(key)
-        title = step.title if step else key
-        blocks = render_section(step, data) if step else unknown_section(data)
-        sections.append(Section(key, title, blocks))
+        renderer = SECTIONS.get(key)
+        if renderer is None:
+            sections.append(Section(key, key, unknown_section(data)))
+            continue
+        try:
+            blocks = renderer.render(data)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            if not older:
+                raise
+            note = (
+                f"Written by an older dlscope (results schema v{results['schema_version']}, this one reads "
+                f"v{SCHEMA_VERSION}): this section could not be rendered ({type(e).__name__}: {e})."
+            )
+            blocks = [Findings([("warn", note)]), *unknown_section(data)[1:]]
+        sections.append(Section(key, renderer.TITLE, blocks))
     return sections
 
 
