@@ -60,7 +60,7 @@ def test_help_describes_shows_defaults_and_ends_with_real_examples(words, parser
     examples = [line.strip() for line in text.split("examples:")[-1].splitlines() if line.strip().startswith("dlscope")]
     assert 2 <= len(examples) <= 3, examples
     for example in examples:
-        argv = shlex.split(example)
+        argv = shlex.split(example, comments=True)
         argv = argv[: next((i for i, token in enumerate(argv) if token in SHELL), len(argv))]
         assert tuple(argv[1 : 1 + len(words)]) == words, f"{example!r} is not an example of {words}"
         if words:  # the parser accepts it as typed (a group's own examples name its subcommands)

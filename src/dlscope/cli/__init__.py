@@ -18,7 +18,7 @@ COMMANDS = [lab, trace, tools, ckpt, pipeline]
 def build_parser() -> Parser:
     parser = Parser(prog="dlscope", description="What a deep-learning training job does to a machine.")
     parser.add_argument("--version", action="version", version=f"dlscope {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)
     return parser

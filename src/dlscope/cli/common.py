@@ -84,7 +84,9 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
         "--sort-by",
         default="self_cpu",
         choices=["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"],
-        help="order of the top-10 operator table (default self_cpu)",
+        metavar="KEY",
+        help="order of the top-10 operator table: self_cpu, cpu_total, self_device, device_total, calls or flops "
+        "(default self_cpu)",
     )
 
 
