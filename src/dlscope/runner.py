@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscope.config import TrainConfig
-from dlscope.errors import ConfigError
+from dlscope.errors import CheckpointError, ConfigError, DatasetError
 from dlscope.options import RunOptions, StepOptions
 from dlscope.phases import phase
 
@@ -45,6 +45,25 @@ class Plan:
         for i, name in enumerate(self.steps):
             if "trained" in STEPS_BY_NAME[name].needs and "train" not in self.steps[:i]:
                 raise ConfigError(f"step {name} needs the train step before it")
+        self.check_inputs()
+
+    def check_inputs(self) -> None:
+        """The data, checkpoint and devices the plan names exist here: a run that cannot work fails
+        before it prints its environment and dataset, not once it reaches them."""
+        data_dir, resume = self.options.data_dir, self.step_options.train.resume
+        if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+            raise DatasetError("data directory does not exist", data_dir)
+        if resume is not None and "train" in self.steps and not Path(resume).is_file():
+            raise CheckpointError("checkpoint to resume from not found", resume)
+        if not set(self.steps) - {"environment", "iotrace"}:
+            return  # nothing runs on a device: no torch needed
+        from dlscope.train import resolve_device
+
+        devices = [self.config.device]
+        if "sweep" in self.steps:
+            devices += self.step_options.sweep.devices or []
+        for device in devices:
+            resolve_device(device)
 
 
 def run_command(plan: Plan, render: bool = True) -> dict[str, Any]:

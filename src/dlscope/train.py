@@ -42,6 +42,9 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError("device cuda requested but torch sees no CUDA GPU")
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise ConfigError("device mps requested but it is not available")
+    index = name.partition(":")[2]
+    if name.startswith("cuda:") and not (index.isdigit() and int(index) < torch.cuda.device_count()):
+        raise ConfigError(f"device {name}: torch sees {torch.cuda.device_count()} CUDA GPU(s), numbered from 0")
     return torch.device(name)
 
 
