@@ -30,9 +30,9 @@ def conv_chart(conv: dict, peak: dict) -> bytes:
     timings = conv["timings"]
     ax.barh([t["impl"] for t in timings][::-1], [t["gflops"] for t in timings][::-1], color="#2f5bd3")
     ax.axvline(peak["value"], color="#c0392b", linestyle="--", label=f"GEMM peak {peak['value']:.0f} GFLOP/s")
-    ax.set_xscale("log")
+    plots.log_axis(ax, "x")
     ax.set(xlabel="GFLOP/s (log scale)", title=f"conv {conv['describe']}")
-    ax.legend(loc="lower right", fontsize=8)
+    plots.legend_outside(ax, fontsize=8)
     return plots.png(fig)
 
 
@@ -51,7 +51,7 @@ def memory_chart(memory: dict) -> bytes:
     ax.plot(labels, [c["peak_bytes"] / 2**20 for c in comparisons], "k_", markersize=28, label="modelled peak")
     ax.plot(labels, [c["measured_peak_bytes"] / 2**20 for c in comparisons], "o", color="#c0392b", label="measured")
     ax.set(xlabel="batch size", ylabel="MiB", title=f"{memory['model']}: training-step memory")
-    ax.legend(fontsize=7)
+    plots.legend_outside(ax, fontsize=7)
     return plots.png(fig)
 
 

@@ -32,10 +32,14 @@ def throughput_chart(rows: list[dict[str, Any]]) -> bytes:
         latency_ax.fill_between(
             batch, [r["step_p50_ms"] for r in group], [r["step_p95_ms"] for r in group], color=colour, alpha=0.15
         )
-    rate_ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="samples/s", title="Training throughput")
-    latency_ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="ms per step", title="Step latency p50–p95")
-    rate_ax.legend()
-    latency_ax.legend()
+    batch_sizes = sorted({r["batch_size"] for r in rows})
+    for ax in (rate_ax, latency_ax):
+        plots.log_axis(ax, "x", batch_sizes)
+        plots.log_axis(ax, "y")
+    rate_ax.set(xlabel="batch size", ylabel="samples/s", title="Training throughput")
+    latency_ax.set(xlabel="batch size", ylabel="ms per step", title="Step latency p50–p95")
+    rate_ax.legend(fontsize=7)
+    plots.legend_outside(latency_ax, fontsize=7)
     return plots.png(fig)
 
 
@@ -53,7 +57,7 @@ def shares_chart(rows: list[dict[str, Any]]) -> bytes:
         ax.text(i, 101, f"{r['step_p50_ms']:.2f} ms", ha="center", va="bottom", fontsize=7)
     ax.set(ylabel="% of step time", ylim=(0, 112), title="Where a training step's time goes")
     ax.tick_params(axis="x", labelrotation=30)
-    ax.legend(loc="lower right", fontsize=7)
+    plots.legend_outside(ax, fontsize=7)
     return plots.png(fig)
 
 
@@ -87,9 +91,9 @@ def roofline_chart(section: dict[str, Any]) -> bytes:
                 xytext=(4, -10),
                 fontsize=7,
             )
+    plots.log_axis(ax, "x")
+    plots.log_axis(ax, "y")
     ax.set(
-        xscale="log",
-        yscale="log",
         xlabel="arithmetic intensity (FLOP per byte moved)",
         ylabel="GFLOP/s",
         title="Roofline: each configuration against the measured peaks",

@@ -28,7 +28,8 @@ def curves(section: dict[str, Any]) -> bytes:
     target = section["config"].get("target_acc")
     if target:
         acc_ax.axhline(target, ls="--", color="#12805c", lw=1, label=f"target {target}%")
-    loss_ax.set(xlabel="epoch", ylabel="cross-entropy loss", title="Loss", yscale="log")
+    plots.log_axis(loss_ax, "y")
+    loss_ax.set(xlabel="epoch", ylabel="cross-entropy loss", title="Loss")
     lo = min([e["test_acc"] for e in epochs] + [p["accuracy"] for p in log[len(log) // 4 :]] or [90])
     acc_ax.set(xlabel="epoch", ylabel="accuracy (%)", title="Accuracy", ylim=(max(lo - 1, 0), 100.2))
     loss_ax.legend()
