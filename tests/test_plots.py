@@ -22,6 +22,15 @@ def test_log_axis_labels_are_plain_numbers():
     assert not any(t.get_text() for t in ax.yaxis.get_minorticklabels())  # no 6×10⁰ between them
 
 
+def test_log_axis_over_many_decades_labels_only_powers_of_ten():
+    fig, axes = plots.subplots(1)
+    ax = axes[0][0]
+    ax.barh(["loops", "numpy", "torch"], [0.002, 0.3, 40.0])
+    plots.log_axis(ax, "x")
+    labels = tick_labels(fig, ax.xaxis)
+    assert labels and all(label.lstrip("0.").rstrip("0") in ("1", "") for label in labels), labels
+
+
 def test_legend_outside_covers_no_bar():
     fig, axes = plots.subplots(1)
     ax = axes[0][0]
