@@ -56,7 +56,9 @@ def view(report: Path, width: int, workdir: Path) -> dict:
     page.write_text(WRAPPER.format(width=width, srcdoc=html.escape(report.read_text(), quote=True)))
     window = max(width, 500)
     chromium(page, window, f"--screenshot={workdir / 'screenshot.png'}")
-    dom = chromium(page, window, "--dump-dom").stdout
+    done = chromium(page, window, "--dump-dom")
+    dom = done.stdout
+    assert '<pre id="probe">' in dom, f"chromium measured nothing: {done.stderr[-2000:]}"
     start = dom.index('<pre id="probe">') + len('<pre id="probe">')
     return json.loads(html.unescape(dom[start : dom.index("</pre>", start)]))
 
