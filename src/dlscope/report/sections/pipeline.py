@@ -30,6 +30,7 @@ def time_split_figure(table: dict[str, Any]) -> bytes:
     ax.set_ylabel("seconds per epoch")
     ax.set_title(table["title"])
     ax.tick_params(axis="x", labelsize=7)
+    ax.margins(y=0.12)  # room above the tallest bar for its AU label
     plots.legend_outside(ax, fontsize=7)
     return plots.png(fig)
 
