@@ -42,11 +42,11 @@ def plain(value: float, _position: object = None) -> str:
 def log_axis(ax: plt.Axes, which: str = "x", ticks: Sequence[float] | None = None) -> None:
     """A log axis labelled with plain numbers — 1, 16, 64 or 1, 2, 5, 10 — never 4×10¹ or 6×10⁰.
     `ticks`: exactly these (the batch sizes measured); otherwise 1-2-5 steps of each decade, or
-    only the powers of ten when the data (plotted before this call) spans more than two decades."""
+    only the powers of ten when the data (plotted before this call) spans more than three decades."""
     axis = ax.xaxis if which == "x" else ax.yaxis
     ax.set_xscale("log") if which == "x" else ax.set_yscale("log")
     low, high = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
-    subs = (1.0, 2.0, 5.0) if high <= 100 * low else (1.0,)
+    subs = (1.0, 2.0, 5.0) if high <= 1000 * low else (1.0,)
     axis.set_major_locator(FixedLocator(list(ticks)) if ticks else LogLocator(base=10, subs=subs))
     axis.set_major_formatter(FuncFormatter(plain))
     axis.set_minor_formatter(NullFormatter())
