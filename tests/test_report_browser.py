@@ -87,6 +87,12 @@ def test_report_fits_the_screen_without_raw_backticks(lab_run, tmp_path, width):
 
 
 @pytest.mark.slow
-def test_report_md_tables_stay_whole(lab_run):
+def test_report_md_tables_stay_whole_with_counts_as_integers_and_the_settings_as_run(lab_run):
     tables = assert_tables_whole((lab_run / "report.md").read_text())
     assert len(tables) >= 5
+    by_header = {tuple(t[0]): t[1:] for t in tables}
+    operators = next(rows for header, rows in by_header.items() if header[:2] == ("operator", "calls"))
+    assert all(row[1].isdigit() for row in operators), "calls per step are whole numbers"
+    assert not any("device" in column for header in by_header for column in header if header[0] == "operator")
+    settings = dict(next(rows for header, rows in by_header.items() if header == ("setting", "value")))
+    assert settings["device"] != "auto" and float(settings["lr"]) > 0  # as it ran: the device torch chose, the lr
