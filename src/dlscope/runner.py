@@ -202,15 +202,21 @@ def print_locations(run: Any, html: Path, md: Path) -> None:
     name_width = max(len(name) for name, _, _ in rows)
     path_width = max(len(path) for _, path, _ in rows)
     # paths are never cut or wrapped (they are what the user copies); hints go when they do not fit
-    hints = name_width + path_width + 4 + 20 <= console.width
-    table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
-    table.add_column()
-    table.add_column(no_wrap=True, min_width=path_width)
-    if hints:
+    if name_width + 2 + path_width > console.width:  # a table would crop them: each path on a line of its own
+        console.print("where everything is")
+        for name, path, hint in rows:
+            console.print(f"  {name}: [dim]{safe(hint)}[/]")
+            console.print(f"    [path]{safe(path)}[/]", soft_wrap=True)
+    else:
+        hints = name_width + path_width + 4 + 20 <= console.width
+        table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
         table.add_column()
-    for name, path, hint in rows:
-        table.add_row(name, f"[path]{safe(path)}[/]", *([f"[dim]{safe(hint)}"] if hints else []))
-    console.print(table)
+        table.add_column(no_wrap=True, min_width=path_width)
+        if hints:
+            table.add_column()
+        for name, path, hint in rows:
+            table.add_row(name, f"[path]{safe(path)}[/]", *([f"[dim]{safe(hint)}"] if hints else []))
+        console.print(table)
     info = run.results["run"]
     style = "good" if info["status"] == "ok" else "bad"
     console.print(f"[{style}]{info['status']}[/] in {info.get('wall_seconds', 0):.1f}s")
