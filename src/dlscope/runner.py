@@ -205,8 +205,8 @@ def print_locations(run: Any, html: Path, md: Path) -> None:
     if name_width + 2 + path_width > console.width:  # a table would crop them: each path on a line of its own
         console.print("where everything is")
         for name, path, hint in rows:
-            console.print(f"  {name}: [dim]{safe(hint)}[/]")
-            console.print(f"    [path]{safe(path)}[/]", soft_wrap=True)
+            console.print(f"{name}: [dim]{safe(hint)}[/]")
+            console.print(f"  [path]{safe(path)}[/]", soft_wrap=True)
     else:
         hints = name_width + path_width + 4 + 20 <= console.width
         table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
