@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -128,3 +132,11 @@ def test_resume_is_bit_identical(mnist, tmp_path, model):
     for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     assert result.final.test_acc == straight.result.final.test_acc
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed here")
+def test_tensorboard_logging_never_imports_tensorflow():
+    probe = "import sys, dlscope.observe.tensorboard; print('tensorflow' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -13,13 +13,19 @@ batch's loss divided once more by the batch size as the lab's reference script d
 from __future__ import annotations
 
 import shutil
+import sys
+import types
 import warnings
 from pathlib import Path
 
-from torch.utils.tensorboard import SummaryWriter
-
 from dlscope.data.mnist import MEAN, STD
 from dlscope.train import EpochResult, LogPoint, Observer, Trainer, TrainResult, evaluate
+
+# TensorBoard's writer imports all of TensorFlow when it is installed (the `tf` extra): ~8 s, and
+# absl's log lines on stderr. Its "notf" marker module makes it use its own stub, which is all
+# that writing local event files needs.
+sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
 RUN_TAGS = {
     "train": ("loss", "accuracy", "lr", "throughput/samples_per_s"),
