@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +14,15 @@ from dlscope.errors import DlscopeError
 
 if TYPE_CHECKING:
     from dlscope.train import TrainConfig
+
+
+class Given(argparse.Action):
+    """Stores the value and notes that the user typed the option (`--resume` keeps the
+    checkpoint's setting unless the user gave one)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
 
 
 class Parser(argparse.ArgumentParser):
@@ -31,7 +42,13 @@ def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float
         help="a named set of defaults; fast: least time to 99%% (flags that differ from the defaults still win)",
     )
     g.add_argument("--model", default="cnn", choices=list(MODELS), help="model from the zoo (default cnn)")
-    g.add_argument("--epochs", type=int, default=epochs, help=f"epochs (default {epochs})")
+    g.add_argument(
+        "--epochs",
+        type=int,
+        default=epochs,
+        action=Given,
+        help=f"epochs (default {epochs}; with --resume: the total to reach, default the checkpoint's)",
+    )
     g.add_argument("--batch-size", type=int, default=128, help="training batch size (default 128)")
     g.add_argument("--test-batch-size", type=int, default=500)
     g.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
@@ -116,6 +133,11 @@ def run_pipeline(
     config = config or train_config(args)  # validate before creating anything on disk
     if args.profile_steps < 1:
         raise DlscopeError("--profile-steps must be ≥ 1")
+    resume = getattr(args, "resume", None)
+    if resume:
+        from dlscope.checkpoint import load_checkpoint
+
+        load_checkpoint(resume)  # a bad file is one line, and no run directory appears
     run = RunDir.create(args.out, command)
     options = LabOptions(
         data_dir=args.data_dir,
@@ -123,7 +145,8 @@ def run_pipeline(
         progress=not args.no_progress,
         profile_active=args.profile_steps,
         profile_sort=args.sort_by,
-        resume=getattr(args, "resume", None),
+        resume=resume,
+        resume_epochs=args.epochs if getattr(args, "epochs_given", False) else None,
         extra=extra or {},
     )
     ctx = LabContext(config=config, run=run, options=options)
@@ -132,10 +155,26 @@ def run_pipeline(
     try:
         run_steps(ctx, steps)
     finally:
-        with phase("report"):
+        with phase("report"), report_after_failure(run):
             html, md = render_report(run.path)
-        print_locations(run, html, md)
+            print_locations(run, html, md)
+        run.release()
     return 0
+
+
+@contextlib.contextmanager
+def report_after_failure(run) -> Iterator[None]:
+    """Render the report; when a step already failed, a failing render (a full disk fails both)
+    must not hide that first error: it is only mentioned."""
+    failed = sys.exc_info()[1] is not None
+    try:
+        yield
+    except DlscopeError as e:
+        if not failed:
+            raise
+        from dlscope.console import err_console, safe
+
+        err_console.print(f"[bad]no report[/]: {safe(e)}")
 
 
 def print_locations(run, html: Path, md: Path) -> None:

@@ -3,14 +3,16 @@ renders that section into report blocks. Steps hand in-memory objects on through
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dlscope.console import console
 from dlscope.data.mnist import MNIST
+from dlscope.errors import DlscopeError, from_os_error, interrupt_signal, os_error_in
 from dlscope.phases import phase
 from dlscope.report.blocks import Block
 from dlscope.rundir import RunDir
@@ -29,6 +31,7 @@ class LabOptions:
     profile_active: int = 5
     profile_sort: str = "self_cpu"
     resume: str | None = None
+    resume_epochs: int | None = None  # --epochs given with --resume: the total to reach
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -57,16 +60,32 @@ def run_steps(ctx: LabContext, steps: Sequence[LabStep]) -> None:
         for step in steps:
             console.rule(f"[phase]{step.title}", align="left", style="dim")
             start = time.perf_counter()
-            with phase(step.name):  # visible to `dlscope lab --trace-io`, ~µs otherwise
-                section = step.run(ctx)
+            with phase(step.name), os_faults_named(ctx.run.path, step.name):
+                section = step.run(ctx)  # the phase is visible to `dlscope lab --trace-io`, ~µs otherwise
             section["seconds"] = round(time.perf_counter() - start, 3)
             ctx.run.record(step.name, section)
         status = "ok"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         status = "interrupted"
+        ctx.run.results["run"]["signal"] = interrupt_signal(e).name
         raise
     finally:
         ctx.run.finish(status)
+
+
+@contextlib.contextmanager
+def os_faults_named(run_dir: Path, step: str) -> Iterator[None]:
+    """An OS fault no closer layer named (a full disk under TensorBoard's writer, torch wrapping
+    ENOSPC in a RuntimeError) becomes one line naming the run directory and the step."""
+    try:
+        yield
+    except DlscopeError:
+        raise
+    except Exception as e:
+        cause = os_error_in(e)
+        if cause is None:
+            raise
+        raise from_os_error(cause, f"run the {step} step", run_dir) from None
 
 
 def artifact(ctx: LabContext, path: str | Path) -> str:

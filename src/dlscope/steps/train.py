@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dlscope.checkpoint import CheckpointObserver, load_checkpoint
-from dlscope.console import console
+from dlscope.console import console, safe
 from dlscope.observe.progress import ProgressObserver
 from dlscope.observe.tensorboard import TensorBoardObserver
 from dlscope.phases import mark_begin, mark_end
 from dlscope.report import plots
 from dlscope.report.blocks import Block, Figure, Findings, Para, Table
 from dlscope.steps.base import LabContext, LabStep
-from dlscope.train import EpochResult, LogPoint, Observer, StopAtAccuracy, TrainConfig, Trainer
+from dlscope.train import EpochResult, LogPoint, Observer, StopAtAccuracy, TrainConfig, Trainer, evaluate
 
 
 class PhaseMarker(Observer):
@@ -39,14 +40,22 @@ class LogRecorder(Observer):
         self.points.append(vars(point).copy())
 
 
+def resumed_config(ctx: LabContext, state: dict[str, Any]) -> TrainConfig:
+    """The checkpoint's config (what the run computes), with --epochs as the new total when given."""
+    config = TrainConfig.from_dict(state["config"])
+    if ctx.options.resume_epochs is not None:
+        config = dataclasses.replace(config, epochs=ctx.options.resume_epochs)
+    return config
+
+
 def run(ctx: LabContext) -> dict[str, Any]:
     assert ctx.data is not None, "the dataset step runs first"
     config = ctx.config
     resume_state = None
     if ctx.options.resume:
         resume_state = load_checkpoint(ctx.options.resume)
-        config = ctx.config = TrainConfig.from_dict(resume_state["config"])
-        console.print(f"resuming [path]{ctx.options.resume}[/] after epoch {resume_state['epoch']}")
+        config = ctx.config = resumed_config(ctx, resume_state)
+        console.print(f"resuming [path]{safe(ctx.options.resume)}[/] after epoch {resume_state['epoch']}")
     recorder = LogRecorder()
     # PhaseMarker first: its evaluate phase ends before other observers write checkpoints and logs
     observers: list[Observer] = [PhaseMarker(), recorder, ProgressObserver(ctx.options.progress)]
@@ -68,8 +77,18 @@ def run(ctx: LabContext) -> dict[str, Any]:
     section["test_samples"] = len(trainer.test_labels)
     section["checkpoint"] = ctx.run.rel(checkpoints.path)
     section["tensorboard"] = ctx.run.rel(ctx.run.path / "tensorboard") if ctx.options.tensorboard else None
+    section["schedule_restarted"] = resume_state is not None and trainer.restarts_schedule(resume_state)
     final = result.final
-    if final is not None:
+    if resume_state is not None and result.steps == resume_state["global_step"] and final is not None:
+        # nothing left to train: the later steps verify and report the state as it was saved
+        trainer.last_predictions = evaluate(
+            trainer.model, trainer.test_images, trainer.test_labels, config.test_batch_size
+        )["predictions"]
+        console.print(
+            f"the checkpoint is already at epoch {resume_state['epoch']} of {config.epochs}: recorded test "
+            f"accuracy [good]{final.test_acc:.2f}%[/]; nothing to train (raise --epochs to train more)"
+        )
+    elif final is not None:
         reached = result.target_reached_epoch
         verdict = (
             f"[good]target {config.target_acc}% reached[/] at epoch {reached} in {result.time_to_target_s:.1f}s"
@@ -130,6 +149,8 @@ def render(section: dict[str, Any]) -> list[Block]:
             )
     if section.get("resumed_from_epoch"):
         items.append(("info", f"Resumed from a checkpoint after epoch {section['resumed_from_epoch']}."))
+    if section.get("schedule_restarted"):
+        items.append(("info", "--epochs changed on resume: a new one-cycle schedule ran over the added epochs."))
     rows = [
         [
             e["epoch"],
