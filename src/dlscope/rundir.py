@@ -13,6 +13,7 @@ runs/<name>/
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
 import json
@@ -21,6 +22,7 @@ import os
 import sys
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +128,15 @@ class RunDir:
         if self._unlock is not None:
             self._unlock()
 
-    def child_environment(self) -> dict[str, str]:
-        """Environment for a child process that writes into this run while we hold its lock."""
-        return {**os.environ, LOCK_HELD_FOR_CHILD: f"{os.getpid()}:{self.path.resolve()}"}
+    @contextlib.contextmanager
+    def lent_to_children(self) -> Iterator[None]:
+        """While inside, child processes may write this run although we hold its lock (the lab
+        that `lab --trace-io` traces)."""
+        os.environ[LOCK_HELD_FOR_CHILD] = f"{os.getpid()}:{self.path.resolve()}"
+        try:
+            yield
+        finally:
+            os.environ.pop(LOCK_HELD_FOR_CHILD, None)
 
     def rel(self, path: str | Path) -> str:
         """A path relative to the run directory, as results.json stores artifact paths."""

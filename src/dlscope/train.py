@@ -386,7 +386,7 @@ class Trainer:
             self.scheduler = make_scheduler(remaining, self.optimizer, self.steps_per_epoch)
         else:
             self.scheduler.load_state_dict(state["scheduler"])
-        self.global_step = int(state["global_step"])
+        self.global_step = self.result.steps = int(state["global_step"])
         set_rng_state(state["rng"])
         self.result.epochs = [EpochResult(**e) for e in state.get("history", [])]
         self.result.resumed_from_epoch = self.start_epoch

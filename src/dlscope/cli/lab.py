@@ -65,7 +65,8 @@ def trace_lab(args: argparse.Namespace) -> int:
     child = [sys.executable, "-m", "dlscope.cli", "lab", *lab_args, "--out", str(run.path)]
     options = LabOptions(extra={"trace_command": child, "trace_backend": args.trace_backend})
     try:
-        section = iotrace.run(LabContext(config=config, run=run, options=options))
+        with run.lent_to_children():
+            section = iotrace.run(LabContext(config=config, run=run, options=options))
     finally:
         run.reload()  # what the traced lab wrote
     run.results["run"]["argv"] = args.raw_argv  # as the user typed it, --trace-io included

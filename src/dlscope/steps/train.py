@@ -79,7 +79,7 @@ def run(ctx: LabContext) -> dict[str, Any]:
     section["tensorboard"] = ctx.run.rel(ctx.run.path / "tensorboard") if ctx.options.tensorboard else None
     section["schedule_restarted"] = resume_state is not None and trainer.restarts_schedule(resume_state)
     final = result.final
-    if resume_state is not None and result.steps == resume_state["global_step"] and final is not None:
+    if resume_state is not None and trainer.global_step == resume_state["global_step"] and final is not None:
         # nothing left to train: the later steps verify and report the state as it was saved
         trainer.last_predictions = evaluate(
             trainer.model, trainer.test_images, trainer.test_labels, config.test_batch_size
