@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
+from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.errors import CheckpointError
 
 MAX_HEADER = 100_000_000  # the format's own limit
@@ -129,11 +130,7 @@ def inspect_safetensors(path: Path, f: BinaryIO, file_bytes: int) -> Anatomy:
         numel = (end - begin) // dtype.itemsize
 
         def read(at: int = at, size: int = end - begin, dtype: torch.dtype = dtype, shape: list[int] = shape):
-            with open(path, "rb") as f2:
-                f2.seek(at)
-                raw = bytearray(f2.read(size))
-            flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-            return flat.reshape(shape)
+            return mapped_tensor(path, at, size, dtype).reshape(shape)
 
         anatomy.tensors.append(
             TensorEntry(

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name
+from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.errors import CheckpointError
 
 TABLE_MAGIC = (0xDB4775248B80FB57).to_bytes(8, "little")
@@ -282,10 +283,6 @@ def inspect_tf(index: Path, f: BinaryIO, index_bytes: int) -> Anatomy:
 
 def _reader(shard: Path | None, offset: int, size: int, dtype: Any, shape: list[int]):
     def read() -> torch.Tensor:
-        with open(shard, "rb") as f:
-            f.seek(offset)
-            raw = bytearray(f.read(size))
-        flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-        return flat.reshape(shape)
+        return mapped_tensor(shard, offset, size, dtype).reshape(shape)
 
     return read

@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
+from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.ckpt.pickle_scan import Opaque, PickleScan, ScanError, StorageRef, TensorRef, scan_pickle
 from dlscope.ckpt.zipdir import check_crc, members
 from dlscope.errors import CheckpointError
@@ -28,12 +29,7 @@ LEGACY_PREFIX = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
 
 def read_storage(path: Path, offset: int, nbytes: int, ref: TensorRef) -> torch.Tensor:
     """The tensor's elements, read from its storage's bytes at `offset` in the file, as the view it is."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        raw = bytearray(f.read(nbytes))
-    if len(raw) != nbytes:
-        raise CheckpointError(f"storage at offset {offset:,} is cut short ({len(raw):,} of {nbytes:,} bytes)", path)
-    flat = torch.frombuffer(raw, dtype=ref.dtype) if raw else torch.empty(0, dtype=ref.dtype)
+    flat = mapped_tensor(path, offset, nbytes, ref.dtype)
     return flat.as_strided(ref.shape, ref.stride, ref.offset)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +19,8 @@ from dlscope.cli.common import (
     switch_list,
     train_config,
 )
-from dlscope.errors import DlscopeError
+from dlscope.cli.trace import mark_interrupted
+from dlscope.errors import DlscopeError, Interrupted
 from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
 
 
@@ -71,10 +73,14 @@ def trace_lab(args: argparse.Namespace) -> int:
         run.reload()  # what the traced lab wrote
     run.results["run"]["argv"] = args.raw_argv  # as the user typed it, --trace-io included
     run.record("iotrace", section)
+    mark_interrupted(run, section)
     if run.results["run"]["status"] == "running":  # the lab died before it could say so
         run.finish("failed")
     html, md = render_report(run.path)
     print_locations(run, html, md)
+    run.release()
+    if section["interrupted"]:
+        raise Interrupted(signal.Signals[section["interrupted"]])
     return section["exit_code"]
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from dlscope.cli.common import (
     print_locations,
 )
-from dlscope.errors import DlscopeError
+from dlscope.errors import DlscopeError, Interrupted
 from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
 from dlscope.observe.iotrace.tracer import check_command
 
@@ -32,10 +33,22 @@ def cmd_trace(args: argparse.Namespace) -> int:
     ctx = LabContext(config=TrainConfig(), run=run, options=LabOptions(extra=extra))
     try:
         run_steps(ctx, [iotrace.STEP])
+        section = run.results["sections"]["iotrace"]
+        mark_interrupted(run, section)
     finally:
         html, md = render_report(run.path)
         print_locations(run, html, md)
-    return run.results["sections"]["iotrace"]["exit_code"]
+        run.release()
+    if section["interrupted"]:  # the report is written; now dlscope ends as the user asked
+        raise Interrupted(signal.Signals[section["interrupted"]])
+    return section["exit_code"]
+
+
+def mark_interrupted(run, section: dict) -> None:
+    """A trace cut short by the user's signal is an interrupted run, though its section is complete."""
+    if section["interrupted"]:
+        run.results["run"]["signal"] = section["interrupted"]
+        run.finish("interrupted")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -114,7 +114,14 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
     if notes.get("warning"):
         items.append(("warn", notes["warning"] + "."))
     if section["interrupted"]:
-        items.append(("warn", "Interrupted (Ctrl-C): the tables show what was seen until then."))
+        signal_name = section["interrupted"] if isinstance(section["interrupted"], str) else "Ctrl-C"
+        items.append(
+            (
+                "warn",
+                f"Interrupted by {signal_name}, which the command was sent too: "
+                "the tables show what was seen until it ended.",
+            )
+        )
     if section["exit_code"] != 0:
         items.append(("bad", f"The command exited with status {section['exit_code']}; the trace covers its run."))
     if "overhead" in section:
