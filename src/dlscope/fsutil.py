@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from dlscope.errors import from_os_error, os_error_in
 
@@ -100,3 +102,14 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
+def json_text(value: Any, **options: Any) -> str:
+    """JSON text (non-ASCII kept readable) in which the undecodable bytes of a kernel path, held as
+    lone surrogates (surrogateescape), are written as \\udcXX escapes: the text always encodes as
+    UTF-8, and json.loads gives the exact path back (os.fsencode gives its bytes)."""
+    text = json.dumps(value, ensure_ascii=False, **options)
+    return _UNDECODABLE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)

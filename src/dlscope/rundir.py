@@ -28,7 +28,7 @@ from typing import Any
 
 from dlscope import __version__
 from dlscope.errors import RunDirError, from_os_error
-from dlscope.fsutil import atomic_write_bytes, clean_stale_temps, make_dirs
+from dlscope.fsutil import atomic_write_bytes, clean_stale_temps, json_text, make_dirs
 
 SCHEMA = "dlscope.results"
 SCHEMA_VERSION = 1
@@ -164,7 +164,7 @@ class RunDir:
         self.results = load_results(self.path)
 
     def save(self) -> None:
-        text = json.dumps(self.results, indent=2, allow_nan=False, ensure_ascii=False)
+        text = json_text(self.results, indent=2, allow_nan=False)
         atomic_write_bytes(self.path / "results.json", text.encode())
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from rich import box
 from rich.table import Table as RichTable
 
-from dlscope.console import console
+from dlscope.console import console, safe
 from dlscope.observe.iotrace.flowgraph import dot_svg, hook_chart_dot, human_bytes, render_svg
 from dlscope.observe.iotrace.tracer import measure_overhead, trace_command
 from dlscope.report.blocks import Block, Findings, Para, Svg, Table
@@ -53,7 +53,7 @@ def print_summary(section: dict[str, Any]) -> None:
     for p in section["phases"]:
         io = p.get("proc_io", {})
         table.add_row(
-            f"[phase]{p['phase']}",
+            f"[phase]{safe(p['phase'])}",
             f"{p['seconds']:.2f}",
             f"{p['calls']:,}",
             human_bytes(p["bytes_read"] or io.get("rchar", 0)),
@@ -68,10 +68,10 @@ def print_summary(section: dict[str, Any]) -> None:
     files.add_column("phases")
     for f in section["files"][:10]:
         files.add_row(
-            f"[path]{_short(f['path'], 34)}",
+            f"[path]{safe(_short(f['path'], 34))}",
             human_bytes(f["bytes_read"]),
             human_bytes(f["bytes_written"]),
-            f"[dim]{_phases(f)}",
+            f"[dim]{safe(_phases(f))}",
         )
     console.print(files)
     if "overhead" in section:
@@ -107,8 +107,18 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         items.append(("bad", f"{notes['lost_events']:,} events lost (perf buffer full): counts are lower bounds."))
     elif "lost_events" in notes:
         items.append(("good", "No events lost."))
+    if notes.get("recovered_paths"):
+        items.append(
+            ("info", f"{notes['recovered_paths']:,} paths longer than bpftrace's limit were read from /proc/PID/fd.")
+        )
     if notes.get("truncated_paths"):
-        items.append(("warn", f"{notes['truncated_paths']:,} paths cut at {notes['string_limit']} bytes."))
+        items.append(
+            (
+                "warn",
+                f"{notes['truncated_paths']:,} paths cut at bpftrace's {notes['string_limit']}-byte limit "
+                "(closed before they could be read from /proc/PID/fd): they appear under the cut name.",
+            )
+        )
     for blind in notes.get("blind_to", []):
         items.append(("warn", f"The proc backend cannot see {blind}."))
     if notes.get("warning"):

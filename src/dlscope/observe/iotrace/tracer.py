@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dlscope.errors import DlscopeError, interrupt_signal
+from dlscope.fsutil import json_text
 from dlscope.observe.iotrace import ebpf, proc, strace
 from dlscope.observe.iotrace.analysis import Analysis
 from dlscope.observe.iotrace.events import TRACED_SYSCALLS, Event, FdTables, reorder
@@ -144,7 +145,7 @@ class EbpfReader(threading.Thread):
                 if self.counters.ready:
                     self.ready.set()
                 if event is not None:
-                    out.write(json.dumps(event, ensure_ascii=False) + "\n")
+                    out.write(json_text(event) + "\n")
         self.ready.set()
 
 
@@ -196,6 +197,7 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
         "bpftrace_version": ".".join(map(str, version)),
         "lost_events": counters.lost,
         "truncated_paths": counters.truncated_paths,
+        "recovered_paths": counters.recovered_paths,
         "attached_probes": counters.attached_probes,
         "missing_tracepoints": plan.missing,
         "string_limit": ebpf.STRLEN,
