@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dlscope.errors import CheckpointError
+from dlscope.errors import OS_CAUSES, CheckpointError, DlscopeError
 from dlscope.fsutil import atomic_write_with, clean_stale_temps
 from dlscope.models import build_model
 from dlscope.train import EpochResult, Observer, Trainer, fingerprint
@@ -90,7 +90,9 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> SaveInfo:
         removed = clean_stale_temps(path.parent)
         atomic_write_with(path, lambda f: torch.save(state, f))
     except OSError as e:
-        raise CheckpointError(f"cannot write checkpoint: {e.strerror or e}", path) from None
+        raise CheckpointError(f"cannot write checkpoint: {OS_CAUSES.get(e.errno, e.strerror or e)}", path) from None
+    except DlscopeError as e:  # an OS fault atomic_write named: the same words, as a checkpoint error
+        raise CheckpointError(f"cannot write checkpoint: {e.message.split(': ', 1)[-1]}", e.path) from None
     return SaveInfo(str(path), path.stat().st_size, time.perf_counter() - start, len(removed))
 
 
