@@ -76,3 +76,26 @@ def test_header_declaring_more_than_memory_is_refused(tmp_path):
         read_idx(huge)
     with pytest.raises(DatasetError, match="available in memory"):
         read_idx(write_gzip_bomb(tmp_path / "huge-idx3.gz", header, 1))
+
+
+def small_h5(path: Path) -> Path:
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(path, "w") as f:
+        f.attrs["keras_version"] = "2.15.0"
+        f.create_dataset("model_weights/dense/kernel:0", data=np.ones((4, 8), np.float32))
+    return path
+
+
+def test_hdf5_probe_past_its_bound_is_one_line(tmp_path, capsys, monkeypatch):
+    """HDF5 is read in a child first, killed at PROBE_TIMEOUT_S. The mutated model.h5 that loops
+    forever was not reproducible here, so a real probe of a real file is given 10 ms: the child
+    cannot finish (its interpreter alone takes longer), exactly as a looping one would not."""
+    from dlscope.ckpt import hdf5_probe
+
+    path = small_h5(tmp_path / "model.h5")
+    assert main(["ckpt", "inspect", str(path)]) == 0  # the default bound lets a healthy file through
+    capsys.readouterr()
+    monkeypatch.setattr(hdf5_probe, "PROBE_TIMEOUT_S", 0.01)
+    assert main(["ckpt", "inspect", "--stats", str(path)]) == 2
+    err = one_error_line(capsys)
+    assert str(path) in err and "still reading the file's structure after" in err

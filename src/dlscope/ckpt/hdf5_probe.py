@@ -32,7 +32,7 @@ def probe_hdf5(path: Path) -> None:
         done = subprocess.run(command, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:  # subprocess.run has killed the child
         raise CheckpointError(
-            f"the HDF5 library was still reading the file's structure after {timeout:.0f} s "
+            f"the HDF5 library was still reading the file's structure after {timeout:g} s "
             "(a malformed file can make it loop forever); gave up",
             path,
         ) from None
