@@ -53,9 +53,7 @@ def lock_run_dir(path: Path) -> int | None:
         os.close(fd)
         if os.environ.get(LOCK_HELD_FOR_CHILD) == f"{holder}:{path.resolve()}":
             return None
-        raise RunDirError(
-            f"in use by another dlscope run (pid {holder}); wait for it to end or choose another --out", path
-        ) from None
+        raise RunDirError(f"in use by another dlscope run (pid {holder}); use another --out", path) from None
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
