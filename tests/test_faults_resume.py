@@ -44,7 +44,8 @@ def test_resume_of_a_finished_run_reports_it(one_epoch, tmp_path, capsys):
     recorded = torch.load(final, weights_only=True)["history"][-1]["test_acc"]
     capsys.readouterr()
     assert main(["train", "--out", str(tmp_path / "again"), "--resume", str(final), *QUICK]) == 0
-    out = capsys.readouterr().out.replace("\n", " ")
+    said = capsys.readouterr()
+    out = (said.out + said.err).replace("\n", " ")
     assert "already at epoch 1 of 1" in out and f"{recorded:.2f}%" in out
     train = sections(tmp_path / "again")["train"]
     assert train["final_test_acc"] == recorded and train["steps"] == train["steps_per_epoch"]

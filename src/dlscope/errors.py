@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -84,3 +86,18 @@ def interrupt_signal(exc: KeyboardInterrupt) -> signal.Signals:
 def raise_interrupted(signum: int, frame: object) -> None:
     """SIGTERM handler: unwind like Ctrl-C, so runs record "interrupted" and tracers stop."""
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def os_faults_named(path: str | Path, action: str) -> Iterator[None]:
+    """An OS fault no closer layer named (a full disk under TensorBoard's writer thread, torch
+    wrapping ENOSPC in a RuntimeError) becomes one line: `<path>: cannot <action>: <cause>`."""
+    try:
+        yield
+    except DlscopeError:
+        raise
+    except Exception as e:
+        cause = os_error_in(e)
+        if cause is None:
+            raise
+        raise from_os_error(cause, action, path) from None
