@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscope import __version__
-from dlscope.errors import RunDirError, from_os_error
+from dlscope.errors import RunDirError, from_os_error, interrupt_signal
 from dlscope.fsutil import atomic_write_bytes, clean_stale_temps, json_text, make_dirs
 
 SCHEMA = "dlscope.results"
@@ -105,7 +105,12 @@ class RunDir:
             "steps": [],
             "sections": {},
         }
-        self.save()
+        try:
+            self.save()
+        except KeyboardInterrupt as e:  # the file may be there already: it must not say "running"
+            self.results["run"]["signal"] = interrupt_signal(e).name
+            self.finish("interrupted")
+            raise
 
     @classmethod
     def create(

@@ -59,10 +59,15 @@ def run_command(plan: Plan, render: bool = True) -> dict[str, Any]:
 
     plan.check()
     run = RunDir.create(plan.options.out, plan.command, argv=plan.argv)
-    if render:
-        console.print(f"[phase]dlscope {plan.command}[/] → [path]{run.path}[/]")
     try:
+        if render:
+            console.print(f"[phase]dlscope {plan.command}[/] → [path]{run.path}[/]")
         run_steps(plan, run)
+    except KeyboardInterrupt as e:
+        if run.results["run"]["status"] == "running":  # stopped before the first step began
+            run.results["run"]["signal"] = interrupt_signal(e).name
+            run.finish("interrupted")
+        raise
     finally:
         if render:
             finish_report(run)
@@ -254,10 +259,10 @@ def run_traced(plan: Plan, backend: str) -> int:
     trace = dataclasses.replace(plan.step_options.iotrace, command=child, backend=backend)
     from dlscope.console import console
 
-    console.print(f"[phase]dlscope {plan.command} --trace-io[/] → [path]{run.path}[/]")
     section: dict[str, Any] = {}
     stopped_by = None  # the user's signal, while the child ran or before
     try:
+        console.print(f"[phase]dlscope {plan.command} --trace-io[/] → [path]{run.path}[/]")
         with run.lent_to_children():
             section = iotrace.trace(run, trace, say=say)
         stopped_by = section.get("interrupted")
