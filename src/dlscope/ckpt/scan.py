@@ -98,13 +98,13 @@ class ScanReport:
                 for e in sorted(p.scan.events, key=lambda e: not e.call)
                 if not e.allowed
             )
-            others = sum(not e.allowed for p in self.pickles for e in p.scan.events) - 1
+            others = len(self.unsafe_names() - {event.name.split("(")[0]})
             action = "called by" if event.call else "imported by"
             line = f"DANGEROUS: {event.name} {action} {event.opcode} @ {event.position}"
             line += f" in {where}" if where != "pickle" else ""
             if broken.error:
                 line += f", before the stream breaks @ {broken.end} ({broken.error})"
-            return line + (f"; {others:,} more off the allow-list" if others else "")
+            return line + (f"; {others:,} more name{'s' * (others != 1)} off the allow-list" if others else "")
         if verdict == "damaged":
             bad = next(f for f in self.findings if f.level == "bad")
             return f"DAMAGED: {bad.what}" + (f" ({bad.where})" if bad.where else "")
@@ -113,6 +113,17 @@ class ScanReport:
         names = {e.name for p in self.pickles for e in p.scan.events}
         n = len(self.pickles)
         return f"SAFE: {n} pickle{'s' * (n != 1)}, all {len(names)} globals on the allow-list"
+
+    def unsafe_names(self) -> set[str]:
+        """Names off the allow-list, each once (`X.__setstate__` and `X(…)` are uses of X)."""
+        names = {e.name for p in self.pickles for e in p.scan.events if not e.allowed and not e.call}
+        names |= {
+            e.name
+            for p in self.pickles
+            for e in p.scan.events
+            if not e.allowed and e.call and not any(e.name.startswith(n) for n in names)
+        }
+        return names
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -183,11 +194,11 @@ class Scanner:
             report.format = "legacy torch.save (< 1.6)"
             self.legacy(self.read_all())
         elif head.startswith(HDF5_MAGIC):
-            report.format = "HDF5 (Keras .h5): no pickle"
+            report.format = "HDF5 (Keras .h5)"
         elif len(head) >= 9 and head[8:9] == b"{":
             self.safetensors(head)
         elif self.tail(8) == TF_TABLE_MAGIC:
-            report.format = "TensorFlow checkpoint index: no pickle"
+            report.format = "TensorFlow checkpoint index"
         elif (head[:1] == b"\x80" and 2 <= head[1] <= 5) or (head[:1] and head[0] in PICKLE_0_STARTS):
             report.format = "pickle"
             self.stream(self.read_all(), 0, "pickle", joblib=True)
@@ -237,7 +248,7 @@ class Scanner:
     def safetensors(self, head: bytes) -> None:
         report = self.report
         (n,) = struct.unpack("<Q", head[:8])
-        report.format = "safetensors: no pickle"
+        report.format = "safetensors"
         if n > min(SAFETENSORS_MAX_HEADER, report.file_bytes - 8):
             self.bad(f"safetensors header of {n:,} bytes runs past the end of the file or its 100 MB limit")
             return

@@ -1,0 +1,58 @@
+"""`dlscope ckpt scan`: per file the verdict line, what off the allow-list each pickle reached and where,
+then the findings; for several files a tally. Every string here comes from a file: the terminal and the
+report escape it (console.safe), nothing here prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlscope.report.blocks import Block, Findings, Para, Table
+
+TITLE = "Checkpoint scan"
+VERDICT_LEVEL = {"safe": "good", "dangerous": "bad", "damaged": "warn"}
+
+
+def file_blocks(report: dict[str, Any], limit: int | None = 20) -> list[Block]:
+    blocks: list[Block] = [
+        Findings([(VERDICT_LEVEL[report["verdict"]], f"{report['path']}: {report['summary']}")]),
+    ]
+    events = [(p["where"], e) for p in report["pickles"] for e in p["events"] if not e["allowed"]]
+    if events:
+        shown = events[:limit] if limit else events
+        rows = [[e["name"], e["opcode"], e["position"], where, e["detail"]] for where, e in shown]
+        more = len(events) - len(shown)
+        blocks.append(
+            Table(
+                ["name off the allow-list", "opcode", "@ byte", "in", "arguments"],
+                rows,
+                caption=f"{len(events):,} imports and calls off the allow-list"
+                + (f" ({more:,} more: --limit N, or --json for all)" if more else ""),
+                optional=("arguments", "in"),
+            )
+        )
+    notes = [(f["level"], f["what"] + (f" ({f['where']})" if f["where"] else "")) for f in report["findings"]]
+    if notes:
+        blocks.append(Findings(notes[:limit] if limit else notes))
+    n = len(report["pickles"])
+    blocks.append(Para(f"{report['format']}, {report['file_bytes']:,} bytes, {n} pickle{'s' * (n != 1)} read"))
+    return blocks
+
+
+def render_scan(reports: list[dict[str, Any]], limit: int | None = 20) -> list[Block]:
+    """One file in detail; several: the files that are not safe in detail, then one line per verdict."""
+    if len(reports) == 1:
+        return file_blocks(reports[0], limit)
+    blocks: list[Block] = []
+    for report in reports:
+        if report["verdict"] != "safe":
+            blocks.extend(file_blocks(report, limit))
+    safe = [("good", f"{r['path']}: {r['summary']}") for r in reports if r["verdict"] == "safe"]
+    if safe:
+        blocks.append(Findings(safe))
+    tally = {v: sum(r["verdict"] == v for r in reports) for v in VERDICT_LEVEL}
+    blocks.append(Para(f"{len(reports):,} files: " + ", ".join(f"{n:,} {v}" for v, n in tally.items())))
+    return blocks
+
+
+def render(section: dict[str, Any]) -> list[Block]:
+    return render_scan(section["files"], limit=None)
