@@ -218,7 +218,9 @@ class Scanner:
         return data
 
     # pickles
-    def stream(self, data: bytes, start: int, where: str, joblib: bool = False, allowed: frozenset[str] | None = None) -> int:
+    def stream(
+        self, data: bytes, start: int, where: str, joblib: bool = False, allowed: frozenset[str] | None = None
+    ) -> int:
         """Every pickle from `start` to the end of `data`; what follows the last STOP that is no pickle is a
         finding. Returns the offset where scanning stopped."""
         allowed = allowed or self.allowed
@@ -276,7 +278,9 @@ class Scanner:
         keys = scans[4].root
         dtypes = {s.key: s.dtype for s in storages_in(scans[3].root)}
         if not isinstance(keys, list) or any(str(k) not in dtypes for k in keys):
-            self.bad("the storage key list does not match the object's storages", f"storage keys pickle @ {scans[4].start}")
+            self.bad(
+                "the storage key list does not match the object's storages", f"storage keys pickle @ {scans[4].start}"
+            )
             return
         for key in keys:
             if pos + 8 > len(data):
@@ -325,25 +329,25 @@ class Scanner:
                     self.member(info, offsets[i])
 
     def member(self, info: zipfile.ZipInfo, data_offset: int) -> None:
+        """A member that is a pickle by name (.pkl, .npy …) or by its first bytes; torch storages are skipped."""
         name = info.filename
-        if name.endswith(".npy"):
-            limit = MAX_PICKLE_BYTES
-        elif name.endswith((".pkl", ".pickle", ".joblib")) or "/data/" not in name:
-            limit = MAX_PICKLE_BYTES
-        else:
+        by_name = name.endswith((".npy", ".pkl", ".pickle", ".joblib"))
+        if not by_name and "/data/" in name:
             return  # a torch storage: raw tensor bytes, never unpickled
-        head = b"".join(zipdir.member_chunks(self.f, info, data_offset, 16)) if info.file_size else b""
-        looks_pickle = head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5
-        if not (name.endswith((".npy", ".pkl", ".pickle", ".joblib")) or looks_pickle):
-            return
+        # a member declared to inflate past the ratio limit (already a finding): its first MiB is still read
+        limit = min(
+            MAX_PICKLE_BYTES, zipdir.inflate_limit(info) if zipdir.inflate_limit(info) == info.file_size else 1 << 20
+        )
         try:
-            data = b"".join(zipdir.member_chunks(self.f, info, data_offset, limit + 1))
+            head = b"".join(zipdir.member_chunks(self.f, info, data_offset, 2))
+            if not (by_name or (head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"))):
+                return
+            data = b"".join(zipdir.member_chunks(self.f, info, data_offset, limit))
         except zipdir.MemberError as e:
             self.bad(f"cannot decompress: {e}", name)
             return
-        if len(data) > limit:
-            self.bad(f"inflates past {limit:,} bytes: only the first {limit:,} were scanned", name)
-            data = data[:limit]
+        if len(data) < info.file_size:
+            self.note("warn", f"only the first {len(data):,} of {info.file_size:,} bytes were scanned", name)
         if name.endswith(".npy"):
             self.npy(data, name)
         else:

@@ -7,6 +7,7 @@ extra-field lengths can differ from the central copy — torch pads the extra fi
 from __future__ import annotations
 
 import bz2
+import itertools
 import lzma
 import struct
 import zipfile
@@ -101,6 +102,15 @@ FLAG_ENCRYPTED = 0x1
 FLAG_DATA_DESCRIPTOR = 0x8
 ZIP64_SIZE = 0xFFFFFFFF
 CHUNK = 1 << 20
+MAX_RATIO = 64  # a pickle or .npy deflates 2-10×; a member declared to expand more is not inflated (a zip bomb)
+
+
+def inflate_limit(info: zipfile.ZipInfo) -> int:
+    """The most bytes a member is inflated to: its declared size, and never more than MAX_RATIO × its
+    compressed bytes + 1 MiB, so the work stays linear in the file's size."""
+    if info.compress_type == zipfile.ZIP_STORED:
+        return info.file_size
+    return min(info.file_size, MAX_RATIO * info.compress_size + (1 << 20))
 
 
 @dataclass
@@ -130,7 +140,9 @@ def audit_zip(f: BinaryIO, zf: zipfile.ZipFile, file_bytes: int) -> tuple[list[Z
             )
         seen.setdefault(info.filename, info.header_offset)
         if info.flag_bits & FLAG_ENCRYPTED:
-            issues.append(ZipIssue("bad", f"{info.filename} is encrypted: its bytes cannot be scanned", info.header_offset))
+            issues.append(
+                ZipIssue("bad", f"{info.filename} is encrypted: its bytes cannot be scanned", info.header_offset)
+            )
         local = _local_header(f, info, file_bytes)
         if isinstance(local, str):
             issues.append(ZipIssue("bad", f"{info.filename}: {local}", info.header_offset))
@@ -146,12 +158,18 @@ def audit_zip(f: BinaryIO, zf: zipfile.ZipFile, file_bytes: int) -> tuple[list[Z
         if info.flag_bits & FLAG_DATA_DESCRIPTOR:
             end += 16 if _read_at(f, end, 4) == b"PK\x07\x08" else 12
         spans.append((info.header_offset, end))
-        if not info.flag_bits & FLAG_ENCRYPTED and not member_crc_ok(f, info, data_offset):
-            issues.append(ZipIssue("bad", f"{info.filename}: CRC32 mismatch (torch.load does not check it)", data_offset))
+        if info.flag_bits & FLAG_ENCRYPTED:
+            continue
+        if inflate_limit(info) < info.file_size:
+            what = f"declares {info.file_size:,} bytes from {info.compress_size:,}: over {MAX_RATIO}×, not inflated"
+            issues.append(ZipIssue("bad", f"{info.filename} {what} (a zip bomb?)", data_offset))
+        elif not member_crc_ok(f, info, data_offset):
+            what = "CRC32 or size differs from the directory's (torch.load checks neither)"
+            issues.append(ZipIssue("bad", f"{info.filename}: {what}", data_offset))
     spans.sort()
     if spans and spans[0][0] > 0:
         issues.append(ZipIssue("warn", f"{spans[0][0]:,} bytes before the first member", 0))
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(spans):
         if start < end:
             issues.append(ZipIssue("bad", "two members overlap (one's data is inside another's)", start))
         elif start > end:

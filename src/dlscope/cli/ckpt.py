@@ -87,6 +87,8 @@ def cmd_ckpt_inspect(args: argparse.Namespace) -> int:
         else:
             print_blocks(render_scan([scan.to_dict()], limit=args.limit))
         return scan.exit_code
+    if scan is not None and scan.verdict == "dangerous":
+        anatomy.safe_to_load = False  # e.g. a second pickle after the one torch.load reads
     if args.json:
         verdict = {"verdict": scan.verdict, "exit_code": scan.exit_code, "summary": scan.summary()} if scan else {}
         print(json.dumps({**anatomy.to_dict(), **verdict}, indent=1, default=str))
