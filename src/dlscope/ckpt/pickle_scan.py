@@ -10,7 +10,8 @@ Bounded by design: one loop, no recursion (1,000,000 nested lists are 1,000,000 
 allocation is ever sized by a number read from the file (a bytes leaf over `BIG_LEAF` stays a
 `Blob` pointing into the buffer, a declared `bytearray(10**12)` is never built); past
 `MAX_CONTAINERS` containers the tree is elided but every opcode is still simulated. Memory is
-the pickle's bytes plus at most ~20 bytes per pickle byte (stack, memo, marks) plus the tree budget.
+the pickle's bytes plus at most 16 bytes per pickle byte (stack, memo, marks, short strings) plus
+the tree budget (~64 MiB): tests/test_ckpt_scan.py checks that bound on hostile files.
 """
 
 from __future__ import annotations

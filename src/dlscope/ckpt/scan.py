@@ -10,7 +10,8 @@
 Every pickle is read: all of a stream's pickles to EOF, every zip member by `infolist()` (duplicate
 names included), the bytes before a zip's first member, the five pickles of a legacy torch.save
 file and anything after its storages, the pickles of object arrays in .npy/.npz. Imports nothing
-from torch. Memory: one pickle's bytes (at most `MAX_PICKLE_BYTES`) plus the simulator's bound.
+from torch. Peak memory: the file's bytes + 16 × the largest pickle's bytes + 64 MiB (one pickle
+buffered at a time, at most `MAX_PICKLE_BYTES`; see pickle_scan for the simulator's share).
 """
 
 from __future__ import annotations

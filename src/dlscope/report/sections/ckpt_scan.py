@@ -13,24 +13,29 @@ VERDICT_LEVEL = {"safe": "good", "dangerous": "bad", "damaged": "warn"}
 
 
 def file_blocks(report: dict[str, Any], limit: int | None = 20) -> list[Block]:
-    blocks: list[Block] = [
-        Findings([(VERDICT_LEVEL[report["verdict"]], f"{report['path']}: {report['summary']}")]),
-    ]
-    events = [(p["where"], e) for p in report["pickles"] for e in p["events"] if not e["allowed"]]
-    if events:
+    summary = report["summary"]
+    blocks: list[Block] = [Findings([(VERDICT_LEVEL[report["verdict"]], f"{report['path']}: {summary}")])]
+    for pickle in report["pickles"]:
+        events = [e for e in pickle["events"] if not e["allowed"]]
+        if not events:
+            continue
         shown = events[:limit] if limit else events
-        rows = [[e["name"], e["opcode"], e["position"], where, e["detail"]] for where, e in shown]
         more = len(events) - len(shown)
         blocks.append(
             Table(
-                ["name off the allow-list", "opcode", "@ byte", "in", "arguments"],
-                rows,
-                caption=f"{len(events):,} imports and calls off the allow-list"
+                ["off the allow-list", "opcode", "@ byte", "arguments"],
+                [[e["name"], e["opcode"], e["position"], e["detail"]] for e in shown],
+                caption=f"{pickle['where']}: {len(events):,} imports and calls"
                 + (f" ({more:,} more: --limit N, or --json for all)" if more else ""),
-                optional=("arguments", "in"),
+                optional=("arguments",),
             )
         )
-    notes = [(f["level"], f["what"] + (f" ({f['where']})" if f["where"] else "")) for f in report["findings"]]
+    # the verdict line already carries its own evidence
+    notes = [
+        (f["level"], f["what"] + (f" ({f['where']})" if f["where"] else ""))
+        for f in report["findings"]
+        if f["what"] not in summary
+    ]
     if notes:
         blocks.append(Findings(notes[:limit] if limit else notes))
     n = len(report["pickles"])
