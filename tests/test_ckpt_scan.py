@@ -360,10 +360,10 @@ def test_markup_in_keys_and_names_prints_as_text(tmp_path, capsys):
 BOUND_EXTRA_MIB = 64  # the stated bound: the file's bytes + 16 × the pickle's bytes + 64 MiB
 
 
-def hostile_files(tmp_path: Path) -> dict[str, Path]:
-    n = 1_000_000
+def hostile_files(tmp_path: Path, deepest: int = 1_000_000) -> dict[str, Path]:
+    n = deepest
     files = {
-        "nested-1m-lists": b"\x80\x04" + b"]\x94" * n + b"a" * (n - 1) + b".",
+        "nested-lists": b"\x80\x04" + b"]\x94" * n + b"a" * (n - 1) + b".",
         "nested-100k-lists": b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b".",
         "100k-globals": b"\x80\x02" + b"".join(b"cmod%d\nname\n" % i for i in range(100_000)) + b".",
         "bytearray-2GB": b"\x80\x02c__builtin__\nbytearray\nJ\xff\xff\xff\x7f\x85R.",
@@ -398,7 +398,7 @@ def peak_scan(path: Path) -> dict:
 
 
 EXPECTED = {
-    "nested-1m-lists": "safe",
+    "nested-lists": "safe",
     "nested-100k-lists": "safe",
     "100k-globals": "dangerous",
     "bytearray-2GB": "safe",  # on torch's allow-list; never allocated here
@@ -470,3 +470,12 @@ def test_any_single_byte_change_is_scanned_without_raising(tmp_path, which, at, 
     body[at % len(body)] = value
     report = scan_file(write(tmp_path, "m.pkl", bytes(body)))
     assert report.verdict in ("safe", "dangerous", "damaged") and report.summary()
+
+
+@pytest.mark.slow
+def test_inspect_survives_the_hostile_files(tmp_path, capsys):
+    """`ckpt inspect` reads the same files for their anatomy: one line or a report, never a traceback."""
+    for name, path in hostile_files(tmp_path, deepest=100_000).items():
+        code = main(["ckpt", "inspect", str(path), "--limit", "3"])
+        assert code == {"safe": 0, "dangerous": 1, "damaged": 2}[EXPECTED[name]], name
+        capsys.readouterr()

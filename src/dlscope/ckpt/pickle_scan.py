@@ -165,6 +165,10 @@ class Event:
     allowed: bool
     call: bool  # False: only imported (which runs the module's import-time code)
     detail: str = ""  # the call's arguments, shortened: evidence, not code
+    subject: str = ""  # the imported name this uses (`X` for `X.__setstate__`, `X(…)`); default: name
+
+    def __post_init__(self) -> None:
+        self.subject = self.subject or self.name
 
 
 @dataclass
@@ -406,7 +410,9 @@ class Machine:
         if not isinstance(args, tuple | Elided):
             raise ScanError(f"{opcode} arguments are a {type(args).__name__}, not a tuple", self.op_pos)
         args = () if isinstance(args, Elided) else args
-        self.scan.events.append(Event(name, opcode, self.op_pos, ok, True, short_repr(args)))
+        self.scan.events.append(
+            Event(name, opcode, self.op_pos, ok, True, short_repr(args), getattr(callee, "qualname", ""))
+        )
         if ok:
             result = _stand_in(name, args)
             return self.container(result) if isinstance(result, Opaque) else result
@@ -423,7 +429,9 @@ class Machine:
             return
         if not isinstance(inst, Opaque):
             raise ScanError(f"BUILD on a {type(inst).__name__}, which has no __setstate__", self.op_pos)
-        self.scan.events.append(Event(f"{inst.qualname}.__setstate__", "BUILD", self.op_pos, inst.allowed, True))
+        self.scan.events.append(
+            Event(f"{inst.qualname}.__setstate__", "BUILD", self.op_pos, inst.allowed, True, "", inst.qualname)
+        )
         inst.state = state
         if self.joblib and inst.qualname == JOBLIB_WRAPPER:
             self.skip_joblib_array(inst)
@@ -649,7 +657,9 @@ def _setitem(m: Machine, target: Any, key: Any, value: Any) -> None:
             target[short_repr(key)] = value  # an unhashable key would break pickle.load; keep the entry visible
             raise ScanError(f"unhashable dict key {short_repr(key)}", m.op_pos) from None
     elif isinstance(target, Opaque):
-        m.scan.events.append(Event(f"{target.qualname}.__setitem__", "SETITEM", m.op_pos, target.allowed, True))
+        m.scan.events.append(
+            Event(f"{target.qualname}.__setitem__", "SETITEM", m.op_pos, target.allowed, True, "", target.qualname)
+        )
         target.items.append((key, value))
     else:
         raise ScanError(f"SETITEM on a {type(target).__name__}", m.op_pos)
@@ -675,7 +685,9 @@ def _append_items(m: Machine, items: list[Any], opcode: str) -> None:
     if isinstance(target, list):
         target.extend(items)
     elif isinstance(target, Opaque):
-        m.scan.events.append(Event(f"{target.qualname}.extend", opcode, m.op_pos, target.allowed, True))
+        m.scan.events.append(
+            Event(f"{target.qualname}.extend", opcode, m.op_pos, target.allowed, True, "", target.qualname)
+        )
         target.items.extend(items)
     elif not isinstance(target, Elided):
         raise ScanError(f"{opcode} to a {type(target).__name__}", m.op_pos)
@@ -690,7 +702,9 @@ def _additems(m: Machine) -> None:
         except TypeError:
             raise ScanError("ADDITEMS of an unhashable item", m.op_pos) from None
     elif isinstance(target, Opaque):
-        m.scan.events.append(Event(f"{target.qualname}.add", "ADDITEMS", m.op_pos, target.allowed, True))
+        m.scan.events.append(
+            Event(f"{target.qualname}.add", "ADDITEMS", m.op_pos, target.allowed, True, "", target.qualname)
+        )
     elif not isinstance(target, Elided):
         raise ScanError(f"ADDITEMS to a {type(target).__name__}", m.op_pos)
 

@@ -99,7 +99,7 @@ class ScanReport:
                 for e in sorted(p.scan.events, key=lambda e: not e.call)
                 if not e.allowed
             )
-            others = len(self.unsafe_names() - {event.name.split("(")[0]})
+            others = len(self.unsafe_names() - {event.subject})
             action = "called by" if event.call else "imported by"
             line = f"DANGEROUS: {event.name} {action} {event.opcode} @ {event.position}"
             line += f" in {where}" if where != "pickle" else ""
@@ -117,14 +117,7 @@ class ScanReport:
 
     def unsafe_names(self) -> set[str]:
         """Names off the allow-list, each once (`X.__setstate__` and `X(…)` are uses of X)."""
-        names = {e.name for p in self.pickles for e in p.scan.events if not e.allowed and not e.call}
-        names |= {
-            e.name
-            for p in self.pickles
-            for e in p.scan.events
-            if not e.allowed and e.call and not any(e.name.startswith(n) for n in names)
-        }
-        return names
+        return {e.subject for p in self.pickles for e in p.scan.events if not e.allowed}
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -107,10 +107,8 @@ def record_pickle(anatomy: Anatomy, scan: PickleScan, where: str) -> None:
     )
     flagged: set[str] = set()
     for e in scan.unsafe_events:
-        # `X.__setstate__`, `X(…)`: uses of a name already flagged, not findings of their own
-        callee = e.name.split("(")[0]
-        if not any(callee == n or callee.startswith(n + ".") for n in flagged):
-            flagged.add(e.name)
+        if e.subject not in flagged:  # `X.__setstate__`, `X(…)`: uses of X, flagged once
+            flagged.add(e.subject)
             what = f"{e.opcode} {e.name} is off the torch.load(weights_only) allow-list"
             anatomy.findings.append(Finding("bad", what, f"{where} @ byte {e.position}"))
             anatomy.safe_to_load = False
