@@ -10,7 +10,7 @@ from dlscope.cli.common import (
     Parser,
     add_run_args,
     add_training_args,
-    run_pipeline,
+    run_steps,
 )
 from dlscope.cli.lab import keras_seed_options
 from dlscope.errors import CheckpointError
@@ -40,9 +40,10 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_ckpt_seed003(args: argparse.Namespace) -> int:
-    return run_pipeline(
-        args, "ckpt-seed003", ["environment", "dataset", "ckpt_anatomy"], extra=keras_seed_options(args)
-    )
+    from dlscope.options import StepOptions
+
+    options = StepOptions(ckpt_anatomy=keras_seed_options(args))
+    return run_steps(args, "ckpt-seed003", ["environment", "dataset", "ckpt_anatomy"], step_options=options)
 
 
 WORST_FIRST = ("dangerous", "damaged", "safe")
@@ -67,9 +68,8 @@ def cmd_ckpt_scan(args: argparse.Namespace) -> int:
 def cmd_ckpt_inspect(args: argparse.Namespace) -> int:
     from dlscope.ckpt.inspect import inspect_checkpoint
     from dlscope.ckpt.scan import scan_file
-    from dlscope.ckpt.show import print_anatomy
-    from dlscope.console import console
     from dlscope.report.blocks import Findings
+    from dlscope.report.sections.ckpt_anatomy import render_anatomy
     from dlscope.report.sections.ckpt_scan import VERDICT_LEVEL, render_scan
     from dlscope.report.terminal import print_blocks
 
@@ -93,7 +93,7 @@ def cmd_ckpt_inspect(args: argparse.Namespace) -> int:
         verdict = {"verdict": scan.verdict, "exit_code": scan.exit_code, "summary": scan.summary()} if scan else {}
         print(json.dumps({**anatomy.to_dict(), **verdict}, indent=1, default=str))
     else:
-        print_anatomy(anatomy, console, limit=args.limit)
+        print_blocks(render_anatomy(anatomy.to_dict(), stats_columns=args.stats, limit=args.limit))
         if scan is not None:
             print_blocks([Findings([(VERDICT_LEVEL[scan.verdict], scan.summary())])])
     if scan is not None:
@@ -103,14 +103,14 @@ def cmd_ckpt_inspect(args: argparse.Namespace) -> int:
 
 def cmd_ckpt_diff(args: argparse.Namespace) -> int:
     from dlscope.ckpt.diff import diff_checkpoints
-    from dlscope.ckpt.show import print_diff
-    from dlscope.console import console
+    from dlscope.report.sections.ckpt_anatomy import render_diff
+    from dlscope.report.terminal import print_blocks
 
     result = diff_checkpoints(args.a, args.b)
     if args.json:
         print(json.dumps(result, indent=1, default=str))
     else:
-        print_diff(result, console, limit=args.limit)
+        print_blocks(render_diff(result, limit=args.limit))
     return 0 if result["identical"] else 1
 
 
