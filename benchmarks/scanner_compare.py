@@ -5,7 +5,8 @@ busy machine slows them all alike. A file counts as flagged when the scanner doe
 dlscope exit 1 or 2, picklescan exit ≠ 0, fickling --check-safety exit ≠ 0, modelscan exit 1 or 2
 (3 is "no supported file": not flagged). Detection rate is over the malicious files, false alarms
 over the benign ones. "Whole corpus" is what a CI step pays: each scanner given the corpus's two
-directories, one process each, median of 3 rotating rounds (fickling takes one file at a time). The other scanners live in their own virtualenv (they pin their own packages):
+directories, one process each, median of 3 rotating rounds (fickling takes one file at a time).
+The other scanners live in a virtualenv of their own (they pin their own packages):
 
     python -m venv .venv-scanners && .venv-scanners/bin/pip install picklescan fickling modelscan typing_extensions
     PYTHONPATH=src python benchmarks/scanner_compare.py --scanners-venv .venv-scanners [--corpus DIR] [--markdown]
