@@ -51,16 +51,17 @@ WORST_FIRST = ("dangerous", "damaged", "safe")
 
 def cmd_ckpt_scan(args: argparse.Namespace) -> int:
     from dlscope.ckpt.scan import EXIT_CODES, scan_paths
-    from dlscope.report.sections.ckpt_scan import render_scan
-    from dlscope.report.terminal import print_blocks
 
     reports = [r.to_dict() for r in scan_paths(args.paths, frozenset(args.allow))]
     if not reports:
         raise CheckpointError("no files to scan", args.paths[0])
     worst = min((r["verdict"] for r in reports), key=WORST_FIRST.index)
-    if args.json:
+    if args.json:  # CI's form: no rich, no report modules to import
         print(json.dumps({"verdict": worst, "exit_code": EXIT_CODES[worst], "files": reports}, indent=1))
     else:
+        from dlscope.report.sections.ckpt_scan import render_scan
+        from dlscope.report.terminal import print_blocks
+
         print_blocks(render_scan(reports, limit=args.limit))
     return EXIT_CODES[worst]
 
