@@ -146,8 +146,9 @@ def scan_paths(paths: list[str | Path], allow: frozenset[str] = frozenset()) -> 
             yield scan_file(path, allow)
 
 
-def scan_file(path: str | Path, allow: frozenset[str] = frozenset()) -> ScanReport:
-    """Scan one file; a missing or unreadable file raises CheckpointError, a hostile one never does."""
+def scan_file(path: str | Path, allow: frozenset[str] = frozenset(), crc: bool = True) -> ScanReport:
+    """Scan one file; a missing or unreadable file raises CheckpointError, a hostile one never does.
+    `crc=False` skips checking zip members' CRC32 (which reads every byte of the file)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError("not a file (a directory?)" if path.exists() else "no such file", path)
@@ -155,15 +156,15 @@ def scan_file(path: str | Path, allow: frozenset[str] = frozenset()) -> ScanRepo
         with open(path, "rb") as f:
             file_bytes = os.fstat(f.fileno()).st_size
             report = ScanReport(str(path), "unknown", file_bytes)
-            Scanner(report, f, TORCH_WEIGHTS_ONLY | allow).run()
+            Scanner(report, f, TORCH_WEIGHTS_ONLY | allow, crc).run()
     except OSError as e:
         raise CheckpointError(f"cannot read: {e.strerror or e}", path) from None
     return report
 
 
 class Scanner:
-    def __init__(self, report: ScanReport, f: BinaryIO, allowed: frozenset[str]):
-        self.report, self.f, self.allowed = report, f, allowed
+    def __init__(self, report: ScanReport, f: BinaryIO, allowed: frozenset[str], crc: bool):
+        self.report, self.f, self.allowed, self.crc = report, f, allowed, crc
 
     def bad(self, what: str, where: str = "") -> None:
         self.report.findings.append(Finding("bad", what, where))
@@ -309,7 +310,7 @@ class Scanner:
                 report.format = "Keras .keras zip"
             else:
                 report.format = "zip"
-            issues, offsets = zipdir.audit_zip(f, zf, report.file_bytes)
+            issues, offsets = zipdir.audit_zip(f, zf, report.file_bytes, self.crc)
             for issue in issues:
                 self.note(issue.level, issue.what, f"@ {issue.offset}")
             first = min((i.header_offset for i in infos), default=0)

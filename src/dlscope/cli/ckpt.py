@@ -75,7 +75,7 @@ def cmd_ckpt_inspect(args: argparse.Namespace) -> int:
     from dlscope.report.terminal import print_blocks
 
     # the scanner's verdict decides the exit status; a TF prefix or shard is no single file it knows
-    scan = scan_file(args.path) if Path(args.path).is_file() else None
+    scan = scan_file(args.path, crc=args.stats) if Path(args.path).is_file() else None
     scan = scan if scan is not None and scan.format != "unknown" else None
     try:
         anatomy = inspect_checkpoint(args.path, stats=args.stats)
