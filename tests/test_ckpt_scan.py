@@ -258,6 +258,8 @@ def test_zip_findings_have_offsets(tmp_path):
     # bytes appended between the last member and the central directory
     after = scan_file(write(tmp_path, "after.zip", zip_with_gap(b"\x00" * 100)))
     assert any(f.what == "100 bytes after the last member" and f.where == "@ 57" for f in after.findings)
+    appended = scan_file(write(tmp_path, "appended.zip", zip_with_gap(b"") + b"\x00" * 7))
+    assert any(f.what == "7 bytes after the end of the central directory" for f in appended.findings)
 
 
 def zip_with_gap(gap: bytes) -> bytes:

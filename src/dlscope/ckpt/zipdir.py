@@ -102,6 +102,7 @@ FLAG_ENCRYPTED = 0x1
 FLAG_DATA_DESCRIPTOR = 0x8
 ZIP64_SIZE = 0xFFFFFFFF
 CHUNK = 1 << 20
+EOCD_SEARCH = 22 + 0xFFFF  # the end record and the longest comment it can carry
 MAX_RATIO = 64  # a pickle or .npy deflates 2-10×; a member declared to expand more is not inflated (a zip bomb)
 
 
@@ -176,6 +177,13 @@ def audit_zip(
             issues.append(ZipIssue("bad", "two members overlap (one's data is inside another's)", start))
         elif start > end:
             issues.append(ZipIssue("warn", f"{start - end:,} bytes between members that no member owns", end))
+    f.seek(max(0, file_bytes - EOCD_SEARCH))
+    tail = f.read(EOCD_SEARCH)
+    record = tail.rfind(b"PK\x05\x06")
+    if record >= 0 and record + 22 <= len(tail):
+        end = file_bytes - len(tail) + record + 22 + struct.unpack_from("<H", tail, record + 20)[0]
+        if end < file_bytes:
+            issues.append(ZipIssue("warn", f"{file_bytes - end:,} bytes after the end of the central directory", end))
     directory = getattr(zf, "start_dir", None)
     if spans and directory is not None and directory > max(e for _, e in spans):
         last = max(e for _, e in spans)
