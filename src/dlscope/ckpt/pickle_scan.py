@@ -181,7 +181,6 @@ class PickleScan:
     root: Any = None
     error: str | None = None  # why the stream breaks at `end`, if it does
     elided: bool = False  # the tree outgrew MAX_CONTAINERS
-    skipped: list[tuple[int, int]] = field(default_factory=list)  # joblib array bytes inside the stream
 
     @property
     def imports(self) -> list[Event]:
@@ -443,24 +442,21 @@ class Machine:
         shape = state.get("shape")
         if itemsize is None or not _ints(shape):
             raise ScanError("joblib array wrapper without a readable dtype and shape", self.op_pos)
-        start = self.pos
         if itemsize == 0:  # an object array: a whole pickle of its own follows, loaded by plain pickle.load
             inner = Machine(self.data, self.pos, self.allowed).run()
             self.scan.events.extend(inner.events)
             if inner.error:
-                self.scan.error = inner.error
                 raise ScanError(f"object array pickle: {inner.error}", inner.end)
             self.pos = inner.end
         else:
             if "numpy_array_alignment_bytes" in state:
-                self.take(self.uint(1))  # a padding-length byte, then that many bytes of padding
+                self.skip(self.uint(1))  # a padding-length byte, then that many bytes of padding
             nbytes = itemsize
             for d in shape:
                 nbytes *= d
                 if nbytes > len(self.data):
                     break  # checked below: never multiplied past the file's size
-            self.take(nbytes)
-        self.scan.skipped.append((start, self.pos))
+            self.skip(nbytes)
 
     def run(self) -> PickleScan:
         scan = self.scan

@@ -14,18 +14,16 @@ import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
 from dlscope.ckpt.pickle_scan import Opaque, PickleScan, ScanError, StorageRef, TensorRef, scan_pickle
+from dlscope.ckpt.scan import MAX_PICKLE_BYTES
 from dlscope.ckpt.zipdir import Member, MemberError, check_crc, member_chunks, members
 from dlscope.errors import CheckpointError
 
-MAX_PICKLE_BYTES = 256 << 20  # a state dict's pickle is kilobytes to a few MB; refuse to buffer more
 MAX_NODES = 1_000_000  # objects walked in the unpickled tree (shared references make a DAG, not a bomb)
 MAX_DEPTH = 64  # a deeper container is one metadata entry: paths stay short, the walk stays linear
 MAX_METADATA = 200  # scalar entries listed
 LONG_SEQUENCE = 16  # longer sequences of scalars are one metadata entry
 SCALARS = (bool, int, float, str, bytes, type(None))
 MODULE_KEYS = {"_modules", "_parameters", "_buffers"}  # nn.Module's own dicts, not names
-LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
-LEGACY_PREFIX = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
 
 
 def read_storage(path: Path, offset: int, nbytes: int, ref: TensorRef) -> torch.Tensor:
