@@ -479,3 +479,19 @@ def test_inspect_survives_the_hostile_files(tmp_path, capsys):
         code = main(["ckpt", "inspect", str(path), "--limit", "3"])
         assert code == {"safe": 0, "dangerous": 1, "damaged": 2}[EXPECTED[name]], name
         capsys.readouterr()
+
+
+def test_inspect_exit_status_is_the_scanners_verdict(tmp_path, capsys):
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.ones(4)}, good)
+    assert main(["ckpt", "inspect", "--json", str(good)]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "safe"
+    # a flipped storage byte: the anatomy still reads, --stats checks the CRCs and the verdict is damaged
+    data = good.read_bytes()
+    storage = next(i for i in zipfile.ZipFile(good).infolist() if "/data/0" in i.filename)
+    name_len, extra_len = struct.unpack_from("<HH", data, storage.header_offset + 26)
+    at = storage.header_offset + 30 + name_len + extra_len
+    flipped = write(tmp_path, "flipped.pt", patched(data, at, "<B", data[at] ^ 0x01))
+    assert main(["ckpt", "inspect", str(flipped)]) == 0  # without --stats no byte of tensor data is read
+    assert main(["ckpt", "inspect", "--stats", str(flipped)]) == 2
+    assert "DAMAGED" in capsys.readouterr().out
