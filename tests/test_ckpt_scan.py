@@ -368,6 +368,7 @@ def hostile_files(tmp_path: Path, deepest: int = 1_000_000) -> dict[str, Path]:
         "nested-lists": b"\x80\x04" + b"]\x94" * n + b"a" * (n - 1) + b".",
         "100k-globals": b"\x80\x02" + b"".join(b"cmod%d\nname\n" % i for i in range(100_000)) + b".",
         "bytearray-2GB": b"\x80\x02c__builtin__\nbytearray\nJ\xff\xff\xff\x7f\x85R.",
+        "sparse-memo": b"\x80\x02N" + b"".join(b"r" + struct.pack("<I", 10**9 + i) for i in range(n)) + b".",
         "long4-1GB": b"\x80\x02\x8b\x00\x00\x00\x40.",
     }
     paths = {name: write(tmp_path, f"{name}.pkl", data) for name, data in files.items()}
@@ -402,6 +403,7 @@ EXPECTED = {
     "nested-lists": "safe",
     "100k-globals": "dangerous",
     "bytearray-2GB": "safe",  # on torch's allow-list; never allocated here
+    "sparse-memo": "safe",
     "long4-1GB": "damaged",
     "inflates-200MB": "damaged",
     "corrupt-lzma": "damaged",
