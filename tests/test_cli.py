@@ -87,32 +87,40 @@ def test_lab_end_to_end_writes_every_section(tmp_path):
     assert ok.returncode == 0 and "identical predictions on 10,000" in ok.stdout
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
+def one_line_error(capsys, *argv: str) -> str:
+    """Run the CLI in-process on bad input: exit status 2 and exactly one line on stderr, no traceback."""
+    from dlscope.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    captured = capsys.readouterr()
+    assert code == 2, (captured.out, captured.err)
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    return lines[0]
 
 
-def test_bad_flags_are_one_line_errors(tmp_path):
-    assert_one_line_error(dlscope("lab", "--batch-size", "0", "--out", str(tmp_path / "r")), "batch sizes must be ≥ 1")
+def test_bad_flags_are_one_line_errors(tmp_path, capsys):
+    assert "batch sizes must be ≥ 1" in one_line_error(capsys, "lab", "--batch-size", "0", "--out", str(tmp_path / "r"))
     assert not (tmp_path / "r").exists()  # validated before anything is written
-    assert_one_line_error(dlscope("lab", "--model", "vgg"), "unknown model 'vgg'; choose from cnn")
-    assert_one_line_error(dlscope("lab", "--target-acc", "101"), "target accuracy")
-    assert_one_line_error(dlscope("train", "--epochs", "x"), "invalid int value")
+    assert "unknown model 'vgg'; choose from cnn" in one_line_error(capsys, "lab", "--model", "vgg")
+    assert "target accuracy" in one_line_error(capsys, "lab", "--target-acc", "101")
+    assert "invalid int value" in one_line_error(capsys, "train", "--epochs", "x")
 
 
-def test_bad_files_are_one_line_errors(tmp_path):
-    assert_one_line_error(dlscope("report", str(tmp_path)), str(tmp_path), "no results.json")
+def test_bad_files_are_one_line_errors(tmp_path, capsys):
+    line = one_line_error(capsys, "report", str(tmp_path))
+    assert str(tmp_path) in line and "no results.json" in line
     (tmp_path / "results.json").write_text("{not json")
-    assert_one_line_error(dlscope("report", str(tmp_path)), "not valid JSON")
+    assert "not valid JSON" in one_line_error(capsys, "report", str(tmp_path))
     torn = tmp_path / "torn.pt"
     torn.write_bytes(b"PK\x03\x04" + b"\x00" * 100)
-    assert_one_line_error(dlscope("ckpt", "verify", str(torn)), str(torn), "not a loadable checkpoint")
-    assert_one_line_error(dlscope("data", "verify", "--data-dir", str(tmp_path / "none")), "does not exist")
-    assert_one_line_error(dlscope("tensorboard", str(tmp_path)), "no tensorboard/ directory")
+    line = one_line_error(capsys, "ckpt", "verify", str(torn))
+    assert str(torn) in line and "not a loadable checkpoint" in line
+    assert "does not exist" in one_line_error(capsys, "data", "verify", "--data-dir", str(tmp_path / "none"))
+    assert "no tensorboard/ directory" in one_line_error(capsys, "tensorboard", str(tmp_path))
 
 
 def test_data_verify_and_models(tmp_path):

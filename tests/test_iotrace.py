@@ -105,16 +105,6 @@ def test_phase_marker_is_a_failing_open_and_parses_back():
         dlscope.phase("no/slashes").__enter__()
 
 
-def test_phase_marker_costs_microseconds_without_a_tracer():
-    n = 2000
-    start = time.perf_counter()
-    for _ in range(n):
-        with dlscope.phase("x"):
-            pass
-    per_marker = (time.perf_counter() - start) / (2 * n)
-    assert per_marker < 100e-6, f"{per_marker * 1e6:.1f} µs per marker"
-
-
 def test_import_dlscope_stays_light():
     code = "import sys, dlscope; dlscope.phase; print('torch' in sys.modules, 'numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
