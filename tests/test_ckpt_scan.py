@@ -345,6 +345,16 @@ def test_json_lists_every_event_and_the_worst_verdict(tmp_path, capsys):
     assert [e["opcode"] for e in by_name["evil.pkl"]["pickles"][0]["events"]] == ["GLOBAL", "REDUCE"]
 
 
+def test_pickle_without_a_usual_first_opcode_is_still_read(tmp_path):
+    canary = tmp_path / "CANARY"
+    # a bytes leaf first (no PROTO): pickle.load accepts it, then runs the call
+    data = b"C\x01x0" + system_call(canary)[2:] + b"."
+    report = scan_file(write(tmp_path, "odd.bin", data))
+    assert report.verdict == "dangerous" and "os.system called by REDUCE" in report.summary()
+    assert scan_file(write(tmp_path, "notes.txt", b"C\x01x0 plain text")).verdict == "damaged"
+    assert not canary.exists()
+
+
 def test_damaged_and_missing_files_exit_2(tmp_path, capsys):
     assert scan_cli(capsys, str(write(tmp_path, "cut.pkl", pickle.dumps([1, 2], protocol=2)[:-1])))[0] == 2
     assert main(["ckpt", "scan", str(tmp_path / "nope.pt")]) == 2

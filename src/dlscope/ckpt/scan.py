@@ -200,6 +200,10 @@ class Scanner:
         else:
             report.format = "unknown"
             self.bad(f"not a checkpoint: unknown format (first bytes {head[:8].hex(' ')})")
+            # pickle.load needs no PROTO first: whatever the first byte, what it would import is evidence
+            scan = scan_pickle(self.read_all(), 0, self.allowed)
+            if any(not e.allowed for e in scan.events):
+                self.add("pickle", scan)
 
     def tail(self, n: int) -> bytes:
         self.f.seek(max(0, self.report.file_bytes - n))
