@@ -1,6 +1,6 @@
 """`dlscope ckpt scan`: per file the verdict line, what off the allow-list each pickle reached and where,
-then the findings; for several files a tally. Every string here comes from a file: the terminal and the
-report escape it (console.safe), nothing here prints."""
+then the findings; for several files a tally. Not a results.json section: the command prints these
+blocks. Every string here comes from a file: the terminal escapes it (console.safe); nothing here prints."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 
 from dlscope.report.blocks import Block, Findings, Para, Table
 
-TITLE = "Checkpoint scan"
 VERDICT_LEVEL = {"safe": "good", "dangerous": "bad", "damaged": "warn"}
 
 
@@ -57,7 +56,3 @@ def render_scan(reports: list[dict[str, Any]], limit: int | None = 20) -> list[B
     tally = {v: sum(r["verdict"] == v for r in reports) for v in VERDICT_LEVEL}
     blocks.append(Para(f"{len(reports):,} files: " + ", ".join(f"{n:,} {v}" for v, n in tally.items())))
     return blocks
-
-
-def render(section: dict[str, Any]) -> list[Block]:
-    return render_scan(section["files"], limit=None)
