@@ -308,6 +308,8 @@ def test_npy_header_and_object_array_payload(tmp_path):
     np.save(tmp_path / "m.npy", np.zeros((2, 3), dtype="<f4", order="F"))
     header = next(f for f in scan_file(tmp_path / "m.npy").findings if f.what.startswith("dtype"))
     assert header.what == "dtype '<f4', shape (2, 3), fortran order True, data @ 128"
+    np.save(tmp_path / "fields.npy", np.zeros(3, dtype=[("Oxygen", "<f4"), ("n", "<i2", (2,))]))
+    assert scan_file(tmp_path / "fields.npy").verdict == "safe"  # a field named O… is no object field
     cut = write(tmp_path, "cut.npy", (tmp_path / "m.npy").read_bytes()[:-4])
     assert scan_file(cut).verdict == "damaged"
     with zipfile.ZipFile(tmp_path / "evil.npz", "w") as z:

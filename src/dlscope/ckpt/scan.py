@@ -380,7 +380,7 @@ class Scanner:
             self.bad(f".npy shape {shape!r:.60} is not a tuple of sizes", where)
             return
         self.note("info", f"dtype {descr!r:.40}, shape {shape!r:.60}, fortran order {fortran}, data @ {offset}", where)
-        if "O" in repr(descr):
+        if npy_has_objects(descr):
             self.stream(data, offset, f"{where} (object array)", allowed=self.allowed | NUMPY_ARRAY)
             return
         itemsize = npy_itemsize(descr)
@@ -394,6 +394,15 @@ class Scanner:
             self.bad(f"array data is {len(data) - offset:,} bytes, the header needs {expected:,}: truncated", where)
         elif offset + expected < len(data):
             self.note("warn", f"{len(data) - offset - expected:,} bytes after the array data", where)
+
+
+def npy_has_objects(descr: Any) -> bool:
+    """Whether a .npy descr holds Python objects ('|O', or a structured field of kind O): a pickle follows."""
+    if isinstance(descr, str):
+        return descr.lstrip("<>|=")[:1] == "O"
+    if isinstance(descr, list):
+        return any(isinstance(f, tuple) and len(f) >= 2 and npy_has_objects(f[1]) for f in descr)
+    return False
 
 
 def npy_itemsize(descr: Any) -> int | None:
