@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
-from dlscope.ckpt.pickle_scan import DType
+from dlscope.ckpt.pickle_values import DType
 from dlscope.errors import CheckpointError
 
 MAX_HEADER = 100_000_000  # the format's own limit

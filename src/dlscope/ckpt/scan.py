@@ -28,7 +28,8 @@ from typing import Any, BinaryIO
 
 from dlscope.ckpt import zipdir
 from dlscope.ckpt.allowlist import NUMPY_ARRAY, TORCH_WEIGHTS_ONLY
-from dlscope.ckpt.pickle_scan import PickleScan, StorageRef, TensorRef, scan_pickle
+from dlscope.ckpt.pickle_scan import scan_pickle
+from dlscope.ckpt.pickle_values import PickleScan, StorageRef, TensorRef
 from dlscope.errors import CheckpointError
 
 EXIT_CODES = {"safe": 0, "dangerous": 1, "damaged": 2}

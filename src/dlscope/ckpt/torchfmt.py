@@ -13,7 +13,8 @@ from typing import Any, BinaryIO
 import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
-from dlscope.ckpt.pickle_scan import Opaque, PickleScan, ScanError, StorageRef, TensorRef, scan_pickle
+from dlscope.ckpt.pickle_scan import scan_pickle
+from dlscope.ckpt.pickle_values import Opaque, PickleScan, ScanError, StorageRef, TensorRef
 from dlscope.ckpt.scan import MAX_PICKLE_BYTES
 from dlscope.ckpt.zipdir import Member, MemberError, check_crc, member_chunks, members
 from dlscope.errors import CheckpointError
