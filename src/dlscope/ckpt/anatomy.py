@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 ROLES = ("parameter", "buffer", "optimizer", "scheduler", "rng", "other")
 # top-level keys of torch checkpoints (ours, Lightning's, the usual hand-rolled ones) → role of their tensors
@@ -94,7 +95,8 @@ class Anatomy:
         }
 
 
-def dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: object) -> str:
+    """`torch.float32` or the name a reader kept (`float32`) → float32."""
     return str(dtype).removeprefix("torch.")
 
 

@@ -18,6 +18,7 @@ import torch
 
 from dlscope.ckpt import keras_fmt, safetensors_fmt, torchfmt
 from dlscope.ckpt.anatomy import Anatomy
+from dlscope.ckpt.scan import LEGACY_PREFIX
 from dlscope.ckpt.tf_fmt import SHARD_NAME, TABLE_MAGIC, index_path_for, inspect_tf
 from dlscope.ckpt.zipdir import open_zip
 from dlscope.errors import CheckpointError
@@ -35,7 +36,7 @@ def detect_format(path: Path, head: bytes, file_bytes: int) -> str:
         return "zip"
     if head[:8] == HDF5_MAGIC:
         return "hdf5"
-    if head.startswith(torchfmt.LEGACY_PREFIX):
+    if head.startswith(LEGACY_PREFIX):
         return "torch-legacy"
     if len(head) >= 9 and head[8:9] == b"{":
         return "safetensors"

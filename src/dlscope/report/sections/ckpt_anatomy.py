@@ -48,12 +48,13 @@ def verdict_finding(a: dict[str, Any]) -> tuple[str, str]:
         return "good", f"{a['format']}: no pickle, data only — nothing in the file can run."
     pickles = a["layout"]["pickles"]
     names = sorted({g for p in pickles for g in p["globals"]})
+    listed = ", ".join(names[:12]) + (f", … {len(names) - 12:,} more" if len(names) > 12 else "")
     opcodes = sum(p["opcodes"] for p in pickles)
     where = pickles[0]["where"] if len(pickles) == 1 else f"{len(pickles)} pickles"
     head = f"{where}: pickle protocol {pickles[0]['protocol']}, {opcodes:,} opcodes; it names {len(names)} globals"
     if a["safe_to_load"]:
-        return "good", f"{head} ({', '.join(names)}) — all on the allow-list: safe to torch.load."
-    return "bad", f"{head} ({', '.join(names)}) — NOT safe to torch.load."
+        return "good", f"{head} ({listed}) — all on the allow-list: safe to torch.load."
+    return "bad", f"{head} ({listed}) — NOT safe to torch.load."
 
 
 def layout_blocks(a: dict[str, Any], limit: int | None) -> list[Block]:
@@ -127,6 +128,8 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = N
     """A checkpoint's anatomy (`Anatomy.to_dict()`): the lab's section and `dlscope ckpt inspect` alike."""
     t = a["totals"]
     levels = [(f["level"], f"{f['what']} ({f['where']})" if f["where"] else f["what"]) for f in a["findings"]]
+    if limit and len(levels) > limit:  # a hostile pickle can name 100,000 globals
+        levels = [*levels[:limit], ("info", f"{len(levels) - limit:,} more findings (--limit N, or --json for all)")]
     blocks: list[Block] = [
         Para(f"{a['path']}: {a['format']}, {a['file_bytes']:,} bytes"),
         Findings([verdict_finding(a), *levels]),
