@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dlscope.ckpt.anatomy import Anatomy, by_group, by_role, shared_storages, totals
+from dlscope.console import safe
 
 LEVEL_STYLE = {"bad": "bad", "warn": "warn", "info": "dim"}
 
@@ -42,6 +43,22 @@ def _members_table(members: list[dict[str, Any]], limit: int) -> Table:
     if len(members) > limit:
         table.add_row(f"[dim]… {len(members) - limit:,} more", "", "", "", "", "", "")
     return table
+
+
+def _variable_map_table(rows: list[dict[str, Any]], limit: int) -> Table:
+    """Which layer and variable each tensor is, or which variable an optimizer slot serves."""
+    table = Table(title="variables → layers and optimizer slots", title_justify="left", box=None, padding=(0, 1))
+    for col in ("tensor", "layer", "variable", "slot"):
+        table.add_column(col, overflow="fold")
+    for row in rows[:limit]:
+        table.add_row(safe(_short(row["tensor"])), safe(row["layer"]), safe(row["variable"]), safe(row["slot"] or ""))
+    if len(rows) > limit:
+        table.add_row(f"[dim]… {len(rows) - limit:,} more (--json)", "", "", "")
+    return table
+
+
+def _short(name: str) -> str:
+    return name.removesuffix("/.ATTRIBUTES/VARIABLE_VALUE")
 
 
 def print_anatomy(anatomy: Anatomy, console: Console, limit: int = 40) -> None:
@@ -82,6 +99,8 @@ def print_anatomy(anatomy: Anatomy, console: Console, limit: int = 40) -> None:
         for file in layout["files"]:
             size = f"{file['bytes']:,} bytes" if file["bytes"] is not None else "[bad]missing[/]"
             console.print(f"  [path]{file['path']}[/]  {size}")
+    if layout.get("variable_map"):
+        console.print(_variable_map_table(layout["variable_map"], limit))
     for h5 in layout.get("hdf5", []):
         console.print(
             f"HDF5 [path]{h5['where']}[/]: {len(h5['groups'])} groups; root attributes {list(h5['root_attributes'])}"

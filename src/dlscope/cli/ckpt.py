@@ -15,11 +15,17 @@ from dlscope.cli.lab import keras_seed_options
 
 
 def cmd_ckpt_verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from dlscope.checkpoint import verify_checkpoint
+    from dlscope.ckpt.tf_fmt import bundle_index
     from dlscope.console import console
     from dlscope.data.loaders import normalise
     from dlscope.data.mnist import load_mnist
 
+    index = bundle_index(Path(args.path))
+    if index is not None:
+        return verify_tf_bundle(index)
     data = load_mnist(args.data_dir)
     result = verify_checkpoint(args.path, normalise(data.test_images), data.test_labels)
     if result.ok:
@@ -35,6 +41,23 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
         soft_wrap=True,
     )
     return 1
+
+
+def verify_tf_bundle(index) -> int:
+    """A TF checkpoint or SavedModel: every tensor's CRC32C, as TF checks them on restore."""
+    from dlscope.ckpt.tf_fmt import verify_bundle
+    from dlscope.console import console, safe
+
+    anatomy = verify_bundle(index)
+    bad = [f for f in anatomy.findings if f.level == "bad"]
+    for f in bad:
+        console.print(f"[bad]MISMATCH[/] {safe(f.where)}: {safe(f.what)}", soft_wrap=True)
+    if bad:
+        return 1
+    console.print(
+        f"[good]ok[/] {safe(index)}: the CRC32C of all {len(anatomy.tensors):,} tensors match", soft_wrap=True
+    )
+    return 0
 
 
 def cmd_ckpt_seed003(args: argparse.Namespace) -> int:
@@ -53,7 +76,7 @@ def cmd_ckpt_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(anatomy.to_dict(), indent=1, default=str))
     else:
         print_anatomy(anatomy, console, limit=args.limit)
-    return 0 if anatomy.safe_to_load else 1
+    return 0 if anatomy.safe_to_load and not anatomy.corrupt else 1
 
 
 def cmd_ckpt_diff(args: argparse.Namespace) -> int:
@@ -72,7 +95,9 @@ def cmd_ckpt_diff(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     ckpt = sub.add_parser("ckpt", help="checkpoints: verify, inspect (never executes the file), diff")
     ckpt_sub = ckpt.add_subparsers(dest="ckpt_command", required=True, parser_class=Parser)
-    p = ckpt_sub.add_parser("verify", help="reload a checkpoint and check its test predictions")
+    p = ckpt_sub.add_parser(
+        "verify", help="reload a checkpoint and check its test predictions; a TF checkpoint: every tensor's CRC32C"
+    )
     p.add_argument("path")
     p.add_argument("--data-dir", default=None)
     p.set_defaults(func=cmd_ckpt_verify)
@@ -83,7 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("path", help="checkpoint file (format detected from its bytes), or a TF checkpoint prefix")
     p.add_argument("--json", action="store_true", help="print the full anatomy as JSON")
-    p.add_argument("--stats", action="store_true", help="read tensor data: min/max/mean/std, zeros, NaN/Inf; CRCs")
+    p.add_argument(
+        "--stats", action="store_true", help="read tensor data: min/max/mean/std, zeros, NaN/Inf; CRCs (exit 1 on one)"
+    )
     p.add_argument("--limit", type=int, default=40, help="rows per table (default 40; --json lists all)")
     p.set_defaults(func=cmd_ckpt_inspect)
     p = ckpt_sub.add_parser("diff", help="tensors added/removed/changed between two checkpoints; exit 0 identical")

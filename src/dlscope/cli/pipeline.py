@@ -100,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="new directory for the dataset")
     p.add_argument("--source", default="mnist", choices=["mnist", "synthetic"])
     p.add_argument("--samples", type=int, default=60_000, help="how many samples (default 60000)")
-    p.add_argument("--sample-bytes", type=int, default=529, help="synthetic sample size (529: 550-byte files)")
+    p.add_argument("--sample-bytes", type=int, default=472, help="synthetic sample size (472: 550-byte files)")
     p.add_argument("--shards", type=int, default=8, help="TFRecord shards (default 8)")
     p.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated subset of {','.join(FORMATS)}")
     p.add_argument("--seed", type=int, default=0)

@@ -20,8 +20,9 @@ import numpy as np
 
 from dlscope.data.mnist import MNIST
 from dlscope.data.pipeline.consumer import SimulatedCompute, TrainingCompute
+from dlscope.data.pipeline.example import example_bytes
 from dlscope.data.pipeline.measure import COMPUTE_BOUND_WAIT, INPUT_BOUND_WAIT, measure_epoch
-from dlscope.data.pipeline.prepare import PAYLOAD_HEADER, Manifest, prepare_dataset, synthetic_samples
+from dlscope.data.pipeline.prepare import Manifest, prepare_dataset, synthetic_samples
 from dlscope.data.pipeline.stages import ReaderConfig
 from dlscope.data.pipeline.tfrecord import OVERHEAD
 from dlscope.errors import ConfigError
@@ -186,7 +187,7 @@ def prepare_sweep_data(workdir: Path, mnist: MNIST, plan: SweepPlan) -> dict[str
     labels = mnist.train_labels[:n].numpy().astype(np.uint8)
     data = {"mnist": (workdir / "mnist", prepare_dataset(workdir / "mnist", labels, images, "mnist"))}
     if plan.small_files:
-        sample_bytes = SEED_FILE_BYTES - OVERHEAD - PAYLOAD_HEADER.size
+        sample_bytes = next(n for n in range(SEED_FILE_BYTES) if OVERHEAD + example_bytes(n) == SEED_FILE_BYTES)
         labels, samples = synthetic_samples(plan.small_files, sample_bytes, plan.seed)
         data["small"] = (workdir / "small", prepare_dataset(workdir / "small", labels, samples, "synthetic"))
     return data
