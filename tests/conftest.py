@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from dlscope.data.mnist import MNIST, load_mnist
+
+# Keras picks its backend once per process; with TensorFlow installed it would pick tensorflow.
+# The in-process Keras tests use torch; the TensorFlow backend is tested in subprocesses.
+os.environ.setdefault("KERAS_BACKEND", "torch")
 
 
 @pytest.fixture(scope="session")

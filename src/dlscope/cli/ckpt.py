@@ -61,6 +61,10 @@ def verify_tf_bundle(index) -> int:
 
 
 def cmd_ckpt_seed003(args: argparse.Namespace) -> int:
+    if args.backend == "tensorflow":
+        from dlscope.data.pipeline.tfdata import import_tensorflow
+
+        import_tensorflow()  # missing TF: one line before any run directory is made
     return run_pipeline(
         args, "ckpt-seed003", ["environment", "dataset", "ckpt_anatomy"], extra=keras_seed_options(args)
     )
@@ -121,7 +125,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_ckpt_diff)
     p = ckpt_sub.add_parser(
         "seed003",
-        help="train seed 003's Keras MLP (Keras 3, torch backend), save .h5 and .keras, report their anatomy",
+        help="train seed 003's Keras MLP (Keras 3, torch or TensorFlow backend), save .h5, .keras and a TF "
+        "checkpoint, profile it, report their anatomy",
+    )
+    p.add_argument(
+        "--backend",
+        default="torch",
+        choices=["torch", "tensorflow"],
+        help="Keras backend (tensorflow needs the tf extra; default torch)",
+    )
+    p.add_argument(
+        "--keras-optimizer", default="rmsprop", choices=["rmsprop", "adam"], help="default rmsprop (the handout: adam)"
     )
     add_training_args(p, epochs=5, target=None)
     add_run_args(p)

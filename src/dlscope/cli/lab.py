@@ -23,7 +23,12 @@ from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib 
 
 
 def keras_seed_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"keras_seed": True, "keras_epochs": args.epochs, "keras_train_subset": args.train_subset}
+    options = {"keras_seed": True, "keras_epochs": args.epochs, "keras_train_subset": args.train_subset}
+    if getattr(args, "backend", None):  # dlscope ckpt seed003
+        options.update(
+            keras_backend=args.backend, keras_optimizer=args.keras_optimizer, keras_batch_size=args.batch_size
+        )
+    return options
 
 
 def cmd_lab(args: argparse.Namespace) -> int:

@@ -45,7 +45,14 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
 
     manifest = load_manifest(args.data, args.format)
     reader = ReaderConfig(
-        args.format, args.read_buffer, args.shuffle_buffer, args.batch_size, args.workers, args.prefetch, args.seed
+        args.format,
+        args.read_buffer,
+        args.shuffle_buffer,
+        args.batch_size,
+        args.workers,
+        args.prefetch,
+        args.seed,
+        args.engine,
     )
     consumer = (
         TrainingCompute(args.train, args.device, manifest.sample_bytes, args.seed, args.threads)
@@ -55,7 +62,8 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
     m = measure_epoch(args.data, manifest, reader, consumer, cold=not args.warm, epoch=args.epoch)
     row = {"label": f"{args.format}", **m.to_dict()}
     console.print(
-        f"[phase]{args.format}[/] · read buffer {reader.read_buffer:,} B · shuffle buffer {reader.shuffle_buffer:,} "
+        f"[phase]{args.format}[/] through {'tf.data' if args.engine == 'tfdata' else 'dlscope'} "
+        f"· read buffer {reader.read_buffer:,} B · shuffle buffer {reader.shuffle_buffer:,} "
         f"· batch {reader.batch_size} · workers {reader.workers} · prefetch {reader.prefetch} · {manifest.samples:,} "
         f"samples of {manifest.sample_bytes} B"
     )
@@ -82,7 +90,12 @@ def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
         threads=args.threads,
         seed=args.seed,
         repeats=args.repeats,
+        engines=tuple(e.strip() for e in args.engines.split(",")),
     )
+    if "tfdata" in plan.engines:
+        from dlscope.data.pipeline.tfdata import import_tensorflow
+
+        import_tensorflow()  # missing TF: one line before any run directory is made
     config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
     extra = {"pipeline_plan": plan, "pipeline_remove_data": args.remove_data}
     return run_pipeline(args, "pipeline-sweep", ["environment", "dataset", "pipeline"], config=config, extra=extra)
@@ -113,8 +126,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--read-buffer", type=int, default=262_144, metavar="BYTES", help="bytes per read call")
     p.add_argument("--shuffle-buffer", type=int, default=0, metavar="N", help="records (0: no shuffle)")
     p.add_argument("--batch-size", type=int, default=500)
-    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
-    p.add_argument("--prefetch", type=int, default=2, help="batches prefetched (per worker)")
+    p.add_argument(
+        "--engine",
+        default="dlscope",
+        choices=["dlscope", "tfdata"],
+        help="dlscope's reader stages, or the same row through tf.data (needs the tf extra)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=0, help="DataLoader worker processes; tfdata: interleave threads, -1 AUTOTUNE"
+    )
+    p.add_argument("--prefetch", type=int, default=2, help="batches prefetched (per worker); tfdata: -1 AUTOTUNE")
     p.add_argument("--warm", action="store_true", help="keep the page cache (default: evict it, a cold run)")
     p.add_argument("--compute-ms", type=float, default=5.0, help="simulated compute per batch (default 5 ms)")
     p.add_argument("--train", default=None, choices=list(MODELS), help="train this model instead of simulating")
@@ -146,6 +167,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=SweepPlan.repeats,
         help="interleaved runs per row, median kept (default %(default)s)",
+    )
+    p.add_argument(
+        "--engines",
+        default="dlscope",
+        help="comma-separated: dlscope, tfdata (each row also through tf.data; needs the tf extra)",
     )
     p.add_argument("--remove-data", action="store_true", help="delete the prepared datasets afterwards")
     p.add_argument("--out", default=None, help="run directory (default runs/pipeline-sweep-<time>)")

@@ -15,7 +15,7 @@ from dlscope.ckpt.anatomy import Anatomy
 from dlscope.ckpt.diff import diff_checkpoints
 from dlscope.ckpt.inspect import inspect_checkpoint
 from dlscope.ckpt.show import kib
-from dlscope.console import console
+from dlscope.console import console, safe
 from dlscope.report.blocks import Block, Code, Findings, Para, Table
 from dlscope.steps.base import LabContext, LabStep
 
@@ -78,21 +78,49 @@ def keras_part(ctx: LabContext) -> dict[str, Any]:
     assert ctx.data is not None, "the dataset step runs first"
     extra = ctx.options.extra
     n = extra.get("keras_train_subset") or len(ctx.data.train_labels)
-    with console.status(f"training seed 003's Keras MLP on {n:,} images, {extra.get('keras_epochs', 1)} epoch(s)"):
+    backend = extra.get("keras_backend", "torch")
+    epochs = extra.get("keras_epochs", 1)
+    with console.status(f"training seed 003's Keras MLP ({backend}) on {n:,} images, {epochs} epoch(s)"):
         trained = train_seed_mlp(
-            ctx.data.train_images[:n], ctx.data.train_labels[:n], ctx.run.sub("keras"), extra.get("keras_epochs", 1)
+            ctx.data.train_images[:n],
+            ctx.data.train_labels[:n],
+            ctx.run.sub("keras"),
+            epochs,
+            batch_size=extra.get("keras_batch_size", 32),
+            backend=backend,
+            optimizer=extra.get("keras_optimizer", "adam"),
         )
     files = trained.pop("files")
     console.print(
-        f"keras {trained['keras_version']} ({trained['backend']} backend): trained in "
-        f"{trained['train_seconds']:.1f}s, accuracy {trained['accuracy'][-1]:.2%}"
+        f"keras {trained['keras_version']} ({trained['backend']} backend, {trained['optimizer']}, batch "
+        f"{trained['batch_size']}): trained in {trained['train_seconds']:.1f}s, accuracy {trained['accuracy'][-1]:.2%}"
     )
+    console.print(profile_table(trained["profile"]))
     out = {"training": trained}
     for kind, path in files.items():
-        anatomy = inspect_checkpoint(path)
+        anatomy = inspect_checkpoint(path, stats=kind == "tf_bundle")  # the bundle's CRC32Cs checked too
         out[kind] = compact(anatomy, ctx.run.rel(path))
         print_summary(out[kind])
     return out
+
+
+def profile_table(profile: dict[str, Any]) -> RichTable:
+    table = RichTable(
+        title=f"top-10 operators, {profile['steps']} steps ({profile['profiler']})", title_justify="left", box=None
+    )
+    for col in PROFILE_COLUMNS:
+        table.add_column(col, justify="left" if col == "operator" else "right")
+    for row in profile_cells(profile):
+        table.add_row(safe(row[0]), *(f"{c:,}" if isinstance(c, int) else f"{c:.2f}" for c in row[1:]))
+    return table
+
+
+PROFILE_COLUMNS = ["operator", "calls", "self ms/step", "self %"]
+
+
+def profile_cells(profile: dict[str, Any]) -> list[list[Any]]:
+    steps = max(profile["steps"], 1)
+    return [[r["name"], r["calls"], r["self_us"] / 1000 / steps, r["self_pct"]] for r in profile["top"]]
 
 
 def run(ctx: LabContext) -> dict[str, Any]:
@@ -261,7 +289,8 @@ def render(section: dict[str, Any]) -> list[Block]:
         blocks.append(
             Para(
                 f"Seed 003's MLP, trained with Keras {tr['keras_version']} on the {tr['backend']} backend "
-                f"({tr['samples']:,} images, {tr['epochs']} epoch(s), accuracy {tr['accuracy'][-1]:.2%}) and saved "
+                f"({tr['samples']:,} images, {tr['epochs']} epoch(s), {tr.get('optimizer', 'adam')}, batch "
+                f"{tr.get('batch_size', 32)}, accuracy {tr['accuracy'][-1]:.2%}) and saved "
                 "with model.save('model.h5') as in the handout: the HDF5 root attributes hold model_config and "
                 "training_config, the groups model_weights/<layer>/… and optimizer_weights/… the tensors."
             )
@@ -279,6 +308,33 @@ def render(section: dict[str, Any]) -> list[Block]:
             )
         )
         blocks += render_anatomy(k["keras"], stats_columns=False)
+        if "tf_bundle" in k:
+            blocks.append(
+                Para(
+                    "The handout's other format, TensorFlow's own checkpoint (tf.train.Checkpoint): a LevelDB index "
+                    "of every tensor's dtype, shape, offset and CRC32C, and a data shard. Its object graph says "
+                    "which layer each variable belongs to and which variable each optimizer slot serves."
+                )
+            )
+            blocks += render_anatomy(k["tf_bundle"], stats_columns=False)
+            variable_map = k["tf_bundle"]["layout"].get("variable_map", [])
+            if variable_map:
+                blocks.append(
+                    Table(
+                        ["tensor", "layer", "variable", "slot"],
+                        [[r["tensor"], r["layer"], r["variable"], r["slot"] or ""] for r in variable_map],
+                        "The object graph decoded: variables → layers and optimizer slots",
+                    )
+                )
+        if "profile" in tr:
+            blocks.append(
+                Table(
+                    PROFILE_COLUMNS,
+                    profile_cells(tr["profile"]),
+                    f"Top-10 operators by self time over {tr['profile']['steps']} training steps "
+                    f"({tr['profile']['profiler']}, {tr['backend']} backend): the same table for either backend",
+                )
+            )
     return blocks
 
 

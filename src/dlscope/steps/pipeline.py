@@ -9,7 +9,18 @@ from rich.table import Table as RichTable
 
 from dlscope.console import console, step_progress
 from dlscope.data.mnist import load_mnist
-from dlscope.data.pipeline.sweep import COLUMNS, SweepPlan, findings, ratio_text, row_cells, run_sweep
+from dlscope.data.pipeline.sweep import (
+    COLUMNS,
+    ENGINE_COLUMNS,
+    SweepPlan,
+    engine_cells,
+    findings,
+    own_rows,
+    ratio_text,
+    row_cells,
+    run_sweep,
+    table_pairs,
+)
 from dlscope.report import plots
 from dlscope.report.blocks import Block, Figure, Findings, Para, Table
 from dlscope.steps.base import LabContext, LabStep
@@ -45,6 +56,9 @@ def run(ctx: LabContext) -> dict[str, Any]:
     )
     for table in section["tables"]:
         console.print(rich_table(table))
+    for table in section["tables"]:
+        if table_pairs(table):
+            console.print(rich_engine_table(table))
     for level, text in findings(section):
         console.print(f"[{FINDING_STYLE[level]}]{'✔' if level == 'good' else '•'}[/] {text}")
     return section
@@ -65,7 +79,7 @@ def rich_table(table: dict[str, Any]) -> RichTable:
     for column in TERMINAL_COLUMNS:
         out.add_column(column, justify="left" if column == "cache" else "right")
     out.add_column("verdict")
-    for row in table["rows"]:
+    for row in own_rows(table):
         cold_mark = {True: "✔", False: "[bad]✘[/]", None: "?"}[row["cold_verified"]]
         out.add_row(
             row["label"],
@@ -73,7 +87,7 @@ def rich_table(table: dict[str, Any]) -> RichTable:
             f"{row['wall_s']:.2f}",
             f"{row['wait_s']:.2f}",
             f"{row['compute_s']:.2f}",
-            f"{row['read_s']:.2f}",
+            f"{row['read_s']:.2f}" if row["read_s"] is not None else "—",
             f"{row['reads']:,}",
             ratio_text(row["reads_per_step"]),
             f"{row['samples_per_s'] or 0:,.0f}",
@@ -83,16 +97,30 @@ def rich_table(table: dict[str, Any]) -> RichTable:
     return out
 
 
+def rich_engine_table(table: dict[str, Any]) -> RichTable:
+    """dlscope's stages and tf.data on the same rows, side by side."""
+    out = RichTable(
+        title=f"[phase]{table['title']}[/]: dlscope / tf.data", title_justify="left", box=None, padding=(0, 1)
+    )
+    out.add_column(table["varied"])
+    for column in ENGINE_COLUMNS:
+        out.add_column(column, justify="right")
+    for label, dl, tf in table_pairs(table):
+        out.add_row(label, *engine_cells(dl, tf))
+    return out
+
+
 def time_split_figure(table: dict[str, Any]) -> bytes:
     """Wall time split into waiting for data and computing, AU on top of each bar."""
     fig, axes = plots.subplots(1, width=max(3.6, 1.1 * len(table["rows"]) + 1.5), height=2.8)
     ax = axes[0][0]
-    labels = [r["label"] for r in table["rows"]]
-    wait = [r["wait_s"] for r in table["rows"]]
-    compute = [r["compute_s"] for r in table["rows"]]
+    rows = own_rows(table)
+    labels = [r["label"] for r in rows]
+    wait = [r["wait_s"] for r in rows]
+    compute = [r["compute_s"] for r in rows]
     ax.bar(labels, wait, color="#d62728", label="waiting for data")
     ax.bar(labels, compute, bottom=wait, color="#1f77b4", label="compute")
-    for i, row in enumerate(table["rows"]):
+    for i, row in enumerate(rows):
         ax.annotate(f"AU {100 * row['au']:.0f}%", (i, row["wait_s"] + row["compute_s"]), ha="center", va="bottom")
     ax.set_xlabel(table["varied"])
     ax.set_ylabel("seconds per epoch")
@@ -129,9 +157,20 @@ def render(section: dict[str, Any]) -> list[Block]:
     for table in section["tables"]:
         blocks += [
             Para(f"{table['title']}. {table['note']}"),
-            Table([table["varied"], *COLUMNS[1:]], [row_cells(r) for r in table["rows"]]),
+            Table([table["varied"], *COLUMNS[1:]], [row_cells(r) for r in own_rows(table)]),
             Figure(f"pipeline_{table['key']}", time_split_figure(table), f"{table['title']}: where the wall time went"),
         ]
+        if table_pairs(table):
+            blocks += [
+                Para(
+                    f"{table['title']}, the same rows through tf.data (TFRecordDataset(buffer_size), interleave, "
+                    "shuffle, batch, parse_example, prefetch) against dlscope's stages: dlscope / tf.data."
+                ),
+                Table(
+                    [table["varied"], *ENGINE_COLUMNS],
+                    [[label, *engine_cells(dl, tf)] for label, dl, tf in table_pairs(table)],
+                ),
+            ]
     return blocks
 
 

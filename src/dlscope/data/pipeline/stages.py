@@ -44,6 +44,10 @@ class Batch(NamedTuple):
     io: IOCounters  # what reading this batch cost (deltas since the worker's previous batch)
 
 
+ENGINES = ("dlscope", "tfdata")
+AUTOTUNE = -1  # tf.data.AUTOTUNE, for the tfdata engine's workers and prefetch
+
+
 @dataclass(frozen=True)
 class ReaderConfig:
     fmt: str = "tfrecord"
@@ -53,17 +57,20 @@ class ReaderConfig:
     workers: int = 0
     prefetch: int = 2  # batches in flight per worker (DataLoader) or in the thread queue
     seed: int = 0
+    engine: str = "dlscope"  # or "tfdata": the same row through tf.data (tfdata.py)
 
     def __post_init__(self) -> None:
+        lowest = AUTOTUNE if self.engine == "tfdata" else 0
         checks = [
             (self.fmt in ("files", "tfrecord", "array"), "format must be files, tfrecord or array"),
+            (self.engine in ENGINES, f"engine must be one of {', '.join(ENGINES)}"),
             (self.read_buffer >= 1, "read buffer must be ≥ 1 byte"),
             (self.shuffle_buffer >= 0, "shuffle buffer must be ≥ 0"),
             (self.batch_size >= 1, "batch size must be ≥ 1"),
-            (self.workers >= 0, "workers must be ≥ 0"),
-            (self.prefetch >= 0, "prefetch must be ≥ 0"),
+            (self.workers >= lowest, "workers must be ≥ 0 (-1, AUTOTUNE, with the tfdata engine)"),
+            (self.prefetch >= lowest, "prefetch must be ≥ 0 (-1, AUTOTUNE, with the tfdata engine)"),
             (
-                self.workers == 0 or self.prefetch >= 1,
+                self.engine == "tfdata" or self.workers == 0 or self.prefetch >= 1,
                 "with workers, prefetch (prefetch_factor) must be ≥ 1",
             ),
         ]
