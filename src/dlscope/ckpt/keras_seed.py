@@ -37,11 +37,11 @@ def import_keras(backend: str = "torch") -> Any:
                 f"the {backend} backend needs a new process"
             )
         return keras
+    os.environ["KERAS_BACKEND"] = backend  # keras reads it once, at import (importing TF may import keras)
     if backend == "tensorflow":
         from dlscope.data.pipeline.tfdata import import_tensorflow
 
         import_tensorflow()  # one line naming the install command when TF is missing
-    os.environ["KERAS_BACKEND"] = backend  # keras reads it once, at import
     try:
         import keras
     except ImportError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from dlscope.cli.common import (
     Parser,
@@ -61,6 +62,7 @@ def verify_tf_bundle(index) -> int:
 
 
 def cmd_ckpt_seed003(args: argparse.Namespace) -> int:
+    os.environ["KERAS_BACKEND"] = args.backend  # the flag wins over the environment; keras reads it at import
     if args.backend == "tensorflow":
         from dlscope.data.pipeline.tfdata import import_tensorflow
 
