@@ -52,12 +52,10 @@ def verify_tf_bundle(index) -> int:
     anatomy = verify_bundle(index)
     bad = [f for f in anatomy.findings if f.level == "bad"]
     for f in bad:
-        console.print(f"[bad]MISMATCH[/] {safe(f.where)}: {safe(f.what)}", soft_wrap=True)
+        console.print(f"[bad]MISMATCH[/] {safe(f.where)}: {safe(f.what)}")
     if bad:
         return 1
-    console.print(
-        f"[good]ok[/] {safe(index)}: the CRC32C of all {len(anatomy.tensors):,} tensors match", soft_wrap=True
-    )
+    console.print(f"[good]ok[/] {safe(index)}: the CRC32C of all {len(anatomy.tensors):,} tensors match")
     return 0
 
 
