@@ -203,6 +203,7 @@ def test_seed003_on_the_tensorflow_backend(tmp_path):
 def test_missing_tensorflow_is_one_line_with_the_install_command(dataset, monkeypatch, capsys):
     root, _, _, _ = dataset
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # `import tensorflow` now fails as if absent
+    monkeypatch.setenv("KERAS_BACKEND", os.environ.get("KERAS_BACKEND", "torch"))  # seed003 sets it: restore
     assert main(["pipeline", "run", str(root), "--engine", "tfdata"]) == 2
     assert main(["pipeline", "sweep", "--engines", "dlscope,tfdata", "--out", str(root.parent / "no")]) == 2
     assert main(["ckpt", "seed003", "--backend", "tensorflow", "--out", str(root.parent / "no")]) == 2
