@@ -11,7 +11,7 @@ consumer, so its numbers stand next to dlscope's stages.
 
 AUTOTUNE (-1) is accepted for workers and prefetch. tf.data reads in C++ threads, out of Python's
 sight: its read calls and bytes are the process's own counters (/proc/self/io syscr, rchar) over
-each batch, less the reads of /proc/self/io itself; `ckpt`-style strace checks confirm them.
+each batch, less the reads of /proc/self/io itself (tests/test_tf.py checks them against strace).
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ import torch
 
 from dlscope.data.pipeline.example import encode_example
 from dlscope.data.pipeline.prepare import Manifest, data_files
-from dlscope.data.pipeline.stages import Batch, ReaderConfig
+from dlscope.data.pipeline.stages import AUTOTUNE, Batch, ReaderConfig
 from dlscope.data.pipeline.tfrecord import IOCounters
 from dlscope.errors import ConfigError, DatasetError
 
-AUTOTUNE = -1
 INSTALL = "pip install -e '.[tf]'"
 
 
