@@ -101,8 +101,7 @@ def tfdata_batches(root: str | Path, manifest: Manifest, config: ReaderConfig, e
         records = read(names)
     else:
         parallel = tune if config.workers == AUTOTUNE else config.workers
-        cycle = tune if config.workers == AUTOTUNE else config.workers
-        records = names.interleave(read, cycle_length=cycle, num_parallel_calls=parallel, deterministic=True)
+        records = names.interleave(read, cycle_length=parallel, num_parallel_calls=parallel, deterministic=True)
     if config.shuffle_buffer > 1:
         records = records.shuffle(config.shuffle_buffer, seed=config.seed * 1_000_003 + epoch)
     features = _features(tf)
