@@ -337,6 +337,7 @@ def render(section: dict[str, Any]) -> list[Block]:
                 "training_config, the groups model_weights/<layer>/… and optimizer_weights/… the tensors."
             )
         )
+        blocks.append(formats_table([k[kind] for kind in ("h5", "keras", "tf_bundle") if kind in k]))
         h5 = k["h5"]
         if "model_config" in h5["layout"]:
             blocks.append(Code("model_config = " + seed_listing(h5["layout"]["model_config"]), "json"))
@@ -363,6 +364,31 @@ def render(section: dict[str, Any]) -> list[Block]:
         if "profile" in tr:
             blocks.append(profile_table(tr["profile"], tr["backend"]))
     return blocks
+
+
+def formats_table(anatomies: list[dict[str, Any]]) -> Table:
+    """The same trained model in each format it was saved in, side by side."""
+
+    def role_bytes(a: dict[str, Any], role: str) -> int:
+        return sum(r["bytes"] for r in a["by_role"] if r["role"] == role)
+
+    return Table(
+        ["file", "format", "bytes", "tensors", "parameters", "optimizer", "overhead"],
+        [
+            [
+                a["path"],
+                a["format"],
+                a["file_bytes"],
+                a["totals"]["tensors"],
+                role_bytes(a, "parameter"),
+                role_bytes(a, "optimizer"),
+                a["totals"]["overhead_bytes"],
+            ]
+            for a in anatomies
+        ],
+        "One model, each format it was saved in (bytes; overhead: headers, metadata, padding)",
+        optional=("format",),
+    )
 
 
 def profile_table(profile: dict[str, Any], backend: str) -> Table:
