@@ -27,8 +27,8 @@ import numpy as np
 from dlscope.data.pipeline.example import encode_example, example_bytes
 from dlscope.data.pipeline.tfrecord import OVERHEAD, frame, write_records
 from dlscope.errors import ConfigError, DatasetError
+from dlscope.options import PIPELINE_FORMATS as FORMATS
 
-FORMATS = ("files", "tfrecord", "array")
 ROW_HEADER = struct.Struct("<IB")  # sample index, label: the array's rows
 FILES_PER_DIR = 1000
 MANIFEST = "manifest.json"
