@@ -75,6 +75,8 @@ class Anatomy:
     findings: list[Finding] = field(default_factory=list)
     # False when some global in a pickle is off the allow-list: torch.load could run code
     safe_to_load: bool = True
+    # tensors whose bytes fail their stored checksum (TF bundles' CRC32C, checked with --stats)
+    corrupt: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +84,7 @@ class Anatomy:
             "format": self.format,
             "file_bytes": self.file_bytes,
             "safe_to_load": self.safe_to_load,
+            "corrupt": self.corrupt,
             "findings": [f.__dict__ for f in self.findings],
             "layout": self.layout,
             "architecture": self.architecture,

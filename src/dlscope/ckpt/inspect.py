@@ -109,7 +109,7 @@ def _inspect(path: Path, f: BinaryIO, kind: str, head: bytes, file_bytes: int, s
     elif kind == "safetensors":
         anatomy = safetensors_fmt.inspect_safetensors(path, f, file_bytes)
     elif _tail(path, file_bytes) == TABLE_MAGIC:
-        anatomy = inspect_tf(path, f, file_bytes)
+        anatomy = inspect_tf(path, f, file_bytes, check=stats)
     elif kind == "pickle":
         anatomy = torchfmt.inspect_bare_pickle(path, f, file_bytes)
     else:
