@@ -10,15 +10,19 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from dlscope.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def mapped_tensor(path: str | Path, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
     """`nbytes` at `offset` of the file as a flat tensor backed by a copy-on-write mapping (never
     written: the file is untouched); the mapping lives as long as the tensor."""
+    import torch  # only --stats reads tensor data: inspecting a layout needs no torch
+
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if offset < 0 or offset + nbytes > size:
