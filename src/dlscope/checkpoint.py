@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dlscope.errors import CheckpointError, ConfigError
+from dlscope.errors import OS_CAUSES, CheckpointError, ConfigError, DlscopeError
 from dlscope.fsutil import atomic_write_with, clean_stale_temps
 from dlscope.models import build_model
 from dlscope.train import EpochResult, Observer, Trainer, fingerprint
@@ -91,7 +91,9 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> SaveInfo:
         removed = clean_stale_temps(path.parent)
         atomic_write_with(path, lambda f: torch.save(state, f))
     except OSError as e:
-        raise CheckpointError(f"cannot write checkpoint: {e.strerror or e}", path) from None
+        raise CheckpointError(f"cannot write checkpoint: {OS_CAUSES.get(e.errno, e.strerror or e)}", path) from None
+    except DlscopeError as e:  # an OS fault atomic_write named: the same words, as a checkpoint error
+        raise CheckpointError(f"cannot write checkpoint: {e.message.split(': ', 1)[-1]}", e.path) from None
     return SaveInfo(str(path), path.stat().st_size, time.perf_counter() - start, len(removed))
 
 
@@ -172,8 +174,11 @@ def verify_checkpoint(
     saved = state.get("fingerprint")
     if saved is None:
         raise CheckpointError("checkpoint has no prediction fingerprint to verify against", path)
-    if saved["samples"] != len(labels):
+    # a run trained with --test-subset N evaluated (and fingerprinted) the first N test images
+    samples = state["config"].get("test_subset") or len(labels)
+    if saved["samples"] != samples or samples > len(labels):
         raise CheckpointError(f"fingerprint covers {saved['samples']} test samples, {len(labels)} given", path)
+    images, labels = images[:samples], labels[:samples]
     try:
         model = model_from_checkpoint(state)
     except (RuntimeError, KeyError, TypeError, AttributeError, ConfigError) as e:  # weights that do not fit
