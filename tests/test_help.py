@@ -53,7 +53,7 @@ def test_help_describes_shows_defaults_and_ends_with_real_examples(words, parser
         if action.option_strings and action.help is not argparse.SUPPRESS:
             assert any(o in usage for o in action.option_strings), f"usage omits {action.option_strings}"
         default = action.default
-        if action.option_strings and default not in (None, False, True, argparse.SUPPRESS):
+        if action.option_strings and default not in (None, False, True, argparse.SUPPRESS, "", []):
             entry = next(e for e in option_entries(text) if e.strip().startswith(tuple(action.option_strings)))
             assert "default" in entry, f"{action.option_strings}: the default is not shown in {entry!r}"
     assert text.rstrip().split("\n\n")[-1].startswith("examples:")

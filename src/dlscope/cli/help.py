@@ -98,6 +98,11 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("dlscope ckpt diff runs/x/checkpoints/last.pt runs/x/checkpoints/final.pt", "exit 0: identical"),
         ("dlscope ckpt diff a.pt b.pt --json", "every difference, as JSON"),
     ],
+    "ckpt scan": [
+        ("dlscope ckpt scan ~/Downloads/model.pt", "would torch.load or pickle.load run code?"),
+        ("dlscope ckpt scan ~/models --json > verdicts.json", "every file under a directory, as JSON"),
+        ("dlscope ckpt scan model.pt --allow collections.Counter", "trust one more global"),
+    ],
     "ckpt seed003": [
         ("dlscope ckpt seed003", "seed 003's Keras MLP, 5 epochs, .h5 and .keras dissected"),
         ("dlscope ckpt seed003 --epochs 1 --train-subset 5000", "a quick one"),
@@ -144,7 +149,9 @@ class HelpFormatter(argparse.HelpFormatter):
     @staticmethod
     def default_text(action: argparse.Action) -> str:
         default = action.default
-        if not action.option_strings or default is None or default is argparse.SUPPRESS or isinstance(default, bool):
+        if not action.option_strings or default is argparse.SUPPRESS or isinstance(default, bool):
+            return ""
+        if default is None or (isinstance(default, str | list | tuple) and not default):  # nothing to show
             return ""
         shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
         return f"(default {shown.replace('%', '%%')})"
