@@ -17,7 +17,7 @@ from pathlib import Path
 # stderr would break dlscope's one-line errors and clutter the terminal. A user's own setting wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from torch.utils.tensorboard import SummaryWriter  # noqa: E402
+from torch.utils.tensorboard import SummaryWriter
 
 from dlscope.data.mnist import MEAN, STD
 from dlscope.train import EpochResult, LogPoint, Observer, Trainer, TrainResult
