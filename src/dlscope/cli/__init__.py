@@ -8,11 +8,11 @@ import sys
 from collections.abc import Sequence
 
 from dlscope import __version__
-from dlscope.cli import ckpt, lab, pipeline, tools, trace
+from dlscope.cli import ckpt, lab, pipeline, run, tools, trace
 from dlscope.cli.common import Parser
 from dlscope.errors import DlscopeError
 
-COMMANDS = [lab, trace, tools, ckpt, pipeline]
+COMMANDS = [lab, run, trace, tools, ckpt, pipeline]
 
 
 def build_parser() -> Parser:

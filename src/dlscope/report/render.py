@@ -123,6 +123,7 @@ def render_section(step, data: dict[str, Any]) -> list[Block]:
 
 
 def build_sections(results: dict[str, Any]) -> list[Section]:
+    from dlscope.report.script_sections import SECTIONS as SCRIPT_SECTIONS
     from dlscope.steps import STEPS_BY_NAME
 
     sections = []
@@ -131,7 +132,7 @@ def build_sections(results: dict[str, Any]) -> list[Section]:
         data = results["sections"].get(key)
         if data is None:
             continue
-        step = STEPS_BY_NAME.get(key)
+        step = STEPS_BY_NAME.get(key) or SCRIPT_SECTIONS.get(key)
         title = step.title if step else key
         blocks = render_section(step, data) if step else unknown_section(data)
         sections.append(Section(key, title, blocks))

@@ -34,6 +34,7 @@ from dlscope.observe.iotrace.launch import GatedProcess, die_with_parent, exit_c
 BACKENDS = ("ebpf", "strace", "proc")
 ATTACH_TIMEOUT_S = 90.0
 Say = Callable[[str], None]
+Env = dict[str, str] | None
 
 
 class TraceError(DlscopeError):
@@ -71,7 +72,7 @@ class Collected:
             self.scratch.unlink(missing_ok=True)
 
 
-def _wait(child: subprocess.Popen | GatedProcess) -> tuple[int, bool]:
+def wait_interruptible(child: subprocess.Popen | GatedProcess) -> tuple[int, bool]:
     """The command's return code, and whether Ctrl-C cut it short (the child gets it too)."""
     proc_ = child.proc if isinstance(child, GatedProcess) else child
     try:
@@ -81,21 +82,21 @@ def _wait(child: subprocess.Popen | GatedProcess) -> tuple[int, bool]:
         return proc_.wait(), True
 
 
-def collect_strace(argv: Sequence[str], work: Path) -> Collected:
+def collect_strace(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
     reason = strace.available()
     if reason:
         raise BackendUnavailable(reason)
     output = work / "strace.txt"
     start = time.perf_counter()
-    child = subprocess.Popen([*strace.command(list(argv), output), "--", *argv], preexec_fn=die_with_parent)
-    returncode, interrupted = _wait(child)  # strace exits with the command's status, signal included
+    child = subprocess.Popen([*strace.command(list(argv), output), "--", *argv], preexec_fn=die_with_parent, env=env)
+    returncode, interrupted = wait_interruptible(child)  # strace exits with the command's status, signal included
     seconds = time.perf_counter() - start
     if not output.exists():
         raise BackendUnavailable(f"strace did not start (exit {returncode})")
     return Collected("strace", returncode, seconds, interrupted, lambda: strace.read_events(output))
 
 
-def collect_proc(argv: Sequence[str], work: Path) -> Collected:
+def collect_proc(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
     reason = proc.available()
     if reason:
         raise BackendUnavailable(reason)
@@ -104,10 +105,10 @@ def collect_proc(argv: Sequence[str], work: Path) -> Collected:
     events_dir.mkdir(parents=True)
     start = time.perf_counter()
     try:
-        child = subprocess.Popen(list(argv), env=proc.environment(events_dir))
+        child = subprocess.Popen(list(argv), env=proc.environment(events_dir, env))
     except OSError as e:
         raise TraceError(f"cannot start the command: {e.strerror}", argv[0]) from None
-    returncode, interrupted = _wait(child)
+    returncode, interrupted = wait_interruptible(child)
     seconds = time.perf_counter() - start
     notes: dict[str, Any] = {"blind_to": list(proc.BLIND_TO)}
     if not any(events_dir.glob("*.jsonl")):
@@ -137,7 +138,7 @@ class EbpfReader(threading.Thread):
         self.ready.set()
 
 
-def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
+def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
     reason = ebpf.available()
     if reason:
         raise BackendUnavailable(reason)
@@ -150,7 +151,7 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
     raw = work / "ebpf-events.jsonl"
     log = work / "bpftrace.log"
     try:
-        child = GatedProcess(argv)
+        child = GatedProcess(argv, env)
     except OSError as e:
         raise TraceError(f"cannot start the command: {e.strerror}", argv[0]) from None
     with open(log, "w") as log_file:
@@ -173,7 +174,7 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
             raise BackendUnavailable(f"bpftrace did not attach: {_last_error(log)}")
         start = time.perf_counter()
         child.release()
-        returncode, interrupted = _wait(child)
+        returncode, interrupted = wait_interruptible(child)
         seconds = time.perf_counter() - start
         time.sleep(0.3)  # let the per-CPU buffers drain before bpftrace stops reading them
     finally:
@@ -188,10 +189,10 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
         "missing_tracepoints": plan.missing,
         "string_limit": ebpf.STRLEN,
     }
-    return Collected("ebpf", returncode, seconds, interrupted, lambda: _read_jsonl(raw), True, notes, scratch=raw)
+    return Collected("ebpf", returncode, seconds, interrupted, lambda: read_jsonl(raw), True, notes, scratch=raw)
 
 
-def _read_jsonl(path: Path) -> Iterator[Event]:
+def read_jsonl(path: Path) -> Iterator[Event]:
     with open(path, encoding="utf-8") as f:
         for line in f:
             yield json.loads(line)
@@ -214,14 +215,17 @@ def check_command(argv: Sequence[str]) -> None:
         raise TraceError("command not found (not an executable on PATH nor a path to one)", argv[0])
 
 
-def collect(argv: Sequence[str], backend: str, work: Path, say: Say) -> tuple[Collected, list[dict[str, str]]]:
-    """Run the command under `backend` (or the next one that works); also what was skipped and why."""
+def collect(
+    argv: Sequence[str], backend: str, work: Path, say: Say, env: Env = None
+) -> tuple[Collected, list[dict[str, str]]]:
+    """Run the command under `backend` (or the next one that works) in environment `env` (default:
+    ours); also what was skipped and why."""
     check_command(argv)
     order = list(BACKENDS) if backend == "auto" else [backend, *(b for b in BACKENDS if b != backend)]
     skipped = []
     for name in order:
         try:
-            return COLLECTORS[name](argv, work), skipped
+            return COLLECTORS[name](argv, work, env), skipped
         except BackendUnavailable as e:
             skipped.append({"backend": name, "why": str(e)})
             say(f"[warn]{name}[/] unavailable: {e}; trying the next backend")
@@ -257,10 +261,10 @@ class TraceOutcome:
     section: dict[str, Any]
 
 
-def trace_command(argv: Sequence[str], backend: str, out_dir: Path, say: Say = print) -> TraceOutcome:
+def trace_command(argv: Sequence[str], backend: str, out_dir: Path, say: Say = print, env: Env = None) -> TraceOutcome:
     """Trace `argv` and its children; tables into the returned section, exports into out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    collected, skipped = collect(argv, backend, out_dir, say)
+    collected, skipped = collect(argv, backend, out_dir, say, env)
     analysis = Analysis()
     writers = EventWriters(out_dir)
     try:
