@@ -150,6 +150,8 @@ def _slice(pid: int, begin: dict[str, Any], end: float, origin: float, depth: in
         "depth": depth,
         "file": begin.get("file"),
         "closed": closed,
+        "begin_ts": begin["ts"],
+        "end_ts": end,
     }
 
 

@@ -1,7 +1,7 @@
 """One timeline: a single Chrome/Perfetto trace of a `dlscope run`, and our own loader that checks it.
 
 A process per OS process; per process, tracks for its threads' profiler operators (Kineto's own
-tids), a "steps" track, a "phases" track, and with --trace-io one "syscalls" track per thread
+tids), a "steps" track, a "phases" track, a "profiler steps" track (ProfilerStep#N), and with --trace-io one "syscalls" track per thread
 (their own tracks, so µs clock skew cannot break nesting with the operators). Every time is mapped
 to one clock, CLOCK_REALTIME, in µs from the run's start:
   - our records and strace -ttt / the proc backend stamp CLOCK_REALTIME seconds;
@@ -22,7 +22,7 @@ from typing import Any
 
 from dlscope.observe.script.analysis import Records, phase_slices, steps_of
 
-STEPS_TID, PHASES_TID = 1_000_000_001, 1_000_000_002
+STEPS_TID, PHASES_TID, PROFILER_STEPS_TID = 1_000_000_001, 1_000_000_002, 1_000_000_003
 SYSCALL_TID_BASE = 1_100_000_000
 KEPT_KINETO = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "kernel", "gpu_memcpy", "gpu_memset")
 
@@ -91,7 +91,7 @@ class TimelineWriter:
                     "pid": pid,
                     "tid": STEPS_TID,
                     "ts": self.clock.realtime_s(s["start"]),
-                    "dur": (s["end"] - s["start"]) * 1e6,
+                    "dur": self.clock.realtime_s(s["end"]) - self.clock.realtime_s(s["start"]),
                     "args": args,
                 }
             )
@@ -107,8 +107,8 @@ class TimelineWriter:
                     "name": p["phase"],
                     "pid": pid,
                     "tid": PHASES_TID,
-                    "ts": p["start_s"] * 1e6,
-                    "dur": p["seconds"] * 1e6,
+                    "ts": self.clock.realtime_s(p["begin_ts"]),
+                    "dur": self.clock.realtime_s(p["end_ts"]) - self.clock.realtime_s(p["begin_ts"]),
                     "args": args,
                 }
             )
@@ -117,7 +117,12 @@ class TimelineWriter:
         trace = json.loads(path.read_text())
         shift = self.clock.kineto(trace)
         for e in trace.get("traceEvents", []):
-            if e.get("ph") == "X" and e.get("cat") in KEPT_KINETO:
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
+                # prof.step() runs in the optimizer's post-hook, inside torch's Optimizer.step
+                # annotation: on the operators' track the two would cross, so steps get their own
+                self.track(e["pid"], PROFILER_STEPS_TID, "profiler steps", 2)
+                self.events.append({**e, "ts": e["ts"] + shift, "tid": PROFILER_STEPS_TID})
+            elif e.get("ph") == "X" and e.get("cat") in KEPT_KINETO:
                 self.events.append({**e, "ts": e["ts"] + shift})
             elif e.get("ph") == "M" and e.get("name") in ("thread_name", "thread_sort_index"):
                 if isinstance(e.get("tid"), int):
