@@ -66,12 +66,15 @@ def check_markers(trace: timeline.Trace, pid: int) -> int:
 @pytest.mark.slow
 def test_mnist_basic_style_script(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the script saves mnist_cnn.pt in its working directory
-    args = ["--train", "256", "--test", "100", "--epochs", "2", "--batch-size", "32", "--save-model"]
+    args = ["--train", "256", "--test", "100", "--epochs", "2", "--batch-size", "32", "--workers", "1", "--save-model"]
     code, sections, out = dlscope_run(tmp_path, "mnist_basic.py", *args, options=("--tensorboard",))
     assert code == 0
     steps = sections["steps"]
     assert (steps["source"], steps["count"]) == ("optimizer", 16)  # 2 epochs × 256/32
     assert sections["anatomy"]["data_source"] == "loader"
+    workers = [p for p in sections["run"]["processes"] if p["forked"]]
+    assert len(workers) >= 2  # a DataLoader worker per epoch, forked: the bootstrap followed them
+    assert all(p["ppid"] == steps["main_pid"] for p in workers)
     assert sections["anatomy"]["input_bound"] in ("highly", "moderately", "not")
     phases = phase_names(sections)
     assert {"startup", "first_batch", "train_steps"} <= set(phases)
@@ -136,11 +139,19 @@ def test_compiled_model_with_gradient_accumulation(tmp_path):
 
 
 def test_exception_passes_its_exit_status_and_leaves_a_report(tmp_path):
-    code, sections, out = dlscope_run(tmp_path, "raises.py", options=("--profile-steps", "0"))
+    code, sections, out = dlscope_run(tmp_path, "raises.py")
     assert code == 1
     assert sections["steps"]["count"] == 8
     assert load_results(out)["run"]["status"] == "failed"
     assert "exited with status 1" in (out / "report.md").read_text()
+    # the profile of steps 3-4 was delivered before the failure, and Meta's analyser reads it
+    from hta.trace_analysis import TraceAnalysis
+
+    trace = out / sections["top10"]["trace"]
+    analysis = TraceAnalysis(trace_dir=str(trace.parent))
+    events = analysis.t.get_trace(analysis.t.get_ranks()[0])
+    names = set(analysis.t.symbol_table.sym_table)
+    assert len(events) > 0 and {r["name"] for r in sections["top10"]["rows"]} <= names
 
 
 def test_sigkill_still_leaves_steps_and_a_report(tmp_path):
@@ -167,11 +178,16 @@ def test_bootstrap_chains_to_the_sitecustomize_it_shadows(tmp_path):
     from dlscope.observe.script.session import RunOptions, run_script
 
     options = RunOptions(
-        [sys.executable, str(script)], out=str(out), profile_steps=0, extra_env={"PYTHONPATH": str(site)}
+        [sys.executable, str(script)],
+        out=str(out),
+        profile_steps=0,
+        extra_env={"PYTHONPATH": str(site), "RANK": "3", "WORLD_SIZE": "4"},
     )
     run, code = run_script(options)
     assert code == 0 and flag.read_text() == "yes"
     assert run.results["sections"]["steps"]["count"] == 3
+    process = run.results["sections"]["run"]["processes"][0]
+    assert (process["rank"], process["world_size"]) == (3, 4)  # what torchrun sets, kept per process
 
 
 def test_cli_rejects_bad_input_in_one_line(tmp_path, capsys):

@@ -109,6 +109,11 @@ def anatomy_section(steps: dict[str, Any]) -> dict[str, Any]:
         f"({source}); thresholds ≥ {INPUT_BOUND_PCT:.0f}% highly, {MODERATELY_PCT:.0f}–{INPUT_BOUND_PCT:.0f}% "
         "moderately (TensorFlow's input-pipeline analyser)."
     )
+    if steps["source"] == "backward" and steady[-1]["data_source"] == "gap":
+        verdict += (
+            " An upper bound: with no torch optimizer a step ends at backward(), so the gap before the next "
+            "forward also holds the weight update (Keras's optimizer, a hand-written SGD)."
+        )
     peaks = [r["peak_rss_bytes"] for r in rows if r["peak_rss_bytes"] is not None]
     cuda = [r["peak_cuda_bytes"] for r in rows if r["peak_cuda_bytes"] is not None]
     return {

@@ -1,8 +1,9 @@
 """One timeline: a single Chrome/Perfetto trace of a `dlscope run`, and our own loader that checks it.
 
 A process per OS process; per process, tracks for its threads' profiler operators (Kineto's own
-tids), a "steps" track, a "phases" track, a "profiler steps" track (ProfilerStep#N), and with --trace-io one "syscalls" track per thread
-(their own tracks, so µs clock skew cannot break nesting with the operators). Every time is mapped
+tids), a "steps" track, a "phases" track, a "profiler steps" track (ProfilerStep#N), and with
+--trace-io one "syscalls" track per thread (their own tracks, so µs clock skew cannot break
+nesting with the operators). Every time is mapped
 to one clock, CLOCK_REALTIME, in µs from the run's start:
   - our records and strace -ttt / the proc backend stamp CLOCK_REALTIME seconds;
   - Kineto's `ts` is µs from `baseTimeNanoseconds` (CLOCK_REALTIME) when that key is there,
