@@ -5,6 +5,8 @@ own loader. Each run is a real subprocess under the bootstrap; sizes are a few d
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -229,3 +231,19 @@ def test_loader_rejects_bad_traces_and_finds_overlaps(tmp_path):
     path.write_text(json.dumps({"traceEvents": crossing}))
     errors = timeline.nesting_errors(timeline.load(path))
     assert len(errors) == 1 and "overlaps a" in errors[0]
+
+
+def test_ctrl_c_stops_the_command_and_still_leaves_a_report(tmp_path):
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "dlscope.cli", "run", "--out", str(out), "--profile-steps", "0"]
+    dlscope = subprocess.Popen([*argv, "--", sys.executable, str(SCRIPTS / "endless.py")], stdout=subprocess.DEVNULL)
+    records = out / "processes"
+    deadline = time.monotonic() + 120
+    while not any('"k": "step"' in p.read_text() for p in records.glob("*.jsonl")):
+        assert time.monotonic() < deadline and dlscope.poll() is None, "no step recorded"
+        time.sleep(0.2)
+    dlscope.send_signal(signal.SIGINT)  # as the terminal does on Ctrl-C (the child gets it from dlscope)
+    assert dlscope.wait(timeout=120) == 130
+    results = load_results(out)
+    assert results["run"]["status"] == "interrupted"
+    assert results["sections"]["steps"]["count"] >= 1 and (out / "report.html").exists()

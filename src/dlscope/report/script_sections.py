@@ -61,11 +61,12 @@ def render_steps(section: dict[str, Any]) -> list[Block]:
     caption = "Per step (ms; data = DataLoader wait or the gap before forward; MB = peak RSS in the step)"
     if len(rows) > 20:
         caption += f"; first and last 10 of {len(rows)}"
+    if not rows:
+        return [Para("No training step was seen: no process ran a backward() or an optimizer step.")]
     return [
         Para(
             f"{section['count']} steps in the training process (pid {section['main_pid']}), counted from "
-            f"{source.get(section['source'] or '', 'nothing: no backward or optimizer step ran')}. "
-            f"All processes with steps: {per_process or 'none'}."
+            f"{source[section['source']]}. All processes with steps: {per_process}."
         ),
         Table(["step", "ms", "data", "fwd", "bwd", "opt", "other", "MB", "profiler"], shown, caption),
     ]

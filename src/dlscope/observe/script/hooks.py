@@ -23,6 +23,7 @@ checkpoint_save / checkpoint_load around torch.save / torch.load / safetensors.t
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.abc
 import importlib.util
@@ -80,9 +81,10 @@ class LateProfiler:
             if index + 1 >= self.start_after:
                 self._start(index)
             return
-        self.prof.step()
-        if self.done:
-            self.prof.stop()
+        with _quiet():
+            self.prof.step()
+            if self.done:
+                self.prof.stop()
 
     def _start(self, index: int) -> None:
         import torch
@@ -100,12 +102,14 @@ class LateProfiler:
             with_flops=True,
         )
         self.started_after = index
-        self.prof.start()
+        with _quiet():
+            self.prof.start()
 
     def stop(self) -> None:
         """At exit: a profile cut short by the script's end still delivers its active steps."""
         if self.prof is not None and not self.done:
-            self.prof.stop()
+            with _quiet():
+                self.prof.stop()
             self.done = True
 
     def _ready(self, prof: Any) -> None:
@@ -411,6 +415,14 @@ class Observer:
     def _load(self, position: int, call: Callable, *args: Any, **kwargs: Any) -> Any:
         file = args[position] if len(args) > position else kwargs.get("f", kwargs.get("filename"))
         return self.checkpoint("checkpoint_load", file, call, *args, **kwargs)
+
+
+def _quiet() -> contextlib.AbstractContextManager:
+    """The profiler's C++ chatter (USDT lines, allocator notes) kept out of the script's stderr;
+    the script's own lines written meanwhile pass on."""
+    from dlscope.observe.profiler import quiet_native_stderr  # imports torch: only once profiling
+
+    return quiet_native_stderr()
 
 
 def _wrap(original: Callable, around: Callable) -> Callable:
