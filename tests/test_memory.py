@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dlscope.cli import main
+from dlscope.measure.memory import SOURCE
 from dlscope.models import build_model
 from dlscope.observe.memory import FUNCTIONAL, layer_memory, measure_peak, memory_anatomy, saved_activations
 
@@ -23,7 +24,7 @@ def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
 @pytest.mark.slow
 def test_memory_model_is_within_10_percent_of_the_measured_peak_for_cnn():
     result = memory_anatomy(lambda: build_model("cnn"), adam, [16, 64])
-    assert result["method"].startswith("profiler memory events")
+    assert result["method"] == SOURCE["cpu"]
     for c in result["comparisons"]:
         assert abs(c["error_pct"]) <= 10, c
         assert c["measured_peak_bytes"] > c["static_bytes"] + c["activation_bytes"] * 0.5

@@ -16,6 +16,8 @@ import pytest
 from dlscope.cli import main
 from dlscope.observe.script import timeline
 from dlscope.observe.script.records import clocks
+from dlscope.observe.script.session import run_script
+from dlscope.options import ScriptOptions
 from dlscope.rundir import load_results
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -177,9 +179,7 @@ def test_bootstrap_chains_to_the_sitecustomize_it_shadows(tmp_path):
         "import sitecustomize, sys\nprint(sitecustomize.__file__)\n"
     )
     out = tmp_path / "run"
-    from dlscope.observe.script.session import RunOptions, run_script
-
-    options = RunOptions(
+    options = ScriptOptions(
         [sys.executable, str(script)],
         out=str(out),
         profile_steps=0,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from dlscope.cli.common import print_locations
 from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
 
 SORT_KEYS = ["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"]
@@ -13,11 +12,14 @@ SHOWN = ("steps", "anatomy", "top10", "phases")
 
 def cmd_run(args: argparse.Namespace) -> int:
     from dlscope.console import console
-    from dlscope.observe.script.session import RunOptions, run_script
-    from dlscope.report.render import render_report
+    from dlscope.observe.script.session import run_script
+    from dlscope.options import ScriptOptions
+    from dlscope.report.sections import SECTIONS
+    from dlscope.report.terminal import print_blocks
+    from dlscope.runner import finish_report, say
 
     command = args.command_argv[1:] if args.command_argv[:1] == ["--"] else args.command_argv
-    options = RunOptions(
+    options = ScriptOptions(
         command=command,
         out=args.out,
         trace_io=args.trace_io,
@@ -29,22 +31,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         sort_by=args.sort_by,
         tensorboard=args.tensorboard,
     )
-    run, code = run_script(options, say=console.print)
-    print_sections(run.results["sections"])
-    html, md = render_report(run.path)
-    print_locations(run, html, md)
-    return code
-
-
-def print_sections(sections: dict) -> None:
-    from dlscope.console import console
-    from dlscope.report.script_sections import SECTIONS
-    from dlscope.report.terminal import print_blocks
-
+    run, code = run_script(options, say=say)
     for key in SHOWN:
-        if key in sections:
-            console.rule(f"[phase]{SECTIONS[key].title}", align="left", style="dim")
-            print_blocks(SECTIONS[key].render(sections[key]))
+        console.rule(f"[phase]{SECTIONS[key].TITLE}", align="left", style="dim")
+        print_blocks(SECTIONS[key].render(run.results["sections"][key]))
+    finish_report(run)
+    return code
 
 
 def register(sub: argparse._SubParsersAction) -> None:

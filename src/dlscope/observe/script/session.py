@@ -2,7 +2,7 @@
 would (its stdout, stderr and exit status are its own), then turn what its processes recorded
 into results sections, a report and one timeline — also after a crash, a kill or Ctrl-C.
 
-    run, exit_code = run_script(RunOptions(["python", "train.py"]))
+    run, exit_code = run_script(ScriptOptions(["python", "train.py"]))
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,32 +25,8 @@ from dlscope.observe.iotrace.tracer import (
 from dlscope.observe.script import analysis, timeline
 from dlscope.observe.script.hooks import PROFILE_ENV
 from dlscope.observe.script.records import clocks, read_records
+from dlscope.options import ScriptOptions
 from dlscope.rundir import RunDir
-
-
-@dataclass
-class RunOptions:
-    command: list[str]
-    out: str | None = None
-    trace_io: bool = False
-    trace_backend: str = "auto"
-    profile_steps: int = 5  # active steps; 0: no profiler
-    wait: int = 1
-    warmup: int = 2
-    start_after: int = 1  # steps before the profiler starts: start-up is never profiled
-    sort_by: str = "self_cpu"
-    tensorboard: bool = False
-    extra_env: dict[str, str] = field(default_factory=dict)  # set for the command (tests: PYTHONPATH)
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.profile_steps >= 0, "--profile-steps must be ≥ 0"),
-            (self.wait >= 0 and self.warmup >= 0, "--wait and --warmup must be ≥ 0"),
-            (self.start_after >= 1, "--start-after must be ≥ 1"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
 
 
 def _run_plain(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
@@ -62,7 +37,7 @@ def _run_plain(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
     return wait_interruptible(child)
 
 
-def run_script(options: RunOptions, say: Callable[[str], None] = print) -> tuple[RunDir, int]:
+def run_script(options: ScriptOptions, say: Callable[[str], None] = print) -> tuple[RunDir, int]:
     """Run the command under observation; the run directory and the command's exit status."""
     check_command(options.command)
     run = RunDir.create(options.out, "run")
@@ -92,7 +67,7 @@ def run_script(options: RunOptions, say: Callable[[str], None] = print) -> tuple
 
 
 def record_sections(
-    run: RunDir, options: RunOptions, started: dict[str, int], ended: dict[str, int], iotrace: dict[str, Any] | None
+    run: RunDir, options: ScriptOptions, started: dict[str, int], ended: dict[str, int], iotrace: dict[str, Any] | None
 ) -> None:
     records = read_records(run.path / "processes")
     origin = started["realtime"] / 1e9

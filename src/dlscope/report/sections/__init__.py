@@ -1,0 +1,49 @@
+"""One module per results.json section: TITLE and render(section) -> list[Block]. Torch-free:
+a report renders from results.json alone, on a machine without the measuring stack."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from dlscope.report.sections import (
+    anatomy,
+    checkpoint,
+    ckpt_anatomy,
+    dataset,
+    environment,
+    graph,
+    iotrace,
+    model,
+    ops,
+    phases,
+    pipeline,
+    profile,
+    run,
+    steps,
+    sweep,
+    top10,
+    train,
+)
+
+SECTIONS: dict[str, ModuleType] = {
+    module.__name__.rsplit(".", 1)[1]: module
+    for module in (
+        environment,
+        dataset,
+        model,
+        train,
+        profile,
+        sweep,
+        checkpoint,
+        ckpt_anatomy,
+        ops,
+        graph,
+        pipeline,
+        run,
+        steps,
+        anatomy,
+        top10,
+        phases,
+        iotrace,
+    )
+}
