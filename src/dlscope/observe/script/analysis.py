@@ -62,6 +62,7 @@ def step_row(step: dict[str, Any], origin: float) -> dict[str, Any]:
         "peak_rss_bytes": step.get("peak_rss"),
         "peak_cuda_bytes": step.get("peak_cuda"),
         "profiled": step.get("profiled"),
+        "profiler_ms": round(step.get("profiler_seconds", 0.0) * 1000, 3),
     }
 
 
@@ -200,6 +201,7 @@ def top10_section(records: Records, steps: dict[str, Any], sort_by: str) -> dict
         "active_step_ms": round(statistics.median(profiled), 3) if profiled else None,
         "unprofiled_step_ms": round(statistics.median(plain), 3) if plain else None,
         "export_seconds": profile["export_seconds"],
+        "between_steps_seconds": round(sum(r["profiler_ms"] for r in steps["rows"]) / 1000, 3),
     }
     if cost["active_step_ms"] and cost["unprofiled_step_ms"]:
         cost["ratio"] = round(cost["active_step_ms"] / cost["unprofiled_step_ms"], 3)

@@ -98,7 +98,7 @@ class LateProfiler:
             schedule=schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
             on_trace_ready=self._ready,
             record_shapes=True,
-            profile_memory=True,
+            profile_memory=False,  # True makes the allocator warn on the script's stderr
             with_flops=True,
         )
         self.started_after = index
@@ -324,6 +324,12 @@ class Observer:
         self.counts[src] += 1
         peak_rss, peak_cuda = self._peak_memory() if primary else (None, None)
         gap = (step.first_forward if step.first_forward is not None else now) - step.start
+        profiled = self.profiler.state_of(index) if primary else None
+        if primary:
+            if index == 0:
+                self._switch("first_batch", "train_steps")
+            self.profiler.after_step(index)  # prof.step(), and the trace export after the last active step
+        resumed = time.time()
         self.records.write(
             {
                 "k": "step",
@@ -338,15 +344,12 @@ class Observer:
                 "optimizer": step.optimizer,
                 "peak_rss": peak_rss,
                 "peak_cuda": peak_cuda,
-                "profiled": self.profiler.state_of(index) if primary else None,
+                "profiled": profiled,
+                "profiler_seconds": resumed - now,  # spent by dlscope between this step and the next
                 "tid": threading.get_native_id(),
             }
         )
-        self.steps[src] = Step(now)
-        if primary:
-            if index == 0:
-                self._switch("first_batch", "train_steps")
-            self.profiler.after_step(index)
+        self.steps[src] = Step(resumed)
 
     def _peak_memory(self) -> tuple[int | None, int | None]:
         """The peak since the previous step: RSS high-water mark (then reset), CUDA allocator peak."""

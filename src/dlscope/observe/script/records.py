@@ -6,7 +6,8 @@ Record kinds (`k`), every time a CLOCK_REALTIME float in seconds:
     process   pid, ppid, argv, rank, world_size, clocks (start)
     B / E     a phase begins / ends: name, ts, file (checkpoints)
     step      src (optimizer|backward), i, start, end, data, forward, backward, optimizer,
-              data_source (loader|gap), peak_rss, peak_cuda, profiled (wait|warmup|active|null)
+              data_source (loader|gap), peak_rss, peak_cuda, profiled (wait|warmup|active|null),
+              profiler_seconds (dlscope's own time after the step: prof.step(), trace export)
     profile   trace, ops (key_averages rows), export_seconds
     end       clocks (at exit)
 """
