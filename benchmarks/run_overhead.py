@@ -4,8 +4,11 @@ interleaved round by round so machine noise hits both alike. Medians and ratios 
   - command: the script's own wall time (bare: the subprocess; observed: results.json's
     run.wall_seconds, start to exit of the command under the bootstrap and hooks);
   - whole: the whole `dlscope run` process, analysis, timeline and report included.
+Then the hooks' own cost per step, which start-up noise hides far less: the median of 40 timed
+training steps inside the process (the handout's Net, batch 64), bare and under the bootstrap
+with the profiler off, interleaved.
 
-    .venv/bin/python benchmarks/run_overhead.py [--rounds 3] [--train 1920] [--epochs 1]
+    .venv/bin/python benchmarks/run_overhead.py [--rounds 3] [--train 1920] [--epochs 1] [--skip-script]
 """
 
 from __future__ import annotations
@@ -20,6 +23,26 @@ import time
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "mnist_basic.py"
+STEP_TIMER = f"""
+import statistics, sys, time
+import torch
+import torch.nn.functional as F
+sys.path.insert(0, {str(SCRIPT.parent)!r})
+from mnist_basic import Net
+torch.manual_seed(0)
+model = Net()
+optimizer = torch.optim.Adadelta(model.parameters())
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(50 * 64, 1, 28, 28),
+                                     torch.randint(0, 10, (50 * 64,))), batch_size=64)
+times = []
+for x, y in loader:
+    start = time.perf_counter()
+    optimizer.zero_grad()
+    F.nll_loss(model(x), y).backward()
+    optimizer.step()
+    times.append(time.perf_counter() - start)
+print(statistics.median(times[10:]))
+"""
 
 
 def timed(argv: list[str]) -> float:
@@ -28,12 +51,36 @@ def timed(argv: list[str]) -> float:
     return time.perf_counter() - start
 
 
+def step_median(env: dict[str, str] | None) -> float:
+    done = subprocess.run([sys.executable, "-c", STEP_TIMER], env=env, check=True, capture_output=True, text=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def hook_cost(rounds: int) -> None:
+    from dlscope.observe.bootstrap_env import with_bootstrap
+    from dlscope.observe.script.hooks import PROFILE_ENV
+
+    bare, hooked = [], []
+    with tempfile.TemporaryDirectory() as records:
+        env = with_bootstrap(None, DLSCOPE_RUN_DIR=records, **{PROFILE_ENV: "1:0:0:0"})
+        for i in range(rounds):
+            bare.append(step_median(None))
+            hooked.append(step_median(env))
+            print(f"round {i + 1}: step median bare {bare[-1] * 1e3:.2f} ms, hooked {hooked[-1] * 1e3:.2f} ms")
+    median = statistics.median
+    print(f"hooks per step: {median(hooked) / median(bare):.3f}× ({(median(hooked) - median(bare)) * 1e3:+.2f} ms)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--train", type=int, default=1920, help="training images (default 1920: 30 steps of 64)")
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--skip-script", action="store_true", help="only the hooks' cost per step")
     args = parser.parse_args()
+    hook_cost(args.rounds)
+    if args.skip_script:
+        return
     script = [sys.executable, str(SCRIPT), "--train", str(args.train), "--test", "500", "--epochs", str(args.epochs)]
     bare, command, whole, steps = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
