@@ -7,7 +7,6 @@ import json
 import statistics
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +21,6 @@ from dlscope.experiments.sweep import (
     PointRun,
     SweepPoint,
     SweepSettings,
-    allocation_peak_bytes,
     best_peaks,
     diagnose,
     is_compute_kernel,
@@ -145,13 +143,6 @@ def test_compute_kernels_exclude_views_allocations_and_wrappers():
     for name in ("aten::view", "aten::t", "aten::empty", "aten::linear", "aten::conv2d", "aten::relu", "Optimizer.x"):
         assert not is_compute_kernel(name), name
 
-
-def test_allocation_peak_replays_allocations_and_frees_in_time_order():
-    def event(start, usage):
-        return SimpleNamespace(time_range=SimpleNamespace(start=start), self_cpu_memory_usage=usage)
-
-    events = [event(3, -400), event(1, 100), event(2, 500), event(4, 50)]
-    assert allocation_peak_bytes(events) == 600
 
 
 def _row(config, batch, samples_per_s, kernels, device="cpu", **extra):
