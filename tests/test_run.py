@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dlscope.cli import main
+from dlscope.observe.iotrace import strace
 from dlscope.observe.script import timeline
 from dlscope.observe.script.records import clocks
 from dlscope.observe.script.session import run_script
@@ -93,6 +94,7 @@ def test_mnist_basic_style_script(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(strace.available() is not None, reason="strace is not installed (scripts/install-tracers)")
 def test_memmap_loop_with_checkpoints_under_strace(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
