@@ -144,7 +144,6 @@ def test_compute_kernels_exclude_views_allocations_and_wrappers():
         assert not is_compute_kernel(name), name
 
 
-
 def _row(config, batch, samples_per_s, kernels, device="cpu", **extra):
     row = {
         "config": config,

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from dlscope.errors import ConfigError
 
+PIPELINE_FORMATS = ("files", "tfrecord", "array")  # how `dlscope pipeline prepare` lays samples out
+
 
 @dataclass
 class RunOptions:

@@ -76,7 +76,7 @@ def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from dlscope.data.pipeline.prepare import FORMATS
+    from dlscope.options import PIPELINE_FORMATS as FORMATS
     from dlscope.options import SweepPlan
 
     pipeline = sub.add_parser("pipeline", help="input pipelines: small files, shards, read/shuffle buffers, workers")

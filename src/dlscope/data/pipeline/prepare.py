@@ -25,8 +25,8 @@ import numpy as np
 
 from dlscope.data.pipeline.tfrecord import OVERHEAD, frame, write_records
 from dlscope.errors import ConfigError, DatasetError
+from dlscope.options import PIPELINE_FORMATS as FORMATS
 
-FORMATS = ("files", "tfrecord", "array")
 PAYLOAD_HEADER = struct.Struct("<IB")  # sample index, label
 FILES_PER_DIR = 1000
 MANIFEST = "manifest.json"
