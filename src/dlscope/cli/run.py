@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run",
         help="observe any PyTorch training script, unchanged: steps, anatomy, top-10, phases, one timeline",
-        usage="dlscope run [--out RUN] [--trace-io] [--profile-steps N] [...] -- CMD [ARGS]",
+        usage="dlscope run [--out RUN] [--trace-io] [options] -- CMD [ARGS ...]",
         allow_abbrev=False,
     )
     p.add_argument("--out", default=None, help="run directory (default runs/run-<time>)")
