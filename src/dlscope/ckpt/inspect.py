@@ -18,6 +18,8 @@ import torch
 
 from dlscope.ckpt import keras_fmt, safetensors_fmt, torchfmt
 from dlscope.ckpt.anatomy import Anatomy
+from dlscope.ckpt.hdf5_probe import probe_hdf5
+from dlscope.ckpt.scan import LEGACY_PREFIX
 from dlscope.ckpt.tf_fmt import SHARD_NAME, TABLE_MAGIC, index_path_for, inspect_tf
 from dlscope.ckpt.zipdir import open_zip
 from dlscope.errors import CheckpointError
@@ -35,7 +37,7 @@ def detect_format(path: Path, head: bytes, file_bytes: int) -> str:
         return "zip"
     if head[:8] == HDF5_MAGIC:
         return "hdf5"
-    if head.startswith(torchfmt.LEGACY_PREFIX):
+    if head.startswith(LEGACY_PREFIX):
         return "torch-legacy"
     if len(head) >= 9 and head[8:9] == b"{":
         return "safetensors"
@@ -94,6 +96,7 @@ def _inspect(path: Path, f: BinaryIO, kind: str, head: bytes, file_bytes: int, s
         zf = open_zip(path, f)
         names = set(zf.namelist())
         if "config.json" in names and ("model.weights.h5" in names or "metadata.json" in names):
+            probe_hdf5(path)  # in a child with a timeout: HDF5 can loop forever on a malformed file
             anatomy = keras_fmt.inspect_keras_zip(path, f, zf, file_bytes)
         elif any(n.endswith("/data.pkl") for n in names):
             anatomy = torchfmt.inspect_torch_zip(path, f, zf, file_bytes, check=stats)
@@ -102,13 +105,14 @@ def _inspect(path: Path, f: BinaryIO, kind: str, head: bytes, file_bytes: int, s
                 f"zip archive that is neither a torch.save file nor a .keras model ({len(names)} members)", path
             )
     elif kind == "hdf5":
+        probe_hdf5(path)
         anatomy = keras_fmt.inspect_hdf5(path, f, file_bytes)
     elif kind == "torch-legacy":
         anatomy = torchfmt.inspect_legacy(path, f, file_bytes)
     elif kind == "safetensors":
         anatomy = safetensors_fmt.inspect_safetensors(path, f, file_bytes)
     elif _tail(path, file_bytes) == TABLE_MAGIC:
-        anatomy = inspect_tf(path, f, file_bytes)
+        anatomy = inspect_tf(path, f, file_bytes, check=stats)
     elif kind == "pickle":
         anatomy = torchfmt.inspect_bare_pickle(path, f, file_bytes)
     else:

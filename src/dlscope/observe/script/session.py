@@ -20,7 +20,7 @@ from dlscope.observe.iotrace.tracer import (
     exit_code,
     read_jsonl,
     trace_command,
-    wait_interruptible,
+    wait_command,
 )
 from dlscope.observe.script import analysis, timeline
 from dlscope.observe.script.hooks import PROFILE_ENV
@@ -29,12 +29,14 @@ from dlscope.options import ScriptOptions
 from dlscope.rundir import RunDir
 
 
-def _run_plain(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
+def _run_plain(argv: list[str], env: dict[str, str]) -> tuple[int, int | None]:
+    """Return code and the signal that interrupted dlscope meanwhile (handed on to the command's
+    process group, as the tracers do)."""
     try:
-        child = subprocess.Popen(argv, env=env)
+        child = subprocess.Popen(argv, env=env, process_group=0)
     except OSError as e:
         raise ConfigError(f"cannot start the command: {e.strerror}", argv[0]) from None
-    return wait_interruptible(child)
+    return wait_command(child)
 
 
 def run_script(options: ScriptOptions, say: Callable[[str], None] = print) -> tuple[RunDir, int]:
@@ -52,10 +54,10 @@ def run_script(options: ScriptOptions, say: Callable[[str], None] = print) -> tu
         if options.trace_io:
             outcome = trace_command(options.command, options.trace_backend, run.sub("iotrace"), say, env)
             iotrace = outcome.section
-            code, interrupted = outcome.exit_code, iotrace["interrupted"]
+            code, interrupted = outcome.exit_code, iotrace["interrupted"] is not None
         else:
-            returncode, interrupted = _run_plain(options.command, env)
-            code = exit_code(returncode)
+            returncode, signum = _run_plain(options.command, env)
+            code, interrupted = exit_code(returncode), signum is not None
         status = "interrupted" if interrupted else ("ok" if code == 0 else "failed")
     finally:
         ended = clocks()
