@@ -80,13 +80,13 @@ def test_batch_one_trains_fewer_samples_per_second_than_batch_64(sweep):
 def test_cold_step_is_timed_apart_from_the_warm_ones(batches):
     images, labels = batches
     run = PointRun(SweepPoint("cpu", 8, 1), SweepSettings(steps=4, warmup=3), images, labels)
-    run.start()
-    assert run.cold_s > 0 and run.times == []  # neither the cold step nor the warm-up is a timed step
-    run.time(4)
-    assert len(run.times) == 4
+    run.timed.start(warmup=3)
+    assert run.timed.cold_s > 0 and run.timed.times == []  # neither the cold step nor the warm-up is timed
+    run.timed.time(4)
+    assert len(run.timed.times) == 4
     row = run.finish({"gemm_gflops": 100.0, "copy_gbps": 10.0})
-    assert row["cold_step_ms"] == pytest.approx(run.cold_s * 1e3)
-    assert row["cold_ratio"] == pytest.approx(run.cold_s / statistics.median(run.times))
+    assert row["cold_step_ms"] == pytest.approx(run.timed.cold_s * 1e3)
+    assert row["cold_ratio"] == pytest.approx(run.timed.cold_s / statistics.median(run.timed.times))
     assert row["warmup_steps"] == 3 and row["timed_steps"] == 4
 
 

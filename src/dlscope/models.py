@@ -11,40 +11,107 @@ from torch import nn
 
 from dlscope.errors import ConfigError
 
-
-class SeedCNN(nn.Module):
-    """Seed 000's CNN: conv5x5 16 → ReLU → pool → conv5x5 32 → ReLU → pool → linear 10."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Sequential(nn.Conv2d(1, 16, 5, 1, 2), nn.ReLU(), nn.MaxPool2d(2))
-        self.conv2 = nn.Sequential(nn.Conv2d(16, 32, 5, 1, 2), nn.ReLU(), nn.MaxPool2d(2))
-        self.out = nn.Linear(32 * 7 * 7, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conv2(self.conv1(x))
-        return self.out(x.flatten(1))
+CONV_BACKENDS = ("onednn", "native")
 
 
-class FastCNN(SeedCNN):
-    """Seed 000's CNN, same function and parameters, laid out for the CPU (`--recipe fast`).
+@dataclass(frozen=True)
+class Layout:
+    """How a model's convolutions are computed — never what: every layout gives the same outputs
+    and gradients from the same parameters, so the autotuner may pick any (dlscope.autotune).
 
-    Max-pooling before the ReLU gives the same result (ReLU is monotonic, so it commutes with max)
-    on a quarter of the elements, and channels-last tensors let oneDNN run convolution and pooling
-    without reordering: ~30% less time per training step on a 2-core CPU. The state dict is
-    SeedCNN's, so checkpoints load in either.
+    channels_last  NHWC tensors, which oneDNN convolves and pools without reordering
+    pool_first     max-pool before the ReLU: the same result (ReLU is monotonic, so it commutes
+                   with max) on a quarter of the elements
+    backends       per convolution: "onednn" (torch's default CPU path) or "native" (aten's
+                   im2col + GEMM, forward and backward), whichever is faster for that shape
     """
 
+    channels_last: bool = False
+    pool_first: bool = False
+    backends: tuple[str, ...] = ()  # empty: every convolution on torch's default path
+
+    def describe(self) -> str:
+        parts = ["channels-last" if self.channels_last else "contiguous"]
+        if self.pool_first:
+            parts.append("pool before ReLU")
+        parts += [f"conv{i + 1} {b}" for i, b in enumerate(self.backends) if b != "onednn"]
+        return ", ".join(parts)
+
+
+def conv2d(x: torch.Tensor, conv: nn.Conv2d, backend: str) -> torch.Tensor:
+    if backend == "native":
+        # autograd's SlowConv2DBackward runs aten's own kernels in both directions, whatever the
+        # global oneDNN switch says when the backward runs. Both operands contiguous: given a
+        # channels-last weight, torch 2.13's _slow_conv2d_backward returns a wrong weight gradient
+        # (tests/test_recipe.py compares every layout's gradients).
+        return torch.ops.aten._slow_conv2d_forward(
+            x.contiguous(), conv.weight.contiguous(), conv.kernel_size, conv.bias, conv.stride, conv.padding
+        )
+    return conv(x)
+
+
+class ConvBlock(nn.Sequential):
+    """conv → ReLU → max-pool (indices 0, 1, 2 in the state dict), computed in the model's layout."""
+
+    def __init__(self, conv: nn.Conv2d, pool: int = 2) -> None:
+        super().__init__(conv, nn.ReLU(), nn.MaxPool2d(pool))
+
+    def run(self, x: torch.Tensor, layout: Layout, index: int) -> torch.Tensor:
+        conv, relu, pool = self
+        backend = layout.backends[index] if index < len(layout.backends) else "onednn"
+        x = conv2d(x, conv, backend)
+        if layout.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return relu(pool(x)) if layout.pool_first else pool(relu(x))
+
+
+class TunableCNN(nn.Module):
+    """A stack of ConvBlocks then a linear layer; `layout` says how to compute it (see Layout)."""
+
+    blocks: tuple[str, ...] = ()
+
     def __init__(self) -> None:
         super().__init__()
-        self.to(memory_format=torch.channels_last)
+        self.layout = Layout()
+
+    def set_layout(self, layout: Layout) -> None:
+        self.layout = layout
+        self.to(memory_format=torch.channels_last if layout.channels_last else torch.contiguous_format)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous(memory_format=torch.channels_last)
-        for block in (self.conv1, self.conv2):
-            conv, relu, pool = block
-            x = relu(pool(conv(x)))
+        if self.layout.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        for i, name in enumerate(self.blocks):
+            x = getattr(self, name).run(x, self.layout, i)
         return self.out(x.flatten(1))
+
+
+class SeedCNN(TunableCNN):
+    """Seed 000's CNN: conv5x5 16 → ReLU → pool → conv5x5 32 → ReLU → pool → linear 10."""
+
+    blocks = ("conv1", "conv2")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = ConvBlock(nn.Conv2d(1, 16, 5, 1, 2))
+        self.conv2 = ConvBlock(nn.Conv2d(16, 32, 5, 1, 2))
+        self.out = nn.Linear(32 * 7 * 7, 10)
+
+
+class SmallCNN(TunableCNN):
+    """A net for time to 99%: ~1.2 MFLOP forward per sample (the cnn: 5.7), 3×3 convolutions.
+
+    conv3x3 12 → ReLU → pool → conv3x3 24 → ReLU → pool → conv3x3 32 → ReLU → pool → linear 10.
+    """
+
+    blocks = ("conv1", "conv2", "conv3")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = ConvBlock(nn.Conv2d(1, 12, 3, 1, 1))
+        self.conv2 = ConvBlock(nn.Conv2d(12, 24, 3, 1, 1))
+        self.conv3 = ConvBlock(nn.Conv2d(24, 32, 3, 1, 1))
+        self.out = nn.Linear(32 * 3 * 3, 10)
 
 
 class ExamplesNet(nn.Module):
@@ -112,7 +179,7 @@ MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
         ModelSpec("cnn", SeedCNN, "seed 000 CNN: 2 × (conv5x5 → ReLU → maxpool) → linear (default)"),
-        ModelSpec("fastcnn", FastCNN, "the cnn computed faster: pool before ReLU, channels-last (--recipe fast)"),
+        ModelSpec("small", SmallCNN, "3 × (conv3x3 → ReLU → maxpool) → linear: few FLOPs to 99% (--recipe fast)"),
         ModelSpec("net", ExamplesNet, "pytorch/examples MNIST Net: 2 conv3x3, dropout, 2 linear"),
         ModelSpec("lenet", LeNet5, "LeNet-5 (seed 004, fixed): 2 conv5x5 → maxpool, 3 linear"),
         ModelSpec("mlp", SeedMLP, "seed 003 MLP: 784 → 512 ReLU → dropout 0.2 → 10"),

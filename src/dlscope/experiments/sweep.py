@@ -24,7 +24,6 @@ import csv
 import functools
 import io
 import statistics
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -36,6 +35,7 @@ from torch.utils._pytree import tree_flatten
 
 from dlscope.errors import ConfigError
 from dlscope.experiments.peaks import measure_copy_bandwidth, measure_gemm_peak
+from dlscope.measure.timing import Contender, StepTimer, time_interleaved
 from dlscope.models import build_model
 from dlscope.observe.profiler import TopOpsTable, clone_for_profiling, quiet_native_stderr, table_from_events
 from dlscope.observe.summary import count_flops
@@ -191,33 +191,6 @@ def allocation_peak_bytes(events: Sequence) -> int:
     return peak
 
 
-class StepTimer:
-    """Wall time of one step: CUDA events around it on a GPU (read after a sync), perf_counter on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def time_steps(self, step: Callable[[], object], n: int) -> list[float]:
-        """Seconds for each of `n` calls of `step`, each bracketed by its own synchronisation."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            pairs = []
-            for _ in range(n):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                step()
-                end.record()
-                pairs.append((start, end))
-            torch.cuda.synchronize(self.device)
-            return [s.elapsed_time(e) / 1000 for s, e in pairs]
-        seconds = []
-        for _ in range(n):
-            start = time.perf_counter()
-            step()
-            seconds.append(time.perf_counter() - start)
-        return seconds
-
-
 def transfer_us(batch: torch.Tensor, device: torch.device, pinned: bool, repeats: int = 10) -> float:
     """Median µs to copy one input batch host → device, from pinned or pageable host memory."""
     host = batch.cpu().pin_memory() if pinned else batch.cpu().clone()
@@ -303,8 +276,7 @@ class PointRun:
         self.settings = settings
         self.device = torch.device(point.device)
         self.timer = StepTimer(self.device)
-        self.times: list[float] = []
-        self.cold_s = 0.0
+        self.timed = Contender(point.key, self.step, self.device, self.configured)
         with self.configured():
             seed_everything(settings.seed)
             self.model = build_model(settings.model).to(self.device).train()
@@ -336,19 +308,9 @@ class PointRun:
         self._next += 1
         train_step(self.model, self.optimizer, x, y)
 
-    def start(self) -> None:
-        """The cold first step, timed on its own, then the warm-up steps (not timed)."""
-        with self.configured():
-            self.cold_s = self.timer.time_steps(self.step, 1)[0]
-            self.timer.time_steps(self.step, self.settings.warmup)
-
-    def time(self, n: int) -> None:
-        with self.configured():
-            self.times += self.timer.time_steps(self.step, n)
-
     def finish(self, peak: dict[str, Any]) -> dict[str, Any]:
         """Profile, count FLOPs and bytes, and return the configuration's row."""
-        device, b, times = self.device, self.point.batch_size, self.times
+        device, b, times = self.device, self.point.batch_size, self.timed.times
         with self.configured():
             if device.type == "cuda":
                 step_memory = cuda_step_memory(self.step, device)
@@ -389,8 +351,8 @@ class PointRun:
             "step_p95_ms": percentile(times, 95) * 1e3,
             "step_mean_ms": statistics.fmean(times) * 1e3,
             "per_sample_us": step_us / b,
-            "cold_step_ms": self.cold_s * 1e3,
-            "cold_ratio": self.cold_s / p50,
+            "cold_step_ms": self.timed.cold_s * 1e3,
+            "cold_ratio": self.timed.cold_s / p50,
             "timed_steps": len(times),
             "warmup_steps": self.settings.warmup,
             "flops_per_step": flops,
@@ -679,21 +641,16 @@ def run_sweep(
     if on_point is not None:
         on_point(None, "measuring peaks")
     first_peaks = measure_peaks(devices, *peak_sizes)
-    runs = []
-    for point in points:
-        if on_point is not None:
-            on_point(point, "starting")
-        run = PointRun(point, settings, images, labels)
-        run.start()
-        runs.append(run)
-    per_round = [
-        settings.steps // settings.rounds + (i < settings.steps % settings.rounds) for i in range(settings.rounds)
-    ]
-    for i, n in enumerate(per_round):
-        if on_point is not None:
-            on_point(None, f"timed round {i + 1}/{settings.rounds}")
-        for run in runs:
-            run.time(n)
+    runs = [PointRun(point, settings, images, labels) for point in points]
+    by_name = {run.timed.name: run for run in runs}
+    time_interleaved(
+        [run.timed for run in runs],
+        settings.steps,
+        settings.rounds,
+        settings.warmup,
+        on_start=None if on_point is None else lambda c: on_point(by_name[c.name].point, "starting"),
+        on_round=None if on_point is None else lambda i: on_point(None, f"timed round {i + 1}/{settings.rounds}"),
+    )
     if on_point is not None:
         on_point(None, "measuring peaks again")
     peaks = best_peaks(first_peaks, measure_peaks(devices, *peak_sizes))

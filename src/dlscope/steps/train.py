@@ -72,7 +72,8 @@ def run(ctx: LabContext) -> dict[str, Any]:
     if final is not None:
         reached = result.target_reached_epoch
         verdict = (
-            f"[good]target {config.target_acc}% reached[/] at epoch {reached} in {result.time_to_target_s:.1f}s"
+            f"[good]target {config.target_acc}% reached[/] at step {result.target_reached_step} (epoch {reached}) "
+            f"in {result.time_to_target_s:.1f}s"
             if reached
             else (f"[bad]target {config.target_acc}% not reached[/]" if config.target_acc else "")
         )
@@ -80,7 +81,50 @@ def run(ctx: LabContext) -> dict[str, Any]:
             f"test accuracy [good]{final.test_acc:.2f}%[/] after {final.epoch} epoch(s), "
             f"{result.train_seconds:.1f}s training, {section['samples_per_s']:,.0f} samples/s. {verdict}"
         )
+    if result.autotune:
+        console.print(f"autotune: {autotune_verdict(section)}")
     return section
+
+
+def autotune_verdict(section: dict[str, Any]) -> str:
+    """ "chose …: A against B samples/s …": the decision in one sentence, with its evidence and cost."""
+    tune = section["autotune"]
+    if "skipped" in tune:
+        return f"kept {tune['chosen']}: {tune['skipped']}."
+    run_s = section["wall_seconds"]
+    verdict = (
+        f"chose {tune['chosen']}: {tune['chosen_samples_per_s']:,.0f} against {tune['default_samples_per_s']:,.0f} "
+        f"samples/s for {tune['default']}, measured over {tune['timed_steps_per_candidate']} steps each"
+        if tune["chosen"] != tune["default"]
+        else f"kept {tune['chosen']} ({tune['chosen_samples_per_s']:,.0f} samples/s): no candidate was "
+        f"{100 * tune['margin']:.0f}% faster over {tune['timed_steps_per_candidate']} steps each"
+    )
+    return (
+        f"{verdict}. Measuring took {tune['steps']} real training steps and cost {tune['cost_s']:.1f} s "
+        f"beyond the chosen layout's pace ({100 * tune['cost_s'] / run_s:.1f}% of the run)."
+    )
+
+
+def autotune_blocks(section: dict[str, Any]) -> list[Block]:
+    tune = section.get("autotune")
+    if not tune:
+        return []
+    blocks: list[Block] = [Findings([("info", "Autotune: " + autotune_verdict(section))])]
+    if "stages" in tune:
+        rows = [
+            [stage["stage"], c["name"], c["samples_per_s"], c["step_ms"], c["cold_ms"], c["name"] == stage["chosen"]]
+            for stage in tune["stages"]
+            for c in stage["candidates"]
+        ]
+        blocks.append(
+            Table(
+                ["stage", "candidate", "samples/s", "step ms", "cold ms", "kept"],
+                rows,
+                "autotune: median of each candidate's timed steps, interleaved; torch.compile: "
+                + tune["compile"]["reason"],
+            )
+        )
+    return blocks
 
 
 def curves(section: dict[str, Any]) -> bytes:
@@ -93,14 +137,17 @@ def curves(section: dict[str, Any]) -> bytes:
         x = [p["step"] / spe for p in log]
         loss_ax.plot(x, [p["loss"] for p in log], label="train (window mean)", color="#2f5bd3")
         acc_ax.plot(x, [p["accuracy"] for p in log], label="train (window mean)", color="#2f5bd3")
-    ex = [e["epoch"] for e in epochs]
-    loss_ax.plot(ex, [e["test_loss"] for e in epochs], "o-", label="test (full set)", color="#d9480f")
-    acc_ax.plot(ex, [e["test_acc"] for e in epochs], "o-", label="test (full set)", color="#d9480f")
+    evals = section.get("evaluations") or [
+        {"epoch": e["epoch"], "test_loss": e["test_loss"], "test_acc": e["test_acc"]} for e in epochs
+    ]
+    ex = [e["epoch"] for e in evals]
+    loss_ax.plot(ex, [e["test_loss"] for e in evals], "o-", label="test (full set)", color="#d9480f")
+    acc_ax.plot(ex, [e["test_acc"] for e in evals], "o-", label="test (full set)", color="#d9480f")
     target = section["config"].get("target_acc")
     if target:
         acc_ax.axhline(target, ls="--", color="#12805c", lw=1, label=f"target {target}%")
     loss_ax.set(xlabel="epoch", ylabel="cross-entropy loss", title="Loss", yscale="log")
-    lo = min([e["test_acc"] for e in epochs] + [p["accuracy"] for p in log[len(log) // 4 :]] or [90])
+    lo = min([e["test_acc"] for e in evals] + [p["accuracy"] for p in log[len(log) // 4 :]] or [90])
     acc_ax.set(xlabel="epoch", ylabel="accuracy (%)", title="Accuracy", ylim=(max(lo - 1, 0), 100.2))
     loss_ax.legend()
     acc_ax.legend(loc="lower right")
@@ -117,7 +164,8 @@ def render(section: dict[str, Any]) -> list[Block]:
             items.append(
                 (
                     "good",
-                    f"Reached the {target}% target at epoch {section['target_reached_epoch']} "
+                    f"Reached the {target}% target at step {section.get('target_reached_step')} "
+                    f"(epoch {section['target_reached_epoch']}) "
                     f"in {section['time_to_target_s']:.1f} s (training and evaluation).",
                 )
             )
@@ -153,9 +201,11 @@ def render(section: dict[str, Any]) -> list[Block]:
             f"seed {config['seed']}, on {section['device']}: {section['steps']} steps, "
             f"{section['train_seconds']:.1f} s of training at {section['samples_per_s'] or 0:,.0f} samples/s. "
             "Training points are sample-weighted means over each logging window; the test set is "
-            "evaluated in full after every epoch."
+            "evaluated in full after every epoch"
+            + (f" and every {config['eval_every']} steps." if config.get("eval_every") else ".")
         ),
         Findings(items),
+        *autotune_blocks(section),
         Figure("train_curves", curves(section), "Loss and accuracy: training windows and full test set"),
         Table(
             [
