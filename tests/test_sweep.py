@@ -66,7 +66,8 @@ def test_a_row_for_every_requested_configuration(sweep):
         assert row["kernel_pct"] + row["overhead_pct"] == pytest.approx(100)
         assert len(row["top10"]) == 10
         assert row["step_memory_bytes"] > 0
-    assert len(sweep["phases"]) == 2 * 2 + SETTINGS.rounds + 2
+    assert len(sweep["phases"]) == 2 * 2 + SETTINGS.rounds + 3  # and the convolutions by direction
+    assert {d["layer"] for d in sweep["conv_directions"]} == {"conv1", "conv2"}
 
 
 def test_batch_one_trains_fewer_samples_per_second_than_batch_64(sweep):

@@ -1,14 +1,15 @@
 """Measure, then choose: the fastest way to compute this model on this machine (`--autotune`).
 
 What is fastest differs between CPUs: channels-last and pool-before-ReLU save ~30% of a step on
-one 2-vCPU EPYC and cost 28% on another; oneDNN's backward convolution for a 1-channel input runs
-far below its forward rate on AVX2. A layout fixed in code cannot be fast everywhere, so the first
-steps of the run time the candidates, as cuDNN's benchmark mode does on a GPU:
+one 2-vCPU EPYC and cost 28% on another; on AVX2, oneDNN's weight gradient of the 1-channel first
+convolution runs ~15× faster channels-last than NCHW, while the second convolution prefers NCHW.
+A layout fixed in code cannot be fast everywhere, so the first steps of the run time the
+candidates, as cuDNN's benchmark mode does on a GPU:
 
     stage           candidates (each against the incumbent, interleaved: dlscope.measure.timing)
     threads         1, 2, 4 … up to the cores this process may use (CPU only)
-    convN backend   oneDNN or aten's native im2col + GEMM, one convolution at a time
-    layout          contiguous / channels-last × ReLU → pool / pool → ReLU
+    convN           oneDNN NCHW, oneDNN channels-last, aten's native im2col + GEMM (models.CONV_PATHS)
+    op order        ReLU → pool or pool → ReLU
 
 Every timed step is a real training step on the run's own batches — every layout computes the
 same function of the same parameters — so tuning costs only the time the slower candidates lose
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dlscope.measure.timing import Contender, time_interleaved
-from dlscope.models import CONV_BACKENDS, Layout, TunableCNN
+from dlscope.models import CONV_PATHS, Layout, TunableCNN
 
 if TYPE_CHECKING:
     from dlscope.train import Trainer
@@ -78,24 +79,14 @@ def stages(model: torch.nn.Module, device: torch.device, tune_threads: bool = Tr
     if isinstance(model, TunableCNN) and device.type == "cpu":
         for i in range(len(model.blocks)):
 
-            def flip(c: Candidate, i: int = i) -> list[Candidate]:
-                backends = c.layout.backends
-                return [
-                    replace(c, layout=replace(c.layout, backends=(*backends[:i], b, *backends[i + 1 :])))
-                    for b in CONV_BACKENDS
-                ]
+            def paths(c: Candidate, i: int = i) -> list[Candidate]:
+                now = c.layout.paths
+                return [replace(c, layout=replace(c.layout, paths=(*now[:i], p, *now[i + 1 :]))) for p in CONV_PATHS]
 
-            plan.append((f"conv{i + 1} backend", flip))
+            plan.append((f"conv{i + 1}", paths))
     if isinstance(model, TunableCNN):
         plan.append(
-            (
-                "layout",
-                lambda c: [
-                    replace(c, layout=replace(c.layout, channels_last=cl, pool_first=pf))
-                    for cl in (False, True)
-                    for pf in (False, True)
-                ],
-            )
+            ("op order", lambda c: [replace(c, layout=replace(c.layout, pool_first=pf)) for pf in (False, True)])
         )
     return plan
 
@@ -145,8 +136,8 @@ def autotune(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tenso
     while candidates * per_candidate > MAX_SHARE * run_steps and per_candidate > MIN_TIMED_STEPS + 2:
         per_candidate -= 1
     layout = getattr(model, "layout", Layout())
-    if isinstance(model, TunableCNN) and not layout.backends:
-        layout = replace(layout, backends=("onednn",) * len(model.blocks))
+    if isinstance(model, TunableCNN) and not layout.paths:
+        layout = replace(layout, paths=("onednn",) * len(model.blocks))
     incumbent = initial = Candidate(layout, torch.get_num_threads())
     if not plan or candidates * per_candidate > MAX_SHARE * run_steps:
         return {
@@ -203,7 +194,7 @@ def autotune(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tenso
     chosen_step_s, default_step_s = median_step_s(incumbent), median_step_s(initial)
     return {
         "chosen": incumbent.name,
-        "layout": vars(incumbent.layout) | {"backends": list(incumbent.layout.backends)},
+        "layout": {"paths": list(incumbent.layout.paths), "pool_first": incumbent.layout.pool_first},
         "threads": incumbent.threads,
         "stages": evidence,
         "steps": steps,

@@ -11,7 +11,9 @@ from torch import nn
 
 from dlscope.errors import ConfigError
 
-CONV_BACKENDS = ("onednn", "native")
+# How one convolution may be computed: oneDNN on contiguous (NCHW) or channels-last (NHWC) tensors,
+# or aten's native im2col + GEMM kernels (contiguous), in the forward and both backward directions.
+CONV_PATHS = ("onednn", "onednn-cl", "native")
 
 
 @dataclass(frozen=True)
@@ -19,27 +21,37 @@ class Layout:
     """How a model's convolutions are computed — never what: every layout gives the same outputs
     and gradients from the same parameters, so the autotuner may pick any (dlscope.autotune).
 
-    channels_last  NHWC tensors, which oneDNN convolves and pools without reordering
-    pool_first     max-pool before the ReLU: the same result (ReLU is monotonic, so it commutes
-                   with max) on a quarter of the elements
-    backends       per convolution: "onednn" (torch's default CPU path) or "native" (aten's
-                   im2col + GEMM, forward and backward), whichever is faster for that shape
+    paths       per convolution, one of CONV_PATHS (empty: all "onednn", torch's default). On AVX2,
+                oneDNN's weight gradient of the 1-channel first convolution runs ~15× faster
+                channels-last than NCHW, while the next convolution is faster NCHW.
+    pool_first  max-pool before the ReLU: the same result (ReLU is monotonic, so it commutes with
+                max) on a quarter of the elements
     """
 
-    channels_last: bool = False
+    paths: tuple[str, ...] = ()
     pool_first: bool = False
-    backends: tuple[str, ...] = ()  # empty: every convolution on torch's default path
+
+    def path(self, index: int) -> str:
+        return self.paths[index] if index < len(self.paths) else "onednn"
 
     def describe(self) -> str:
-        parts = ["channels-last" if self.channels_last else "contiguous"]
+        parts = [f"conv{i + 1} {p}" for i, p in enumerate(self.paths) if p != "onednn"] or ["oneDNN NCHW"]
         if self.pool_first:
             parts.append("pool before ReLU")
-        parts += [f"conv{i + 1} {b}" for i, b in enumerate(self.backends) if b != "onednn"]
         return ", ".join(parts)
 
 
-def conv2d(x: torch.Tensor, conv: nn.Conv2d, backend: str) -> torch.Tensor:
-    if backend == "native":
+def channels_last(x: torch.Tensor) -> torch.Tensor:
+    """`x` with NHWC strides — also with one channel, where `x.contiguous(memory_format=channels_last)`
+    keeps the NCHW strides (both describe the same element order) and oneDNN, reading the format
+    from the strides, runs its NCHW kernels: for the first convolution 5–10× slower on AVX2."""
+    if x.is_contiguous(memory_format=torch.channels_last) and x.stride(1) == 1:
+        return x
+    return torch.empty_like(x, memory_format=torch.channels_last).copy_(x)
+
+
+def conv2d(x: torch.Tensor, conv: nn.Conv2d, path: str) -> torch.Tensor:
+    if path == "native":
         # autograd's SlowConv2DBackward runs aten's own kernels in both directions, whatever the
         # global oneDNN switch says when the backward runs. Both operands contiguous: given a
         # channels-last weight, torch 2.13's _slow_conv2d_backward returns a wrong weight gradient
@@ -47,7 +59,7 @@ def conv2d(x: torch.Tensor, conv: nn.Conv2d, backend: str) -> torch.Tensor:
         return torch.ops.aten._slow_conv2d_forward(
             x.contiguous(), conv.weight.contiguous(), conv.kernel_size, conv.bias, conv.stride, conv.padding
         )
-    return conv(x)
+    return conv(channels_last(x) if path == "onednn-cl" else x.contiguous())
 
 
 class ConvBlock(nn.Sequential):
@@ -58,10 +70,7 @@ class ConvBlock(nn.Sequential):
 
     def run(self, x: torch.Tensor, layout: Layout, index: int) -> torch.Tensor:
         conv, relu, pool = self
-        backend = layout.backends[index] if index < len(layout.backends) else "onednn"
-        x = conv2d(x, conv, backend)
-        if layout.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
+        x = conv2d(x, conv, layout.path(index))
         return relu(pool(x)) if layout.pool_first else pool(relu(x))
 
 
@@ -76,11 +85,11 @@ class TunableCNN(nn.Module):
 
     def set_layout(self, layout: Layout) -> None:
         self.layout = layout
-        self.to(memory_format=torch.channels_last if layout.channels_last else torch.contiguous_format)
+        for i, name in enumerate(self.blocks):
+            weight = getattr(self, name)[0].weight
+            weight.data = channels_last(weight.data) if layout.path(i) == "onednn-cl" else weight.data.contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.layout.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
         for i, name in enumerate(self.blocks):
             x = getattr(self, name).run(x, self.layout, i)
         return self.out(x.flatten(1))

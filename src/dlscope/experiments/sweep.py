@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from dlscope.errors import ConfigError
+from dlscope.experiments.conv_directions import SLOW_RATE_RATIO, conv_directions, slow_kernels
 from dlscope.experiments.peaks import measure_copy_bandwidth, measure_gemm_peak
 from dlscope.measure.timing import Contender, StepTimer, time_interleaved
 from dlscope.models import build_model
@@ -620,6 +621,30 @@ def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return findings
 
 
+def conv_findings(directions: Sequence[dict[str, Any]], config: str) -> list[dict[str, Any]]:
+    """A convolution direction far below the others' rate on torch's default path, and what beats it."""
+    findings = []
+    for slow in slow_kernels(list(directions)):
+        text = (
+            f"On {config}, {slow['layer']}'s {slow['direction']} runs at {slow['gflops']:.1f} GFLOP/s on "
+            f"oneDNN NCHW ({slow['ms']:.1f} ms for {slow['shape']}), against a median of "
+            f"{slow['others_median_gflops']:.1f} GFLOP/s for the other convolution kernels of the step "
+            f"(named below {100 * SLOW_RATE_RATIO:.0f}%)."
+        )
+        best = slow["best_alternative"]
+        if best is not None and best["gflops"] > slow["gflops"]:
+            text += (
+                f" The {best['path']} path computes it at {best['gflops']:.1f} GFLOP/s: "
+                "`--autotune` times both and keeps the faster."
+            )
+        evidence = [
+            {"config": config, "metric": f"{slow['layer']} {slow['direction']} {path} GFLOP/s", "value": value}
+            for path, value in [(slow["path"], slow["gflops"])] + ([(best["path"], best["gflops"])] if best else [])
+        ]
+        findings.append({"level": "warn", "text": text, "evidence": evidence})
+    return findings
+
+
 def run_sweep(
     points: Sequence[SweepPoint],
     settings: SweepSettings,
@@ -631,9 +656,10 @@ def run_sweep(
     """Measure every point (normalised `images`, on the host); then the operator shift and findings.
 
     The peaks (GEMM n, copy MiB: `peak_sizes`) are measured before and after the timed rounds
-    and the better kept. `on_point(point, phase)` is called before each unit of work (a peak
-    measurement or a timed round with point None, starting or profiling a point):
-    2 × len(points) + settings.rounds + 2 calls in all.
+    and the better kept. Each convolution of the CPU point with the largest batch is then timed in
+    its three directions (experiments.conv_directions). `on_point(point, phase)` is called before
+    each unit of work (a peak measurement, a timed round or the convolutions with point None,
+    starting or profiling a point): 2 × len(points) + settings.rounds + 2 (+1 with a CPU) calls.
     """
     if len(labels) < max(p.batch_size for p in points):
         raise ConfigError(f"the largest batch needs {max(p.batch_size for p in points)} samples, got {len(labels)}")
@@ -659,12 +685,22 @@ def run_sweep(
         if on_point is not None:
             on_point(run.point, "profiling")
         rows.append(run.finish(peaks[run.point.device]))
+    directions = []
+    cpu_runs = [run for run in runs if run.device.type == "cpu"]
+    if cpu_runs:
+        if on_point is not None:
+            on_point(None, "convolutions by direction")
+        largest = max(cpu_runs, key=lambda run: run.point.batch_size)
+        with largest.configured():
+            directions = conv_directions(largest.model, largest.batches[0][0], repeats=3)
+    findings = diagnose(rows) + conv_findings(directions, largest.point.key if cpu_runs else "")
     return {
         "settings": asdict(settings),
         "rows": rows,
         "peaks": peaks,
         "shift": operator_shift(rows),
-        "findings": diagnose(rows),
+        "conv_directions": directions,
+        "findings": findings,
         "thresholds": {
             "overhead_bound_pct": OVERHEAD_BOUND_PCT,
             "overhead_moderate_pct": OVERHEAD_MODERATE_PCT,
@@ -672,6 +708,7 @@ def run_sweep(
             "top_kernel_pct": TOP_KERNEL_PCT,
             "noisy_p95_ratio": NOISY_P95_RATIO,
             "non_gemm_pct": NON_GEMM_PCT,
+            "slow_rate_ratio": SLOW_RATE_RATIO,
         },
     }
 

@@ -114,7 +114,9 @@ def run(ctx: LabContext) -> dict[str, Any]:
     n = max(SAMPLES, max(options["batch_sizes"]))
     images, labels = normalise(ctx.data.train_images[:n]), ctx.data.train_labels[:n]
     with step_progress(ctx.options.progress) as progress:
-        task = progress.add_task("sweep", total=2 * len(points) + settings.rounds + 2)
+        task = progress.add_task(
+            "sweep", total=2 * len(points) + settings.rounds + 2 + any(p.device == "cpu" for p in points)
+        )
 
         def on_phase(point: SweepPoint | None, phase: str) -> None:
             progress.update(task, description=f"{phase} {point.key}" if point else phase)
@@ -304,6 +306,15 @@ def render(section: dict[str, Any]) -> list[Block]:
             "operator shift: rank of each compute kernel by time per step (— absent)",
         ),
     ]
+    if section.get("conv_directions"):
+        blocks.append(
+            Table(
+                ["layer", "path", "direction", "ms", "GFLOP/s"],
+                [[d["layer"], d["path"], d["direction"], d["ms"], d["gflops"]] for d in section["conv_directions"]],
+                "each convolution by direction and path, at the largest CPU batch (median, interleaved); "
+                "the first needs no input gradient",
+            )
+        )
     for r in rows:
         steps = r["profiled_steps"]
         blocks.append(
