@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from dlscope.autotune import MAX_SHARE, compile_decision, stages
+from dlscope.checkpoint import CheckpointObserver, load_checkpoint, verify_checkpoint
 from dlscope.models import build_model
 from dlscope.train import StopAtAccuracy, TrainConfig, Trainer
 
@@ -12,8 +13,9 @@ from dlscope.train import StopAtAccuracy, TrainConfig, Trainer
 TUNED = dict(model="cnn", epochs=1, batch_size=16, train_subset=2560, test_subset=500, autotune=True, log_every=10)
 
 
-def test_the_fastest_candidate_trains_the_rest_of_the_run(mnist):
-    trainer = Trainer(TrainConfig(**TUNED), mnist)
+def test_the_fastest_candidate_trains_the_rest_of_the_run(mnist, tmp_path):
+    checkpoints = CheckpointObserver(tmp_path)
+    trainer = Trainer(TrainConfig(**TUNED), mnist, [checkpoints])
     result = trainer.fit()
     tune = result.autotune
     assert [s["stage"] for s in tune["stages"]] == ["threads", "conv1", "conv2", "op order"]
@@ -33,6 +35,9 @@ def test_the_fastest_candidate_trains_the_rest_of_the_run(mnist):
     assert torch.get_num_threads() == tune["threads"]
     assert tune["cost_s"] >= 0 and tune["seconds"] < result.wall_seconds
     assert result.final.test_acc > 90.0
+    # the checkpoint keeps the layout, so a fresh model reloaded from it predicts exactly the same
+    assert load_checkpoint(checkpoints.path)["layout"] == tune["layout"]
+    assert verify_checkpoint(checkpoints.path, trainer.test_images, trainer.test_labels, trainer.model).ok
 
 
 def test_explicit_threads_are_not_tuned():

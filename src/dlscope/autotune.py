@@ -194,7 +194,7 @@ def autotune(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tenso
     chosen_step_s, default_step_s = median_step_s(incumbent), median_step_s(initial)
     return {
         "chosen": incumbent.name,
-        "layout": {"paths": list(incumbent.layout.paths), "pool_first": incumbent.layout.pool_first},
+        "layout": incumbent.layout.to_dict(),
         "threads": incumbent.threads,
         "stages": evidence,
         "steps": steps,

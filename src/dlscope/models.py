@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,13 @@ class Layout:
 
     def path(self, index: int) -> str:
         return self.paths[index] if index < len(self.paths) else "onednn"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"paths": list(self.paths), "pool_first": self.pool_first}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Layout:
+        return cls(tuple(values["paths"]), bool(values["pool_first"]))
 
     def describe(self) -> str:
         parts = [f"conv{i + 1} {p}" for i, p in enumerate(self.paths) if p != "onednn"] or ["oneDNN NCHW"]

@@ -30,7 +30,7 @@ from torch import nn
 from dlscope.data.loaders import ResidentBatches, make_batches, normalise
 from dlscope.data.mnist import MNIST
 from dlscope.errors import ConfigError
-from dlscope.models import MODELS, build_model
+from dlscope.models import MODELS, Layout, TunableCNN, build_model
 
 OPTIMIZERS = ("adam", "sgd", "adadelta")
 SCHEDULES = ("onecycle", "step", "constant")
@@ -399,12 +399,16 @@ class Trainer:
             "config": self.config.to_dict(),
             "history": [dataclasses.asdict(e) for e in self.result.epochs],
         }
+        if isinstance(self.model, TunableCNN):  # how it computed the fingerprint's predictions
+            state["layout"] = self.model.layout.to_dict()
         if self.last_predictions is not None:
             state["fingerprint"] = fingerprint(self.last_predictions, self.test_labels)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
+        if "layout" in state and isinstance(self.model, TunableCNN):
+            self.model.set_layout(Layout.from_dict(state["layout"]))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.start_epoch = int(state["epoch"])
