@@ -14,7 +14,7 @@ import time
 import torch
 
 from dlscope.experiments.conv import ConvShape, loop_order_experiment, time_conv
-from dlscope.experiments.peaks import measure_gemm_peak
+from dlscope.measure.peaks import measure_gemm_peak
 from dlscope.models import build_model
 from dlscope.observe.graph import compile_and_compare
 

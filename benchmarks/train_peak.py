@@ -18,7 +18,7 @@ import torch
 
 from dlscope.data.loaders import normalise
 from dlscope.data.mnist import load_mnist
-from dlscope.experiments.peaks import measure_gemm_peak
+from dlscope.measure.peaks import measure_gemm_peak
 from dlscope.measure.timing import Contender, time_interleaved
 from dlscope.models import Layout, build_model
 from dlscope.observe.summary import count_flops

@@ -29,8 +29,8 @@ TINY = [
 ]
 
 
-def dlscope(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "120"}
+def dlscope(*args: str, cwd: Path | None = None, columns: int = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run(
         [sys.executable, "-m", "dlscope.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
     )
@@ -87,32 +87,40 @@ def test_lab_end_to_end_writes_every_section(tmp_path):
     assert ok.returncode == 0 and "identical predictions on 10,000" in ok.stdout
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
+def one_line_error(capsys, *argv: str) -> str:
+    """Run the CLI in-process on bad input: exit status 2 and exactly one line on stderr, no traceback."""
+    from dlscope.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    captured = capsys.readouterr()
+    assert code == 2, (captured.out, captured.err)
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    return lines[0]
 
 
-def test_bad_flags_are_one_line_errors(tmp_path):
-    assert_one_line_error(dlscope("lab", "--batch-size", "0", "--out", str(tmp_path / "r")), "batch sizes must be ≥ 1")
+def test_bad_flags_are_one_line_errors(tmp_path, capsys):
+    assert "batch sizes must be ≥ 1" in one_line_error(capsys, "lab", "--batch-size", "0", "--out", str(tmp_path / "r"))
     assert not (tmp_path / "r").exists()  # validated before anything is written
-    assert_one_line_error(dlscope("lab", "--model", "vgg"), "invalid choice")
-    assert_one_line_error(dlscope("lab", "--target-acc", "101"), "target accuracy")
-    assert_one_line_error(dlscope("train", "--epochs", "x"), "invalid int value")
+    assert "unknown model 'vgg'; choose from cnn" in one_line_error(capsys, "lab", "--model", "vgg")
+    assert "target accuracy" in one_line_error(capsys, "lab", "--target-acc", "101")
+    assert "invalid int value" in one_line_error(capsys, "train", "--epochs", "x")
 
 
-def test_bad_files_are_one_line_errors(tmp_path):
-    assert_one_line_error(dlscope("report", str(tmp_path)), str(tmp_path), "no results.json")
+def test_bad_files_are_one_line_errors(tmp_path, capsys):
+    line = one_line_error(capsys, "report", str(tmp_path))
+    assert str(tmp_path) in line and "no results.json" in line
     (tmp_path / "results.json").write_text("{not json")
-    assert_one_line_error(dlscope("report", str(tmp_path)), "not valid JSON")
+    assert "not valid JSON" in one_line_error(capsys, "report", str(tmp_path))
     torn = tmp_path / "torn.pt"
     torn.write_bytes(b"PK\x03\x04" + b"\x00" * 100)
-    assert_one_line_error(dlscope("ckpt", "verify", str(torn)), str(torn), "not a loadable checkpoint")
-    assert_one_line_error(dlscope("data", "verify", "--data-dir", str(tmp_path / "none")), "does not exist")
-    assert_one_line_error(dlscope("tensorboard", str(tmp_path)), "no tensorboard/ directory")
+    line = one_line_error(capsys, "ckpt", "verify", str(torn))
+    assert str(torn) in line and "not a loadable checkpoint" in line
+    assert "does not exist" in one_line_error(capsys, "data", "verify", "--data-dir", str(tmp_path / "none"))
+    assert "no tensorboard/ directory" in one_line_error(capsys, "tensorboard", str(tmp_path))
 
 
 def test_data_verify_and_models(tmp_path):
@@ -215,7 +223,7 @@ def test_tensorboard_serves_the_run_on_loopback(tmp_path):
         proc.wait(timeout=30)
 
 
-def test_report_survives_a_section_it_cannot_read(tmp_path):
+def test_report_of_an_older_run_notes_what_it_cannot_read_but_a_renderer_bug_fails(tmp_path):
     from dlscope.report.render import render_report
     from dlscope.rundir import RunDir
 
@@ -223,6 +231,54 @@ def test_report_survives_a_section_it_cannot_read(tmp_path):
     run.record("environment", {"unexpected": "shape"})  # a known section in a form its renderer cannot read
     run.record("from_the_future", {"x": 1})  # a section no renderer knows
     run.finish("ok")
+    with pytest.raises(KeyError):  # this version wrote it: the renderer is wrong, and says so
+        render_report(run.path)
+    run.results["schema_version"] = 1  # an older dlscope wrote it
+    run.save()
     html, _ = render_report(run.path)
     text = html.read_text()
-    assert "could not be rendered" in text and "No renderer for this section" in text
+    assert "Written by an older dlscope" in text and "No renderer for this section" in text
+
+
+def test_options_are_never_abbreviated_and_lab_steps_are_checked(tmp_path, capsys):
+    from dlscope.cli import main
+
+    for bad in (["lab", "--trace-i"], ["lab", "--steps", "train,nonsense"], ["trace", "--back", "proc", "--", "true"]):
+        with pytest.raises(SystemExit) as e:
+            main([*bad, "--out", str(tmp_path / "run")])
+        assert e.value.code == 2, bad
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_help_and_option_checks_import_no_torch():
+    probe = (
+        "import sys, contextlib, io\n"
+        "from dlscope.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    for argv in (['--help'], ['lab', '--help'], ['ckpt', 'inspect', '--help'],\n"
+        "                 ['pipeline', 'sweep', '--help']):\n"
+        "        try:\n"
+        "            main(argv)\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        "print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_lab_steps_runs_only_those_steps_and_the_report_reads_at_80_columns(tmp_path):
+    run = tmp_path / "lab"
+    proc = dlscope("lab", "--steps", "profile,checkpoint", "--out", str(run), *TINY, columns=80)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((run / "results.json").read_text())
+    # checkpoint needs a trained model, so train joins the plan; nothing else runs
+    assert results["steps"] == ["train", "profile", "checkpoint"]
+    # every line fits, but for the run's own paths in "where everything is": those are never cut
+    lines = [line for line in proc.stdout.splitlines() if str(run) not in line]
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    assert "convolution_backward" in proc.stdout and "…" not in proc.stdout

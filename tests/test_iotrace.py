@@ -21,9 +21,9 @@ from dlscope.cli import main
 from dlscope.observe.iotrace import ebpf, proc, strace
 from dlscope.observe.iotrace.analysis import Analysis, category
 from dlscope.observe.iotrace.events import FdTables, make_event
-from dlscope.observe.iotrace.flowgraph import fallback_svg, render_svg
 from dlscope.observe.iotrace.tracer import availability, trace_command
 from dlscope.phases import MARKER_PREFIX, parse_marker
+from dlscope.report.flowgraph import fallback_svg, render_svg
 
 AVAILABLE = availability()
 BACKENDS = [
@@ -103,16 +103,6 @@ def test_phase_marker_is_a_failing_open_and_parses_back():
     assert parse_marker("/dev/null") is None
     with pytest.raises(ValueError):
         dlscope.phase("no/slashes").__enter__()
-
-
-def test_phase_marker_costs_microseconds_without_a_tracer():
-    n = 2000
-    start = time.perf_counter()
-    for _ in range(n):
-        with dlscope.phase("x"):
-            pass
-    per_marker = (time.perf_counter() - start) / (2 * n)
-    assert per_marker < 100e-6, f"{per_marker * 1e6:.1f} µs per marker"
 
 
 def test_import_dlscope_stays_light():
@@ -356,12 +346,15 @@ def test_trace_cli_writes_a_report_and_passes_the_exit_code(workload, tmp_path):
 def test_traced_lab_shows_mnist_under_data_load_and_the_checkpoint(tmp_path):
     run = tmp_path / "lab"
     args = ["lab", "--trace-io", "--train-subset", "512", "--test-subset", "500", "--epochs", "1"]
+    args += ["--steps", "dataset,model,train,profile,checkpoint"]
     args += ["--no-tensorboard", "--no-progress", "--profile-steps", "1", "--target-acc", "1", "--out", str(run)]
     done = subprocess.run([sys.executable, "-m", "dlscope.cli", *args], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((run / "results.json").read_text())
     assert results["run"]["status"] == "ok"
-    assert results["steps"][-1] == "iotrace" and "checkpoint" in results["steps"]
+    # one writer: the traced child recorded the lab's steps, the parent added the trace once
+    assert results["steps"] == ["dataset", "model", "train", "profile", "checkpoint", "iotrace"]
+    assert results["run"]["argv"][:2] == ["lab", "--trace-io"]
     s = results["sections"]["iotrace"]
     # the four files opened (the loader also stats the uncompressed names it looks for first)
     mnist = [f for f in s["files"] if f["category"] == "dataset" and "ubyte" in f["path"] and f["opens"]]
@@ -374,7 +367,7 @@ def test_traced_lab_shows_mnist_under_data_load_and_the_checkpoint(tmp_path):
     assert final["first_phase"] == "checkpoint_save"
     phases = {p["phase"] for p in s["phases"]}
     assert {"startup", "data_load", "preprocess", "model_build", "train-epoch-1", "evaluate-epoch-1"} <= phases
-    assert {"profile", "checkpoint_save", "checkpoint_load", "verify", "report"} <= phases
+    assert {"profile", "checkpoint_save", "checkpoint_load", "verify"} <= phases
     if s["backend"] != "proc":
         assert by_phase(s, "checkpoint_load")["bytes_read"] >= final["bytes_written"] > 0
     md = (run / "report.md").read_text()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dlscope.cli import main
+from dlscope.measure.memory import SOURCE
 from dlscope.models import build_model
 from dlscope.observe.memory import FUNCTIONAL, layer_memory, measure_peak, memory_anatomy, saved_activations
 
@@ -23,7 +24,7 @@ def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
 @pytest.mark.slow
 def test_memory_model_is_within_10_percent_of_the_measured_peak_for_cnn():
     result = memory_anatomy(lambda: build_model("cnn"), adam, [16, 64])
-    assert result["method"].startswith("profiler memory events")
+    assert result["method"] == SOURCE["cpu"]
     for c in result["comparisons"]:
         assert abs(c["error_pct"]) <= 10, c
         assert c["measured_peak_bytes"] > c["static_bytes"] + c["activation_bytes"] * 0.5
@@ -95,3 +96,16 @@ def test_cuda_peak_holds_at_least_the_modelled_tensors():
         # cuDNN workspaces come on top, so the measurement can only exceed the tensors that must exist
         assert c["measured_peak_bytes"] >= c["static_bytes"] + c["activation_bytes"]
     assert large["measured_peak_bytes"] > small["measured_peak_bytes"]
+
+
+def test_the_cpu_allocation_peak_replays_allocations_and_frees_in_time_order():
+    from dlscope.measure.memory import allocation_peak
+
+    mib = 2**20
+    with allocation_peak(torch.device("cpu")) as recorded:
+        a = torch.empty(mib)  # 4 MiB
+        b = torch.empty(2 * mib)  # 8 MiB: 12 MiB held together
+        del a
+        c = torch.empty(mib)  # 4 MiB again, after a was freed: still 12
+        del b, c
+    assert 12 * mib <= recorded["peak_bytes"] < 13 * mib

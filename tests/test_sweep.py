@@ -7,7 +7,6 @@ import json
 import statistics
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +21,6 @@ from dlscope.experiments.sweep import (
     PointRun,
     SweepPoint,
     SweepSettings,
-    allocation_peak_bytes,
     best_peaks,
     diagnose,
     is_compute_kernel,
@@ -32,8 +30,7 @@ from dlscope.experiments.sweep import (
 )
 from dlscope.models import build_model
 from dlscope.report.blocks import Figure, Findings, Table
-from dlscope.steps import STEPS_BY_NAME
-from dlscope.steps.sweep import LAB_SWEEP, render
+from dlscope.report.sections.sweep import render
 
 # One thread: on a shared 2-core machine a 2-thread parallel region waits for its slowest thread,
 # which makes every timing hostage to the neighbours; one thread keeps the comparisons meaningful.
@@ -148,14 +145,6 @@ def test_compute_kernels_exclude_views_allocations_and_wrappers():
         assert not is_compute_kernel(name), name
 
 
-def test_allocation_peak_replays_allocations_and_frees_in_time_order():
-    def event(start, usage):
-        return SimpleNamespace(time_range=SimpleNamespace(start=start), self_cpu_memory_usage=usage)
-
-    events = [event(3, -400), event(1, 100), event(2, 500), event(4, 50)]
-    assert allocation_peak_bytes(events) == 600
-
-
 def _row(config, batch, samples_per_s, kernels, device="cpu", **extra):
     row = {
         "config": config,
@@ -246,11 +235,6 @@ def test_render_builds_tables_and_three_figures_from_the_section(sweep):
     main = next(b for b in blocks if isinstance(b, Table))
     assert [row[0] for row in main.rows] == ["cpu/t1/b1", "cpu/t1/b64"]
     assert any(isinstance(b, Findings) and b.items for b in blocks)
-
-
-def test_the_lab_runs_the_1_16_64_sweep_on_every_available_device():
-    assert "sweep" in STEPS_BY_NAME
-    assert LAB_SWEEP["batch_sizes"] == [1, 16, 64] and LAB_SWEEP["devices"] is None
 
 
 def test_grid_rejects_bad_configurations():

@@ -4,8 +4,10 @@ runs/<name>/
     results.json       versioned; rewritten atomically after every step
     tensorboard/       event files
     profile/           Chrome/Perfetto trace, operator tables (CSV, JSON)
-    checkpoints/       last.pt
-    figures/           PNGs that report.md links to (report.html embeds them)
+    checkpoints/       last.pt (every epoch end), final.pt (the checkpoint step), reloaded.pt (its
+                       load → save round trip, checkpoint anatomy)
+    sweep/, graph/, ops/, pipeline/, iotrace/, keras/   what those steps wrote
+    figures/           PNGs and SVGs that report.md links to (report.html embeds them)
     report.html        one self-contained file
     report.md
 """
@@ -25,7 +27,7 @@ from dlscope.errors import RunDirError
 from dlscope.fsutil import atomic_write_bytes
 
 SCHEMA = "dlscope.results"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: sections rendered by report/sections (dlscope 0.2)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -67,17 +69,19 @@ class RunDir:
         self.save()
 
     @classmethod
-    def create(cls, out: str | Path | None, command: str, root: str | Path = "runs") -> RunDir:
+    def create(
+        cls, out: str | Path | None, command: str, root: str | Path = "runs", argv: list[str] | None = None
+    ) -> RunDir:
         """`out` as given, else runs/<command>-<timestamp> (never reusing an existing one)."""
         if out is not None:
-            return cls(out, command)
+            return cls(out, command, argv)
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         path = Path(root) / f"{command}-{stamp}"
         n = 1
         while path.exists():
             n += 1
             path = Path(root) / f"{command}-{stamp}-{n}"
-        return cls(path, command)
+        return cls(path, command, argv)
 
     def sub(self, name: str) -> Path:
         path = self.path / name

@@ -1,27 +1,29 @@
-"""What every command shares: the argument parser class, training and run options, the run pipeline."""
+"""What every command shares: the parser class, training and run flags, and the call into the runner.
+
+Nothing here imports torch: `dlscope --help` and the file-only commands start fast."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlscope import phase
-from dlscope.errors import DlscopeError
-
 if TYPE_CHECKING:
-    from dlscope.train import TrainConfig
+    from dlscope.config import TrainConfig
+    from dlscope.options import ProfileOptions, RunOptions, StepOptions
 
 
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `--trace-i` is an error, never a guess
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # one line, exit 2, as for every other bad input
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float | None = 99.0) -> None:
-    from dlscope.models import MODELS
-    from dlscope.train import LOADERS, OPTIMIZERS, RECIPES, SCHEDULES
+    from dlscope.config import LOADERS, OPTIMIZERS, RECIPES, SCHEDULES
 
     g = p.add_argument_group("training")
     g.add_argument(
@@ -35,7 +37,7 @@ def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float
         action="store_true",
         help="time layouts, convolution backends and threads on the first steps; train with the fastest",
     )
-    g.add_argument("--model", default="cnn", choices=list(MODELS), help="model from the zoo (default cnn)")
+    g.add_argument("--model", default="cnn", help="model from the zoo, listed by `dlscope models` (default cnn)")
     g.add_argument("--epochs", type=int, default=epochs, help=f"epochs (default {epochs})")
     g.add_argument("--batch-size", type=int, default=128, help="training batch size (default 128)")
     g.add_argument("--test-batch-size", type=int, default=500)
@@ -66,23 +68,34 @@ def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float
     g.add_argument("--test-subset", type=int, default=None, metavar="N", help="use the first N test images")
 
 
-def add_run_args(p: argparse.ArgumentParser) -> None:
+def add_run_args(p: argparse.ArgumentParser, tensorboard: bool = False) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--out", default=None, help="run directory (default runs/<command>-<time>)")
     g.add_argument("--data-dir", default=None, help="MNIST laid out like torchvision's MNIST/raw (default: embedded)")
-    g.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard logging")
     g.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    if tensorboard:
+        g.add_argument("--no-tensorboard", action="store_true", help="skip TensorBoard logging")
+
+
+def add_profile_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("profiler")
     g.add_argument("--profile-steps", type=int, default=5, help="active profiled training steps (default 5)")
     g.add_argument(
         "--sort-by",
         default="self_cpu",
         choices=["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"],
-        help="order of the top-10 operator table",
+        help="order of the top-10 operator table (default self_cpu)",
     )
 
 
-def train_config(args: argparse.Namespace):
-    from dlscope.train import TrainConfig
+def profile_options(args: argparse.Namespace) -> ProfileOptions:
+    from dlscope.options import ProfileOptions
+
+    return ProfileOptions(active=args.profile_steps, sort_by=args.sort_by)
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    from dlscope.config import TrainConfig
 
     return TrainConfig.from_recipe(
         args.recipe,
@@ -108,70 +121,41 @@ def train_config(args: argparse.Namespace):
     )
 
 
-def run_pipeline(
+def run_options(args: argparse.Namespace) -> RunOptions:
+    from dlscope.options import RunOptions
+
+    return RunOptions(
+        out=args.out,
+        data_dir=args.data_dir,
+        tensorboard=not getattr(args, "no_tensorboard", False),
+        progress=not args.no_progress,
+    )
+
+
+def run_steps(
     args: argparse.Namespace,
     command: str,
-    step_names: Sequence[str],
+    steps: Sequence[str],
     *,
     config: TrainConfig | None = None,
-    extra: dict[str, Any] | None = None,
+    step_options: StepOptions | None = None,
 ) -> int:
-    from dlscope.console import console
-    from dlscope.report.render import render_report
-    from dlscope.rundir import RunDir
-    from dlscope.steps import STEPS, STEPS_BY_NAME, LabContext, LabOptions, run_steps
+    """Run `steps` of the built-in job through the runner (every training command ends here)."""
+    from dlscope.options import StepOptions
+    from dlscope.runner import Plan, run_command, run_traced
 
-    config = config or train_config(args)  # validate before creating anything on disk
-    if args.profile_steps < 1:
-        raise DlscopeError("--profile-steps must be ≥ 1")
-    run = RunDir.create(args.out, command)
-    options = LabOptions(
-        data_dir=args.data_dir,
-        tensorboard=not args.no_tensorboard,
-        progress=not args.no_progress,
-        profile_active=args.profile_steps,
-        profile_sort=args.sort_by,
-        resume=getattr(args, "resume", None),
-        extra=extra or {},
+    plan = Plan(
+        command,
+        list(steps),
+        config or train_config(args),  # validated before anything is created on disk
+        run_options(args),
+        step_options or StepOptions(),
+        args.raw_argv,
     )
-    ctx = LabContext(config=config, run=run, options=options)
-    steps = [STEPS_BY_NAME[name] for name in step_names] if step_names else STEPS
-    console.print(f"[phase]dlscope {command}[/] → [path]{run.path}[/]")
-    try:
-        run_steps(ctx, steps)
-    finally:
-        with phase("report"):
-            html, md = render_report(run.path)
-        print_locations(run, html, md)
+    if getattr(args, "trace_io", False):
+        return run_traced(plan, args.trace_backend)
+    run_command(plan)
     return 0
-
-
-def print_locations(run, html: Path, md: Path) -> None:
-    from rich.table import Table
-
-    from dlscope.console import console
-
-    rows = [
-        ("report", str(html), f"and {md.name}: one file, works offline"),
-        ("results", str(run.path / "results.json"), "the report's single source"),
-    ]
-    artifacts = {
-        "tensorboard": f"dlscope tensorboard {run.path}",
-        "profile": "trace.json opens in ui.perfetto.dev",
-        "checkpoints": "dlscope ckpt verify <file>",
-    }
-    rows += [(name, str(run.path / name), hint) for name, hint in artifacts.items() if (run.path / name).exists()]
-    table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
-    table.add_column()
-    # paths are never cut or wrapped (they are what the user copies); the hints wrap instead
-    table.add_column(no_wrap=True, min_width=max(len(path) for _, path, _ in rows))
-    table.add_column()
-    for name, path, hint in rows:
-        table.add_row(name, f"[path]{path}[/]", f"[dim]{hint}")
-    console.print(table)
-    status = run.results["run"]["status"]
-    style = "good" if status == "ok" else "bad"
-    console.print(f"[{style}]{status}[/] in {run.results['run'].get('wall_seconds', 0):.1f}s")
 
 
 def int_list(text: str) -> list[int]:

@@ -3,117 +3,101 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Sequence
-from typing import Any
 
 from dlscope.cli.common import (
     Parser,
+    add_profile_args,
     add_run_args,
     add_training_args,
     device_list,
     int_list,
-    print_locations,
-    run_pipeline,
+    profile_options,
+    run_steps,
     switch_list,
-    train_config,
 )
 from dlscope.errors import DlscopeError
 from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
+from dlscope.options import AnatomyOptions, GraphOptions, StepOptions, SweepOptions, TrainOptions
+
+LAB_STEPS = [
+    "environment",
+    "dataset",
+    "model",
+    "train",
+    "profile",
+    "sweep",
+    "checkpoint",
+    "ckpt_anatomy",
+    "ops",
+    "graph",
+    "pipeline",
+]
+TRAIN_STEPS = ["environment", "dataset", "model", "train", "checkpoint"]
 
 
-def keras_seed_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"keras_seed": True, "keras_epochs": args.epochs, "keras_train_subset": args.train_subset}
+def step_list(text: str) -> list[str]:
+    """'train,profile' → the lab's steps in lab order, with the ones they need before them."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in LAB_STEPS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"steps are {','.join(LAB_STEPS)}; got {text!r}")
+    if any(s in names for s in ("checkpoint", "ckpt_anatomy")) and "train" not in names:
+        names.append("train")  # checkpoints are of the trained model
+    return [s for s in LAB_STEPS if s in names]
+
+
+def keras_seed_options(args: argparse.Namespace) -> AnatomyOptions:
+    return AnatomyOptions(keras_seed=True, keras_epochs=args.epochs, keras_train_subset=args.train_subset)
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    if args.trace_io:
-        return trace_lab(args)
-    from dlscope.steps.graph import GraphOptions
-
-    extra: dict[str, Any] = {"graph": GraphOptions(compile=args.compile)}
-    if args.keras_seed:
-        extra.update(keras_seed_options(args))
-    return run_pipeline(args, "lab", [], extra=extra)
-
-
-def _drop_options(argv: Sequence[str], with_value: set[str], flags: set[str]) -> list[str]:
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in flags or (arg.split("=", 1)[0] in with_value and "=" in arg):
-            continue
-        elif arg in with_value:
-            skip = True
-        else:
-            kept.append(arg)
-    return kept
-
-
-def trace_lab(args: argparse.Namespace) -> int:
-    """The lab as a traced child process writing into this run; the trace section is added after."""
-    from dlscope.report.render import render_report
-    from dlscope.rundir import RunDir
-    from dlscope.steps import LabContext, LabOptions, iotrace
-
-    config = train_config(args)  # validate before creating anything on disk
-    run = RunDir.create(args.out, "lab")
-    lab_args = _drop_options(
-        args.raw_argv[args.raw_argv.index("lab") + 1 :], {"--out", "--trace-backend"}, {"--trace-io"}
+    options = StepOptions(
+        train=TrainOptions(resume=args.resume),
+        profile=profile_options(args),
+        graph=GraphOptions(compile=args.compile),
+        ckpt_anatomy=keras_seed_options(args) if args.keras_seed else AnatomyOptions(),
     )
-    child = [sys.executable, "-m", "dlscope.cli", "lab", *lab_args, "--out", str(run.path)]
-    options = LabOptions(extra={"trace_command": child, "trace_backend": args.trace_backend})
-    try:
-        section = iotrace.run(LabContext(config=config, run=run, options=options))
-    finally:
-        run.reload()  # what the traced lab wrote
-    run.results["run"]["argv"] = args.raw_argv  # as the user typed it, --trace-io included
-    run.record("iotrace", section)
-    if run.results["run"]["status"] == "running":  # the lab died before it could say so
-        run.finish("failed")
-    html, md = render_report(run.path)
-    print_locations(run, html, md)
-    return section["exit_code"]
+    return run_steps(args, "lab", args.steps, step_options=options)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    return run_pipeline(args, "train", ["environment", "dataset", "model", "train", "checkpoint"])
+    return run_steps(args, "train", TRAIN_STEPS, step_options=StepOptions(train=TrainOptions(resume=args.resume)))
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    return run_pipeline(args, "profile", ["environment", "dataset", "model", "profile"])
+    options = StepOptions(profile=profile_options(args))
+    return run_steps(args, "profile", ["environment", "dataset", "model", "profile"], step_options=options)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    sweep = {
-        "batch_sizes": args.batch_sizes,
-        "devices": args.devices,
-        "threads": args.threads,
-        "cudnn_benchmark": args.cudnn_benchmark,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "profile_steps": args.profile_steps,
-        "rounds": args.rounds,
-        "gemm_n": 2048,
-        "copy_mbytes": 256,
-    }
-    from dlscope.experiments.sweep import SweepSettings, available_devices, sweep_grid
-    from dlscope.train import TrainConfig
+    from dlscope.config import TrainConfig
+    from dlscope.experiments.sweep import available_devices, sweep_grid
 
-    # validate the grid and settings before a run directory exists
+    # the grid is checked before a run directory exists (cuda asked for on a CPU-only machine, …)
     sweep_grid(args.batch_sizes, args.devices or available_devices(), args.threads or [1], args.cudnn_benchmark)
-    SweepSettings(steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps, rounds=args.rounds)
+    sweep = SweepOptions(
+        batch_sizes=args.batch_sizes,
+        devices=args.devices,
+        threads=args.threads,
+        cudnn_benchmark=args.cudnn_benchmark,
+        steps=args.steps,
+        warmup=args.warmup,
+        profile_steps=args.profile_steps,
+        rounds=args.rounds,
+        gemm_n=2048,
+        copy_mbytes=256,
+    )
     # the sweep trains nothing to completion: the config names the model and optimizer it times
     config = TrainConfig(model=args.model, optimizer=args.optimizer, lr=args.lr, seed=args.seed, target_acc=None)
-    return run_pipeline(args, "sweep", ["environment", "dataset", "sweep"], config=config, extra={"sweep": sweep})
+    steps = ["environment", "dataset", "sweep"]
+    return run_steps(args, "sweep", steps, config=config, step_options=StepOptions(sweep=sweep))
 
 
 def ops_options(args: argparse.Namespace, parts: tuple[str, ...]):
     from dlscope.experiments.conv import IMPLS, ConvShape, parse_ints
     from dlscope.steps.ops import OpsOptions
 
-    options = OpsOptions(parts=parts, peak_size=2048)
+    options = OpsOptions(parts=parts, gemm_n=2048)
     if "conv" in parts:
         impls = tuple(args.impl.split(","))
         unknown = [i for i in impls if i not in IMPLS]
@@ -142,31 +126,38 @@ def cmd_ops_conv(args: argparse.Namespace) -> int:
         raise DlscopeError("--repeats must be ≥ 1")
     if args.loops_budget <= 0:
         raise DlscopeError("--loops-budget must be > 0 seconds")
-    return run_pipeline(
-        args, "ops-conv", ["environment", "ops"], extra={"ops": ops_options(args, ("conv", "loop_order"))}
-    )
+    options = StepOptions(ops=ops_options(args, ("conv", "loop_order")))
+    return run_steps(args, "ops-conv", ["environment", "ops"], step_options=options)
 
 
 def cmd_ops_memory(args: argparse.Namespace) -> int:
-    return run_pipeline(args, "ops-memory", ["environment", "ops"], extra={"ops": ops_options(args, ("memory",))})
+    options = StepOptions(ops=ops_options(args, ("memory",)))
+    return run_steps(args, "ops-memory", ["environment", "ops"], step_options=options)
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    from dlscope.steps.graph import GraphOptions
-
-    if args.repeats < 1:
-        raise DlscopeError("--repeats must be ≥ 1")
     options = GraphOptions(compile=not args.no_compile, cold=not args.warm_cache, repeats=args.repeats)
-    return run_pipeline(args, "graph", ["environment", "dataset", "graph"], extra={"graph": options})
+    return run_steps(args, "graph", ["environment", "dataset", "graph"], step_options=StepOptions(graph=options))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from dlscope.models import MODELS
-    from dlscope.train import OPTIMIZERS
+    from dlscope.config import OPTIMIZERS
 
-    p = sub.add_parser("lab", help="the whole lab: environment → train → curves → profile → checkpoint → report")
+    p = sub.add_parser(
+        "lab",
+        help="the whole lab: environment, dataset, model, train, profile, sweep, checkpoint, checkpoint "
+        "anatomy, operators, graphs, input pipeline → one report",
+    )
     add_training_args(p)
-    add_run_args(p)
+    add_run_args(p, tensorboard=True)
+    add_profile_args(p)
+    p.add_argument(
+        "--steps",
+        type=step_list,
+        default=LAB_STEPS,
+        metavar="S,S,…",
+        help=f"run only these lab steps (default all: {','.join(LAB_STEPS)})",
+    )
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue a run from its checkpoint")
     p.add_argument(
         "--compile", action="store_true", help="also torch.compile the model in the graph step (tens of seconds)"
@@ -182,13 +173,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("train", help="train a model (TensorBoard, checkpoints, report)")
     add_training_args(p)
-    add_run_args(p)
+    add_run_args(p, tensorboard=True)
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue a run from its checkpoint")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("profile", help="profile real training steps; top-10 operators, trace")
     add_training_args(p)
     add_run_args(p)
+    add_profile_args(p)
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("sweep", help="batch size × device: throughput, latency, overhead, roofline, operator shift")
@@ -212,12 +204,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--rounds", type=int, default=5, help="timed steps split into rounds interleaved across configurations"
     )
-    g.add_argument("--model", default="cnn", choices=list(MODELS), help="model from the zoo (default cnn)")
+    g.add_argument("--model", default="cnn", help="model from the zoo, listed by `dlscope models` (default cnn)")
     g.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     g.add_argument("--lr", type=float, default=None, help="learning rate (default per optimizer)")
     g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--profile-steps", type=int, default=3, help="profiled steps per configuration (default 3)")
     add_run_args(p)
-    p.set_defaults(func=cmd_sweep, profile_steps=3)
+    p.set_defaults(func=cmd_sweep)
 
     ops = sub.add_parser("ops", help="operators: a convolution four ways, loop order, memory per layer")
     ops_sub = ops.add_subparsers(dest="ops_command", required=True, parser_class=Parser)

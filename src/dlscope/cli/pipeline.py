@@ -6,7 +6,7 @@ import argparse
 
 from dlscope.cli.common import (
     Parser,
-    run_pipeline,
+    run_steps,
 )
 
 
@@ -37,11 +37,9 @@ def cmd_pipeline_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_pipeline_run(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from dlscope.console import console
     from dlscope.data.pipeline import ReaderConfig, SimulatedCompute, TrainingCompute, load_manifest, measure_epoch
-    from dlscope.data.pipeline.sweep import COLUMNS, row_cells
+    from dlscope.report.sections.pipeline import epoch_blocks
+    from dlscope.report.terminal import print_blocks
 
     manifest = load_manifest(args.data, args.format)
     reader = ReaderConfig(
@@ -53,25 +51,13 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
         else SimulatedCompute(args.compute_ms / 1000)
     )
     m = measure_epoch(args.data, manifest, reader, consumer, cold=not args.warm, epoch=args.epoch)
-    row = {"label": f"{args.format}", **m.to_dict()}
-    console.print(
-        f"[phase]{args.format}[/] · read buffer {reader.read_buffer:,} B · shuffle buffer {reader.shuffle_buffer:,} "
-        f"· batch {reader.batch_size} · workers {reader.workers} · prefetch {reader.prefetch} · {manifest.samples:,} "
-        f"samples of {manifest.sample_bytes} B"
-    )
-    table = Table(show_header=False, box=None, padding=(0, 2))
-    for column, cell in zip(COLUMNS[1:], row_cells(row)[1:], strict=True):
-        table.add_row(column, f"[metric]{cell:,}" if isinstance(cell, int | float) else f"[metric]{cell}")
-    table.add_row("consumer", m.consumer)
-    table.add_row("samples", f"{m.samples:,} in {m.steps:,} batches; exactly once: {'yes' if m.exactly_once else 'NO'}")
-    table.add_row("order digest", m.order_digest)
-    console.print(table)
+    print_blocks(epoch_blocks({"label": args.format, **m.to_dict()}, reader, manifest))
     return 0 if m.exactly_once else 1
 
 
 def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
-    from dlscope.data.pipeline.sweep import SweepPlan
-    from dlscope.train import TrainConfig
+    from dlscope.config import TrainConfig
+    from dlscope.options import PipelineOptions, StepOptions, SweepPlan
 
     plan = SweepPlan(
         mnist_samples=args.samples,
@@ -84,14 +70,14 @@ def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
         repeats=args.repeats,
     )
     config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
-    extra = {"pipeline_plan": plan, "pipeline_remove_data": args.remove_data}
-    return run_pipeline(args, "pipeline-sweep", ["environment", "dataset", "pipeline"], config=config, extra=extra)
+    options = StepOptions(pipeline=PipelineOptions(plan, args.remove_data))
+    steps = ["environment", "dataset", "pipeline"]
+    return run_steps(args, "pipeline-sweep", steps, config=config, step_options=options)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from dlscope.data.pipeline import FORMATS
-    from dlscope.data.pipeline.sweep import SweepPlan
-    from dlscope.models import MODELS
+    from dlscope.data.pipeline.prepare import FORMATS
+    from dlscope.options import SweepPlan
 
     pipeline = sub.add_parser("pipeline", help="input pipelines: small files, shards, read/shuffle buffers, workers")
     pipe_sub = pipeline.add_subparsers(dest="pipeline_command", required=True, parser_class=Parser)
@@ -117,7 +103,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefetch", type=int, default=2, help="batches prefetched (per worker)")
     p.add_argument("--warm", action="store_true", help="keep the page cache (default: evict it, a cold run)")
     p.add_argument("--compute-ms", type=float, default=5.0, help="simulated compute per batch (default 5 ms)")
-    p.add_argument("--train", default=None, choices=list(MODELS), help="train this model instead of simulating")
+    p.add_argument(
+        "--train", default=None, metavar="MODEL", help="train this model (`dlscope models`) instead of simulating"
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch threads of the training consumer")
     p.add_argument("--seed", type=int, default=0)
@@ -136,7 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="simulated compute per batch (default %(default)s)",
     )
     p.add_argument(
-        "--model", default=SweepPlan.model, choices=list(MODELS), help="training consumer (default %(default)s)"
+        "--model", default=SweepPlan.model, help="training consumer, from `dlscope models` (default %(default)s)"
     )
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=SweepPlan.threads, help="torch threads of the training consumer")
@@ -151,5 +139,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="run directory (default runs/pipeline-sweep-<time>)")
     p.add_argument("--data-dir", default=None, help="MNIST laid out like torchvision's MNIST/raw (default: embedded)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
-    # run_pipeline's observation options: nothing here trains under TensorBoard or the profiler
-    p.set_defaults(func=cmd_pipeline_sweep, no_tensorboard=True, profile_steps=1, sort_by="self_cpu")
+    p.set_defaults(func=cmd_pipeline_sweep)

@@ -44,15 +44,11 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from rich.table import Table
+    from dlscope.observe.environment import collect_environment
+    from dlscope.report.sections import environment
+    from dlscope.report.terminal import print_blocks
 
-    from dlscope.console import console
-    from dlscope.observe.environment import collect_environment, environment_rows
-
-    table = Table(show_header=False, box=None, padding=(0, 2))
-    for category, item, value in environment_rows(collect_environment()):
-        table.add_row(f"[dim]{category}", item, f"[metric]{value}")
-    console.print(table)
+    print_blocks(environment.render(collect_environment()))
     return 0
 
 

@@ -4,38 +4,21 @@ from __future__ import annotations
 
 import argparse
 
-from dlscope.cli.common import (
-    print_locations,
-)
-from dlscope.errors import DlscopeError
 from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
 from dlscope.observe.iotrace.tracer import check_command
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from dlscope.report.render import render_report
-    from dlscope.rundir import RunDir
-    from dlscope.steps import LabContext, LabOptions, iotrace, run_steps
-    from dlscope.train import TrainConfig
+    from dlscope.options import RunOptions, StepOptions, TraceOptions
+    from dlscope.runner import Plan, run_command
 
     command = args.command_argv[1:] if args.command_argv[:1] == ["--"] else args.command_argv
     check_command(command)
-    if args.repeats < 1:
-        raise DlscopeError("--repeats must be ≥ 1")
-    run = RunDir.create(args.out, "trace")
-    extra = {
-        "trace_command": command,
-        "trace_backend": args.backend,
-        "measure_overhead": args.measure_overhead,
-        "overhead_repeats": args.repeats,
-    }
-    ctx = LabContext(config=TrainConfig(), run=run, options=LabOptions(extra=extra))
-    try:
-        run_steps(ctx, [iotrace.STEP])
-    finally:
-        html, md = render_report(run.path)
-        print_locations(run, html, md)
-    return run.results["sections"]["iotrace"]["exit_code"]
+    trace = TraceOptions(command, args.backend, args.measure_overhead, args.repeats)
+    plan = Plan("trace", ["iotrace"], options=RunOptions(out=args.out), step_options=StepOptions(iotrace=trace))
+    plan.argv = args.raw_argv
+    results = run_command(plan)
+    return results["sections"]["iotrace"]["exit_code"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -35,7 +35,9 @@ from torch.utils._pytree import tree_flatten
 
 from dlscope.errors import ConfigError
 from dlscope.experiments.conv_directions import SLOW_RATE_RATIO, conv_directions, slow_kernels
-from dlscope.experiments.peaks import measure_copy_bandwidth, measure_gemm_peak
+from dlscope.measure.memory import SOURCE as MEMORY_SOURCE
+from dlscope.measure.memory import allocation_peak, profile_allocation_peak
+from dlscope.measure.peaks import measure_copy_bandwidth, measure_gemm_peak
 from dlscope.measure.timing import Contender, StepTimer, time_interleaved
 from dlscope.models import build_model
 from dlscope.observe.profiler import TopOpsTable, clone_for_profiling, quiet_native_stderr, table_from_events
@@ -177,21 +179,6 @@ def count_step_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x
     return counter.bytes
 
 
-def allocation_peak_bytes(events: Sequence) -> int:
-    """Peak of bytes allocated minus bytes freed, replayed over profiler events in start order.
-
-    torch.profiler's `profile_memory` charges every allocation and free to the operator (or
-    autograd node) running at the time; the running sum's maximum is the most memory a step held
-    above its starting level, at operator granularity. The CPU has no allocator counter, so this
-    is its `max_memory_allocated`.
-    """
-    level = peak = 0
-    for event in sorted(events, key=lambda e: e.time_range.start):
-        level += event.self_cpu_memory_usage
-        peak = max(peak, level)
-    return peak
-
-
 def transfer_us(batch: torch.Tensor, device: torch.device, pinned: bool, repeats: int = 10) -> float:
     """Median µs to copy one input batch host → device, from pinned or pageable host memory."""
     host = batch.cpu().pin_memory() if pinned else batch.cpu().clone()
@@ -218,16 +205,11 @@ def kernel_times_us(table: TopOpsTable, device: torch.device) -> dict[str, float
 
 
 def cuda_step_memory(step: Callable[[], object], device: torch.device) -> int:
-    """The caching allocator's peak during one step above what stays allocated between steps.
-
-    Measured alone (the peak counter is per device, and the sweep interleaves configurations).
-    """
-    torch.cuda.synchronize(device)
-    resident = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    step()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - resident
+    """The allocator's peak during one step above what stays allocated between steps (measured
+    alone: the peak counter is per device, and the sweep interleaves configurations)."""
+    with allocation_peak(device) as recorded:
+        step()
+    return recorded["peak_bytes"]
 
 
 def profile_steps(step: Callable[[], object], timer: StepTimer, steps: int) -> tuple[TopOpsTable, float, int | None]:
@@ -239,7 +221,7 @@ def profile_steps(step: Callable[[], object], timer: StepTimer, steps: int) -> t
     on_cpu = device.type == "cpu"
     with quiet_native_stderr(), profile(activities=activities, profile_memory=on_cpu) as prof:
         seconds = sum(timer.time_steps(step, steps))
-    peak = allocation_peak_bytes(prof.events()) if on_cpu else None
+    peak = profile_allocation_peak(prof) if on_cpu else None
     return table_from_events(prof.key_averages(), steps), seconds, peak
 
 
@@ -365,7 +347,7 @@ class PointRun:
             "ridge_intensity": peak["gemm_gflops"] / peak["copy_gbps"],
             "pct_of_peak": 100 * achieved / peak["gemm_gflops"],
             "step_memory_bytes": step_memory,
-            "memory_source": "torch.cuda.max_memory_allocated" if device.type == "cuda" else "profile_memory",
+            "memory_source": MEMORY_SOURCE[device.type],
             "kernel_ms": (step_us - overhead_us) / 1e3,
             "overhead_ms": overhead_us / 1e3,
             "kernel_pct": 100 * kernel_share,

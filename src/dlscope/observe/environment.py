@@ -75,19 +75,3 @@ def collect_environment() -> dict:
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
     }
-
-
-def environment_rows(env: dict) -> list[tuple[str, str, str]]:
-    """(category, item, value) rows in the handouts' table layout."""
-    cpu = f"{env['cpu_model']} — {env['logical_cpus']} vCPU ({env['physical_cores']} physical)"
-    return [
-        ("硬件环境 hardware", "CPU (vCPU)", cpu),
-        ("", "CPU capability", str(env["cpu_capability"])),
-        ("", "memory", f"{env['memory_gib']} GiB"),
-        ("", "GPU (model, count)", env["gpu_summary"] if env["gpus"] else "none"),
-        ("软件环境 software", "OS", f"{env['os']} (kernel {env['kernel']})"),
-        ("", "framework", f"PyTorch {env['torch']} (oneDNN {'on' if env['mkldnn'] else 'off'})"),
-        ("", "Python, numpy", f"Python {env['python']}, numpy {env['numpy']}"),
-        ("", "CUDA / cuDNN", f"{env['cuda'] or 'none'} / {env['cudnn'] or 'none'}"),
-        ("", "threads", f"{env['torch_threads']} intra-op, {env['torch_interop_threads']} inter-op"),
-    ]

@@ -215,32 +215,6 @@ def parse_joint_graph(text: str) -> dict:
     return {"nodes": nodes, "edges": edges}
 
 
-KERNEL_SOURCE = re.compile(
-    r"^(\w+) = async_compile\.(?:cpp_pybinding|cpp|triton)\(.*?^'{3}.*?\)$", re.DOTALL | re.MULTILINE
-)
-
-
-def code_excerpts(code: str) -> dict[str, str]:
-    """The two instructive parts of an Inductor output file: one fused kernel's source (an
-    elementwise/pool fusion rather than a weight-layout copy when there is one), and `call`, the
-    schedule that runs library calls, fused kernels and buffer frees in order."""
-    excerpts = {}
-    kernels = {m.group(1): m.group(0) for m in KERNEL_SOURCE.finditer(code)}
-    if kernels:
-        name = next((k for k in kernels if "relu" in k or "pool" in k), next(iter(kernels)))
-        excerpts["kernel"] = kernels[name]
-    lines = code.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("def call(")), None)
-    if start is not None:
-        indent = len(lines[start]) - len(lines[start].lstrip())
-        end = next(
-            (i for i in range(start + 1, len(lines)) if lines[i].strip() and not lines[i][: indent + 1].isspace()),
-            len(lines),
-        )
-        excerpts["schedule"] = "\n".join(line[indent:] for line in lines[start:end]).rstrip()
-    return excerpts
-
-
 def median_step_ms(
     models: dict[str, tuple[nn.Module, torch.optim.Optimizer]], x: torch.Tensor, y: torch.Tensor, repeats: int
 ) -> dict[str, float]:

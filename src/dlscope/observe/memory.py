@@ -13,16 +13,11 @@ activations, logits and their gradient) and the optimizer step (its whole-model 
 measured once: they dominate a model whose weights outweigh its activations, like the MLP) are
 the other candidates.
 
-The measured peak, on CPU: every allocation the profiler's memory events record
-(`profile_memory=True`) from the model's creation through two training steps — the running sum's
-maximum, so nothing allocated beforehand is missed or double-counted. On CUDA:
-`torch.cuda.max_memory_allocated` over the same span, minus what was allocated before it. Memory
-that libraries allocate outside torch's allocator (oneDNN scratch space) is not seen by either.
+The measured peak: dlscope.measure.memory, from the model's creation through two training steps.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -30,10 +25,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._C._profiler import _EventType
-from torch.profiler import ProfilerActivity, profile
 
-from dlscope.observe.profiler import quiet_native_stderr
+from dlscope.measure.memory import SOURCE, allocation_peak
 from dlscope.train import train_step
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
@@ -144,7 +137,7 @@ def optimizer_workspace(model: nn.Module, make_optimizer: OptimizerFactory, x: t
     train_step(probe, optimizer, x, y)  # creates the state, so the step below allocates only temporaries
     optimizer.zero_grad(set_to_none=True)
     F.cross_entropy(probe(x), y).backward()
-    with _allocation_recorder(torch.device("cpu")) as recorded:
+    with allocation_peak(torch.device("cpu")) as recorded:
         optimizer.step()
     return recorded["peak_bytes"]
 
@@ -183,35 +176,6 @@ def predict_peak(
     }
 
 
-@contextlib.contextmanager
-def _allocation_recorder(device: torch.device):
-    """Yield a dict that holds `peak_bytes` once the block exits (see the module docstring)."""
-    result: dict[str, int] = {}
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        yield result
-        torch.cuda.synchronize(device)
-        result["peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
-        return
-    with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        yield result
-    # allocation events (size, negative for a free) live in the event tree, not in prof.events()
-    sizes = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        if event.typed[0] == _EventType.Allocation:
-            sizes.append((event.start_time_ns, event.typed[1].alloc_size))
-        stack.extend(event.children)
-    running = peak = 0
-    for _, size in sorted(sizes):
-        running += size
-        peak = max(peak, running)
-    result["peak_bytes"] = peak
-
-
 def measure_peak(
     build: Callable[[], nn.Module],
     make_optimizer: OptimizerFactory,
@@ -223,7 +187,7 @@ def measure_peak(
 ) -> int:
     """Peak bytes allocated from the model's creation through `steps` training steps."""
     device = torch.device(device)
-    with _allocation_recorder(device) as recorded:
+    with allocation_peak(device) as recorded:
         model = build().to(device)
         optimizer = make_optimizer(model)
         x = torch.randn(batch_size, *image_shape, device=device)
@@ -259,9 +223,7 @@ def memory_anatomy(
         comparisons.append(predicted)
     return {
         "device": str(device),
-        "method": "profiler memory events (CPU allocator)"
-        if torch.device(device).type == "cpu"
-        else "torch.cuda.max_memory_allocated",
+        "method": SOURCE[torch.device(device).type],
         "layers": [r.to_dict() for r in layers],
         "input_bytes_per_sample": input_per_sample,
         "optimizer_workspace_bytes": workspace,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 
@@ -13,16 +15,27 @@ class Para:
 
 @dataclass
 class Table:
+    """Short headers with units (`ms`, `%`), explained by `legend`; numbers right-aligned everywhere.
+    `optional` columns are the first a narrow terminal leaves out (the report always shows them all)."""
+
     columns: list[str]
     rows: list[list[Any]]
     caption: str = ""
+    legend: str = ""
+    optional: tuple[str, ...] = ()
 
 
 @dataclass
 class Figure:
+    """A matplotlib chart; drawn only when a report needs its PNG (the terminal never does)."""
+
     name: str  # file stem under figures/
-    png: bytes
+    draw: Callable[[], bytes]
     caption: str = ""
+
+    @cached_property
+    def png(self) -> bytes:
+        return self.draw()
 
 
 @dataclass

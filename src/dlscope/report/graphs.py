@@ -47,9 +47,17 @@ def to_dot(graph: dict, rankdir: str = "TB") -> str:
     return "\n".join(lines)
 
 
-def dot_svg(graph: dict, rankdir: str = "TB") -> str:
-    done = subprocess.run(["dot", "-Tsvg"], input=to_dot(graph, rankdir), capture_output=True, text=True, check=True)
-    return done.stdout
+def run_dot(source: str) -> str | None:
+    """SVG from graphviz `dot`, or None when it is not installed, fails or hangs: every caller has
+    a fallback drawing, so a report never depends on graphviz. The one place dot is run."""
+    if not have_dot():
+        return None
+    try:
+        return subprocess.run(
+            ["dot", "-Tsvg"], input=source, capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def layers_of(graph: dict) -> dict[str, int]:
@@ -127,6 +135,7 @@ def python_svg(graph: dict) -> str:
 
 def graph_svg(graph: dict, rankdir: str = "TB") -> tuple[str, str]:
     """(SVG document, which renderer drew it)."""
-    if have_dot():
-        return dot_svg(graph, rankdir), "graphviz dot"
-    return python_svg(graph), "dlscope's layered fallback (graphviz not installed)"
+    svg = run_dot(to_dot(graph, rankdir))
+    if svg is not None:
+        return svg, "graphviz dot"
+    return python_svg(graph), "dlscope's layered fallback (graphviz not installed or failing)"

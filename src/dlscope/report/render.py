@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from dlscope.fsutil import atomic_write_bytes
 from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Section, Svg, Table, fmt
-from dlscope.rundir import load_results
+from dlscope.rundir import SCHEMA_VERSION, load_results
 
-Renderer = Callable[[dict[str, Any]], list[Block]]
 FINDING_MARK = {"good": "✔", "info": "•", "warn": "⚠", "bad": "✘"}
 
 
@@ -110,31 +108,33 @@ def unknown_section(section: dict[str, Any]) -> list[Block]:
     ]
 
 
-def render_section(step, data: dict[str, Any]) -> list[Block]:
-    """One section's blocks; a section this renderer cannot read (written by another dlscope
-    version, or cut short by a crash) becomes a note plus its data, never a failed report."""
-    try:
-        return step.render(data)
-    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as e:
-        return [
-            Findings([("bad", f"This section could not be rendered ({type(e).__name__}: {e}).")]),
-            *unknown_section(data)[1:],
-        ]
-
-
 def build_sections(results: dict[str, Any]) -> list[Section]:
-    from dlscope.steps import STEPS_BY_NAME
+    """Every recorded section as Blocks. A renderer that fails on data of this schema version is a
+    bug and raises; only a section written by an older dlscope (or one this version has no renderer
+    for) becomes a note with its data, so an old run directory still gets a report."""
+    from dlscope.report.sections import SECTIONS
 
+    older = results["schema_version"] < SCHEMA_VERSION
     sections = []
-    order = results.get("steps") or list(results["sections"])
-    for key in order:
+    for key in results.get("steps") or list(results["sections"]):
         data = results["sections"].get(key)
         if data is None:
             continue
-        step = STEPS_BY_NAME.get(key)
-        title = step.title if step else key
-        blocks = render_section(step, data) if step else unknown_section(data)
-        sections.append(Section(key, title, blocks))
+        renderer = SECTIONS.get(key)
+        if renderer is None:
+            sections.append(Section(key, key, unknown_section(data)))
+            continue
+        try:
+            blocks = renderer.render(data)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            if not older:
+                raise
+            note = (
+                f"Written by an older dlscope (results schema v{results['schema_version']}, this one reads "
+                f"v{SCHEMA_VERSION}): this section could not be rendered ({type(e).__name__}: {e})."
+            )
+            blocks = [Findings([("warn", note)]), *unknown_section(data)[1:]]
+        sections.append(Section(key, renderer.TITLE, blocks))
     return sections
 
 

@@ -1,4 +1,5 @@
-"""The lab's steps, in the order `dlscope lab` runs them. Adding a step: one module, one line."""
+"""The lab's steps, in the order `dlscope lab` runs them. Adding a capability: a step module here,
+a section module in report/sections, one line in each registry."""
 
 from dlscope.steps import (
     checkpoint,
@@ -14,9 +15,9 @@ from dlscope.steps import (
     sweep,
     train,
 )
-from dlscope.steps.base import LabContext, LabOptions, LabStep, run_steps
+from dlscope.steps.base import Context, Step
 
-STEPS: list[LabStep] = [
+STEPS: list[Step] = [
     environment.STEP,
     dataset.STEP,
     model.STEP,
@@ -32,4 +33,4 @@ STEPS: list[LabStep] = [
 # iotrace runs around a command (dlscope trace, dlscope lab --trace-io), never inside the lab
 STEPS_BY_NAME = {step.name: step for step in [*STEPS, iotrace.STEP]}
 
-__all__ = ["STEPS", "STEPS_BY_NAME", "LabContext", "LabOptions", "LabStep", "run_steps"]
+__all__ = ["STEPS", "STEPS_BY_NAME", "Context", "Step"]

@@ -1,73 +1,62 @@
-"""A lab step: one function that measures and returns its results.json section, one that
-renders that section into report blocks. Steps hand in-memory objects on through the context."""
+"""A step measures one thing and returns its results.json section. It prints nothing: the runner
+renders the section (report/sections) on the terminal and into the report.
+
+A step declares what it needs; the runner provides it (or refuses the plan before anything runs):
+    "dataset"  MNIST in ctx.data
+    "trainer"  a Trainer in ctx.trainer (a fresh one unless the train step ran)
+    "trained"  the train step ran earlier in this command
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from dlscope.console import console
-from dlscope.data.mnist import MNIST
-from dlscope.phases import phase
-from dlscope.report.blocks import Block
-from dlscope.rundir import RunDir
-from dlscope.train import TrainConfig, Trainer
+from dlscope.options import RunOptions, StepOptions
+
+if TYPE_CHECKING:
+    from dlscope.config import TrainConfig
+    from dlscope.data.mnist import MNIST
+    from dlscope.rundir import RunDir
+    from dlscope.train import Trainer
+
+NEEDS = ("dataset", "trainer", "trained")
 
 
-@dataclass
-class LabOptions:
-    """Choices beyond the training config: what to observe and where data comes from."""
+class Task(Protocol):
+    """Feedback from a long step (a progress bar on the terminal; nothing with --no-progress)."""
 
-    data_dir: str | None = None
-    tensorboard: bool = True
-    progress: bool = True
-    profile_wait: int = 1
-    profile_warmup: int = 2
-    profile_active: int = 5
-    profile_sort: str = "self_cpu"
-    resume: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    def update(self, description: str | None = None, total: int | None = None, advance: int = 0) -> None: ...
 
 
 @dataclass
-class LabContext:
+class Context:
     config: TrainConfig
     run: RunDir
-    options: LabOptions = field(default_factory=LabOptions)
+    options: RunOptions = field(default_factory=RunOptions)
+    steps: StepOptions = field(default_factory=StepOptions)
     data: MNIST | None = None
     trainer: Trainer | None = None
-    shared: dict[str, Any] = field(default_factory=dict)
+    task: Callable[..., AbstractContextManager[Task]] = lambda description, total=None: nullcontext(QUIET)
+    say: Callable[[str], None] = lambda text: None  # a one-line note to the user (stderr)
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A section an earlier step of this command recorded ({} when it did not run)."""
+        return self.run.results["sections"].get(name) or {}
 
 
 @dataclass(frozen=True)
-class LabStep:
-    name: str
-    title: str
-    run: Callable[[LabContext], dict[str, Any]]
-    render: Callable[[dict[str, Any]], list[Block]]
+class Step:
+    name: str  # the results.json section it writes
+    run: Callable[[Context], dict[str, Any]]
+    needs: tuple[str, ...] = ()
 
 
-def run_steps(ctx: LabContext, steps: Sequence[LabStep]) -> None:
-    """Run steps in order, recording each section as soon as it exists (a crash keeps them)."""
-    status = "failed"
-    try:
-        for step in steps:
-            console.rule(f"[phase]{step.title}", align="left", style="dim")
-            start = time.perf_counter()
-            with phase(step.name):  # visible to `dlscope lab --trace-io`, ~µs otherwise
-                section = step.run(ctx)
-            section["seconds"] = round(time.perf_counter() - start, 3)
-            ctx.run.record(step.name, section)
-        status = "ok"
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    finally:
-        ctx.run.finish(status)
+class _QuietTask:
+    def update(self, description: str | None = None, total: int | None = None, advance: int = 0) -> None:
+        pass
 
 
-def artifact(ctx: LabContext, path: str | Path) -> str:
-    return ctx.run.rel(path)
+QUIET = _QuietTask()

@@ -1,32 +1,40 @@
 """Input-pipeline experiments (seed 003, second half): the same samples as small files, TFRecord
 shards and one array; tf.data-like reader stages; a consumer; one measured epoch; sweeps."""
 
-from dlscope.data.pipeline.consumer import SimulatedCompute, TrainingCompute
-from dlscope.data.pipeline.measure import EpochMeasurement, evict_page_cache, measure_epoch, verdict
-from dlscope.data.pipeline.prepare import FORMATS, Manifest, load_manifest, prepare_dataset, synthetic_samples
-from dlscope.data.pipeline.stages import Batch, PipelineDataset, ReaderConfig, iterate_batches, shuffle
-from dlscope.data.pipeline.tfrecord import IOCounters, TFRecordError, frame, masked_crc, read_records
+from __future__ import annotations
 
-__all__ = [
-    "FORMATS",
-    "Batch",
-    "EpochMeasurement",
-    "IOCounters",
-    "Manifest",
-    "PipelineDataset",
-    "ReaderConfig",
-    "SimulatedCompute",
-    "TFRecordError",
-    "TrainingCompute",
-    "evict_page_cache",
-    "frame",
-    "iterate_batches",
-    "load_manifest",
-    "masked_crc",
-    "measure_epoch",
-    "prepare_dataset",
-    "read_records",
-    "shuffle",
-    "synthetic_samples",
-    "verdict",
-]
+import importlib
+from typing import Any
+
+# imported on first use: `dlscope --help` must not pay for torch
+_API = {
+    "Batch": "dlscope.data.pipeline.stages",
+    "EpochMeasurement": "dlscope.data.pipeline.measure",
+    "FORMATS": "dlscope.data.pipeline.prepare",
+    "IOCounters": "dlscope.data.pipeline.tfrecord",
+    "Manifest": "dlscope.data.pipeline.prepare",
+    "PipelineDataset": "dlscope.data.pipeline.stages",
+    "ReaderConfig": "dlscope.data.pipeline.stages",
+    "SimulatedCompute": "dlscope.data.pipeline.consumer",
+    "TFRecordError": "dlscope.data.pipeline.tfrecord",
+    "TrainingCompute": "dlscope.data.pipeline.consumer",
+    "evict_page_cache": "dlscope.data.pipeline.measure",
+    "frame": "dlscope.data.pipeline.tfrecord",
+    "iterate_batches": "dlscope.data.pipeline.stages",
+    "load_manifest": "dlscope.data.pipeline.prepare",
+    "masked_crc": "dlscope.data.pipeline.tfrecord",
+    "measure_epoch": "dlscope.data.pipeline.measure",
+    "prepare_dataset": "dlscope.data.pipeline.prepare",
+    "read_records": "dlscope.data.pipeline.tfrecord",
+    "shuffle": "dlscope.data.pipeline.stages",
+    "synthetic_samples": "dlscope.data.pipeline.prepare",
+    "verdict": "dlscope.data.pipeline.measure",
+}
+
+__all__ = list(_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import html
 import math
-import shutil
-import subprocess
 from typing import Any
+
+from dlscope.report.graphs import run_dot
 
 PHASE_COLOUR, FILE_COLOUR = "#dbe8f7", "#f4f1e8"
 
@@ -95,7 +95,7 @@ def fallback_svg(edges: list[dict[str, Any]], phases: list[str]) -> str:
 
 def render_svg(edges: list[dict[str, Any]], phases: list[str]) -> tuple[str, str]:
     """(svg, engine): graphviz when `dot` runs, otherwise the built-in drawing."""
-    svg = dot_svg(to_dot(edges, phases))
+    svg = run_dot(to_dot(edges, phases))
     return (svg, "graphviz") if svg is not None else (fallback_svg(edges, phases), "built-in")
 
 
@@ -126,15 +126,3 @@ def hook_chart_dot(rows: list[dict[str, Any]]) -> str:
         lines.append(f'  "{call}" -> {tp} -> program; "{call}" -> {kp} -> program;')
     lines.append("}")
     return "\n".join(lines)
-
-
-def dot_svg(dot: str) -> str | None:
-    """SVG from graphviz, or None when `dot` is not installed or fails."""
-    if not shutil.which("dot"):
-        return None
-    try:
-        return subprocess.run(
-            ["dot", "-Tsvg"], input=dot, capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None

@@ -1,0 +1,148 @@
+"""Typed options: what the CLI parses and the runner hands each step. Torch-free, so the CLI starts fast.
+
+A step's options class is named in its Step; the runner gives every step an instance (defaults
+when the command did not set one), so no step reads an argparse Namespace or an untyped bag."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dlscope.errors import ConfigError
+
+
+@dataclass
+class RunOptions:
+    """Where a run writes and what it watches, shared by every step of one command."""
+
+    out: str | None = None
+    data_dir: str | None = None
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass
+class TrainOptions:
+    resume: str | None = None
+
+
+@dataclass
+class ProfileOptions:
+    wait: int = 1
+    warmup: int = 2
+    active: int = 5
+    sort_by: str = "self_cpu"
+
+    def __post_init__(self) -> None:
+        if self.active < 1 or self.wait < 0 or self.warmup < 0:
+            raise ConfigError("--profile-steps must be ≥ 1 (and wait/warm-up ≥ 0)")
+
+
+@dataclass
+class SweepOptions:
+    """The lab's short sweep by default (≤ 12 s on 2 cores); `dlscope sweep` sets its own."""
+
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 16, 64])
+    devices: list[str] | None = None  # every available device
+    threads: list[int] | None = None  # torch's current intra-op threads
+    cudnn_benchmark: list[bool] = field(default_factory=lambda: [False, True])
+    steps: int = 16
+    warmup: int = 3
+    profile_steps: int = 2
+    rounds: int = 4
+    gemm_n: int = 1536  # the GEMM-peak matrix size (n × n × n fp32)
+    copy_mbytes: int = 64
+
+    def __post_init__(self) -> None:
+        if min(self.steps, self.rounds, self.profile_steps) < 1 or self.warmup < 0:
+            raise ConfigError("--steps, --rounds and --profile-steps must be ≥ 1, --warmup ≥ 0")
+        if self.rounds > self.steps:
+            raise ConfigError("--rounds cannot exceed --steps")
+
+
+@dataclass
+class GraphOptions:
+    compile: bool = False
+    cold: bool = True  # compile into a fresh Inductor cache, so the compile time is the real one
+    repeats: int = 20
+    batch_size: int | None = None  # default: the training batch size
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ConfigError("--repeats must be ≥ 1")
+
+
+@dataclass
+class AnatomyOptions:
+    keras_seed: bool = False  # also train seed 003's Keras MLP and dissect its .h5 and .keras
+    keras_epochs: int = 1
+    keras_train_subset: int | None = None
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    mnist_samples: int = 5_000
+    small_files: int | None = 10_000  # 550-byte files; None: the small-file tables use MNIST files
+    compute_ms: float = 5.0  # simulated compute per batch (about 100k samples/s at batch 500)
+    model: str = "mlp"  # the training consumer of the batch and shuffle tables
+    device: str = "auto"
+    threads: int | None = 1  # torch threads of the training consumer: leave the other core to the readers
+    seed: int = 0
+    batch_size: int = 500  # of every table but the batch-size one
+    batch_sizes: tuple[int, ...] = (32, 500, 5000)
+    shuffle_buffers: tuple[int, ...] = (0, 500)  # and the whole dataset (a full shuffle)
+    workers: tuple[tuple[int, int], ...] = ((0, 0), (0, 2), (2, 2), (4, 2))  # (workers, prefetch)
+    training_tables: bool = True
+    repeats: int = 3  # each table's rows run round-robin this often; the median wall time is reported
+
+    @classmethod
+    def short(cls) -> SweepPlan:
+        """The lab's default (a few seconds): read buffer, layout, workers and prefetch on 1,500 MNIST files."""
+        return cls(
+            mnist_samples=1_500,
+            small_files=None,
+            batch_size=100,
+            compute_ms=1.0,  # the same 100k samples/s as 5 ms per 500
+            workers=((0, 0), (0, 2), (2, 2)),
+            training_tables=False,
+            repeats=1,
+        )
+
+    def __post_init__(self) -> None:
+        if self.mnist_samples < 1 or (self.small_files is not None and self.small_files < 1):
+            raise ConfigError("sample counts must be ≥ 1")
+        if self.compute_ms < 0:
+            raise ConfigError("simulated compute time must be ≥ 0")
+        if self.repeats < 1:
+            raise ConfigError("repeats must be ≥ 1")
+
+
+@dataclass
+class PipelineOptions:
+    plan: SweepPlan = field(default_factory=SweepPlan.short)
+    remove_data: bool = False
+
+
+@dataclass
+class TraceOptions:
+    command: list[str] = field(default_factory=list)
+    backend: str = "auto"
+    measure_overhead: bool = False
+    repeats: int = 3
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ConfigError("--repeats must be ≥ 1")
+
+
+@dataclass
+class StepOptions:
+    """Every step's options for one command; a command sets those it changes."""
+
+    train: TrainOptions = field(default_factory=TrainOptions)
+    profile: ProfileOptions = field(default_factory=ProfileOptions)
+    sweep: SweepOptions = field(default_factory=SweepOptions)
+    graph: GraphOptions = field(default_factory=GraphOptions)
+    ckpt_anatomy: AnatomyOptions = field(default_factory=AnatomyOptions)
+    pipeline: PipelineOptions = field(default_factory=PipelineOptions)
+    iotrace: TraceOptions = field(default_factory=TraceOptions)
+    ops: object | None = None  # a steps.ops.OpsOptions (it holds a ConvShape); None: the lab's

@@ -1,0 +1,39 @@
+"""One module per results.json section: TITLE and render(section) -> list[Block]. Torch-free:
+a report renders from results.json alone, on a machine without the measuring stack."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from dlscope.report.sections import (
+    checkpoint,
+    ckpt_anatomy,
+    dataset,
+    environment,
+    graph,
+    iotrace,
+    model,
+    ops,
+    pipeline,
+    profile,
+    sweep,
+    train,
+)
+
+SECTIONS: dict[str, ModuleType] = {
+    module.__name__.rsplit(".", 1)[1]: module
+    for module in (
+        environment,
+        dataset,
+        model,
+        train,
+        profile,
+        sweep,
+        checkpoint,
+        ckpt_anatomy,
+        ops,
+        graph,
+        pipeline,
+        iotrace,
+    )
+}

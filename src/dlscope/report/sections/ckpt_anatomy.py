@@ -1,0 +1,328 @@
+"""Section ckpt_anatomy: the anatomy of the checkpoint the lab saved — zip layout, pickle census, tensors by role"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dlscope.report.blocks import Block, Code, Findings, Para, Table
+
+TITLE = "Checkpoint anatomy"
+
+
+def training_rows(training: dict[str, Any]) -> list[list[str]]:
+    """One row per part (loss, metrics, optimizer, its hyperparameters, scheduler, run config)."""
+    rows = []
+    for key, value in training.items():
+        parts = value if isinstance(value, list) and all(isinstance(p, dict) for p in value) else [value]
+        for part in parts:
+            if isinstance(part, dict):
+                settings = [f"{k}={v}" for k, v in part.items() if v is not None and not str(k).startswith("_")]
+                rows.append([key, " ".join(settings)])
+            elif part is not None:
+                rows.append([key, str(part)])
+    return rows
+
+
+def seed_listing(model_config: dict[str, Any]) -> str:
+    """model_config as the handout prints it: the model, then one line per layer."""
+    inner = model_config.get("config", {})
+    head = {k: v for k, v in model_config.items() if k != "config"}
+    lines = [json.dumps({**head, "config": {k: v for k, v in inner.items() if k != "layers"}}), "layers:"]
+    lines += [json.dumps(layer, separators=(", ", ": ")) for layer in inner.get("layers", [])]
+    return "\n".join(lines)
+
+
+def kib(n: int | None) -> str:
+    if n is None:
+        return "—"
+    return f"{n:,} B" if n < 10 * 1024 else f"{n / 1024:,.1f} KiB" if n < 10 << 20 else f"{n / (1 << 20):,.1f} MiB"
+
+
+def _more(total: int, limit: int | None) -> str:
+    return f" — {total - limit:,} more not shown (--limit N, or --json for all)" if limit and total > limit else ""
+
+
+def verdict_finding(a: dict[str, Any]) -> tuple[str, str]:
+    if "pickles" not in a["layout"]:
+        return "good", f"{a['format']}: no pickle, data only — nothing in the file can run."
+    pickles = a["layout"]["pickles"]
+    names = sorted({g for p in pickles for g in p["globals"]})
+    opcodes = sum(p["opcodes"] for p in pickles)
+    where = pickles[0]["where"] if len(pickles) == 1 else f"{len(pickles)} pickles"
+    head = f"{where}: pickle protocol {pickles[0]['protocol']}, {opcodes:,} opcodes; it names {len(names)} globals"
+    if a["safe_to_load"]:
+        return "good", f"{head} ({', '.join(names)}) — all on the allow-list: safe to torch.load."
+    return "bad", f"{head} ({', '.join(names)}) — NOT safe to torch.load."
+
+
+def layout_blocks(a: dict[str, Any], limit: int | None) -> list[Block]:
+    """Where the bytes are: zip members, pickle streams, the safetensors header, a TF index, HDF5 groups."""
+    layout = a["layout"]
+    blocks: list[Block] = []
+    members = layout.get("zip_members")
+    if members:
+        shown = members[:limit] if limit else members
+        rows = [
+            [m["name"], m["header_offset"], m["data_offset"], m["size"], m["alignment"], m["crc32"], m.get("crc_ok")]
+            for m in shown
+        ]
+        total = layout.get("zip_members_total", len(members))
+        aligned = all(m["alignment"] == 0 for m in members)
+        caption = (
+            "An uncompressed zip; every member's data starts on a 64-byte boundary, so torch can mmap it"
+            if aligned
+            else "Zip members, their offsets and CRC32s"
+        )
+        blocks.append(
+            Table(
+                ["zip member", "header @", "data @", "bytes", "mod 64", "CRC32", "CRC ok"],
+                rows,
+                caption + _more(total, len(shown)),
+                legend="@: byte offset in the file; mod 64: the data offset's distance from a 64-byte boundary",
+                optional=("CRC ok", "header @"),
+            )
+        )
+    for key, value in layout.get("records", {}).items():
+        blocks.append(Para(f"{key}: {value}"))
+    for p in layout.get("pickles", []):
+        calls = ", ".join(f"{name} ×{n}" for name, n in p["calls"].items()) if p.get("calls") else "none"
+        blocks.append(
+            Para(
+                f"pickle {p['where']}: protocol {p['protocol']}, {p['opcodes']:,} opcodes, {p['bytes']:,} bytes; "
+                f"globals: {', '.join(p['globals']) or 'none'}; calls: {calls}."
+            )
+        )
+    if "safetensors_header" in layout:
+        h = layout["safetensors_header"]
+        blocks.append(
+            Para(
+                f"safetensors header: {h['header_bytes']:,} bytes of JSON, data from byte {h['data_offset']:,}; "
+                f"{h['tensors']} tensors; metadata {json.dumps(h['metadata'])[:200]}"
+            )
+        )
+    if "tf_index" in layout:
+        tf = layout["tf_index"]
+        blocks.append(
+            Para(
+                f"TF index: a LevelDB table of {tf['entries']:,} entries in {tf['data_blocks']} data blocks; "
+                f"header {json.dumps(tf['header'])}"
+            )
+        )
+        blocks.append(
+            Table(
+                ["file", "bytes"],
+                [[f["path"], f["bytes"] if f["bytes"] is not None else "missing"] for f in layout["files"]],
+            )
+        )
+    for h5 in layout.get("hdf5", []):
+        groups = h5["groups"][:limit] if limit else h5["groups"]
+        rows = [["/" + g["path"], "  ".join(f"{k}={str(v)[:60]}" for k, v in g["attributes"].items())] for g in groups]
+        caption = f"HDF5 {h5['where']}: {len(h5['groups'])} groups; root attributes {', '.join(h5['root_attributes'])}"
+        blocks.append(Table(["group", "attributes"], rows, caption + _more(len(h5["groups"]), len(groups))))
+    return blocks
+
+
+def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = None) -> list[Block]:
+    """A checkpoint's anatomy (`Anatomy.to_dict()`): the lab's section and `dlscope ckpt inspect` alike."""
+    t = a["totals"]
+    levels = [(f["level"], f"{f['what']} ({f['where']})" if f["where"] else f["what"]) for f in a["findings"]]
+    blocks: list[Block] = [
+        Para(f"{a['path']}: {a['format']}, {a['file_bytes']:,} bytes"),
+        Findings([verdict_finding(a), *levels]),
+        *layout_blocks(a, limit),
+    ]
+    if a.get("architecture"):
+        arch = a["architecture"]
+        columns = {
+            "layer": [layer["name"] or "<root>" for layer in arch["layers"]],
+            "class": [layer.get("class_name", "") for layer in arch["layers"]],
+            "tensors": [", ".join(layer.get("tensors", [])) for layer in arch["layers"]],
+            "config": [", ".join(f"{k}={v}" for k, v in layer.get("config", {}).items()) for layer in arch["layers"]],
+        }
+        shown = [name for name, cells in columns.items() if any(cells)]
+        rows = [list(row) for row in zip(*(columns[name] for name in shown), strict=True)]
+        blocks.append(Table(shown, rows, f"{arch['class_name']} (from {arch['source']})"))
+    if a.get("training"):
+        blocks.append(Table(["training config", "settings"], training_rows(a["training"])))
+    tensors = a["tensors"][:limit] if limit else a["tensors"]
+    columns = ["tensor", "dtype", "shape", "bytes", "storage @ offset", "role"]
+    rows = []
+    for x in tensors:
+        where = f"@ {x['offset']:,}" if x["offset"] is not None else "not contiguous"
+        rows.append(
+            [
+                x["name"],
+                x["dtype"],
+                "×".join(str(d) for d in x["shape"]) or "scalar",
+                x["nbytes"],
+                (x["storage"] + " " if x["storage"] != x["name"] else "") + where,
+                x["role"],
+            ]
+        )
+    blocks.append(
+        Table(
+            columns,
+            rows,
+            "Every tensor, where its bytes are, and what it is for" + _more(len(a["tensors"]), len(tensors)),
+            optional=("storage @ offset", "dtype"),
+        )
+    )
+    if stats_columns and any(x.get("stats") for x in tensors):
+        stats_rows = []
+        for x in tensors:
+            s = x.get("stats") or {}
+            stats_rows.append(
+                [
+                    x["name"],
+                    s.get("min"),
+                    s.get("max"),
+                    s.get("mean"),
+                    s.get("std"),
+                    round(100 * s["zeros"], 1) if s else None,
+                    s.get("nan"),
+                    s.get("inf"),
+                ]
+            )
+        blocks.append(
+            Table(
+                ["tensor", "min", "max", "mean", "std", "zeros %", "NaN", "Inf"],
+                stats_rows,
+                "Tensor statistics (finite values; std is the population's)",
+                optional=("min", "max"),
+            )
+        )
+    if a.get("metadata"):
+        items = list(a["metadata"].items())
+        shown_items = items[:limit] if limit else items
+        blocks.append(
+            Table(
+                ["metadata", "value"],
+                [[k, str(v)[:200]] for k, v in shown_items],
+                f"{len(items)} non-tensor entries" + _more(len(items), len(shown_items)),
+            )
+        )
+    blocks.append(
+        Table(
+            ["role", "tensors", "elements", "bytes"],
+            [[r["role"], r["tensors"], r["elements"], r["bytes"]] for r in a["by_role"]],
+            f"{t['tensors']} tensors, {t['storage_bytes']:,} bytes of storage in a {a['file_bytes']:,}-byte file: "
+            f"{t['overhead_bytes']:,} bytes ({t['overhead_bytes'] / max(a['file_bytes'], 1):.1%}) are headers, "
+            "metadata and padding",
+        )
+    )
+    groups = a["by_group"]
+    if groups:
+        roles = [r for r in ("parameter", "buffer", "optimizer") if any(r in g for g in groups)]
+        shown_groups = groups[:limit] if limit else groups
+        blocks.append(
+            Table(
+                ["layer", *roles, "total bytes"],
+                [[g["group"], *(g.get(r) for r in roles), g["bytes"]] for g in shown_groups],
+                "Bytes per layer: optimizer state is mapped to the parameter it belongs to"
+                + _more(len(groups), len(shown_groups)),
+            )
+        )
+    for s in a["shared_storages"]:
+        blocks.append(
+            Findings(
+                [
+                    (
+                        "warn",
+                        f"Storage {s['storage']} ({s['storage_bytes']:,} bytes) is shared by "
+                        f"{', '.join(s['tensors'])}: the views use {s['viewed_bytes']:,} bytes, the whole storage "
+                        "is saved.",
+                    )
+                ]
+            )
+        )
+    return blocks
+
+
+def render_diff(result: dict[str, Any], limit: int | None = None) -> list[Block]:
+    """`dlscope ckpt diff`: what was added, removed or changed between two checkpoints."""
+    blocks: list[Block] = [
+        Table(
+            ["", "file", "format", "tensors"],
+            [[side, result[side]["path"], result[side]["format"], result[side]["tensors"]] for side in ("a", "b")],
+        )
+    ]
+    items = []
+    for key, label in (("added", "only in b"), ("removed", "only in a")):
+        if result[key]:
+            names = result[key][:limit] if limit else result[key]
+            items.append(("warn", f"{label}: " + ", ".join(names) + _more(len(result[key]), len(names))))
+    for c in result["shape_or_dtype_changed"]:
+        items.append(("warn", f"changed {c['name']}: {c['a']} → {c['b']}"))
+    if result["metadata_changed"]:
+        items.append(("info", "metadata that differs: " + ", ".join(result["metadata_changed"][:limit])))
+    items.append(("good" if result["identical"] else "bad", result["verdict"]))
+    blocks.append(Findings(items))
+    differing = sorted((r for r in result["tensors"] if not r["identical"]), key=lambda r: -r["max_abs"])
+    if differing:
+        shown = differing[:limit] if limit else differing
+        blocks.append(
+            Table(
+                ["tensor", "dtype", "shape", "max |Δ|", "max rel Δ"],
+                [[r["name"], r["dtype"], "×".join(map(str, r["shape"])), r["max_abs"], r["max_rel"]] for r in shown],
+                "Tensors that differ" + _more(len(differing), len(shown)),
+                legend="max rel Δ: max |Δ| divided by max |a|",
+            )
+        )
+    return blocks
+
+
+def render(section: dict[str, Any]) -> list[Block]:
+    blocks: list[Block] = []
+    if "torch" in section:
+        a = section["torch"]
+        opt = a["by_role"]
+        optimizer = next((r["bytes"] for r in opt if r["role"] == "optimizer"), 0)
+        params = sum(r["bytes"] for r in opt if r["role"] in ("parameter", "buffer"))
+        blocks.append(
+            Para(
+                f"What {a['path']} holds, read by dlscope ckpt inspect without torch.load: the pickle goes "
+                "through a restricted unpickler that imports nothing, tensor bytes are located by zip member "
+                f"and offset and read only for statistics ({a['inspect_seconds'] * 1000:.0f} ms). The "
+                f"optimizer state is {optimizer / max(params, 1):.1f}× the model's own weights"
+                " (Adam keeps exp_avg and exp_avg_sq per parameter)."
+            )
+        )
+        blocks += render_anatomy(a, stats_columns=True)
+        d = a["reload_diff"]
+        blocks.append(
+            Findings(
+                [
+                    (
+                        "good" if d["identical"] else "bad",
+                        f"Reload is exact: {d['a']['path']} loaded with weights_only and saved again as "
+                        f"{d['b']['path']} — dlscope ckpt diff: {d['verdict']}.",
+                    )
+                ]
+            )
+        )
+    if "keras" in section:
+        k = section["keras"]
+        tr = k["training"]
+        blocks.append(
+            Para(
+                f"Seed 003's MLP, trained with Keras {tr['keras_version']} on the {tr['backend']} backend "
+                f"({tr['samples']:,} images, {tr['epochs']} epoch(s), accuracy {tr['accuracy'][-1]:.2%}) and saved "
+                "with model.save('model.h5') as in the handout: the HDF5 root attributes hold model_config and "
+                "training_config, the groups model_weights/<layer>/… and optimizer_weights/… the tensors."
+            )
+        )
+        h5 = k["h5"]
+        if "model_config" in h5["layout"]:
+            blocks.append(Code("model_config = " + seed_listing(h5["layout"]["model_config"]), "json"))
+        if "training_config" in h5["layout"]:
+            blocks.append(Code("training_config = " + json.dumps(h5["layout"]["training_config"]), "json"))
+        blocks += render_anatomy(h5, stats_columns=False)
+        blocks.append(
+            Para(
+                "The same model saved as Keras 3's native .keras: a zip of metadata.json, config.json and "
+                "model.weights.h5."
+            )
+        )
+        blocks += render_anatomy(k["keras"], stats_columns=False)
+    return blocks

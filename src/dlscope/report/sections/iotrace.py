@@ -1,0 +1,191 @@
+"""Section iotrace: the file data flow of a command through the operating system (`dlscope trace`,"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlscope.report.blocks import Block, Findings, Para, Svg, Table
+from dlscope.report.flowgraph import hook_chart_dot, render_svg
+from dlscope.report.graphs import run_dot
+
+TITLE = "File data flow through the OS"
+
+
+def _kinds(by_kind: dict[str, Any]) -> str:
+    ranked = sorted(by_kind.items(), key=lambda kv: (-kv[1]["count"], kv[0]))
+    return ", ".join(f"{kind} {stats['count']:,}" for kind, stats in ranked[:4])
+
+
+def _short(path: str, width: int = 60) -> str:
+    return path if len(path) <= width else "…" + path[-(width - 1) :]
+
+
+def _phases(f: dict[str, Any]) -> str:
+    return f["first_phase"] if f["first_phase"] == f["last_phase"] else f"{f['first_phase']} → {f['last_phase']}"
+
+
+def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
+    items: list[tuple[str, str]] = []
+    for s in section["skipped_backends"]:
+        items.append(("warn", f"{s['backend']} backend unavailable: {s['why']}."))
+    kernel = section["kernel"]
+    if kernel.get("tracefs"):
+        items.append(
+            (
+                "info",
+                f"This kernel offers syscall tracepoints: {'yes' if kernel['syscall_tracepoints'] else 'NO'}; "
+                f"kprobes: {'yes' if kernel['kprobes'] else 'NO (kprobe_events missing)'}.",
+            )
+        )
+    notes = section["notes"]
+    if notes.get("missing_tracepoints"):
+        items.append(("info", f"No tracepoint on this kernel for: {', '.join(notes['missing_tracepoints'])}."))
+    if notes.get("lost_events"):
+        items.append(("bad", f"{notes['lost_events']:,} events lost (perf buffer full): counts are lower bounds."))
+    elif "lost_events" in notes:
+        items.append(("good", "No events lost."))
+    if notes.get("truncated_paths"):
+        items.append(("warn", f"{notes['truncated_paths']:,} paths cut at {notes['string_limit']} bytes."))
+    for blind in notes.get("blind_to", []):
+        items.append(("warn", f"The proc backend cannot see {blind}."))
+    if notes.get("warning"):
+        items.append(("warn", notes["warning"] + "."))
+    if section["interrupted"]:
+        items.append(("warn", "Interrupted (Ctrl-C): the tables show what was seen until then."))
+    if section["exit_code"] != 0:
+        items.append(("bad", f"The command exited with status {section['exit_code']}; the trace covers its run."))
+    if "overhead" in section:
+        o = section["overhead"]
+        items.append(
+            (
+                "info",
+                f"Overhead of the {o['backend']} backend: {o['ratio']:.3f}× (median of {o['repeats']} interleaved "
+                f"runs: {sorted(o['traced_seconds'])} s traced vs {sorted(o['untraced_seconds'])} s untraced).",
+            )
+        )
+    return items
+
+
+def phase_table(section: dict[str, Any]) -> Table:
+    if section["backend"] == "proc":
+        rows = [
+            [p["phase"], p["seconds"], p["calls"]]
+            + [p.get("proc_io", {}).get(k) for k in ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes")]
+            for p in section["phases"]
+        ]
+        columns = ["phase", "s", "events seen", "rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes"]
+        return Table(
+            columns, rows, "Per phase: opens etc. from the audit hook; bytes and syscall counts from /proc/self/io"
+        )
+    rows = [
+        [
+            p["phase"],
+            p["seconds"],
+            p["calls"],
+            p["errors"],
+            p["bytes_read"],
+            p["bytes_written"],
+            round(p["syscall_seconds"] * 1000, 2),
+            _kinds(p["by_kind"]),
+        ]
+        for p in section["phases"]
+    ]
+    columns = ["phase", "s", "calls", "failed", "bytes read", "bytes written", "ms in syscalls", "by kind"]
+    return Table(columns, rows, "Per phase (startup: before the first marker — interpreter and imports)")
+
+
+def file_table(section: dict[str, Any]) -> Table:
+    rows = [
+        [
+            _short(f["path"], 70),
+            f["category"],
+            f["opens"],
+            f["reads"],
+            f["writes"],
+            f["bytes_read"],
+            f["bytes_written"],
+            round(f["seconds"] * 1000, 2),
+            _phases(f),
+            ", ".join(f"{size}: {n}" for size, n in list(f["read_sizes"].items())[:3]),
+        ]
+        for f in section["files"]
+    ]
+    columns = [
+        "path",
+        "category",
+        "opens",
+        "reads",
+        "writes",
+        "bytes read",
+        "bytes written",
+        "ms",
+        "phases",
+        "reads by size",
+    ]
+    caption = f"Per file: the {len(rows)} most important of {section['files_total']:,} (all in files.csv)"
+    return Table(columns, rows, caption)
+
+
+def hook_chart(rows: list[dict[str, Any]]) -> list[Block]:
+    """The hook-point flow chart (graphviz only: without it, the table below says the same)."""
+    svg = run_dot(hook_chart_dot(rows)) if rows else None
+    caption = "Hook points: green where this kernel has them, dashed red where it does not."
+    return [Svg("iotrace-hookpoints", svg, caption)] if svg is not None else []
+
+
+def top_by_time(section: dict[str, Any]) -> Table:
+    files = {f["path"]: f for f in section["files"]}
+    rows = [
+        [_short(path, 70), files[path]["category"], round(files[path]["seconds"] * 1000, 2), _phases(files[path])]
+        for path in section["top_by_time"]
+    ]
+    return Table(["path", "category", "ms in syscalls", "phases"], rows, "Top files by time spent in their syscalls")
+
+
+def render(section: dict[str, Any]) -> list[Block]:
+    phases = [p["phase"] for p in section["phases"]]
+    svg, engine = render_svg(section["flow"], phases)
+    command = " ".join(section["command"])
+    blocks: list[Block] = [
+        Para(
+            f"Traced `{command}` with the {section['backend']} backend: {section['events']:,} file-related "
+            f"system calls over {section['duration_seconds']:.2f} s, touching {section['files_total']:,} paths. "
+            "Phases come from dlscope.phase markers (a failing open of /dev/null/dlscope/phase/<name>/begin), "
+            "which every backend sees."
+        ),
+        Findings(findings(section)),
+        phase_table(section),
+        file_table(section),
+        top_by_time(section),
+        Table(
+            ["category", "files", "bytes read", "bytes written"],
+            [[name, c["files"], c["bytes_read"], c["bytes_written"]] for name, c in section["categories"].items()],
+            "By category",
+        ),
+        Svg(
+            "iotrace-dataflow",
+            svg,
+            f"Data flow: files read → phase → files written, edges weighted by bytes (drawn by {engine}).",
+        ),
+        *hook_chart(section["hook_points"]),
+        Table(
+            ["syscall", "tracepoints", "here", "kprobe / kretprobe", "here"],
+            [
+                [h["syscall"], h["tracepoint"], h["tracepoint_available"], h["kprobe"], h["kprobe_available"]]
+                for h in section["hook_points"]
+            ],
+            "Hook points for the syscalls seen: where an eBPF program could attach, and whether this kernel has it",
+        ),
+        Para(
+            "Exports: events as JSON Lines ("
+            + section["exports"]["events"]
+            + "), a Perfetto/Chrome trace with a track per thread, syscall slices and phase slices ("
+            + section["exports"]["perfetto_trace"]
+            + "; open it at ui.perfetto.dev), and the tables as CSV ("
+            + section["exports"]["phases_csv"]
+            + ", "
+            + section["exports"]["files_csv"]
+            + ")."
+        ),
+    ]
+    return blocks

@@ -1,0 +1,230 @@
+"""Section sweep: batch size × device — throughput, latency, operator shift, overhead, roofline (lab steps 6–7)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from dlscope.report.blocks import Block, Figure, Findings, Para, Table
+
+TITLE = "Batch size × device: throughput, overhead, roofline"
+
+
+SERIES_COLOURS = ["#2f5bd3", "#d9480f", "#12805c", "#9c36b5", "#e67700", "#495057"]
+
+
+def _series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    series: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        series.setdefault(row["series"], []).append(row)
+    return {name: sorted(group, key=lambda r: r["batch_size"]) for name, group in series.items()}
+
+
+def throughput_chart(rows: list[dict[str, Any]]) -> bytes:
+    from dlscope.report import plots  # matplotlib: only when a report draws
+
+    fig, axes = plots.subplots(2)
+    rate_ax, latency_ax = axes[0]
+    for colour, (name, group) in zip(SERIES_COLOURS * 4, _series(rows).items(), strict=False):
+        batch = [r["batch_size"] for r in group]
+        rate_ax.plot(batch, [r["samples_per_s"] for r in group], "o-", color=colour, label=name)
+        latency_ax.plot(batch, [r["step_p50_ms"] for r in group], "o-", color=colour, label=f"{name} p50")
+        latency_ax.fill_between(
+            batch, [r["step_p50_ms"] for r in group], [r["step_p95_ms"] for r in group], color=colour, alpha=0.15
+        )
+    rate_ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="samples/s", title="Training throughput")
+    latency_ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="ms per step", title="Step latency p50–p95")
+    rate_ax.legend()
+    latency_ax.legend()
+    return plots.png(fig)
+
+
+def shares_chart(rows: list[dict[str, Any]]) -> bytes:
+    from dlscope.report import plots  # matplotlib: only when a report draws
+
+    fig, axes = plots.subplots(1, width=max(4.5, 0.9 * len(rows) + 1.5), height=3.2)
+    ax = axes[0][0]
+    labels = [r["config"] for r in rows]
+    kernel = [r["kernel_pct"] for r in rows]
+    overhead = [r["overhead_pct"] for r in rows]
+    ax.bar(labels, kernel, color="#2f5bd3", label="compute kernels")
+    ax.bar(labels, overhead, bottom=kernel, color="#adb5bd", label="framework overhead")
+    for i, r in enumerate(rows):
+        ax.text(i, 101, f"{r['step_p50_ms']:.2f} ms", ha="center", va="bottom", fontsize=7)
+    ax.set(ylabel="% of step time", ylim=(0, 112), title="Where a training step's time goes")
+    ax.tick_params(axis="x", labelrotation=30)
+    ax.legend(loc="lower right", fontsize=7)
+    return plots.png(fig)
+
+
+def roofline_chart(section: dict[str, Any]) -> bytes:
+    from dlscope.report import plots  # matplotlib: only when a report draws
+
+    fig, axes = plots.subplots(1, width=6.0, height=4.0)
+    ax = axes[0][0]
+    rows = section["rows"]
+    ridges = [p["gemm_gflops"] / p["copy_gbps"] for p in section["peaks"].values()]
+    spots = [r["intensity"] for r in rows if r["intensity"]] + ridges
+    lo, hi = min(spots) / 4, max(spots) * 4
+    for colour, (device, peak) in zip(SERIES_COLOURS, section["peaks"].items(), strict=False):
+        ridge = peak["gemm_gflops"] / peak["copy_gbps"]
+        xs = [lo, ridge, hi]
+        ax.plot(xs, [min(peak["gemm_gflops"], x * peak["copy_gbps"]) for x in xs], color=colour, lw=1.5)
+        ax.annotate(
+            f"{device}: {peak['gemm_gflops']:.0f} GFLOP/s, {peak['copy_gbps']:.0f} GB/s",
+            (ridge, peak["gemm_gflops"]),
+            textcoords="offset points",
+            xytext=(4, 4),
+            fontsize=7,
+            color=colour,
+        )
+        for r in (r for r in rows if r["device"] == device and r["intensity"]):
+            ax.plot(r["intensity"], r["achieved_gflops"], "o", color=colour)
+            ax.annotate(
+                r["config"].split("/", 1)[1],
+                (r["intensity"], r["achieved_gflops"]),
+                textcoords="offset points",
+                xytext=(4, -10),
+                fontsize=7,
+            )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="arithmetic intensity (FLOP per byte moved)",
+        ylabel="GFLOP/s",
+        title="Roofline: each configuration against the measured peaks",
+    )
+    return plots.png(fig)
+
+
+def _fmt_rank(rank: int | None) -> Any:
+    return rank if rank is not None else "—"
+
+
+def render(section: dict[str, Any]) -> list[Block]:
+    rows = section["rows"]
+    settings = section["settings"]
+    has_cuda = any(r["device_type"] == "cuda" for r in rows)
+    speed_rows = [
+        [
+            r["config"],
+            r["samples_per_s"],
+            r["step_p50_ms"],
+            r["step_p95_ms"],
+            r["per_sample_us"],
+            r["cold_step_ms"],
+            r["cold_ratio"],
+            *([r["h2d_pinned_us"], r["h2d_pageable_us"]] if has_cuda else []),
+        ]
+        for r in rows
+    ]
+    where_rows = [
+        [
+            r["config"],
+            r["achieved_gflops"],
+            r["pct_of_peak"],
+            r["intensity"],
+            r["step_memory_bytes"] / 2**20 if r["step_memory_bytes"] is not None else None,
+            r["kernel_pct"],
+            round(r["ops_per_step"]),
+            r["us_per_op"],
+            r["overhead_us_per_op"],
+        ]
+        for r in rows
+    ]
+    configs = [r["config"] for r in rows]
+    shift_rows = [[s["operator"], *(_fmt_rank(s["ranks"][c]) for c in configs), s["change"]] for s in section["shift"]]
+    peak_rows = [
+        [device, p["gemm_gflops"], f"{p['gemm']['size']}³ fp32", p["copy_gbps"], f"{p['copy']['size'] / 2**20:.0f} MiB"]
+        for device, p in section["peaks"].items()
+    ]
+    thresholds = section["thresholds"]
+    blocks: list[Block] = [
+        Para(
+            f"Each configuration trains a fresh {settings['model']} ({settings['optimizer']}) on MNIST batches "
+            "held on its device: the first step is timed on its own (cold), "
+            f"{settings['warmup']} warm-up steps are discarded, then {settings['steps']} training steps "
+            "(forward, backward, optimizer) are timed one by one — CUDA events on a GPU, perf_counter on "
+            f"the CPU — in {settings['rounds']} rounds interleaved across configurations (so a noisy "
+            f"neighbour hits them all alike), and {settings['profile_steps']} more are profiled. FLOPs per "
+            "step come from FlopCounterMode (2 per multiply-add, matmul and convolution, forward and "
+            "backward); bytes per step are what every compute operator reads and writes (the traffic of "
+            "an unfused eager step, optimizer included). Kernel time is the self time of operators that "
+            "compute (GPU kernel time on CUDA), as a share of the profiled steps; the rest of the step is "
+            "framework overhead — Python, dispatch, autograd, allocation. Step memory is the allocation "
+            "peak of a step above what stays resident."
+        ),
+        Findings([(f["level"], f["text"]) for f in section["findings"]]),
+        Table(
+            ["config", "samples/s", "p50 ms", "p95 ms", "µs/sample", "cold ms", "cold ×"]
+            + (["H2D pinned µs", "H2D pageable µs"] if has_cuda else []),
+            speed_rows,
+            "One training step per configuration (p50/p95 over the timed steps)",
+            legend="config: device/threads/batch. cold: the first step, timed on its own; cold ×: it over p50.",
+            optional=("H2D pageable µs", "H2D pinned µs", "p95 ms"),
+        ),
+        Table(
+            ["config", "GFLOP/s", "% peak", "FLOP/B", "MiB", "kernel %", "ops", "µs/op", "ovh µs"],
+            where_rows,
+            "Where the step's time goes",
+            legend="% peak: of the GEMM peak measured in this run. FLOP/B: FLOPs per byte moved. MiB: step "
+            "memory peak. kernel %: share of the step in compute kernels. ops: operator calls per step. "
+            "ovh µs: framework overhead per operator call (time outside kernels ÷ calls).",
+            optional=("µs/op", "FLOP/B"),
+        ),
+        Figure("sweep_throughput", partial(throughput_chart, rows), "Throughput and step latency against batch size"),
+        Figure(
+            "sweep_shares", partial(shares_chart, rows), "Share of the step inside compute kernels and outside them"
+        ),
+        Figure(
+            "sweep_roofline", partial(roofline_chart, section), "Each configuration on its device's measured roofline"
+        ),
+        Table(["device", "GEMM GFLOP/s", "GEMM", "copy GB/s", "copy size"], peak_rows, "peaks measured in this run"),
+        Table(
+            ["kernel", *configs, "change"],
+            shift_rows,
+            "operator shift: rank of each compute kernel by time per step (— absent)",
+        ),
+    ]
+    if section.get("conv_directions"):
+        blocks.append(
+            Table(
+                ["layer", "path", "direction", "ms", "GFLOP/s"],
+                [[d["layer"], d["path"], d["direction"], d["ms"], d["gflops"]] for d in section["conv_directions"]],
+                "Each convolution by direction and path, at the largest CPU batch",
+                legend="median of interleaved calls on the shapes a training step gives each layer; onednn: "
+                "torch's default (NCHW), onednn-cl: oneDNN on channels-last tensors, native: aten's im2col + GEMM. "
+                "conv1 has no input-gradient row: its input is the images, and autograd asks for none.",
+            )
+        )
+    for r in rows:
+        steps = r["profiled_steps"]
+        on_gpu = r["device_type"] == "cuda"
+        blocks.append(
+            Table(
+                ["operator", "calls", "self ms", "self %", "µs/call", *(["device ms"] if on_gpu else [])],
+                [
+                    [
+                        t["name"].removeprefix("aten::"),
+                        round(t["calls"] / steps),
+                        t["self_cpu_us"] / steps / 1000,
+                        t["self_cpu_pct"],
+                        t["us_per_call"],
+                        *([t["self_device_us"] / steps / 1000] if on_gpu else []),
+                    ]
+                    for t in r["top10"]
+                ],
+                f"Top 10 operators — {r['config']}, per training step (aten:: omitted)",
+            )
+        )
+    blocks.append(
+        Para(
+            f"Thresholds: overhead-bound from {thresholds['overhead_bound_pct']:.0f}% of the step outside "
+            f"kernels (moderate from {thresholds['overhead_moderate_pct']:.0f}%); a cold step worth a warning "
+            f"from {thresholds['cold_ratio_warn']:.0f}× a warm one; a kernel named from "
+            f"{thresholds['top_kernel_pct']:.0f}% of kernel time; timings called noisy when p95 ≥ "
+            f"{thresholds['noisy_p95_ratio']:.0f}× p50; memory-speed kernels pointed out from "
+            f"{thresholds['non_gemm_pct']:.0f}% of kernel time. CSV: {section['csv']}."
+        )
+    )
+    return blocks

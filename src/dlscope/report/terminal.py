@@ -1,0 +1,119 @@
+"""Blocks on the terminal: the same sections as report.html, sized for the terminal's width.
+
+Tables are laid out for 80 columns first: numbers keep their full width and stay right-aligned,
+`optional` columns are left out when they do not fit, long text wraps inside its column, and when
+even that cannot fit, each row is printed as a short list. No cell is ever cut to a stub."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rich.cells import cell_len
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from dlscope.console import console as default_console
+from dlscope.console import safe
+from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Svg, Table, fmt
+
+FINDING_STYLE = {"good": ("✔", "good"), "info": ("•", "metric"), "warn": ("⚠", "warn"), "bad": ("✘", "bad")}
+GAP = 2  # spaces between columns
+MIN_TEXT = 12  # a text column narrower than this would read as stubs: print rows as lists instead
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def print_blocks(blocks: Iterable[Block], console: Console | None = None) -> None:
+    console = console or default_console
+    for block in blocks:
+        if isinstance(block, Para):
+            console.print(safe(block.text))
+        elif isinstance(block, Findings):
+            for level, text in block.items:
+                mark, style = FINDING_STYLE.get(level, FINDING_STYLE["info"])
+                table = RichTable.grid(padding=(0, 1))
+                table.add_column(no_wrap=True)
+                table.add_column()
+                table.add_row(f"[{style}]{mark}[/]", safe(text))
+                console.print(table)
+        elif isinstance(block, Table):
+            print_table(block, console)
+        elif isinstance(block, Code):
+            console.print(safe(block.text), style="dim", soft_wrap=True)
+        elif isinstance(block, Figure | Svg):
+            continue  # drawings live in report.html and report.md
+        else:
+            raise TypeError(f"unknown block {block!r}")
+        console.print()
+
+
+def fit_columns(table: Table, cells: list[list[str]], width: int) -> tuple[list[int], bool] | None:
+    """The columns to show at this width and whether text must wrap to fit; None when nothing fits."""
+    n = len(table.columns)
+    numeric = [all(is_number(row[i]) or row[i] is None for row in table.rows) for i in range(n)]
+    natural = [max([cell_len(table.columns[i]), *(cell_len(row[i]) for row in cells)]) for i in range(n)]
+
+    def need(shown: list[int], wrap: bool) -> int:
+        # wrapped text columns go down to MIN_TEXT; numbers and headers never wrap
+        widths = [
+            max(min(natural[i], MIN_TEXT), cell_len(table.columns[i])) if wrap and not numeric[i] else natural[i]
+            for i in shown
+        ]
+        return sum(widths) + GAP * (len(shown) - 1)
+
+    shown = list(range(n))
+    for name in table.optional:  # the first listed goes first
+        if need(shown, wrap=False) <= width:
+            return shown, False
+        if name in table.columns:
+            shown.remove(table.columns.index(name))
+    if need(shown, wrap=False) <= width:
+        return shown, False
+    return (shown, True) if need(shown, wrap=True) <= width else None
+
+
+def print_table(table: Table, console: Console) -> None:
+    cells = [[fmt(v) for v in row] for row in table.rows]
+    if table.caption:
+        console.print(f"[bold]{safe(table.caption)}[/]")
+    fit = fit_columns(table, cells, console.width)
+    if fit is None:
+        print_records(table, cells, console)
+    else:
+        shown, wrap = fit
+        rich = RichTable(box=None, padding=(0, GAP // 2), pad_edge=False, header_style="bold", show_edge=False)
+        for i in shown:
+            numeric = all(is_number(row[i]) or row[i] is None for row in table.rows)
+            rich.add_column(
+                safe(table.columns[i]),
+                justify="right" if numeric else "left",
+                no_wrap=numeric or not wrap,
+                overflow="fold",
+                # numbers keep their full width; text may wrap, never below MIN_TEXT
+                min_width=max([cell_len(table.columns[i]), *(cell_len(row[i]) for row in cells)])
+                if numeric
+                else min(MIN_TEXT, console.width),
+            )
+        for row in cells:
+            rich.add_row(*(safe(row[i]) for i in shown))
+        console.print(rich)
+        left_out = [table.columns[i] for i in range(len(table.columns)) if i not in shown]
+        if left_out:
+            console.print(f"[dim]not shown at {console.width} columns: {safe(', '.join(left_out))} (see the report)[/]")
+    if table.legend:
+        console.print(f"[dim]{safe(table.legend)}[/]")
+
+
+def print_records(table: Table, cells: list[list[str]], console: Console) -> None:
+    """Rows as short lists, for a table too wide for this terminal even with text wrapped."""
+    label_width = max(cell_len(c) for c in table.columns)
+    for row in cells:
+        grid = RichTable.grid(padding=(0, GAP // 2))
+        grid.add_column(no_wrap=True, min_width=label_width, style="dim")
+        grid.add_column(overflow="fold")
+        for column, cell in zip(table.columns, row, strict=True):
+            grid.add_row(safe(column), safe(cell))
+        console.print(grid)
+        console.print()

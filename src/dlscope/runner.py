@@ -1,0 +1,276 @@
+"""One path for every command: plan → run directory → steps → results.json → report.
+
+    run_command(Plan("train", ["environment", "dataset", "model", "train", "checkpoint"], config, options))
+
+Each step's section is recorded the moment it exists (a crash keeps the earlier ones) and shown
+on the terminal as the same Blocks the report renders. `--trace-io` runs the same plan in a
+child process under the tracer: the child writes the steps, the parent adds the trace section and
+renders the report once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlscope.config import TrainConfig
+from dlscope.errors import ConfigError
+from dlscope.options import RunOptions, StepOptions
+from dlscope.phases import phase
+
+
+@dataclass
+class Plan:
+    command: str
+    steps: list[str]
+    config: TrainConfig = field(default_factory=TrainConfig)
+    options: RunOptions = field(default_factory=RunOptions)
+    step_options: StepOptions = field(default_factory=StepOptions)
+    argv: list[str] = field(default_factory=lambda: sys.argv[1:])
+
+    def check(self) -> None:
+        """Refuse a plan that cannot run, before anything is created."""
+        from dlscope.steps import STEPS_BY_NAME
+
+        unknown = [s for s in self.steps if s not in STEPS_BY_NAME]
+        if unknown:
+            raise ConfigError(f"unknown step {', '.join(unknown)}; choose from {', '.join(STEPS_BY_NAME)}")
+        for i, name in enumerate(self.steps):
+            if "trained" in STEPS_BY_NAME[name].needs and "train" not in self.steps[:i]:
+                raise ConfigError(f"step {name} needs the train step before it")
+
+
+def run_command(plan: Plan, render: bool = True) -> dict[str, Any]:
+    """Run the plan's steps into a new (or given) run directory; its results as recorded."""
+    from dlscope.console import console
+    from dlscope.rundir import RunDir
+
+    plan.check()
+    run = RunDir.create(plan.options.out, plan.command, argv=plan.argv)
+    if render:
+        console.print(f"[phase]dlscope {plan.command}[/] → [path]{run.path}[/]")
+    try:
+        run_steps(plan, run)
+    finally:
+        if render:
+            finish_report(run)
+    return run.results
+
+
+def run_steps(plan: Plan, run: Any) -> None:
+    from dlscope.console import console
+    from dlscope.report.sections import SECTIONS
+    from dlscope.report.terminal import print_blocks
+    from dlscope.steps import STEPS_BY_NAME
+    from dlscope.steps.base import Context
+
+    if plan.config.threads:  # once, for every step (the Trainer applies it again for API users)
+        import torch
+
+        torch.set_num_threads(plan.config.threads)
+    ctx = Context(plan.config, run, plan.options, plan.step_options, task=progress_task(plan.options.progress), say=say)
+    status = "failed"
+    try:
+        for name in plan.steps:
+            step = STEPS_BY_NAME[name]
+            section_renderer = SECTIONS[name]
+            console.rule(f"[phase]{section_renderer.TITLE}", align="left", style="dim")
+            provide(ctx, step.needs)
+            start = time.perf_counter()
+            with phase(step.name):  # visible to --trace-io, ~µs otherwise
+                section = step.run(ctx)
+            section["seconds"] = round(time.perf_counter() - start, 3)
+            run.record(step.name, section)
+            print_blocks(section_renderer.render(run.results["sections"][step.name]))
+        status = "ok"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    except Exception as e:
+        run.results["run"]["error"] = f"{type(e).__name__}: {e}" if not _is_user_error(e) else str(e)
+        raise
+    finally:
+        run.finish(status)
+
+
+def say(text: str) -> None:
+    from dlscope.console import err_console, safe
+
+    err_console.print(safe(text))
+
+
+def _is_user_error(e: Exception) -> bool:
+    from dlscope.errors import DlscopeError
+
+    return isinstance(e, DlscopeError)
+
+
+def provide(ctx: Any, needs: tuple[str, ...]) -> None:
+    """Build what a step needs and nothing more: data for most, a trainer for a few."""
+    if ("dataset" in needs or "trainer" in needs) and ctx.data is None:
+        from dlscope.data.mnist import load_mnist
+
+        ctx.data = load_mnist(ctx.options.data_dir)
+    if "trainer" in needs and ctx.trainer is None:
+        from dlscope.train import Trainer
+
+        ctx.trainer = Trainer(ctx.config, ctx.data)  # alone (`dlscope profile`): a fresh model
+
+
+def progress_task(enabled: bool):
+    """ctx.task for steps: a transient progress bar on stderr (steps never import rich)."""
+
+    @contextmanager
+    def task(description: str, total: int | None = None) -> Iterator[Any]:
+        from dlscope.console import step_progress
+
+        with step_progress(enabled) as progress:
+            handle = progress.add_task(description, total=total)
+
+            class Bar:
+                def update(self, description: str | None = None, total: int | None = None, advance: int = 0) -> None:
+                    progress.update(handle, description=description, total=total, advance=advance)
+
+            yield Bar()
+
+    return task
+
+
+def finish_report(run: Any) -> None:
+    """Render report.html/md and say where everything is. A rendering failure while a step's error
+    is already on its way out is reported in one line, so it never hides the original error."""
+    from dlscope.report.render import render_report
+
+    failing = sys.exc_info()[1] is not None
+    try:
+        with phase("report"):
+            html, md = render_report(run.path)
+    except Exception as e:
+        if not failing:
+            raise
+        print(f"dlscope: the report could not be rendered after the failure ({type(e).__name__}: {e})", file=sys.stderr)
+        return
+    print_locations(run, html, md)
+
+
+def print_locations(run: Any, html: Path, md: Path) -> None:
+    from rich.table import Table
+
+    from dlscope.console import console, safe
+
+    rows = [
+        ("report", str(html), f"and {md.name}: one file, works offline"),
+        ("results", str(run.path / "results.json"), "the report's single source"),
+    ]
+    artifacts = {
+        "tensorboard": f"dlscope tensorboard {run.path}",
+        "profile": "trace.json opens in ui.perfetto.dev",
+        "checkpoints": "dlscope ckpt verify <file>",
+        "iotrace": "events.jsonl, trace.json, phases.csv, files.csv",
+    }
+    rows += [
+        (name, str(run.path / name), hint)
+        for name, hint in artifacts.items()
+        if (run.path / name).is_dir() and any((run.path / name).iterdir())
+    ]
+    name_width = max(len(name) for name, _, _ in rows)
+    path_width = max(len(path) for _, path, _ in rows)
+    # paths are never cut or wrapped (they are what the user copies); hints go when they do not fit
+    hints = name_width + path_width + 4 + 20 <= console.width
+    table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
+    table.add_column()
+    table.add_column(no_wrap=True, min_width=path_width)
+    if hints:
+        table.add_column()
+    for name, path, hint in rows:
+        table.add_row(name, f"[path]{safe(path)}[/]", *([f"[dim]{safe(hint)}"] if hints else []))
+    console.print(table)
+    info = run.results["run"]
+    style = "good" if info["status"] == "ok" else "bad"
+    console.print(f"[{style}]{info['status']}[/] in {info.get('wall_seconds', 0):.1f}s")
+
+
+# --- --trace-io: the same plan in a traced child -------------------------------------------------
+
+PLAN_ENV = "DLSCOPE_PLAN"
+SERIALISED_STEP_OPTIONS = ("train", "profile", "sweep", "graph", "ckpt_anatomy")
+
+
+def plan_to_json(plan: Plan, out: str) -> str:
+    steps = {name: dataclasses.asdict(getattr(plan.step_options, name)) for name in SERIALISED_STEP_OPTIONS}
+    return json.dumps(
+        {
+            "command": plan.command,
+            "steps": plan.steps,
+            "config": plan.config.to_dict(),
+            "options": {**dataclasses.asdict(plan.options), "out": out},
+            "step_options": steps,
+            "argv": plan.argv,
+        }
+    )
+
+
+def plan_from_json(text: str) -> Plan:
+    from dlscope import options as o
+
+    data = json.loads(text)
+    kinds = {"train": o.TrainOptions, "profile": o.ProfileOptions, "sweep": o.SweepOptions}
+    kinds |= {"graph": o.GraphOptions, "ckpt_anatomy": o.AnatomyOptions}
+    step_options = StepOptions(**{name: kinds[name](**values) for name, values in data["step_options"].items()})
+    return Plan(
+        data["command"],
+        data["steps"],
+        TrainConfig.from_dict(data["config"]),
+        RunOptions(**data["options"]),
+        step_options,
+        data["argv"],
+    )
+
+
+def run_traced(plan: Plan, backend: str) -> int:
+    """The plan in a child process traced by `backend`; one report with the iotrace section added."""
+    from dlscope.rundir import RunDir
+    from dlscope.steps import iotrace
+
+    plan.check()
+    run = RunDir.create(plan.options.out, plan.command, argv=plan.argv)
+    child = [sys.executable, "-m", "dlscope.runner", plan_to_json(plan, str(run.path))]
+    trace = dataclasses.replace(plan.step_options.iotrace, command=child, backend=backend)
+    from dlscope.console import console
+
+    console.print(f"[phase]dlscope {plan.command} --trace-io[/] → [path]{run.path}[/]")
+    section: dict[str, Any] = {}
+    try:
+        section = iotrace.trace(run, trace, say=say)
+    finally:
+        run.reload()  # what the traced child wrote
+        if section:
+            run.record("iotrace", section)
+        if run.results["run"]["status"] == "running":  # the child died before it could say so
+            run.finish("failed")
+        finish_report(run)
+    return section.get("exit_code", 1)
+
+
+def child_main(argv: list[str]) -> int:
+    """`python -m dlscope.runner PLAN_JSON`: run a plan into an existing run dir, no report."""
+    from dlscope.console import console
+    from dlscope.errors import DlscopeError
+
+    try:
+        run_command(plan_from_json(argv[0]), render=False)
+    except DlscopeError as e:
+        console.print(f"dlscope: error: {e}", markup=False)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(sys.argv[1:]))

@@ -1,0 +1,67 @@
+"""Blocks on the terminal: the same tables as the report, readable at 80 columns, more at 120."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from dlscope.report.blocks import Code, Findings, Para, Table
+from dlscope.report.terminal import print_blocks
+
+OPS = Table(
+    ["operator", "calls", "self ms", "self %", "total ms", "µs/call", "MFLOP"],
+    [
+        ["convolution_backward", 2, 205.9, 31.78, 206.1, 103019.0, None],
+        ["max_pool2d_with_indices_backward", 2, 29.78, 4.6, 60.3, 30195.0, None],
+        ["mm", 2, 62.55, 9.65, 62.6, 31277.0, 8.03],
+    ],
+    "top 10 operators per training step",
+    legend="self: time in the operator itself; total: with the operators it calls.",
+    optional=("total ms", "MFLOP"),
+)
+
+
+def render(blocks, width: int) -> list[str]:
+    out = io.StringIO()
+    print_blocks(blocks, Console(file=out, width=width, color_system=None, theme=None))
+    return out.getvalue().splitlines()
+
+
+def test_no_line_is_wider_than_the_terminal_and_no_cell_is_cut():
+    for width in (60, 80, 120):
+        lines = render([OPS], width)
+        assert max(len(line) for line in lines) <= width, (width, lines)
+        text = "\n".join(lines)
+        for cell in ("convolution_backward", "205.9", "103,019", "31.78"):
+            assert cell in text, (width, cell, text)
+        assert "…" not in text
+
+
+def test_narrow_terminals_leave_out_optional_columns_and_say_so():
+    narrow = "\n".join(render([OPS], 80))
+    wide = "\n".join(render([OPS], 120))
+    assert "total ms" not in narrow.splitlines()[1] and "total ms" in wide.splitlines()[1]
+    assert "not shown at 80 columns: total ms" in narrow
+    assert "not shown" not in wide
+
+
+def test_a_table_too_wide_for_any_layout_becomes_rows_of_label_and_value():
+    table = Table([f"column {i}" for i in range(12)], [[f"value-{i}" for i in range(12)]])
+    lines = render([table], 50)
+    assert max(len(line) for line in lines) <= 50
+    assert any(line.startswith("column 11") and "value-11" in line for line in lines)
+
+
+def test_untrusted_text_is_printed_literally():
+    hostile = "[/x]markup[bold] \x1b]0;owned\x07 \x1b[2J"
+    lines = render([Para(hostile), Findings([("bad", hostile)]), Code(hostile), Table(["name"], [[hostile]])], 80)
+    text = "\n".join(lines)
+    assert "[/x]markup[bold]" in text and "\x1b" not in text and "\\x1b]0;owned\\x07" in text
+
+
+def test_numbers_are_right_aligned():
+    lines = render([Table(["name", "bytes"], [["a", 5], ["b", 123456]])], 80)
+    rows = [line for line in lines if line.startswith(("a ", "b "))]
+    assert rows[0].rstrip().endswith("5") and rows[1].rstrip().endswith("123,456")
+    assert len(rows[0].rstrip()) == len(rows[1].rstrip())
