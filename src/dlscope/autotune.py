@@ -131,14 +131,15 @@ def autotune(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tenso
     model, device = trainer.model, trainer.device
     plan = stages(model, device, tune_threads=trainer.config.threads is None)  # the user's --threads stands
     run_steps = trainer.steps_per_epoch * (trainer.config.epochs - epoch)
-    per_candidate = TIMED_STEPS + 2
-    candidates = sum(len(make(Candidate(Layout(), 1))) for _, make in plan)
-    while candidates * per_candidate > MAX_SHARE * run_steps and per_candidate > MIN_TIMED_STEPS + 2:
-        per_candidate -= 1
     layout = getattr(model, "layout", Layout())
     if isinstance(model, TunableCNN) and not layout.paths:
         layout = replace(layout, paths=("onednn",) * len(model.blocks))
     incumbent = initial = Candidate(layout, torch.get_num_threads())
+    # each candidate: a cold step, a warm-up step, then the timed ones — fewer of them on a short run
+    per_candidate = TIMED_STEPS + 2
+    candidates = sum(len(make(incumbent)) for _, make in plan)
+    while candidates * per_candidate > MAX_SHARE * run_steps and per_candidate > MIN_TIMED_STEPS + 2:
+        per_candidate -= 1
     if not plan or candidates * per_candidate > MAX_SHARE * run_steps:
         return {
             "chosen": incumbent.name,

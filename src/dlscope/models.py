@@ -58,6 +58,14 @@ def channels_last(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.channels_last).copy_(x)
 
 
+def nchw(x: torch.Tensor) -> torch.Tensor:
+    """`x` with NCHW strides — also with one channel, where `contiguous()` keeps NHWC ones (see
+    channels_last): which kernel oneDNN runs, and so the result's last bits, follow the strides."""
+    if x.is_contiguous() and x.stride(1) == x.shape[2] * x.shape[3]:
+        return x
+    return torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
+
+
 def conv2d(x: torch.Tensor, conv: nn.Conv2d, path: str) -> torch.Tensor:
     if path == "native":
         # autograd's SlowConv2DBackward runs aten's own kernels in both directions, whatever the
@@ -65,9 +73,9 @@ def conv2d(x: torch.Tensor, conv: nn.Conv2d, path: str) -> torch.Tensor:
         # channels-last weight, torch 2.13's _slow_conv2d_backward returns a wrong weight gradient
         # (tests/test_recipe.py compares every layout's gradients).
         return torch.ops.aten._slow_conv2d_forward(
-            x.contiguous(), conv.weight.contiguous(), conv.kernel_size, conv.bias, conv.stride, conv.padding
+            nchw(x), nchw(conv.weight), conv.kernel_size, conv.bias, conv.stride, conv.padding
         )
-    return conv(channels_last(x) if path == "onednn-cl" else x.contiguous())
+    return conv(channels_last(x) if path == "onednn-cl" else nchw(x))
 
 
 class ConvBlock(nn.Sequential):
@@ -95,7 +103,7 @@ class TunableCNN(nn.Module):
         self.layout = layout
         for i, name in enumerate(self.blocks):
             weight = getattr(self, name)[0].weight
-            weight.data = channels_last(weight.data) if layout.path(i) == "onednn-cl" else weight.data.contiguous()
+            weight.data = channels_last(weight.data) if layout.path(i) == "onednn-cl" else nchw(weight.data)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for i, name in enumerate(self.blocks):
