@@ -281,7 +281,8 @@ class Trainer:
         self.start_epoch = 0
         self.global_step = 0
         self.should_stop = False
-        self._last_test: dict[str, Any] = {}  # the latest evaluation (what a mid-epoch stop ends on)
+        self._last_test: dict[str, Any] = {}  # the latest evaluation, at global step _last_test_step
+        self._last_test_step = -1
         self._eval_seconds = 0.0  # evaluation time inside the current epoch
         self._train_acc = 0.0  # the last logging window's training accuracy
         self.last_predictions: torch.Tensor | None = None  # test-set classes at the last eval
@@ -359,7 +360,8 @@ class Trainer:
             self._emit("on_epoch_begin", epoch + 1)
             epoch_stats = self._train_epoch(epoch)
             self._emit("on_evaluate_begin", epoch + 1)
-            test = self._last_test if self.should_stop else self._evaluate(epoch + 1)
+            # a stop right after a scheduled evaluation ends on it rather than evaluating again
+            test = self._last_test if self._last_test_step == self.global_step else self._evaluate(epoch + 1)
             self.start_epoch = epoch + 1  # the epoch boundary a checkpoint resumes from
             self.last_predictions = test["predictions"]
             record = EpochResult(
@@ -385,7 +387,8 @@ class Trainer:
         test = evaluate(self.model, self.test_images, self.test_labels, self.config.test_batch_size)
         seconds = time.perf_counter() - start
         self._eval_seconds += seconds
-        self._last_test = test
+        self._window_start += seconds  # the logging window's samples/s counts training only
+        self._last_test, self._last_test_step = test, self.global_step
         evaluation = Evaluation(self.global_step, epoch, test["loss"], test["accuracy"], seconds)
         self.result.evaluations.append(evaluation)
         self._emit("on_eval", evaluation)

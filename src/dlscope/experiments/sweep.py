@@ -525,7 +525,7 @@ def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 f"({large['top_non_gemm_kernel_pct']:.0f}%): such kernels do few FLOPs per byte and run at memory "
                 f"speed (pointed out from {NON_GEMM_PCT:.0f}%)."
                 + (
-                    " Pooling before the ReLU, in channels-last layout, is how `--recipe fast` trims them."
+                    " Pooling before the ReLU, and channels-last layouts, are what `--autotune` times to trim them."
                     if "pool" in large["top_non_gemm_kernel"]
                     else ""
                 ),
