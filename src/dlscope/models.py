@@ -45,7 +45,7 @@ class Layout:
     def describe(self) -> str:
         parts = [f"conv{i + 1} {p}" for i, p in enumerate(self.paths) if p != "onednn"] or ["oneDNN NCHW"]
         if self.pool_first:
-            parts.append("pool before ReLU")
+            parts.append("pool first")
         return ", ".join(parts)
 
 
