@@ -320,7 +320,7 @@ def epoch_blocks(row: dict[str, Any], reader: Any, manifest: Any) -> list[Block]
         ["order digest", row["order_digest"]],
     ]
     caption = (
-        f"{reader.format} · read buffer {reader.read_buffer:,} B · shuffle buffer {reader.shuffle_buffer:,} · "
+        f"{reader.fmt} · read buffer {reader.read_buffer:,} B · shuffle buffer {reader.shuffle_buffer:,} · "
         f"batch {reader.batch_size} · workers {reader.workers} · prefetch {reader.prefetch} · "
         f"{manifest.samples:,} samples of {manifest.sample_bytes} B"
     )
