@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from dlscope.experiments.conv_directions import SLOW_RATE_RATIO, conv_directions, slow_kernels
-from dlscope.experiments.sweep import conv_findings
+from dlscope.experiments.sweep import conv_findings, slowest_conv
 from dlscope.models import CONV_PATHS, build_model
 
 
@@ -45,11 +45,14 @@ def test_a_kernel_far_below_the_others_is_named_with_its_best_alternative():
     assert [(s["layer"], s["direction"]) for s in slow] == [("conv1", "weight grad")]
     assert slow[0]["best_alternative"]["path"] == "onednn-cl"
     assert slow[0]["gflops"] < SLOW_RATE_RATIO * slow[0]["others_median_gflops"]
-    (finding,) = conv_findings(rows, "cpu/t1/b64")
-    assert "conv1's weight grad runs at 2.0 GFLOP/s" in finding["text"] and "onednn-cl" in finding["text"]
-    assert [e["value"] for e in finding["evidence"]] == [2.0, 25.0]
+    sweep_row = {"config": "cpu/t1/b64", **slowest_conv(rows)}
+    (finding,) = conv_findings([sweep_row])
+    assert "the conv1 weight grad runs at 2.0 GFLOP/s" in finding["text"] and "onednn-cl" in finding["text"]
+    cited = {e["metric"]: e["value"] for e in finding["evidence"]}
+    assert cited["slow_conv_gflops"] == 2.0 and cited["slow_conv_best_gflops"] == 25.0
 
 
 def test_no_finding_when_the_kernels_run_at_similar_rates():
     rows = [row("conv1", "onednn", "forward", 20.0), row("conv1", "onednn", "weight grad", 15.0)]
-    assert slow_kernels(rows) == [] and conv_findings(rows, "cpu/t1/b64") == []
+    assert slow_kernels(rows) == [] and set(slowest_conv(rows).values()) == {None}
+    assert conv_findings([{"config": "cpu/t1/b64", **slowest_conv(rows)}]) == []

@@ -405,6 +405,12 @@ TABLE_FIELDS = (
     "top_non_gemm_kernel_pct",
     "h2d_pinned_us",
     "h2d_pageable_us",
+    # the CPU row at the largest batch: its slowest convolution direction (slowest_conv)
+    "slow_conv",
+    "slow_conv_gflops",
+    "conv_median_gflops",
+    "slow_conv_best_path",
+    "slow_conv_best_gflops",
 )
 
 
@@ -603,27 +609,53 @@ def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return findings
 
 
-def conv_findings(directions: Sequence[dict[str, Any]], config: str) -> list[dict[str, Any]]:
-    """A convolution direction far below the others' rate on torch's default path, and what beats it."""
+SLOW_CONV_FIELDS = (
+    "slow_conv",
+    "slow_conv_shape",
+    "slow_conv_ms",
+    "slow_conv_gflops",
+    "conv_median_gflops",
+    "slow_conv_best_path",
+    "slow_conv_best_gflops",
+)
+
+
+def slowest_conv(directions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Row fields naming the convolution direction furthest below the others' rate on torch's
+    default path (experiments.conv_directions), and the best path measured for it; None if none is."""
+    slow = slow_kernels(list(directions))
+    if not slow:
+        return dict.fromkeys(SLOW_CONV_FIELDS)
+    worst, best = slow[0], slow[0]["best_alternative"]
+    return {
+        "slow_conv": f"{worst['layer']} {worst['direction']}",
+        "slow_conv_shape": worst["shape"],
+        "slow_conv_ms": worst["ms"],
+        "slow_conv_gflops": worst["gflops"],
+        "conv_median_gflops": worst["others_median_gflops"],
+        "slow_conv_best_path": best["path"] if best else None,
+        "slow_conv_best_gflops": best["gflops"] if best else None,
+    }
+
+
+def conv_findings(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A convolution direction far below the others' rate (`slowest_conv`), and what beats it."""
     findings = []
-    for slow in slow_kernels(list(directions)):
+    for row in (r for r in rows if r.get("slow_conv")):
         text = (
-            f"On {config}, {slow['layer']}'s {slow['direction']} runs at {slow['gflops']:.1f} GFLOP/s on "
-            f"oneDNN NCHW ({slow['ms']:.1f} ms for {slow['shape']}), against a median of "
-            f"{slow['others_median_gflops']:.1f} GFLOP/s for the other convolution kernels of the step "
-            f"(named below {100 * SLOW_RATE_RATIO:.0f}%)."
+            f"On {row['config']}, the {row['slow_conv']} runs at "
+            f"{row['slow_conv_gflops']:.1f} GFLOP/s on oneDNN NCHW ({row['slow_conv_ms']:.1f} ms for "
+            f"{row['slow_conv_shape']}), against a median of {row['conv_median_gflops']:.1f} GFLOP/s for the other "
+            f"convolution kernels of the step (named below {100 * SLOW_RATE_RATIO:.0f}%)."
         )
-        best = slow["best_alternative"]
-        if best is not None and best["gflops"] > slow["gflops"]:
+        cited = ["slow_conv", "slow_conv_gflops", "conv_median_gflops"]
+        if row["slow_conv_best_gflops"] is not None and row["slow_conv_best_gflops"] > row["slow_conv_gflops"]:
             text += (
-                f" The {best['path']} path computes it at {best['gflops']:.1f} GFLOP/s: "
+                f" The {row['slow_conv_best_path']} path computes it at {row['slow_conv_best_gflops']:.1f} GFLOP/s: "
                 "`--autotune` times both and keeps the faster."
             )
-        evidence = [
-            {"config": config, "metric": f"{slow['layer']} {slow['direction']} {path} GFLOP/s", "value": value}
-            for path, value in [(slow["path"], slow["gflops"])] + ([(best["path"], best["gflops"])] if best else [])
-        ]
-        findings.append({"level": "warn", "text": text, "evidence": evidence})
+            cited += ["slow_conv_best_path", "slow_conv_best_gflops"]
+        findings.append({"level": "warn", "text": text, "evidence": _cite(row, *cited)})
     return findings
 
 
@@ -675,7 +707,9 @@ def run_sweep(
         largest = max(cpu_runs, key=lambda run: run.point.batch_size)
         with largest.configured():
             directions = conv_directions(largest.model, largest.batches[0][0], repeats=3)
-    findings = diagnose(rows) + conv_findings(directions, largest.point.key if cpu_runs else "")
+    for row in rows:
+        row.update(slowest_conv(directions if cpu_runs and row["config"] == largest.point.key else []))
+    findings = diagnose(rows) + conv_findings(rows)
     return {
         "settings": asdict(settings),
         "rows": rows,
