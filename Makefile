@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# make test installs TensorFlow (requirements-tf.txt) for the tests marked tf; `make test TF=0` skips it
+TF     ?= 1
 
 .PHONY: lab test lint clean
 
@@ -17,6 +19,10 @@ $(VENV)/.test-installed: $(VENV)/.lab-installed requirements-test.txt
 	$(BIN)/pip install -q -r requirements-test.txt
 	touch $@
 
+$(VENV)/.tf-installed: $(VENV)/.test-installed requirements-tf.txt
+	$(BIN)/pip install -q -r requirements-tf.txt
+	touch $@
+
 lab: $(VENV)/.lab-installed
 	$(BIN)/dlscope lab $(ARGS)
 
@@ -24,7 +30,7 @@ lint: $(VENV)/.test-installed
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
-test: $(VENV)/.test-installed lint
+test: $(VENV)/.test-installed $(if $(filter 1,$(TF)),$(VENV)/.tf-installed) lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
 
 from dlscope.data.mnist import MNIST, load_mnist
+
+# Keras picks its backend once per process; with TensorFlow installed it would pick tensorflow.
+# The in-process Keras tests use torch; the TensorFlow backend is tested in subprocesses.
+os.environ.setdefault("KERAS_BACKEND", "torch")
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +25,12 @@ def _two_threads():
     # CI machines have 2 cores; pin so timings and results do not depend on the host
     torch.set_num_threads(2)
     yield
+
+
+def pytest_collection_modifyitems(config, items):
+    if importlib.util.find_spec("tensorflow") is not None:
+        return
+    skip = pytest.mark.skip(reason="needs TensorFlow: pip install -e '.[tf]' (make test installs it)")
+    for item in items:
+        if item.get_closest_marker("tf") is not None:
+            item.add_marker(skip)

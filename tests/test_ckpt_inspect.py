@@ -177,7 +177,7 @@ def test_whole_pickled_module_named_as_its_state_dict(tmp_path):
     torch.save(model, path)  # the handouts' habit: the module object itself, not its state_dict
     anatomy = inspect_checkpoint(path)
     assert not anatomy.safe_to_load  # nn classes are off the allow-list: torch.load(weights_only) refuses it
-    assert {f.level for f in anatomy.findings} == {"warn"}
+    assert {f.level for f in anatomy.findings} == {"bad"}
     assert [t.name for t in anatomy.tensors] == list(model.state_dict())
     roles = {t.name: t.role for t in anatomy.tensors}
     assert roles["1.running_var"] == "buffer" and roles["2.0.weight"] == "parameter"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,9 +37,13 @@ def field(number: int, wire: int, payload: bytes | int) -> bytes:
     return tag + varint(len(payload)) + payload
 
 
-def entry_proto(dtype: int, shape: list[int], offset: int, size: int) -> bytes:
+def mask(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def entry_proto(dtype: int, shape: list[int], offset: int, size: int, crc: int) -> bytes:
     dims = b"".join(field(2, 2, field(1, 0, d)) for d in shape)
-    return field(1, 0, dtype) + field(2, 2, dims) + field(4, 0, offset) + field(5, 0, size) + field(6, 5, 0x12345678)
+    return field(1, 0, dtype) + field(2, 2, dims) + field(4, 0, offset) + field(5, 0, size) + field(6, 5, crc)
 
 
 def block(entries: list[tuple[bytes, bytes]], restart_interval: int = 2) -> bytes:
@@ -82,11 +87,14 @@ def write_bundle(tmp_path, tensors: dict[str, torch.Tensor], strings: tuple[str,
     for name, t in tensors.items():
         raw = t.numpy().tobytes()
         dtype = {torch.float32: DT_FLOAT, torch.int64: DT_INT64}[t.dtype]
-        entries.append((name.encode(), entry_proto(dtype, list(t.shape), len(data), len(raw))))
+        entries.append((name.encode(), entry_proto(dtype, list(t.shape), len(data), len(raw), mask(crc32c(raw)))))
         data += raw + b"\x00" * (-len(raw) % 8)
     for name in strings:
-        entries.append((name.encode(), entry_proto(DT_STRING, [], len(data), 9)))
-        data += b"\x05\x00\x00\x00\x00hello"
+        # TF's string layout: varint lengths, the masked CRC of the lengths (as uint32), the bytes
+        length_crc = mask(crc32c((5).to_bytes(4, "little"))).to_bytes(4, "little")
+        crc = mask(crc32c(b"hello", crc32c(length_crc, crc32c((5).to_bytes(4, "little")))))
+        entries.append((name.encode(), entry_proto(DT_STRING, [], len(data), 10, crc)))
+        data += b"\x05" + length_crc + b"hello"
     entries[1:] = sorted(entries[1:])
     (tmp_path / "ckpt-1.index").write_bytes(table(entries))
     (tmp_path / "ckpt-1.data-00000-of-00001").write_bytes(bytes(data))
@@ -105,27 +113,27 @@ TENSORS = {
 
 @pytest.mark.parametrize("how", ["prefix", "index", "shard"])
 def test_bundle_read_without_tensorflow(tmp_path, how):
-    prefix = write_bundle(tmp_path, TENSORS, strings=("_CHECKPOINTABLE_OBJECT_GRAPH",))
+    prefix = write_bundle(tmp_path, TENSORS, strings=("vocabulary",))
     path = {"prefix": prefix, "index": prefix + ".index", "shard": prefix + ".data-00000-of-00001"}[how]
     anatomy = inspect_checkpoint(path, stats=True)
     assert anatomy.format.startswith("TensorFlow checkpoint")
     assert anatomy.layout["tf_index"]["header"]["num_shards"] == 1
     assert anatomy.layout["tf_index"]["data_blocks"] == 3  # 8 entries, 3 per block
     by_name = {t.name: t for t in anatomy.tensors}
-    assert set(by_name) == {*TENSORS, "_CHECKPOINTABLE_OBJECT_GRAPH"}
+    assert set(by_name) == {*TENSORS, "vocabulary"}
     for name, t in TENSORS.items():
         entry = by_name[name]
         assert entry.shape == list(t.shape) and entry.nbytes == t.numel() * t.element_size()
         assert torch.equal(entry.read(), t)
         assert entry.stats["max"] == pytest.approx(t.max().item())
-    assert by_name["_CHECKPOINTABLE_OBJECT_GRAPH"].dtype == "string"
-    assert by_name["_CHECKPOINTABLE_OBJECT_GRAPH"].read is None  # strings: listed, not decoded
+    assert by_name["vocabulary"].dtype == "string"
+    assert by_name["vocabulary"].read is None  # strings: listed and CRC-checked, not decoded
     roles = {name: t.role for name, t in by_name.items()}
     assert roles["layer_with_weights-0/kernel/.OPTIMIZER_SLOT/optimizer/m/.ATTRIBUTES/VARIABLE_VALUE"] == "optimizer"
     assert roles["save_counter/.ATTRIBUTES/VARIABLE_VALUE"] == "other"
     groups = {g["group"]: g for g in anatomy.to_dict()["by_group"]}
     assert groups["layer_with_weights-0"]["optimizer"] == 784 * 16 * 4
-    assert not anatomy.findings
+    assert not anatomy.findings and not anatomy.corrupt  # every CRC32C, the string's included, matched
 
 
 def test_missing_shard_is_a_finding(tmp_path):

@@ -33,6 +33,7 @@ from dlscope.data.pipeline import (
     shuffle,
     synthetic_samples,
 )
+from dlscope.data.pipeline.example import parse_example
 from dlscope.data.pipeline.prepare import data_files, sample_file
 from dlscope.data.pipeline.stages import prefetch_thread
 from dlscope.data.pipeline.tfrecord import IOCounters
@@ -43,7 +44,7 @@ N = 203  # not a multiple of any batch size or shard count used here
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory) -> tuple[Path, Manifest, np.ndarray]:
-    labels, samples = synthetic_samples(N, 529, seed=3)
+    labels, samples = synthetic_samples(N, 472, seed=3)  # 550-byte record files
     root = tmp_path_factory.mktemp("pipeline") / "synthetic"
     return root, prepare_dataset(root, labels, samples, "synthetic", shards=3), samples
 
@@ -117,9 +118,10 @@ def test_corrupt_shard_through_cli_is_one_line_naming_file_and_offset(tmp_path):
     labels, samples = synthetic_samples(40, 64, seed=0)
     root = tmp_path / "d"
     prepare_dataset(root, labels, samples, "synthetic", shards=2, formats=("tfrecord",))
-    shard = data_files(root, Manifest(40, 64, "synthetic", ("tfrecord",), 2), "tfrecord")[1]
+    manifest = Manifest(40, 64, "synthetic", ("tfrecord",), 2)
+    shard, record = data_files(root, manifest, "tfrecord")[1], manifest.record_file_bytes
     data = bytearray(shard.read_bytes())
-    data[3 * (16 + 5 + 64) + 30] ^= 0xFF  # inside the fourth record
+    data[3 * record + 30] ^= 0xFF  # inside the fourth record's payload
     shard.write_bytes(data)
     for workers in ("0", "2"):
         result = subprocess.run(
@@ -129,7 +131,7 @@ def test_corrupt_shard_through_cli_is_one_line_naming_file_and_offset(tmp_path):
         )
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1
-        assert result.stderr == f"dlscope: error: {shard}: data CRC32C mismatch in the record at offset {3 * 85}\n"
+        assert result.stderr == f"dlscope: error: {shard}: data CRC32C mismatch in the record at offset {3 * record}\n"
 
 
 def test_missing_files_and_a_damaged_array_are_named(tmp_path):
@@ -301,7 +303,7 @@ def test_bad_configurations_are_refused(synthetic):
     with pytest.raises(ConfigError, match="format"):
         ReaderConfig("parquet")
     with pytest.raises(ConfigError, match="28×28"):
-        TrainingCompute("mlp", "cpu", sample_bytes=529)
+        TrainingCompute("mlp", "cpu", sample_bytes=472)
 
 
 # --- cache state, consumers -------------------------------------------------------------------
@@ -376,7 +378,8 @@ def test_prepare_refuses_an_existing_directory_and_leaves_nothing_half_written(t
     with pytest.raises(ConfigError, match="shards"):
         prepare_dataset(tmp_path / "e", labels, samples, "synthetic", shards=11)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
-    assert sample_file(tmp_path / "d", 9).stat().st_size == 16 + 5 + 8
+    record = read_records(sample_file(tmp_path / "d", 9), 4096, IOCounters())
+    assert parse_example(next(record)) == (9, labels[9], samples[9].tobytes())
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from dlscope.errors import ConfigError
 
+PIPELINE_FORMATS = ("files", "tfrecord", "array")  # how `dlscope pipeline prepare` lays samples out
+
 
 @dataclass
 class RunOptions:
@@ -76,6 +78,9 @@ class AnatomyOptions:
     keras_seed: bool = False  # also train seed 003's Keras MLP and dissect its .h5 and .keras
     keras_epochs: int = 1
     keras_train_subset: int | None = None
+    keras_backend: str = "torch"  # or "tensorflow" (the tf extra): adds a TF checkpoint
+    keras_optimizer: str = "adam"  # the handout's; `ckpt seed003` defaults to rmsprop
+    keras_batch_size: int = 32  # Keras's default, as the handout's fit()
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class SweepPlan:
     workers: tuple[tuple[int, int], ...] = ((0, 0), (0, 2), (2, 2), (4, 2))  # (workers, prefetch)
     training_tables: bool = True
     repeats: int = 3  # each table's rows run round-robin this often; the median wall time is reported
+    engines: tuple[str, ...] = ("dlscope",)  # with "tfdata", every TFRecord row also runs through tf.data
 
     @classmethod
     def short(cls) -> SweepPlan:
@@ -114,6 +120,8 @@ class SweepPlan:
             raise ConfigError("simulated compute time must be ≥ 0")
         if self.repeats < 1:
             raise ConfigError("repeats must be ≥ 1")
+        if not self.engines or set(self.engines) - {"dlscope", "tfdata"}:
+            raise ConfigError("engines must be a comma-separated subset of dlscope,tfdata")
 
 
 @dataclass

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 ROLES = ("parameter", "buffer", "optimizer", "scheduler", "rng", "other")
 # top-level keys of torch checkpoints (ours, Lightning's, the usual hand-rolled ones) → role of their tensors
@@ -74,6 +75,8 @@ class Anatomy:
     findings: list[Finding] = field(default_factory=list)
     # False when some global in a pickle is off the allow-list: torch.load could run code
     safe_to_load: bool = True
+    # tensors whose bytes fail their stored checksum (TF bundles' CRC32C, checked with --stats)
+    corrupt: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +84,7 @@ class Anatomy:
             "format": self.format,
             "file_bytes": self.file_bytes,
             "safe_to_load": self.safe_to_load,
+            "corrupt": self.corrupt,
             "findings": [f.__dict__ for f in self.findings],
             "layout": self.layout,
             "architecture": self.architecture,
@@ -94,7 +98,8 @@ class Anatomy:
         }
 
 
-def dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: object) -> str:
+    """`torch.float32` or the name a reader kept (`float32`) → float32."""
     return str(dtype).removeprefix("torch.")
 
 

@@ -18,6 +18,7 @@ import torch
 
 from dlscope.ckpt import keras_fmt, safetensors_fmt, torchfmt
 from dlscope.ckpt.anatomy import Anatomy
+from dlscope.ckpt.scan import LEGACY_PREFIX
 from dlscope.ckpt.tf_fmt import SHARD_NAME, TABLE_MAGIC, index_path_for, inspect_tf
 from dlscope.ckpt.zipdir import open_zip
 from dlscope.errors import CheckpointError
@@ -35,7 +36,7 @@ def detect_format(path: Path, head: bytes, file_bytes: int) -> str:
         return "zip"
     if head[:8] == HDF5_MAGIC:
         return "hdf5"
-    if head.startswith(torchfmt.LEGACY_PREFIX):
+    if head.startswith(LEGACY_PREFIX):
         return "torch-legacy"
     if len(head) >= 9 and head[8:9] == b"{":
         return "safetensors"
@@ -108,7 +109,7 @@ def _inspect(path: Path, f: BinaryIO, kind: str, head: bytes, file_bytes: int, s
     elif kind == "safetensors":
         anatomy = safetensors_fmt.inspect_safetensors(path, f, file_bytes)
     elif _tail(path, file_bytes) == TABLE_MAGIC:
-        anatomy = inspect_tf(path, f, file_bytes)
+        anatomy = inspect_tf(path, f, file_bytes, check=stats)
     elif kind == "pickle":
         anatomy = torchfmt.inspect_bare_pickle(path, f, file_bytes)
     else:

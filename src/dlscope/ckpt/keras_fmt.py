@@ -152,6 +152,48 @@ def _group_optimizer_slots(tensors: list[TensorEntry]) -> None:
             t.group = next((g for g in layers if re.search(rf"(^|_){re.escape(g)}_", slot)), "")
 
 
+# Keras 3 slot names per optimizer class, in the order add_optimizer_variables creates them
+SLOT_NAMES = {
+    "Adam": ("momentum", "velocity"),
+    "AdamW": ("momentum", "velocity"),
+    "Adamax": ("momentum", "norm"),
+    "Nadam": ("momentum", "velocity"),
+    "RMSprop": ("velocity",),
+    "Adagrad": ("accumulator",),
+}
+
+
+def map_keras3_optimizer(anatomy: Anatomy) -> None:
+    """Keras 3 names optimizer variables `optimizer/vars/N` only. After the scalars (iterations,
+    learning rate) come the slots, one set per trainable variable in model order: interleaved
+    (m0 v0 m1 v1 …, Keras ≥ 3.10) or blocked (m0 m1 … v0 v1 …, earlier). The arrangement whose
+    shapes all match is used; each slot gets its variable's layer; layout["variable_map"] says which."""
+    params = [t for t in anatomy.tensors if t.role == "parameter" and re.match(r"(layers/.+/)?vars/\d+$", t.name)]
+    slots = [t for t in anatomy.tensors if t.role == "optimizer" and t.name.startswith("optimizer/vars/") and t.shape]
+    if not params or not slots or len(slots) % len(params):
+        return
+    per = len(slots) // len(params)
+    arrangements = (
+        [(i // per, i % per) for i in range(len(slots))],  # interleaved
+        [(i % len(params), i // len(params)) for i in range(len(slots))],  # blocked
+    )
+    match = next(
+        (a for a in arrangements if all(slots[i].shape == params[p].shape for i, (p, _) in enumerate(a))), None
+    )
+    if match is None:
+        anatomy.findings.append(Finding("info", "optimizer variables do not line up with the layers' shapes", ""))
+        return
+    optimizer = (anatomy.training or {}).get("optimizer")
+    names = SLOT_NAMES.get(optimizer if isinstance(optimizer, str) else "", ())
+    mapping = []
+    for slot, (p, k) in zip(slots, match, strict=True):
+        slot.group = params[p].group
+        name = names[k] if k < len(names) else f"slot {k}"
+        variable = params[p].name.removeprefix(f"layers/{slot.group}/")
+        mapping.append({"tensor": slot.name, "layer": slot.group, "variable": variable, "slot": name})
+    anatomy.layout["variable_map"] = mapping
+
+
 def _walk_h5(path: Path, f: BinaryIO, base: int, size: int, where: str, anatomy: Anatomy) -> None:
     """Groups, attributes and datasets of the HDF5 image at bytes [base, base + size) of the file."""
     h5py = _h5py()
@@ -224,6 +266,7 @@ def _walk_h5(path: Path, f: BinaryIO, base: int, size: int, where: str, anatomy:
 def inspect_hdf5(path: Path, f: BinaryIO, file_bytes: int) -> Anatomy:
     anatomy = Anatomy(str(path), "HDF5", file_bytes)
     _walk_h5(path, f, 0, file_bytes, path.name, anatomy)
+    map_keras3_optimizer(anatomy)
     if anatomy.architecture is not None:
         anatomy.format = "Keras HDF5 model (model.save .h5)"
     elif anatomy.metadata.get("keras_version") or any(
@@ -261,4 +304,5 @@ def inspect_keras_zip(path: Path, f: BinaryIO, zf: zipfile.ZipFile, file_bytes: 
     if weights.compression != "stored":
         raise CheckpointError("model.weights.h5 is compressed in the zip; Keras stores it uncompressed", path)
     _walk_h5(path, f, weights.data_offset, weights.size, "model.weights.h5", anatomy)
+    map_keras3_optimizer(anatomy)
     return anatomy

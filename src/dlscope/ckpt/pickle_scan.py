@@ -1,427 +1,556 @@
-"""Read a pickle without running it: a restricted unpickler that imports nothing.
+"""Read a pickle without running it: the pickle machine simulated opcode by opcode, importing nothing.
 
-Every GLOBAL / STACK_GLOBAL / INST / EXT opcode goes through `find_class` or `get_extension`
-here, and neither imports a module. Names on the allow-list (tensor rebuilds, dtypes, storage
-types, plain containers) become inert stand-ins that build a `TensorRef`; every other name becomes
-an `Opaque` class that records how it was called (REDUCE, NEWOBJ, BUILD) and does nothing else.
-So a pickle that says `os.system("…")` produces `Opaque('os.system')('…')` and a finding with the
-byte offset of the opcode that named it — never a call.
+Every way a pickle reaches Python code (GLOBAL, STACK_GLOBAL, INST, OBJ, EXT1/2/4, REDUCE, NEWOBJ,
+NEWOBJ_EX, BUILD on anything but a container) is recorded as an `Event` with its byte offset the
+moment it happens, so a stream that breaks later still reports what `pickle.load` would already
+have run. Names on the allow-list become inert stand-ins (a tensor rebuild gives a `TensorRef`);
+every other name becomes an `Opaque` that only remembers how it was called.
+
+Bounded by design: one loop, no recursion (1,000,000 nested lists are 1,000,000 iterations); no
+allocation is ever sized by a number read from the file (a bytes leaf over `BIG_LEAF` stays a
+`Blob` pointing into the buffer, a declared `bytearray(10**12)` is never built); past
+`MAX_CONTAINERS` containers the tree is elided but every opcode is still simulated. Memory is
+the pickle's bytes plus at most 16 bytes per pickle byte (stack, memo, marks, short strings) plus
+the tree budget (~64 MiB): tests/test_ckpt_scan.py checks that bound on hostile files.
 """
 
 from __future__ import annotations
 
-import collections
-import io
-import pickle
-import pickletools
-import reprlib
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+import codecs
+import struct
+from array import array
+from typing import Any
 
-import torch
-
-# dtype names as torch spells them in pickles (`torch.float32`) and the legacy storage classes
-DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name)
-    for name in [
-        "float64",
-        "float32",
-        "float16",
-        "bfloat16",
-        "complex128",
-        "complex64",
-        "int64",
-        "int32",
-        "int16",
-        "int8",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "bool",
-        "float8_e4m3fn",
-        "float8_e5m2",
-    ]
-}
-STORAGE_DTYPES: dict[str, torch.dtype] = {
-    "DoubleStorage": torch.float64,
-    "FloatStorage": torch.float32,
-    "HalfStorage": torch.float16,
-    "BFloat16Storage": torch.bfloat16,
-    "ComplexDoubleStorage": torch.complex128,
-    "ComplexFloatStorage": torch.complex64,
-    "LongStorage": torch.int64,
-    "IntStorage": torch.int32,
-    "ShortStorage": torch.int16,
-    "CharStorage": torch.int8,
-    "ByteStorage": torch.uint8,
-    "BoolStorage": torch.bool,
-}
-TENSOR_REBUILDS = {
-    "torch._utils._rebuild_tensor",
-    "torch._utils._rebuild_tensor_v2",
-    "torch._utils._rebuild_parameter",
-    "torch._utils._rebuild_parameter_with_state",
-}
-# what this module materialises; every name is also on torch's own weights_only allow-list
-ALLOWED = (
-    TENSOR_REBUILDS
-    | {f"torch.{name}" for name in (*DTYPES, *STORAGE_DTYPES)}
-    | {
-        "torch.storage.UntypedStorage",
-        "torch.Size",
-        "torch.device",
-        "collections.OrderedDict",
-        "builtins.set",
-        "builtins.bytearray",
-        "builtins.complex",
-        "_codecs.encode",
-    }
+from dlscope.ckpt.allowlist import TORCH_WEIGHTS_ONLY
+from dlscope.ckpt.pickle_values import (
+    ELIDED,
+    Blob,
+    Elided,
+    Event,
+    Global,
+    Opaque,
+    PickleScan,
+    ScanError,
+    TensorRef,
+    all_ints,
+    global_name,
+    hashable_set,
+    numpy_itemsize,
+    short_repr,
+    stand_in,
+    storage_ref,
 )
-# names whose only use in a pickle is to run code or touch the system: a finding at level "bad"
-DANGEROUS_MODULES = {
-    "os",
-    "posix",
-    "nt",
-    "subprocess",
-    "sys",
-    "runpy",
-    "importlib",
-    "pickle",
-    "_pickle",
-    "shutil",
-    "socket",
-    "code",
-    "codeop",
-    "pty",
-    "ctypes",
-    "webbrowser",
-    "commands",
-    "multiprocessing",
-    "pdb",
-    "marshal",
-    "types",
-    "asyncio",
-    "requests",
-    "urllib",
-    "http",
-    "ftplib",
-    "tempfile",
-    "pathlib",
-    "io",
-    "shelve",
-    "dill",
-    "joblib",
-    "torch.hub",
-    "torch.jit",
-    "torch.ops",
-}
-DANGEROUS_NAMES = {
-    f"builtins.{name}"
-    for name in [
-        "eval",
-        "exec",
-        "compile",
-        "__import__",
-        "open",
-        "getattr",
-        "setattr",
-        "delattr",
-        "globals",
-        "locals",
-        "vars",
-        "input",
-        "breakpoint",
-        "exit",
-        "quit",
-        "help",
-        "memoryview",
-        "type",
-        "object",
-        "super",
-        "classmethod",
-        "staticmethod",
-        "property",
-    ]
-} | {"operator.attrgetter", "operator.methodcaller", "operator.itemgetter", "functools.partial", "functools.reduce"}
-# Python 2 module names that protocol ≤ 2 pickles use
-PY2_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg", "exceptions": "builtins"}
+
+BIG_LEAF = 4096  # strings, bytes and longs longer than this stay in the file (a Blob), never copied
+MAX_CONTAINERS = 500_000  # lists, dicts, tuples, sets, objects built for the tree; past it they are elided
+LONG_INT_BYTES = 16  # LONG1/LONG4 wider than this are leaves, not ints (no huge-integer arithmetic later)
+STOP = ord(".")
+JOBLIB_WRAPPER = "joblib.numpy_pickle.NumpyArrayWrapper"
 
 
-@dataclass
-class StorageRef:
-    """A tensor storage named by a persistent id: the bytes live elsewhere (a zip member, a file offset)."""
+class Machine:
+    """One pickle, from `start` to STOP, in one loop. `joblib` honours NumpyArrayWrapper's inline arrays."""
 
-    key: str
-    dtype: torch.dtype
-    location: str
-    numel: int  # elements, as the persistent id states them
+    def __init__(self, data: bytes, start: int, allowed: frozenset[str], joblib: bool = False):
+        self.data, self.allowed, self.joblib = data, allowed, joblib
+        self.scan = PickleScan(start)
+        self.stack: list[Any] = []
+        self.marks = array("q")
+        self.memo: list[Any] = []  # dense memo (MEMOIZE, PUT n in order); sparse indices go to memo_sparse
+        self.memo_sparse: dict[int, Any] = {}
+        self.containers = 0
+        self.pos = start
+        self.op_pos = start
 
+    # reading arguments: every length is checked against the bytes that remain before it is used
+    def take(self, n: int) -> bytes:
+        if n < 0:
+            raise ScanError(f"negative length {n}", self.op_pos)
+        end = self.pos + n
+        if end > len(self.data):
+            raise ScanError(f"truncated: needs {n:,} bytes, {len(self.data) - self.pos:,} remain", self.op_pos)
+        chunk = bytes(self.data[self.pos : end])
+        self.pos = end
+        return chunk
 
-@dataclass
-class TensorRef:
-    """A tensor as the pickle describes it: a view (offset, shape, stride) into a storage."""
+    def skip(self, n: int) -> int:
+        """Step over n bytes without copying them; where they start."""
+        start = self.pos
+        if n < 0 or start + n > len(self.data):
+            raise ScanError(f"truncated: needs {n:,} bytes, {len(self.data) - start:,} remain", self.op_pos)
+        self.pos = start + n
+        return start
 
-    storage: StorageRef
-    offset: int
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    parameter: bool = False
+    def take_leaf(self, n: int, kind: str) -> Any:
+        if n > BIG_LEAF:
+            return Blob(kind, self.skip(n), n)
+        raw = bytes(self.take(n))
+        if kind == "str":
+            try:
+                return raw.decode("utf-8", "surrogatepass")
+            except UnicodeDecodeError as e:
+                raise ScanError(f"invalid UTF-8 in a string: {e.reason}", self.op_pos) from None
+        return raw
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.storage.dtype
+    def line(self) -> bytes:
+        end = self.data.find(b"\n", self.pos)
+        if end < 0:
+            raise ScanError("truncated: a text argument has no newline", self.op_pos)
+        raw = bytes(self.data[self.pos : end])
+        self.pos = end + 1
+        return raw
 
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+    def uint(self, n: int) -> int:
+        return int.from_bytes(self.take(n), "little")
 
+    # the machine's state
+    def pop(self) -> Any:
+        if len(self.stack) <= (self.marks[-1] if self.marks else 0):
+            raise ScanError("stack underflow", self.op_pos)
+        return self.stack.pop()
 
-class Opaque:
-    """Stand-in for a name off the allow-list, and for what calling it would have returned."""
+    def top(self) -> Any:
+        if len(self.stack) <= (self.marks[-1] if self.marks else 0):
+            raise ScanError("stack underflow", self.op_pos)
+        return self.stack[-1]
 
-    qualname = "?"
+    def pop_mark(self) -> list[Any]:
+        if not self.marks:
+            raise ScanError("no MARK to pop to", self.op_pos)
+        i = self.marks.pop()
+        items = self.stack[i:]
+        del self.stack[i:]
+        return items
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Opaque:
-        obj = object.__new__(cls)
-        obj.args = args
-        obj.state = None
-        obj.items = []
-        return obj
+    def container(self, value: Any) -> Any:
+        self.containers += 1
+        if self.containers > MAX_CONTAINERS:
+            self.scan.elided = True
+            return ELIDED
+        return value
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
+    def put(self, index: int) -> None:
+        value = self.top()
+        if index == len(self.memo):
+            self.memo.append(value)
+        elif index < len(self.memo):
+            self.memo[index] = value
+        else:
+            self.memo_sparse[index] = value
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Opaque:
-        return opaque_class(f"{self.qualname}(…)")(*args)
+    def get(self, index: int) -> None:
+        if index < len(self.memo):
+            self.stack.append(self.memo[index])
+        elif index in self.memo_sparse:
+            self.stack.append(self.memo_sparse[index])
+        else:
+            raise ScanError(f"memo {index} never stored", self.op_pos)
 
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
+    # reaching Python code
+    def import_(self, name: str, opcode: str) -> Global:
+        ok = name in self.allowed
+        self.scan.events.append(Event(name, opcode, self.op_pos, ok, call=False))
+        return Global(name, ok)
 
-    # list- and dict-like subclasses (a Lightning AttributeDict) receive APPENDS / SETITEMS
-    def append(self, value: Any) -> None:
-        self.items.append(value)
+    def call(self, callee: Any, args: Any, opcode: str, kwargs: Any = None) -> Any:
+        if isinstance(callee, Global):
+            name, ok = callee.name, callee.allowed
+        elif isinstance(callee, Opaque):
+            name, ok = f"{callee.qualname}(…)", False  # calling what a call returned: code of its class
+        else:
+            raise ScanError(f"{opcode} calls a {type(callee).__name__}, which is not callable", self.op_pos)
+        if not isinstance(args, tuple | Elided):
+            raise ScanError(f"{opcode} arguments are a {type(args).__name__}, not a tuple", self.op_pos)
+        args = () if isinstance(args, Elided) else args
+        self.scan.events.append(
+            Event(name, opcode, self.op_pos, ok, True, short_repr(args), getattr(callee, "qualname", ""))
+        )
+        if ok:
+            result = stand_in(name, args)
+            return self.container(result) if isinstance(result, Opaque) else result
+        return self.container(Opaque(name, args if kwargs is None else (*args, kwargs)))
 
-    def extend(self, values: Any) -> None:
-        self.items.extend(values)
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self.items.append((key, value))
-
-    def __repr__(self) -> str:
-        # what the call would have been, bounded: arguments of a payload are evidence, not code
-        args = ", ".join(SHORT_REPR.repr(a) for a in self.args[:4]) if self.args else ""
-        return f"<{self.qualname}({args})>" if self.args else f"<{self.qualname}>"
-
-
-class _ShortRepr(reprlib.Repr):
-    """Bounded repr of a payload's arguments; a nested stand-in is named, never recursed into."""
-
-    def repr_instance(self, obj: Any, level: int) -> str:
-        if isinstance(obj, Opaque):
-            return f"<{obj.qualname}(…)>"
-        return super().repr_instance(obj, level)
-
-
-SHORT_REPR = _ShortRepr()
-SHORT_REPR.maxlevel, SHORT_REPR.maxstring, SHORT_REPR.maxother = 2, 60, 40
-
-
-def opaque_class(name: str) -> type[Opaque]:
-    return type(name, (Opaque,), {"qualname": name})
-
-
-@dataclass
-class GlobalRef:
-    name: str  # module.qualname
-    position: int  # byte offset of the opcode in the pickle
-    opcode: str
-
-    @property
-    def allowed(self) -> bool:
-        return self.name in ALLOWED
-
-    @property
-    def dangerous(self) -> bool:
-        module = self.name.rsplit(".", 1)[0]
-        root = module.split(".")[0]
-        return self.name in DANGEROUS_NAMES or root in DANGEROUS_MODULES or module in DANGEROUS_MODULES
-
-
-@dataclass
-class PickleScan:
-    protocol: int
-    opcodes: int
-    nbytes: int
-    globals: list[GlobalRef] = field(default_factory=list)
-    calls: Counter[str] = field(default_factory=Counter)  # REDUCE / NEWOBJ per callee
-    root: Any = None
-    end: int = 0  # offset just past STOP
-
-    @property
-    def unsafe_globals(self) -> list[GlobalRef]:
-        return [g for g in self.globals if not g.allowed]
-
-
-class ScanError(ValueError):
-    """The bytes are not a well-formed pickle."""
-
-
-def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *rest: Any) -> TensorRef:
-    if not isinstance(storage, StorageRef):
-        raise ScanError("tensor rebuild without a storage")
-    return TensorRef(storage, int(offset), tuple(int(d) for d in size), tuple(int(s) for s in stride))
-
-
-def _rebuild_parameter(data: Any, *rest: Any) -> Any:
-    if isinstance(data, TensorRef):
-        data.parameter = True
-    return data
-
-
-def _codecs_encode(text: Any, encoding: str = "utf-8") -> bytes:
-    # protocol 2 pickles bytes as _codecs.encode(str, 'latin1'); nothing else is honoured
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8"):
-        raise ScanError("_codecs.encode with an unexpected argument")
-    return text.encode(encoding)
-
-
-class _DtypeMarker(str):
-    """`torch.float32` appearing as a value: kept as its name."""
-
-
-def _stand_in(name: str) -> Any:
-    module, _, attr = name.rpartition(".")
-    if name in TENSOR_REBUILDS:
-        return _rebuild_parameter if "parameter" in name else _rebuild_tensor
-    if module == "torch" and attr in STORAGE_DTYPES:
-        return STORAGE_DTYPES[attr]
-    if name == "torch.storage.UntypedStorage":
-        return torch.uint8
-    if module == "torch" and attr in DTYPES:
-        return _DtypeMarker(name)
-    return {
-        "torch.Size": lambda dims=(): tuple(dims),
-        "torch.device": lambda *a: "device(" + ":".join(str(x) for x in a) + ")",
-        "collections.OrderedDict": collections.OrderedDict,
-        "builtins.set": set,
-        "builtins.bytearray": bytearray,
-        "builtins.complex": complex,
-        "_codecs.encode": _codecs_encode,
-    }[name]
-
-
-class RestrictedUnpickler(pickle._Unpickler):
-    """The pure-Python unpickler with every way of reaching a Python object replaced."""
-
-    dispatch: ClassVar[dict] = dict(pickle._Unpickler.dispatch)
-
-    def __init__(self, file: io.BufferedIOBase, global_positions: list[tuple[int, str]]) -> None:
-        super().__init__(file)
-        self.global_positions = global_positions
-        self.globals: list[GlobalRef] = []
-        self.calls: Counter[str] = Counter()
-        self.names: dict[int, str] = {}  # id(stand-in) → global name, to label calls
-
-    def find_class(self, module: str, name: str) -> Any:
-        module = PY2_MODULES.get(module, module)
-        full = f"{module}.{name}"
-        index = len(self.globals)
-        position, opcode = self.global_positions[index] if index < len(self.global_positions) else (-1, "?")
-        ref = GlobalRef(full, position, opcode)
-        self.globals.append(ref)
-        obj = _stand_in(full) if ref.allowed else opaque_class(full)
-        self.names[id(obj)] = full
-        return obj
-
-    def get_extension(self, code: int) -> None:
-        # the copyreg extension registry maps a number to a global; it is empty unless code registered one
-        self.globals.append(GlobalRef(f"copyreg.extension[{code}]", -1, "EXT"))
-        self.append(opaque_class(f"copyreg.extension[{code}]"))
-
-    def persistent_load(self, pid: Any) -> StorageRef:
-        if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"):
-            raise ScanError(f"unexpected persistent id {type(pid).__name__}")
-        _, dtype, key, location, numel = pid[:5]
-        if not isinstance(dtype, torch.dtype):
-            raise ScanError(f"storage of unknown type {dtype!r}")
-        return StorageRef(str(key), dtype, str(location), int(numel))
-
-    def load_reduce(self) -> None:
-        args = self.stack.pop()
-        func = self.stack[-1]
-        self.calls[self.names.get(id(func), getattr(func, "qualname", type(func).__name__))] += 1
-        if not isinstance(args, tuple):
-            raise ScanError("REDUCE arguments are not a tuple")
-        self.stack[-1] = func(*args)
-
-    dispatch[pickle.REDUCE[0]] = load_reduce
-
-    def load_newobj(self) -> None:
-        args = self.stack.pop()
-        cls = self.stack.pop()
-        if not (isinstance(cls, type) and issubclass(cls, Opaque)):
-            raise ScanError(f"NEWOBJ of {getattr(cls, '__name__', type(cls).__name__)}, which is not an opaque class")
-        self.calls[cls.qualname] += 1
-        self.append(cls.__new__(cls, *args))
-
-    dispatch[pickle.NEWOBJ[0]] = load_newobj
-
-    def load_newobj_ex(self) -> None:
-        kwargs = self.stack.pop()
-        args = self.stack.pop()
-        cls = self.stack.pop()
-        if not (isinstance(cls, type) and issubclass(cls, Opaque)):
-            raise ScanError("NEWOBJ_EX of a class that is not opaque")
-        self.calls[cls.qualname] += 1
-        self.append(cls.__new__(cls, *args, **kwargs))
-
-    dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex
-
-    def load_build(self) -> None:
-        state = self.stack.pop()
-        inst = self.stack[-1]
-        if isinstance(inst, collections.OrderedDict):
-            return  # a state_dict's `_metadata` (module versions): attributes, not entries
+    def build(self) -> None:
+        state = self.pop()
+        inst = self.top()
+        if isinstance(inst, dict | TensorRef | Elided):
+            return  # a state_dict's _metadata, a legacy tensor's set_(): attributes, no code
+        if isinstance(inst, Global):
+            # BUILD on a class, function or module rewrites its attributes (torch._utils made into builtins)
+            self.scan.events.append(Event(inst.name, "BUILD", self.op_pos, False, True, f"state {short_repr(state)}"))
+            return
         if not isinstance(inst, Opaque):
-            raise ScanError(f"BUILD on {type(inst).__name__}")
-        inst.__setstate__(state)
+            raise ScanError(f"BUILD on a {type(inst).__name__}, which has no __setstate__", self.op_pos)
+        self.scan.events.append(
+            Event(f"{inst.qualname}.__setstate__", "BUILD", self.op_pos, inst.allowed, True, "", inst.qualname)
+        )
+        inst.state = state
+        if self.joblib and inst.qualname == JOBLIB_WRAPPER:
+            self.skip_joblib_array(inst)
 
-    dispatch[pickle.BUILD[0]] = load_build
+    def skip_joblib_array(self, wrapper: Opaque) -> None:
+        """joblib writes an array's bytes right after its wrapper's BUILD; its own load reads them there."""
+        state = wrapper.state if isinstance(wrapper.state, dict) else {}
+        itemsize = numpy_itemsize(state.get("dtype"))
+        shape = state.get("shape")
+        if itemsize is None or not all_ints(shape):
+            raise ScanError("joblib array wrapper without a readable dtype and shape", self.op_pos)
+        if itemsize == 0:  # an object array: a whole pickle of its own follows, loaded by plain pickle.load
+            inner = Machine(self.data, self.pos, self.allowed).run()
+            self.scan.events.extend(inner.events)
+            if inner.error:
+                raise ScanError(f"object array pickle: {inner.error}", inner.end)
+            self.pos = inner.end
+        else:
+            if "numpy_array_alignment_bytes" in state:
+                self.skip(self.uint(1))  # a padding-length byte, then that many bytes of padding
+            nbytes = itemsize
+            for d in shape:
+                nbytes *= d
+                if nbytes > len(self.data):
+                    break  # checked below: never multiplied past the file's size
+            self.skip(nbytes)
+
+    def run(self) -> PickleScan:
+        scan = self.scan
+        try:
+            while True:
+                self.op_pos = self.pos
+                if self.pos >= len(self.data):
+                    raise ScanError("truncated: the stream ends before STOP", self.pos)
+                op = self.data[self.pos]
+                self.pos += 1
+                scan.opcodes += 1
+                handler = DISPATCH.get(op)
+                if handler is None:
+                    raise ScanError(f"invalid opcode 0x{op:02x}", self.op_pos)
+                handler(self)
+                if op == STOP:
+                    break
+        except ScanError as e:
+            scan.error = str(e)
+            scan.end = e.position if e.position >= 0 else self.op_pos
+            return scan
+        except (ValueError, OverflowError, struct.error, UnicodeDecodeError) as e:
+            scan.error = f"{type(e).__name__}: {str(e)[:120]}"
+            scan.end = self.op_pos
+            return scan
+        scan.end = self.pos
+        return scan
 
 
-GLOBAL_OPCODES = {"GLOBAL", "STACK_GLOBAL", "INST"}
+def _stop(m: Machine) -> None:
+    m.scan.root = m.pop()
 
 
-def scan_pickle(data: bytes) -> PickleScan:
-    """Opcode census, then a restricted load of the same bytes. Raises ScanError if malformed."""
-    opcodes = 0
-    protocol = 0
-    positions: list[tuple[int, str]] = []
-    end = 0
-    try:
-        for op, arg, pos in pickletools.genops(data):
-            opcodes += 1
-            if op.name == "PROTO":
-                protocol = int(arg)
-            elif protocol < 2:
-                protocol = max(protocol, op.proto)
-            if op.name in GLOBAL_OPCODES:
-                positions.append((pos, op.name))
-            end = pos + 1
-    except (ValueError, KeyError, EOFError, OverflowError, UnicodeDecodeError) as e:
-        raise ScanError(f"malformed pickle: {e}") from None
-    unpickler = RestrictedUnpickler(io.BytesIO(data[:end]), positions)
-    try:
-        root = unpickler.load()
-    except ScanError:
-        raise
-    except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError, EOFError) as e:
-        raise ScanError(f"malformed pickle: {type(e).__name__}: {e}") from None
-    except RecursionError:
-        raise ScanError("malformed pickle: nesting too deep") from None
-    return PickleScan(protocol, opcodes, end, unpickler.globals, unpickler.calls, root, end)
+def _proto(m: Machine) -> None:
+    version = m.uint(1)
+    if version > 5:
+        raise ScanError(f"unsupported pickle protocol {version}", m.op_pos)
+    m.scan.protocol = version
+
+
+def _push(value: Any):
+    return lambda m: m.stack.append(value)
+
+
+def _text_int(m: Machine) -> None:
+    raw = m.line()
+    m.stack.append(False if raw == b"00" else True if raw == b"01" else int(raw, 0))
+
+
+def _text_long(m: Machine) -> None:
+    raw = m.line().rstrip(b"L")
+    m.stack.append(int(raw, 0) if len(raw) <= LONG_INT_BYTES * 3 else Blob("long", m.op_pos + 1, len(raw)))
+
+
+def _long(width: int):
+    def load(m: Machine) -> None:
+        n = int.from_bytes(m.take(width), "little", signed=width == 4)
+        if n < 0:
+            raise ScanError("LONG4 with a negative byte count", m.op_pos)
+        if n > LONG_INT_BYTES:
+            m.stack.append(Blob("long", m.skip(n), n))
+        else:
+            m.stack.append(int.from_bytes(m.take(n), "little", signed=True))
+
+    return load
+
+
+def _quoted_string(m: Machine) -> None:
+    raw = m.line()
+    if len(raw) < 2 or raw[0] != raw[-1] or raw[:1] not in (b"'", b'"'):
+        raise ScanError("the STRING argument is not quoted", m.op_pos)
+    m.stack.append(codecs.escape_decode(raw[1:-1])[0].decode("latin-1"))
+
+
+def _sized(width: int, kind: str, signed: bool = False):
+    def load(m: Machine) -> None:
+        n = int.from_bytes(m.take(width), "little", signed=signed)
+        value = m.take_leaf(n, "bytes" if kind == "latin1" else kind)
+        m.stack.append(value.decode("latin-1") if kind == "latin1" and isinstance(value, bytes) else value)
+
+    return load
+
+
+def _text_unicode(m: Machine) -> None:
+    m.stack.append(m.line().decode("raw-unicode-escape"))
+
+
+def _global(m: Machine) -> None:
+    module = m.line().decode("utf-8", "backslashreplace")
+    name = m.line().decode("utf-8", "backslashreplace")
+    m.stack.append(m.import_(global_name(module, name), "GLOBAL"))
+
+
+def _stack_global(m: Machine) -> None:
+    name = m.pop()
+    module = m.pop()
+    if not isinstance(name, str | Blob) or not isinstance(module, str | Blob):
+        raise ScanError(f"STACK_GLOBAL on a {type(module).__name__} and a {type(name).__name__}, not strings", m.op_pos)
+    m.stack.append(m.import_(global_name(str(module), str(name)), "STACK_GLOBAL"))
+
+
+def _inst(m: Machine) -> None:
+    module = m.line().decode("utf-8", "backslashreplace")
+    name = m.line().decode("utf-8", "backslashreplace")
+    cls = m.import_(global_name(module, name), "INST")
+    m.stack.append(m.call(cls, tuple(m.pop_mark()), "INST"))
+
+
+def _obj(m: Machine) -> None:
+    items = m.pop_mark()
+    if not items:
+        raise ScanError("OBJ without a class", m.op_pos)
+    m.stack.append(m.call(items[0], tuple(items[1:]), "OBJ"))
+
+
+def _ext(width: int):
+    def load(m: Machine) -> None:
+        code = m.uint(width)
+        # copyreg's extension registry maps a number to a global; what it names depends on the loading process
+        m.stack.append(m.import_(f"copyreg.extension[{code}]", f"EXT{width}"))
+
+    return load
+
+
+def _reduce(m: Machine) -> None:
+    args = m.pop()
+    m.stack.append(m.call(m.pop(), args, "REDUCE"))
+
+
+def _newobj(m: Machine) -> None:
+    args = m.pop()
+    m.stack.append(m.call(m.pop(), args, "NEWOBJ"))
+
+
+def _newobj_ex(m: Machine) -> None:
+    kwargs = m.pop()
+    args = m.pop()
+    m.stack.append(m.call(m.pop(), args, "NEWOBJ_EX", kwargs))
+
+
+def _persistent_text(m: Machine) -> None:
+    m.stack.append(storage_ref(m.line().decode("ascii", "backslashreplace")))
+
+
+def _persistent(m: Machine) -> None:
+    m.stack.append(storage_ref(m.pop()))
+
+
+def _mark(m: Machine) -> None:
+    m.marks.append(len(m.stack))
+
+
+def _tuple(m: Machine) -> None:
+    m.stack.append(m.container(tuple(m.pop_mark())))
+
+
+def _tuple_n(n: int):
+    def load(m: Machine) -> None:
+        items = [m.pop() for _ in range(n)][::-1]
+        m.stack.append(m.container(tuple(items)))
+
+    return load
+
+
+def _list(m: Machine) -> None:
+    m.stack.append(m.container(m.pop_mark()))
+
+
+def _dict(m: Machine) -> None:
+    items = m.pop_mark()
+    if len(items) % 2:
+        raise ScanError("DICT with an odd number of items", m.op_pos)
+    target = m.container({})
+    for k, v in zip(items[::2], items[1::2], strict=True):
+        _setitem(m, target, k, v)
+    m.stack.append(target)
+
+
+def _frozenset(m: Machine) -> None:
+    m.stack.append(m.container(hashable_set(m.pop_mark(), frozenset)))
+
+
+def _empty(kind: type):
+    return lambda m: m.stack.append(m.container(kind()))
+
+
+def _setitem(m: Machine, target: Any, key: Any, value: Any) -> None:
+    if isinstance(target, Elided):
+        return
+    if isinstance(target, dict):
+        try:
+            target[key] = value
+        except TypeError:
+            target[short_repr(key)] = value  # an unhashable key would break pickle.load; keep the entry visible
+            raise ScanError(f"unhashable dict key {short_repr(key)}", m.op_pos) from None
+    elif isinstance(target, Opaque):
+        m.scan.events.append(
+            Event(f"{target.qualname}.__setitem__", "SETITEM", m.op_pos, target.allowed, True, "", target.qualname)
+        )
+        target.items.append((key, value))
+    else:
+        raise ScanError(f"SETITEM on a {type(target).__name__}", m.op_pos)
+
+
+def _setitem_op(m: Machine) -> None:
+    value = m.pop()
+    key = m.pop()
+    _setitem(m, m.top(), key, value)
+
+
+def _setitems(m: Machine) -> None:
+    items = m.pop_mark()
+    if len(items) % 2:
+        raise ScanError("SETITEMS with an odd number of items", m.op_pos)
+    target = m.top()
+    for k, v in zip(items[::2], items[1::2], strict=True):
+        _setitem(m, target, k, v)
+
+
+def _append_items(m: Machine, items: list[Any], opcode: str) -> None:
+    target = m.top()
+    if isinstance(target, list):
+        target.extend(items)
+    elif isinstance(target, Opaque):
+        m.scan.events.append(
+            Event(f"{target.qualname}.extend", opcode, m.op_pos, target.allowed, True, "", target.qualname)
+        )
+        target.items.extend(items)
+    elif not isinstance(target, Elided):
+        raise ScanError(f"{opcode} to a {type(target).__name__}", m.op_pos)
+
+
+def _additems(m: Machine) -> None:
+    items = m.pop_mark()
+    target = m.top()
+    if isinstance(target, set):
+        try:
+            target.update(items)
+        except TypeError:
+            raise ScanError("ADDITEMS of an unhashable item", m.op_pos) from None
+    elif isinstance(target, Opaque):
+        m.scan.events.append(
+            Event(f"{target.qualname}.add", "ADDITEMS", m.op_pos, target.allowed, True, "", target.qualname)
+        )
+    elif not isinstance(target, Elided):
+        raise ScanError(f"ADDITEMS to a {type(target).__name__}", m.op_pos)
+
+
+def _pop_mark_discard(m: Machine) -> None:
+    m.pop_mark()
+
+
+def _text_put(m: Machine) -> None:
+    index = int(m.line())
+    if index < 0:
+        raise ScanError("negative PUT index", m.op_pos)
+    m.put(index)
+
+
+def _frame(m: Machine) -> None:
+    m.take(8)  # a frame's length is a read-ahead hint; the opcodes inside are read like any others
+
+
+def _out_of_band(m: Machine) -> None:
+    raise ScanError("out-of-band buffer: pickle.load needs buffers= to continue", m.op_pos)
+
+
+DISPATCH = {
+    STOP: _stop,
+    0x80: _proto,
+    0x95: _frame,
+    ord("N"): _push(None),
+    0x88: _push(True),
+    0x89: _push(False),
+    ord("I"): _text_int,
+    ord("J"): lambda m: m.stack.append(int.from_bytes(m.take(4), "little", signed=True)),
+    ord("K"): lambda m: m.stack.append(m.uint(1)),
+    ord("M"): lambda m: m.stack.append(m.uint(2)),
+    ord("L"): _text_long,
+    0x8A: _long(1),
+    0x8B: _long(4),
+    ord("F"): lambda m: m.stack.append(float(m.line())),
+    ord("G"): lambda m: m.stack.append(struct.unpack(">d", m.take(8))[0]),
+    ord("S"): _quoted_string,
+    ord("T"): _sized(4, "latin1", signed=True),
+    ord("U"): _sized(1, "latin1"),
+    ord("B"): _sized(4, "bytes"),
+    ord("C"): _sized(1, "bytes"),
+    0x8E: _sized(8, "bytes"),
+    0x96: _sized(8, "bytes"),  # BYTEARRAY8: a leaf like bytes
+    0x97: _out_of_band,
+    0x98: _out_of_band,
+    ord("V"): _text_unicode,
+    ord("X"): _sized(4, "str"),
+    0x8C: _sized(1, "str"),
+    0x8D: _sized(8, "str"),
+    ord(")"): lambda m: m.stack.append(()),
+    ord("t"): _tuple,
+    0x85: _tuple_n(1),
+    0x86: _tuple_n(2),
+    0x87: _tuple_n(3),
+    ord("]"): _empty(list),
+    ord("l"): _list,
+    ord("}"): _empty(dict),
+    ord("d"): _dict,
+    0x8F: _empty(set),
+    0x91: _frozenset,
+    ord("c"): _global,
+    0x93: _stack_global,
+    ord("i"): _inst,
+    ord("o"): _obj,
+    0x82: _ext(1),
+    0x83: _ext(2),
+    0x84: _ext(4),
+    ord("R"): _reduce,
+    0x81: _newobj,
+    0x92: _newobj_ex,
+    ord("b"): lambda m: m.build(),
+    ord("P"): _persistent_text,
+    ord("Q"): _persistent,
+    ord("("): _mark,
+    ord("0"): lambda m: m.pop(),
+    ord("1"): _pop_mark_discard,
+    ord("2"): lambda m: m.stack.append(m.top()),
+    ord("g"): lambda m: m.get(int(m.line())),
+    ord("h"): lambda m: m.get(m.uint(1)),
+    ord("j"): lambda m: m.get(m.uint(4)),
+    ord("p"): _text_put,
+    ord("q"): lambda m: m.put(m.uint(1)),
+    ord("r"): lambda m: m.put(m.uint(4)),
+    0x94: lambda m: m.put(len(m.memo)),
+    ord("a"): lambda m: _append_items(m, [m.pop()], "APPEND"),
+    ord("e"): lambda m: _append_items(m, m.pop_mark(), "APPENDS"),
+    ord("s"): _setitem_op,
+    ord("u"): _setitems,
+    0x90: _additems,
+}
+
+
+def scan_pickle(
+    data: bytes, start: int = 0, allowed: frozenset[str] = TORCH_WEIGHTS_ONLY, joblib: bool = False
+) -> PickleScan:
+    """Simulate one pickle starting at `start`; a broken stream is reported in `.error`, never raised."""
+    return Machine(data, start, allowed, joblib).run()

@@ -13,29 +13,28 @@ import struct
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import torch
-
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
+from dlscope.ckpt.pickle_values import DType
 from dlscope.errors import CheckpointError
 
 MAX_HEADER = 100_000_000  # the format's own limit
 DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U64": torch.uint64,
-    "U32": torch.uint32,
-    "U16": torch.uint16,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "C64": torch.complex64,
+    "F64": DType("float64"),
+    "F32": DType("float32"),
+    "F16": DType("float16"),
+    "BF16": DType("bfloat16"),
+    "I64": DType("int64"),
+    "I32": DType("int32"),
+    "I16": DType("int16"),
+    "I8": DType("int8"),
+    "U64": DType("uint64"),
+    "U32": DType("uint32"),
+    "U16": DType("uint16"),
+    "U8": DType("uint8"),
+    "BOOL": DType("bool"),
+    "F8_E4M3": DType("float8_e4m3fn"),
+    "F8_E5M2": DType("float8_e5m2"),
+    "C64": DType("complex64"),
 }
 
 
@@ -65,7 +64,7 @@ def read_header(path: Path, f: BinaryIO, file_bytes: int) -> tuple[int, dict[str
     return n, header
 
 
-def _entry(path: Path, name: str, spec: Any) -> tuple[torch.dtype, list[int], int, int]:
+def _entry(path: Path, name: str, spec: Any) -> tuple[DType, list[int], int, int]:
     if not (isinstance(spec, dict) and {"dtype", "shape", "data_offsets"} <= spec.keys()):
         raise CheckpointError(f"tensor {name!r}: header entry needs dtype, shape and data_offsets", path)
     dtype = DTYPES.get(spec["dtype"])
@@ -128,10 +127,13 @@ def inspect_safetensors(path: Path, f: BinaryIO, file_bytes: int) -> Anatomy:
         role = role_for_path(name.split("."), only_tensors=True)
         numel = (end - begin) // dtype.itemsize
 
-        def read(at: int = at, size: int = end - begin, dtype: torch.dtype = dtype, shape: list[int] = shape):
+        def read(at: int = at, size: int = end - begin, name: str = dtype, shape: list[int] = shape):
+            import torch  # only --stats reads tensor data: inspecting the layout needs no torch
+
             with open(path, "rb") as f2:
                 f2.seek(at)
                 raw = bytearray(f2.read(size))
+            dtype = getattr(torch, name)
             flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
             return flat.reshape(shape)
 

@@ -8,6 +8,13 @@ two BlockHandles padded to 40 bytes, then the magic 0xdb4775248b80fb57. Each blo
 5-byte trailer (compression type, crc32c). A block is prefix-compressed entries — varint32 shared,
 varint32 non_shared, varint32 value_length, key delta, value — then uint32 restart offsets and
 their uint32 count.
+
+Every entry carries the masked CRC32C of its bytes in the shard (the same mask as TFRecords);
+TF checks it on restore, and so do `ckpt inspect --stats` and `ckpt verify`. String tensors (the
+object graph among them) are stored as varint64 lengths, a masked CRC32C of those, then the bytes.
+`_CHECKPOINTABLE_OBJECT_GRAPH` is a serialized TrackableObjectGraph: the tree of objects (model,
+layers, optimizer) whose edges name every path to a variable, and the optimizer's slot variables
+with the variable each belongs to.
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ import re
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import crc32c
 import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name
 from dlscope.errors import CheckpointError
+from dlscope.protowire import FormatError, proto_fields, signed64, varint
 
 TABLE_MAGIC = (0xDB4775248B80FB57).to_bytes(8, "little")
 FOOTER_BYTES = 48
@@ -27,6 +36,7 @@ TRAILER_BYTES = 5
 MAX_INDEX_BYTES = 256 << 20
 MAX_ENTRIES = 1_000_000
 MAX_SHARDS = 100_000
+CRC_CHUNK = 16 << 20
 # tensorflow/core/framework/types.proto
 TF_DTYPES: dict[int, torch.dtype | str] = {
     1: torch.float32,
@@ -49,55 +59,6 @@ TF_DTYPES: dict[int, torch.dtype | str] = {
     23: torch.uint64,
 }
 SHARD_NAME = re.compile(r"\.data-\d{5}-of-\d{5}$")
-
-
-class FormatError(ValueError):
-    """A fault inside the table or a protobuf."""
-
-
-def varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    for _ in range(10):
-        if pos >= len(buf):
-            raise FormatError("varint runs past the end of its block")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    raise FormatError("varint longer than 10 bytes")
-
-
-def signed64(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def proto_fields(buf: bytes) -> list[tuple[int, Any]]:
-    """(field number, value) of a protobuf message: ints for varint/fixed, bytes for length-delimited."""
-    out, pos = [], 0
-    while pos < len(buf):
-        tag, pos = varint(buf, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value, pos = varint(buf, pos)
-        elif wire == 1:
-            if pos + 8 > len(buf):
-                raise FormatError("fixed64 field cut short")
-            value, pos = int.from_bytes(buf[pos : pos + 8], "little"), pos + 8
-        elif wire == 5:
-            if pos + 4 > len(buf):
-                raise FormatError("fixed32 field cut short")
-            value, pos = int.from_bytes(buf[pos : pos + 4], "little"), pos + 4
-        elif wire == 2:
-            n, pos = varint(buf, pos)
-            if pos + n > len(buf):
-                raise FormatError("length-delimited field runs past its message")
-            value, pos = buf[pos : pos + n], pos + n
-        else:
-            raise FormatError(f"protobuf wire type {wire}")
-        out.append((number, value))
-    return out
 
 
 def read_block(f: BinaryIO, file_bytes: int, handle: tuple[int, int]) -> bytes:
@@ -203,7 +164,132 @@ def parse_header(value: bytes) -> dict[str, Any]:
     return header
 
 
+def masked(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tensor_crc(shard: Path, offset: int, size: int, dtype: int, numel: int) -> int | None:
+    """The masked CRC32C TF stores for a tensor's bytes (None: a dtype whose checksum is not computed here).
+
+    Numbers: over the bytes, read in chunks (bounded memory). Strings: over each length as uint32
+    (uint64 past 4 GiB) rather than its varint bytes, then the stored length checksum and the string
+    bytes (tensor_bundle.cc, WriteStringTensor)."""
+    if dtype in (20, 21):  # resource, variant: not stored as plain bytes
+        return None
+    if dtype != 7:
+        crc = 0
+        with open(shard, "rb") as f:
+            f.seek(offset)
+            for start in range(0, size, CRC_CHUNK):
+                crc = crc32c.crc32c(f.read(min(CRC_CHUNK, size - start)), crc)
+        return masked(crc)
+    if size > MAX_INDEX_BYTES:
+        return None
+    raw = read_shard_bytes(shard, offset, size)
+    crc, pos, total = 0, 0, 0
+    for _ in range(numel):
+        size, pos = varint(raw, pos)
+        crc = crc32c.crc32c(size.to_bytes(4 if size < 1 << 32 else 8, "little"), crc)
+        total += size
+    crc = crc32c.crc32c(raw[pos : pos + 4], crc)
+    return masked(crc32c.crc32c(raw[pos + 4 : pos + 4 + total], crc))
+
+
+def string_values(raw: bytes, numel: int) -> list[bytes]:
+    sizes, pos = [], 0
+    for _ in range(numel):
+        size, pos = varint(raw, pos)
+        sizes.append(size)
+    pos += 4  # the length checksum
+    if pos + sum(sizes) > len(raw):
+        raise FormatError("string tensor shorter than its lengths")
+    out = []
+    for size in sizes:
+        out.append(raw[pos : pos + size])
+        pos += size
+    return out
+
+
+def object_graph(graph: bytes) -> dict[str, dict[str, Any]]:
+    """checkpoint key → where the variable sits: its object path from the root, the layer (or
+    other object) that owns it and the variable's name there; for an optimizer slot, the layer and
+    name of the variable it serves, and the slot's name.
+
+    Slots come from two encodings: TF's SlotVariableReference (tf.keras 2, `.OPTIMIZER_SLOT` keys)
+    and Keras 3's parallel lists (optimizer/_momentums/i and _velocities/i belong to
+    optimizer/_trainable_variables/i)."""
+    nodes = [proto_fields(node) for number, node in proto_fields(graph) if number == 1]
+    children: list[list[tuple[int, str]]] = []
+    keys: dict[int, str] = {}
+    slot_refs: list[tuple[int, str, int]] = []
+    for i, fields in enumerate(nodes):
+        edges = []
+        for number, value in fields:
+            sub = dict(proto_fields(value)) if number in (1, 2, 3) else {}
+            if number == 1:
+                edges.append((sub.get(1, 0), sub.get(2, b"").decode("utf-8", "replace")))
+            elif number == 2 and sub.get(1) == b"VARIABLE_VALUE" and 3 in sub:
+                keys[i] = sub[3].decode("utf-8", "replace")
+            elif number == 3:
+                slot_refs.append((sub.get(1, 0), sub.get(2, b"").decode("utf-8", "replace"), sub.get(3, 0)))
+        children.append(edges)
+    # every path from the root to each node (breadth first, so the shortest comes first)
+    paths: dict[int, list[list[str]]] = {0: [[]]}
+    queue = [0]
+    for node in queue:
+        for child, name in children[node]:
+            if not 0 <= child < len(nodes) or len(paths.get(child, ())) >= 4:
+                continue
+            if child not in paths:
+                queue.append(child)
+            paths.setdefault(child, []).append([*paths[node][0], name])
+    slots: dict[int, tuple[str, int]] = {slot: (name, original) for original, name, slot in slot_refs}
+    for node in queue:
+        names = dict((name, child) for child, name in children[node])
+        trainable = names.get("_trainable_variables")
+        if trainable is None:
+            continue
+        order = [child for child, _ in children[trainable]]
+        for list_name, lst in names.items():
+            if list_name in ("_variables", "_trainable_variables", "_trainable_variables_indices"):
+                continue
+            entries = [child for child, _ in children[lst]] if 0 <= lst < len(nodes) else []
+            if len(entries) == len(order) and all(c in keys for c in entries):
+                for child, original in zip(entries, order, strict=True):
+                    slots[child] = (singular(list_name.lstrip("_")), original)
+
+    def owner(node: int) -> list[str]:
+        """The path that best names the variable: one outside the optimizer when there is one."""
+        candidates = paths.get(node, [[]])
+        return next((p for p in candidates if p and p[0] != "optimizer"), candidates[0])
+
+    out = {}
+    for node, key in keys.items():
+        slot = slots.get(node)
+        path = owner(slot[1] if slot else node)
+        out[key] = {
+            "object": "/".join(owner(node)),
+            "layer": layer_name(path[:-1]),
+            "variable": path[-1] if path else "",
+            "slot": slot[0] if slot else None,
+        }
+    return out
+
+
+def singular(name: str) -> str:
+    """Keras 3's slot lists are plurals of the slot names: _momentums, _velocities, _accumulators."""
+    return name[:-3] + "y" if name.endswith("ies") else name.removesuffix("s")
+
+
+def layer_name(path: list[str]) -> str:
+    """The owner's short name: `layer_with_weights-0`, or `_operations/1` for an indexed list entry."""
+    if not path:
+        return ""
+    return "/".join(path[-2:]) if path[-1].isdigit() else path[-1]
+
+
 def role_and_group(name: str) -> tuple[str, str]:
+    """Without an object graph: guessed from the key."""
     parts = name.split("/")
     if ".OPTIMIZER_SLOT" in parts or parts[0] in ("optimizer", "Adam", "adam") or "/Adam" in name:
         role = "optimizer"
@@ -215,7 +301,11 @@ def role_and_group(name: str) -> tuple[str, str]:
 
 
 def index_path_for(path: Path) -> Path | None:
-    """The .index of a checkpoint named by its prefix, its .index, or one of its data shards."""
+    """The .index of a checkpoint named by its prefix, its .index, one of its data shards, or a
+    SavedModel directory (its variables/ are a bundle)."""
+    if path.is_dir():
+        index = path / "variables" / "variables.index"
+        return index if index.is_file() else None
     if path.name.endswith(".index"):
         return path
     if SHARD_NAME.search(path.name):
@@ -225,7 +315,15 @@ def index_path_for(path: Path) -> Path | None:
     return index if index.is_file() else None
 
 
-def inspect_tf(index: Path, f: BinaryIO, index_bytes: int) -> Anatomy:
+def read_shard_bytes(shard: Path, offset: int, size: int) -> bytes:
+    with open(shard, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
+
+
+def inspect_tf(index: Path, f: BinaryIO, index_bytes: int, check: bool = False) -> Anatomy:
+    """The bundle's tensors, mapped to layers and optimizer slots by its object graph; with
+    `check`, every tensor's CRC32C is verified (a mismatch is a "bad" finding naming the tensor)."""
     try:
         entries, blocks = read_table(f, index_bytes)
         header = parse_header(entries[0][1]) if entries and entries[0][0] == b"" else None
@@ -237,7 +335,9 @@ def inspect_tf(index: Path, f: BinaryIO, index_bytes: int) -> Anatomy:
     prefix = str(index).removesuffix(".index")
     shards = [Path(f"{prefix}.data-{i:05d}-of-{header['num_shards']:05d}") for i in range(header["num_shards"])]
     present = {s: s.stat().st_size for s in shards if s.is_file()}
-    anatomy = Anatomy(str(index), "TensorFlow checkpoint (tensor bundle)", index_bytes + sum(present.values()))
+    saved_model = index.parent.name == "variables" and (index.parent.parent / "saved_model.pb").is_file()
+    kind = "TensorFlow SavedModel (variables/ bundle)" if saved_model else "TensorFlow checkpoint (tensor bundle)"
+    anatomy = Anatomy(str(index), kind, index_bytes + sum(present.values()))
     anatomy.layout["tf_index"] = {"entries": len(entries), "data_blocks": blocks, "header": header}
     anatomy.layout["files"] = [{"path": str(index), "bytes": index_bytes}] + [
         {"path": str(s), "bytes": present.get(s)} for s in shards
@@ -247,6 +347,7 @@ def inspect_tf(index: Path, f: BinaryIO, index_bytes: int) -> Anatomy:
             anatomy.findings.append(Finding("bad", "data shard missing: tensor bytes cannot be read", str(s)))
     if header["endianness"] != "little":
         anatomy.findings.append(Finding("warn", "big-endian bundle: statistics are not computed", str(index)))
+    places: dict[str, dict[str, Any]] = {}
     for name, e in parsed:
         dtype = TF_DTYPES.get(e["dtype"], f"dtype {e['dtype']}")
         numel = 1
@@ -256,11 +357,14 @@ def inspect_tf(index: Path, f: BinaryIO, index_bytes: int) -> Anatomy:
         fits = shard in present and e["offset"] >= 0 and e["offset"] + e["size"] <= present[shard]
         if shard in present and not fits:
             anatomy.findings.append(Finding("bad", f"bytes {e['offset']:,}+{e['size']:,} run past its shard", name))
+        if fits and check and e["crc32c"] is not None:
+            _check_crc(anatomy, name, shard, e, numel)
+        if fits and name == "_CHECKPOINTABLE_OBJECT_GRAPH" and e["dtype"] == 7 and e["size"] <= MAX_INDEX_BYTES:
+            places = _places(anatomy, read_shard_bytes(shard, e["offset"], e["size"]))
         numeric = isinstance(dtype, torch.dtype)
         if numeric and e["size"] != numel * dtype.itemsize and not e["slices"]:
             anatomy.findings.append(Finding("bad", f"{e['size']:,} bytes for {numel:,} {dtype_name(dtype)}", name))
             numeric = False
-        role, group = role_and_group(name)
         readable = numeric and fits and header["endianness"] == "little" and not e["slices"]
         anatomy.tensors.append(
             TensorEntry(
@@ -269,23 +373,66 @@ def inspect_tf(index: Path, f: BinaryIO, index_bytes: int) -> Anatomy:
                 shape=e["shape"],
                 numel=numel,
                 nbytes=e["size"],
-                storage=shard.name if shard else f"shard {e['shard_id']}",
+                storage=f"{shard.name if shard else e['shard_id']}@{e['offset']}",
                 storage_bytes=e["size"],
                 offset=e["offset"],
-                role=role,
-                group=group,
                 read=_reader(shard, e["offset"], e["size"], dtype, e["shape"]) if readable else None,
             )
         )
+    for t in anatomy.tensors:
+        place = places.get(t.name)
+        if place is None:
+            t.role, t.group = role_and_group(t.name)
+        else:
+            optimizer = place["slot"] is not None or place["object"].startswith("optimizer/")
+            t.role, t.group = ("optimizer" if optimizer else "parameter"), place["layer"]
     return anatomy
+
+
+def _check_crc(anatomy: Anatomy, name: str, shard: Path, entry: dict[str, Any], numel: int) -> None:
+    try:
+        computed = tensor_crc(shard, entry["offset"], entry["size"], entry["dtype"], numel)
+    except FormatError as e:
+        computed = None
+        anatomy.findings.append(Finding("bad", f"string tensor unreadable: {e}", name))
+    if computed is not None and f"{computed:08x}" != entry["crc32c"]:
+        anatomy.corrupt.append(name)
+        anatomy.findings.append(
+            Finding("bad", f"CRC32C mismatch: stored {entry['crc32c']}, bytes give {computed:08x}", name)
+        )
+
+
+def _places(anatomy: Anatomy, raw: bytes) -> dict[str, dict[str, Any]]:
+    """Decode the object graph into anatomy.layout["variable_map"]; a graph that does not parse is a finding."""
+    try:
+        places = object_graph(string_values(raw, 1)[0])
+    except (FormatError, IndexError) as e:
+        anatomy.findings.append(Finding("warn", f"object graph unreadable ({e}): layers guessed from the keys", ""))
+        return {}
+    anatomy.layout["variable_map"] = [{"tensor": key, **place} for key, place in sorted(places.items())]
+    return places
+
+
+def bundle_index(path: Path) -> Path | None:
+    """The .index when `path` names a TF bundle (prefix, .index, shard or SavedModel directory)."""
+    index = index_path_for(path)
+    if index is None or index.stat().st_size < FOOTER_BYTES:
+        return None
+    with open(index, "rb") as f:
+        f.seek(-len(TABLE_MAGIC), 2)
+        return index if f.read() == TABLE_MAGIC else None
+
+
+def verify_bundle(index: Path) -> Anatomy:
+    """Every tensor's CRC32C, as TF checks them on restore (`ckpt verify` of a TF checkpoint)."""
+    with open(index, "rb") as f:
+        return inspect_tf(index, f, index.stat().st_size, check=True)
 
 
 def _reader(shard: Path | None, offset: int, size: int, dtype: Any, shape: list[int]):
     def read() -> torch.Tensor:
-        with open(shard, "rb") as f:
-            f.seek(offset)
-            raw = bytearray(f.read(size))
-        flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        flat_bytes = bytearray(read_shard_bytes(shard, offset, size))
+        flat = torch.frombuffer(flat_bytes, dtype=dtype) if flat_bytes else torch.empty(0, dtype=dtype)
         return flat.reshape(shape)
 
     return read

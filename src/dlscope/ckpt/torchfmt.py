@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -12,18 +13,18 @@ from typing import Any, BinaryIO
 import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
-from dlscope.ckpt.pickle_scan import Opaque, PickleScan, ScanError, StorageRef, TensorRef, scan_pickle
-from dlscope.ckpt.zipdir import check_crc, members
+from dlscope.ckpt.pickle_scan import scan_pickle
+from dlscope.ckpt.pickle_values import Opaque, PickleScan, ScanError, StorageRef, TensorRef
+from dlscope.ckpt.scan import MAX_PICKLE_BYTES
+from dlscope.ckpt.zipdir import Member, MemberError, check_crc, member_chunks, members
 from dlscope.errors import CheckpointError
 
-MAX_PICKLE_BYTES = 256 << 20  # a state dict's pickle is kilobytes to a few MB; refuse to buffer more
 MAX_NODES = 1_000_000  # objects walked in the unpickled tree (shared references make a DAG, not a bomb)
+MAX_DEPTH = 64  # a deeper container is one metadata entry: paths stay short, the walk stays linear
 MAX_METADATA = 200  # scalar entries listed
 LONG_SEQUENCE = 16  # longer sequences of scalars are one metadata entry
 SCALARS = (bool, int, float, str, bytes, type(None))
 MODULE_KEYS = {"_modules", "_parameters", "_buffers"}  # nn.Module's own dicts, not names
-LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
-LEGACY_PREFIX = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
 
 
 def read_storage(path: Path, offset: int, nbytes: int, ref: TensorRef) -> torch.Tensor:
@@ -33,7 +34,8 @@ def read_storage(path: Path, offset: int, nbytes: int, ref: TensorRef) -> torch.
         raw = bytearray(f.read(nbytes))
     if len(raw) != nbytes:
         raise CheckpointError(f"storage at offset {offset:,} is cut short ({len(raw):,} of {nbytes:,} bytes)", path)
-    flat = torch.frombuffer(raw, dtype=ref.dtype) if raw else torch.empty(0, dtype=ref.dtype)
+    dtype = getattr(torch, ref.dtype)
+    flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
     return flat.as_strided(ref.shape, ref.stride, ref.offset)
 
 
@@ -57,6 +59,9 @@ def walk(root: Any) -> Iterator[tuple[list[str], Any]]:
         if nodes > MAX_NODES:
             raise ScanError(f"more than {MAX_NODES:,} objects in the pickle")
         children: list[tuple[str, Any]] | None = None
+        if len(path) >= MAX_DEPTH:
+            yield path, f"<nested deeper than {MAX_DEPTH} levels>"
+            continue
         if isinstance(obj, dict):
             children = [(str(k), v) for k, v in obj.items()]
         elif isinstance(obj, list | tuple | set | frozenset):
@@ -87,22 +92,25 @@ def short(value: Any, limit: int = 80) -> Any:
 
 
 def record_pickle(anatomy: Anatomy, scan: PickleScan, where: str) -> None:
-    """The pickle's census in the layout; each global off the allow-list is a finding."""
+    """The pickle's census in the layout; each name off the allow-list is a finding, at its first use."""
+    calls = Counter(e.name for e in scan.events if e.call)
     anatomy.layout.setdefault("pickles", []).append(
         {
             "where": where,
             "protocol": scan.protocol,
             "opcodes": scan.opcodes,
             "bytes": scan.nbytes,
-            "globals": sorted({g.name for g in scan.globals}),
-            "calls": dict(scan.calls.most_common()),
+            "globals": sorted({e.name for e in scan.imports}),
+            "calls": dict(calls.most_common()),
         }
     )
-    for g in scan.unsafe_globals:
-        level = "bad" if g.dangerous else "warn"
-        kind = "runs code or touches the system" if g.dangerous else "is not on the tensor/container allow-list"
-        anatomy.findings.append(Finding(level, f"{g.opcode} {g.name} {kind}", f"{where} @ byte {g.position}"))
-        anatomy.safe_to_load = False
+    flagged: set[str] = set()
+    for e in scan.unsafe_events:
+        if e.subject not in flagged:  # `X.__setstate__`, `X(…)`: uses of X, flagged once
+            flagged.add(e.subject)
+            what = f"{e.opcode} {e.name} is off the torch.load(weights_only) allow-list"
+            anatomy.findings.append(Finding("bad", what, f"{where} @ byte {e.position}"))
+            anatomy.safe_to_load = False
 
 
 def build_anatomy(
@@ -245,11 +253,11 @@ def _training(root: Any) -> dict[str, Any] | None:
     return out or None
 
 
-def _scan(path: Path, data: bytes, where: str) -> PickleScan:
-    try:
-        return scan_pickle(data)
-    except ScanError as e:
-        raise CheckpointError(f"{where}: {e}", path) from None
+def _scan(path: Path, data: bytes, where: str, start: int = 0) -> PickleScan:
+    scan = scan_pickle(data, start)
+    if scan.error:
+        raise CheckpointError(f"{where}: the stream breaks @ {scan.end} ({scan.error})", path)
+    return scan
 
 
 def inspect_torch_zip(path: Path, f: BinaryIO, zf: zipfile.ZipFile, file_bytes: int, check: bool) -> Anatomy:
@@ -262,10 +270,22 @@ def inspect_torch_zip(path: Path, f: BinaryIO, zf: zipfile.ZipFile, file_bytes: 
     prefix = pkl.name.rsplit("/", 1)[0]
     if pkl.size > MAX_PICKLE_BYTES:
         raise CheckpointError(f"{pkl.name} is {pkl.size:,} bytes, over the {MAX_PICKLE_BYTES:,}-byte limit", path)
-    data = zf.read(pkl.name)
+    infos = zf.infolist()  # members() lists them in this order
+
+    def read(m: Member, limit: int) -> bytes:
+        """A member's bytes, never more than its declared size: a member that inflates past it is refused."""
+        try:
+            data = b"".join(member_chunks(f, infos[ms.index(m)], m.data_offset, limit + 1))
+        except MemberError as e:
+            raise CheckpointError(f"{m.name} cannot be decompressed: {e}", path) from None
+        if len(data) > limit:
+            raise CheckpointError(f"{m.name} inflates past its declared {limit:,} bytes", path)
+        return data
+
+    data = read(pkl, pkl.size)
     anatomy = Anatomy(str(path), "torch zip (torch.save ≥ 1.6)", file_bytes)
     small = {
-        m.name.removeprefix(prefix + "/"): zf.read(m.name).decode("utf-8", "replace").strip()
+        m.name.removeprefix(prefix + "/"): read(m, m.size).decode("utf-8", "replace").strip()
         for m in ms
         if m.size <= 64 and not m.name.startswith(f"{prefix}/data/")
     }
@@ -302,11 +322,11 @@ def inspect_legacy(path: Path, f: BinaryIO, file_bytes: int) -> Anatomy:
     anatomy = Anatomy(str(path), "legacy torch.save (< 1.6)", file_bytes)
     offset, scans = 0, []
     for what in ("magic number", "protocol version", "system info", "object", "storage keys"):
-        scan = _scan(path, head[offset:], f"{what} pickle @ byte {offset}")
+        scan = _scan(path, head, f"{what} pickle @ byte {offset}", offset)
         if what != "object":
             record_pickle(anatomy, scan, f"{what} pickle @ byte {offset}")
         scans.append((offset, scan))
-        offset += scan.end
+        offset = scan.end
     keys = scans[4][1].root
     if not isinstance(keys, list):
         raise CheckpointError("storage key list is not a list", path)

@@ -6,9 +6,13 @@ extra-field lengths can differ from the central copy — torch pads the extra fi
 
 from __future__ import annotations
 
+import bz2
+import itertools
+import lzma
 import struct
 import zipfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -91,3 +95,190 @@ def check_crc(f: BinaryIO, member: Member, chunk: int = 1 << 22) -> bool:
         crc = zlib.crc32(block, crc)
         left -= len(block)
     return crc == member.crc32
+
+
+# What a reader other than Python's zipfile could see differently: the scanner reports each as a finding.
+FLAG_ENCRYPTED = 0x1
+FLAG_DATA_DESCRIPTOR = 0x8
+ZIP64_SIZE = 0xFFFFFFFF
+CHUNK = 1 << 20
+EOCD_SEARCH = 22 + 0xFFFF  # the end record and the longest comment it can carry
+MAX_RATIO = 64  # a pickle or .npy deflates 2-10×; a member declared to expand more is not inflated (a zip bomb)
+
+
+def inflate_limit(info: zipfile.ZipInfo) -> int:
+    """The most bytes a member is inflated to: its declared size, and never more than MAX_RATIO × its
+    compressed bytes + 1 MiB, so the work stays linear in the file's size."""
+    if info.compress_type == zipfile.ZIP_STORED:
+        return info.file_size
+    return min(info.file_size, MAX_RATIO * info.compress_size + (1 << 20))
+
+
+@dataclass
+class ZipIssue:
+    level: str  # bad: readers disagree or the bytes are corrupt; warn: bytes no member owns
+    what: str
+    offset: int
+
+
+def audit_zip(
+    f: BinaryIO, zf: zipfile.ZipFile, file_bytes: int, crc: bool = True
+) -> tuple[list[ZipIssue], dict[int, int]]:
+    """Duplicate names, local/central header disagreement, encryption, CRC mismatches, and bytes before the
+    first member or between the last member and the central directory. Also: each member's data offset,
+    keyed by its position in infolist(). With `crc`, reads every member once, in chunks (bounded memory)."""
+    issues: list[ZipIssue] = []
+    offsets: dict[int, int] = {}
+    seen: dict[str, int] = {}
+    spans: list[tuple[int, int]] = []
+    for i, info in enumerate(zf.infolist()):
+        if info.filename in seen:
+            issues.append(
+                ZipIssue(
+                    "bad",
+                    f"member name {info.filename!r} appears twice (also @ {seen[info.filename]}): "
+                    "zipfile reads the last copy, other readers the first",
+                    info.header_offset,
+                )
+            )
+        seen.setdefault(info.filename, info.header_offset)
+        if info.flag_bits & FLAG_ENCRYPTED:
+            issues.append(
+                ZipIssue("bad", f"{info.filename} is encrypted: its bytes cannot be scanned", info.header_offset)
+            )
+        local = _local_header(f, info, file_bytes)
+        if isinstance(local, str):
+            issues.append(ZipIssue("bad", f"{info.filename}: {local}", info.header_offset))
+            continue
+        data_offset, differences = local
+        for what in differences:
+            issues.append(ZipIssue("bad", f"{info.filename}: local header says {what}", info.header_offset))
+        offsets[i] = data_offset
+        end = data_offset + info.compress_size
+        if end > file_bytes:
+            issues.append(ZipIssue("bad", f"{info.filename} runs past the end of the file", data_offset))
+            continue
+        if info.flag_bits & FLAG_DATA_DESCRIPTOR:
+            end += 16 if _read_at(f, end, 4) == b"PK\x07\x08" else 12
+        spans.append((info.header_offset, end))
+        if info.flag_bits & FLAG_ENCRYPTED:
+            continue
+        if inflate_limit(info) < info.file_size:
+            what = f"declares {info.file_size:,} bytes from {info.compress_size:,}: over {MAX_RATIO}×, not inflated"
+            issues.append(ZipIssue("bad", f"{info.filename} {what} (a zip bomb?)", data_offset))
+        elif crc and not member_crc_ok(f, info, data_offset):
+            what = "CRC32 or size differs from the directory's (torch.load checks neither)"
+            issues.append(ZipIssue("bad", f"{info.filename}: {what}", data_offset))
+    spans.sort()
+    if spans and spans[0][0] > 0:
+        issues.append(ZipIssue("warn", f"{spans[0][0]:,} bytes before the first member", 0))
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        if start < end:
+            issues.append(ZipIssue("bad", "two members overlap (one's data is inside another's)", start))
+        elif start > end:
+            issues.append(ZipIssue("warn", f"{start - end:,} bytes between members that no member owns", end))
+    f.seek(max(0, file_bytes - EOCD_SEARCH))
+    tail = f.read(EOCD_SEARCH)
+    record = tail.rfind(b"PK\x05\x06")
+    if record >= 0 and record + 22 <= len(tail):
+        end = file_bytes - len(tail) + record + 22 + struct.unpack_from("<H", tail, record + 20)[0]
+        if end < file_bytes:
+            issues.append(ZipIssue("warn", f"{file_bytes - end:,} bytes after the end of the central directory", end))
+    directory = getattr(zf, "start_dir", None)
+    if spans and directory is not None and directory > max(e for _, e in spans):
+        last = max(e for _, e in spans)
+        issues.append(ZipIssue("warn", f"{directory - last:,} bytes after the last member", last))
+    return issues, offsets
+
+
+def _read_at(f: BinaryIO, offset: int, n: int) -> bytes:
+    f.seek(offset)
+    return f.read(n)
+
+
+def _local_header(f: BinaryIO, info: zipfile.ZipInfo, file_bytes: int) -> tuple[int, list[str]] | str:
+    """The member's data offset and where its local header disagrees with the central directory."""
+    raw = _read_at(f, info.header_offset, LOCAL_HEADER.size)
+    if len(raw) < LOCAL_HEADER.size or raw[:4] != LOCAL_MAGIC:
+        return f"no local header at offset {info.header_offset}"
+    _, _, _, flags, method, _, _, crc, csize, usize, name_len, extra_len = LOCAL_HEADER.unpack(raw)
+    name = _read_at(f, info.header_offset + LOCAL_HEADER.size, name_len)
+    differences = []
+    central_name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437", "replace")
+    if name != central_name:
+        differences.append(f"name {name.decode('utf-8', 'replace')!r}, the central directory {info.filename!r}")
+    if method != info.compress_type:
+        differences.append(f"compression {method}, the central directory {info.compress_type}")
+    if not flags & FLAG_DATA_DESCRIPTOR:
+        if crc != info.CRC:
+            differences.append(f"CRC {crc:08x}, the central directory {info.CRC:08x}")
+        if csize != ZIP64_SIZE and csize != info.compress_size:
+            differences.append(f"{csize:,} compressed bytes, the central directory {info.compress_size:,}")
+        if usize != ZIP64_SIZE and usize != info.file_size:
+            differences.append(f"{usize:,} bytes, the central directory {info.file_size:,}")
+    return info.header_offset + LOCAL_HEADER.size + name_len + extra_len, differences
+
+
+def member_crc_ok(f: BinaryIO, info: zipfile.ZipInfo, data_offset: int) -> bool:
+    """CRC32 of the member's uncompressed bytes, streamed, stopping at the declared size."""
+    crc, n = 0, 0
+    try:
+        for block in member_chunks(f, info, data_offset, info.file_size + 1):
+            crc = zlib.crc32(block, crc)
+            n += len(block)
+    except MemberError:
+        return False
+    return crc == info.CRC and n == info.file_size
+
+
+class MemberError(ValueError):
+    """A member's compressed bytes cannot be decoded."""
+
+
+def member_chunks(f: BinaryIO, info: zipfile.ZipInfo, data_offset: int, limit: int) -> Iterator[bytes]:
+    """The member's uncompressed bytes in chunks, never more than `limit` in all: a member declared as
+    10 bytes that inflates to 1 GB stops at `limit`, and no chunk is sized by a number in the file."""
+    pos, left, produced = data_offset, info.compress_size, 0
+    method = info.compress_type
+    if method == zipfile.ZIP_STORED:
+        while left and produced < limit:
+            raw = _read_at(f, pos, min(CHUNK, left, limit - produced))
+            if not raw:
+                return
+            pos, left, produced = pos + len(raw), left - len(raw), produced + len(raw)
+            yield raw
+        return
+    if method == zipfile.ZIP_DEFLATED:
+        inflate = zlib.decompressobj(-15)
+        decode = lambda raw, room: (inflate.decompress(raw, room), inflate.unconsumed_tail)  # noqa: E731
+        feed = CHUNK
+    elif method == zipfile.ZIP_BZIP2:
+        unzip = bz2.BZ2Decompressor()
+        decode = lambda raw, room: (unzip.decompress(raw, room), b"")  # noqa: E731
+        feed = CHUNK
+    elif method == zipfile.ZIP_LZMA:
+        # zipfile's LZMA reader takes no output limit: feed it 1 KiB at a time (LZMA expands ~7,000× at most)
+        unlzma = zipfile.LZMADecompressor()
+        decode = lambda raw, room: (unlzma.decompress(raw), b"")  # noqa: E731
+        feed = 1024
+    else:
+        raise MemberError(f"compression method {method} is not supported")
+    pending = b""
+    try:
+        while produced < limit:
+            held = method == zipfile.ZIP_BZIP2 and not unzip.needs_input and not unzip.eof
+            if not pending and not held:  # (bz2 holds output back until asked again with no new input)
+                if not left:
+                    return
+                pending = _read_at(f, pos, min(feed, left))
+                if not pending:
+                    return
+                pos, left = pos + len(pending), left - len(pending)
+            block, pending = decode(pending, min(CHUNK, limit - produced))
+            if block:
+                produced += len(block)
+                yield block
+            elif not pending and not left:
+                return
+    except (zlib.error, EOFError, OSError, ValueError, lzma.LZMAError) as e:
+        raise MemberError(f"{type(e).__name__}: {e}") from None

@@ -47,7 +47,11 @@ def step_list(text: str) -> list[str]:
 
 
 def keras_seed_options(args: argparse.Namespace) -> AnatomyOptions:
-    return AnatomyOptions(keras_seed=True, keras_epochs=args.epochs, keras_train_subset=args.train_subset)
+    options = AnatomyOptions(keras_seed=True, keras_epochs=args.epochs, keras_train_subset=args.train_subset)
+    if getattr(args, "backend", None):  # dlscope ckpt seed003
+        options.keras_backend, options.keras_optimizer = args.backend, args.keras_optimizer
+        options.keras_batch_size = args.batch_size
+    return options
 
 
 def cmd_lab(args: argparse.Namespace) -> int:

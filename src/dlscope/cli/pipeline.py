@@ -43,7 +43,14 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
 
     manifest = load_manifest(args.data, args.format)
     reader = ReaderConfig(
-        args.format, args.read_buffer, args.shuffle_buffer, args.batch_size, args.workers, args.prefetch, args.seed
+        args.format,
+        args.read_buffer,
+        args.shuffle_buffer,
+        args.batch_size,
+        args.workers,
+        args.prefetch,
+        args.seed,
+        args.engine,
     )
     consumer = (
         TrainingCompute(args.train, args.device, manifest.sample_bytes, args.seed, args.threads)
@@ -68,7 +75,12 @@ def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
         threads=args.threads,
         seed=args.seed,
         repeats=args.repeats,
+        engines=tuple(e.strip() for e in args.engines.split(",")),
     )
+    if "tfdata" in plan.engines:
+        from dlscope.data.pipeline.tfdata import import_tensorflow
+
+        import_tensorflow()  # missing TF: one line before any run directory is made
     config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
     options = StepOptions(pipeline=PipelineOptions(plan, args.remove_data))
     steps = ["environment", "dataset", "pipeline"]
@@ -76,7 +88,7 @@ def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from dlscope.data.pipeline.prepare import FORMATS
+    from dlscope.options import PIPELINE_FORMATS as FORMATS
     from dlscope.options import SweepPlan
 
     pipeline = sub.add_parser("pipeline", help="input pipelines: small files, shards, read/shuffle buffers, workers")
@@ -86,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="new directory for the dataset")
     p.add_argument("--source", default="mnist", choices=["mnist", "synthetic"])
     p.add_argument("--samples", type=int, default=60_000, help="how many samples (default 60000)")
-    p.add_argument("--sample-bytes", type=int, default=529, help="synthetic sample size (529: 550-byte files)")
+    p.add_argument("--sample-bytes", type=int, default=472, help="synthetic sample size (472: 550-byte files)")
     p.add_argument("--shards", type=int, default=8, help="TFRecord shards (default 8)")
     p.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated subset of {','.join(FORMATS)}")
     p.add_argument("--seed", type=int, default=0)
@@ -99,8 +111,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--read-buffer", type=int, default=262_144, metavar="BYTES", help="bytes per read call")
     p.add_argument("--shuffle-buffer", type=int, default=0, metavar="N", help="records (0: no shuffle)")
     p.add_argument("--batch-size", type=int, default=500)
-    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
-    p.add_argument("--prefetch", type=int, default=2, help="batches prefetched (per worker)")
+    p.add_argument(
+        "--engine",
+        default="dlscope",
+        choices=["dlscope", "tfdata"],
+        help="dlscope's reader stages, or the same row through tf.data (needs the tf extra)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=0, help="DataLoader worker processes; tfdata: interleave threads, -1 AUTOTUNE"
+    )
+    p.add_argument("--prefetch", type=int, default=2, help="batches prefetched (per worker); tfdata: -1 AUTOTUNE")
     p.add_argument("--warm", action="store_true", help="keep the page cache (default: evict it, a cold run)")
     p.add_argument("--compute-ms", type=float, default=5.0, help="simulated compute per batch (default 5 ms)")
     p.add_argument(
@@ -134,6 +154,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=SweepPlan.repeats,
         help="interleaved runs per row, median kept (default %(default)s)",
+    )
+    p.add_argument(
+        "--engines",
+        default="dlscope",
+        help="comma-separated: dlscope, tfdata (each row also through tf.data; needs the tf extra)",
     )
     p.add_argument("--remove-data", action="store_true", help="delete the prepared datasets afterwards")
     p.add_argument("--out", default=None, help="run directory (default runs/pipeline-sweep-<time>)")

@@ -1,6 +1,7 @@
 """Step: the anatomy of the checkpoint the lab saved — zip layout, pickle census, tensors by role
 and layer, overhead — and a diff proving that load → save reproduces it bit for bit. With the
-`keras_seed` option it also trains seed 003's Keras MLP and lists what its .h5 and .keras hold."""
+`keras_seed` option it also trains seed 003's Keras MLP (torch or TensorFlow backend), lists what its
+.h5, .keras and TF checkpoint hold, and profiles it."""
 
 from __future__ import annotations
 
@@ -50,14 +51,21 @@ def keras_part(ctx: Context) -> dict[str, Any]:
     assert ctx.data is not None
     options = ctx.steps.ckpt_anatomy
     n = options.keras_train_subset or len(ctx.data.train_labels)
-    with ctx.task(f"training seed 003's Keras MLP on {n:,} images, {options.keras_epochs} epoch(s)"):
+    backend = options.keras_backend
+    with ctx.task(f"training seed 003's Keras MLP ({backend}) on {n:,} images, {options.keras_epochs} epoch(s)"):
         trained = train_seed_mlp(
-            ctx.data.train_images[:n], ctx.data.train_labels[:n], ctx.run.sub("keras"), options.keras_epochs
+            ctx.data.train_images[:n],
+            ctx.data.train_labels[:n],
+            ctx.run.sub("keras"),
+            options.keras_epochs,
+            batch_size=options.keras_batch_size,
+            backend=backend,
+            optimizer=options.keras_optimizer,
         )
     files = trained.pop("files")
     out = {"training": trained}
     for kind, path in files.items():
-        anatomy = inspect_checkpoint(path)
+        anatomy = inspect_checkpoint(path, stats=kind == "tf_bundle")  # the bundle's CRC32Cs checked too
         out[kind] = compact(anatomy, ctx.run.rel(path))
     return out
 

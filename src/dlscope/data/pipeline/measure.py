@@ -24,6 +24,7 @@ import torch
 from dlscope.data.pipeline.consumer import Consumer
 from dlscope.data.pipeline.prepare import Manifest, data_files
 from dlscope.data.pipeline.stages import PipelineDataset, ReaderConfig, iterate_batches
+from dlscope.data.pipeline.tfdata import import_tensorflow, tfdata_batches
 from dlscope.data.pipeline.tfrecord import IOCounters
 from dlscope.errors import DatasetError
 
@@ -34,6 +35,7 @@ COLD_EVIDENCE = 0.5  # a cold run must fetch at least half the data from the dev
 
 @dataclass
 class EpochMeasurement:
+    engine: str
     fmt: str
     read_buffer: int
     shuffle_buffer: int
@@ -44,11 +46,12 @@ class EpochMeasurement:
     cache: str  # "cold" (evicted with posix_fadvise before the run) or "warm"
     cold_verified: bool | None  # cold: did the data really come from the device? (None: unknown)
     wall_s: float
+    first_batch_s: float  # from asking to the first batch: the pipeline's start-up
     wait_s: float
     compute_s: float
-    read_s: float
+    read_s: float | None  # None: not observable (tf.data)
     reads: int
-    opens: int
+    opens: int | None
     bytes_read: int
     disk_bytes: int | None
     steps: int
@@ -79,7 +82,7 @@ class EpochMeasurement:
             reads_per_step=self.reads / self.steps if self.steps else None,
             samples_per_s=self.samples / self.wall_s if self.wall_s else None,
             mb_per_s=self.bytes_read / 1e6 / self.wall_s if self.wall_s else None,
-            read_us_per_call=1e6 * self.read_s / self.reads if self.reads else None,
+            read_us_per_call=1e6 * self.read_s / self.reads if self.reads and self.read_s is not None else None,
         )
         return out
 
@@ -122,17 +125,24 @@ def measure_epoch(
         )
     if cold:
         evict_page_cache(files)
-    dataset = PipelineDataset(root, manifest, reader, epoch)
+    if reader.engine == "tfdata":
+        import_tensorflow()  # seconds of imports: not the epoch's time
     io = IOCounters()
     indices: list[torch.Tensor] = []
     wait = compute = 0.0
+    first: float | None = None
     start = time.perf_counter()
-    batches = iterate_batches(dataset, pin_memory=consumer.pin_memory)
+    if reader.engine == "tfdata":
+        batches = tfdata_batches(root, manifest, reader, epoch)
+    else:
+        batches = iterate_batches(PipelineDataset(root, manifest, reader, epoch), pin_memory=consumer.pin_memory)
     while True:
         asked = time.perf_counter()
         batch = next(batches, None)
         got = time.perf_counter()
         wait += got - asked
+        if first is None:
+            first = got - start
         if batch is None:
             break
         consumer(batch)
@@ -147,6 +157,7 @@ def measure_epoch(
     missing = int((counts[: manifest.samples] == 0).sum())
     duplicated = int((counts > 1).sum()) + int(counts[manifest.samples :].sum())
     return EpochMeasurement(
+        engine=reader.engine,
         fmt=reader.fmt,
         read_buffer=reader.read_buffer,
         shuffle_buffer=reader.shuffle_buffer,
@@ -159,6 +170,7 @@ def measure_epoch(
         if cold and io.disk_bytes is not None
         else None,
         wall_s=wall,
+        first_batch_s=first or 0.0,
         wait_s=wait,
         compute_s=compute,
         read_s=io.read_seconds,

@@ -5,9 +5,10 @@
     files/000/000000.rec ...          one file per sample (a single TFRecord record each),
                                       1,000 per directory
     shards/shard-00000-of-00008.tfrecord ...   consecutive samples, TFRecord framing
-    array.npy                         uint8 (samples, payload bytes): memory-mappable
+    array.npy                         uint8 (samples, 5 + sample bytes): memory-mappable
 
-Every sample is the same payload in all three: uint32 index, uint8 label, then the sample bytes.
+A record (in files and shards) is a `tf.train.Example` with features image, label and index, as a
+TF user writes it (example.py); a row of the array is uint32 index, uint8 label, the sample bytes.
 The index travels with the sample so a consumer can check that an epoch delivered every sample
 exactly once, whatever the workers, shuffling and batching did.
 """
@@ -23,14 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
+from dlscope.data.pipeline.example import encode_example, example_bytes
 from dlscope.data.pipeline.tfrecord import OVERHEAD, frame, write_records
 from dlscope.errors import ConfigError, DatasetError
+from dlscope.options import PIPELINE_FORMATS as FORMATS
 
-FORMATS = ("files", "tfrecord", "array")
-PAYLOAD_HEADER = struct.Struct("<IB")  # sample index, label
+ROW_HEADER = struct.Struct("<IB")  # sample index, label: the array's rows
 FILES_PER_DIR = 1000
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: records are tf.train.Example protos (1: a bare index/label/bytes payload)
 
 
 @dataclass(frozen=True)
@@ -45,13 +47,14 @@ class Manifest:
     version: int = MANIFEST_VERSION
 
     @property
-    def payload_bytes(self) -> int:
-        return PAYLOAD_HEADER.size + self.sample_bytes
+    def row_bytes(self) -> int:
+        """One row of the array."""
+        return ROW_HEADER.size + self.sample_bytes
 
     @property
     def record_file_bytes(self) -> int:
-        """Size of one per-sample file: a single framed record."""
-        return OVERHEAD + self.payload_bytes
+        """Size of one per-sample file: a single framed tf.train.Example."""
+        return OVERHEAD + example_bytes(self.sample_bytes)
 
     def shard_range(self, shard: int) -> range:
         """The sample indices shard `shard` holds: consecutive, sizes differing by at most one."""
@@ -59,7 +62,7 @@ class Manifest:
 
     def data_bytes(self, fmt: str) -> int:
         if fmt == "array":
-            return self.samples * self.payload_bytes
+            return self.samples * self.row_bytes
         return self.samples * self.record_file_bytes
 
 
@@ -81,7 +84,7 @@ def data_files(root: Path, manifest: Manifest, fmt: str) -> list[Path]:
 
 
 def payloads(indices: range, labels: np.ndarray, samples: np.ndarray) -> list[bytes]:
-    return [PAYLOAD_HEADER.pack(i, int(labels[i])) + samples[i].tobytes() for i in indices]
+    return [encode_example(i, int(labels[i]), samples[i].tobytes()) for i in indices]
 
 
 def synthetic_samples(n: int, sample_bytes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -139,7 +142,7 @@ def _write_formats(root: Path, manifest: Manifest, labels: np.ndarray, samples: 
             with open(shard_file(root, k, manifest.shards), "wb") as f:
                 write_records(f, payloads(manifest.shard_range(k), labels, samples))
     if "array" in manifest.formats:
-        array = np.empty((manifest.samples, manifest.payload_bytes), np.uint8)
+        array = np.empty((manifest.samples, manifest.row_bytes), np.uint8)
         array[:, :4] = np.arange(manifest.samples, dtype="<u4").view(np.uint8).reshape(-1, 4)
         array[:, 4] = labels
         array[:, 5:] = samples
@@ -158,6 +161,10 @@ def load_manifest(root: str | Path, fmt: str | None = None) -> Manifest:
         raise DatasetError(f"manifest.json is not a dlscope pipeline manifest ({e})", path) from None
     if manifest.version > MANIFEST_VERSION:
         raise DatasetError(f"manifest version {manifest.version} is newer than this dlscope reads", path)
+    if manifest.version < MANIFEST_VERSION:
+        raise DatasetError(
+            f"manifest version {manifest.version}: records before tf.train.Example; prepare the dataset again", path
+        )
     if fmt is not None and fmt not in manifest.formats:
         raise DatasetError(f"format {fmt!r} was not prepared here (have: {', '.join(manifest.formats)})", root)
     return manifest

@@ -2,9 +2,10 @@
 and prefetch.
 
     records  = read_records(file, read_buffer)     # os.read of read_buffer bytes, CRCs checked
-    records  = shuffle(records, buffer_size, rng)  # tf.data's shuffle buffer
-    groups   = batches(records, batch_size)
-    batch    = decode(group)                       # one numpy view per batch, not per sample
+    samples  = parse_records(file, records)        # tf.data's map(parse): tf.train.Example → fields
+    samples  = shuffle(samples, buffer_size, rng)  # tf.data's shuffle buffer
+    groups   = batches(samples, batch_size)
+    batch    = decode(group)                       # one copy of the image bytes per batch
 
 `PipelineDataset` is a torch IterableDataset: each DataLoader worker reads its own share of the
 files (every file read by exactly one worker, so no sample is seen twice), shuffles its own
@@ -21,15 +22,19 @@ import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from dlscope.data.pipeline.prepare import PAYLOAD_HEADER, Manifest, data_files
-from dlscope.data.pipeline.tfrecord import IOCounters, read_records
+from dlscope.data.pipeline.example import parse_example
+from dlscope.data.pipeline.prepare import ROW_HEADER, Manifest, data_files
+from dlscope.data.pipeline.tfrecord import OVERHEAD, IOCounters, TFRecordError, read_records
 from dlscope.errors import ConfigError, DatasetError, DlscopeError
+from dlscope.protowire import FormatError
+
+T = TypeVar("T")
 
 
 class Batch(NamedTuple):
@@ -37,6 +42,10 @@ class Batch(NamedTuple):
     label: torch.Tensor  # int64
     x: torch.Tensor  # uint8 (n, sample_bytes)
     io: IOCounters  # what reading this batch cost (deltas since the worker's previous batch)
+
+
+ENGINES = ("dlscope", "tfdata")
+AUTOTUNE = -1  # tf.data.AUTOTUNE, for the tfdata engine's workers and prefetch
 
 
 @dataclass(frozen=True)
@@ -48,17 +57,20 @@ class ReaderConfig:
     workers: int = 0
     prefetch: int = 2  # batches in flight per worker (DataLoader) or in the thread queue
     seed: int = 0
+    engine: str = "dlscope"  # or "tfdata": the same row through tf.data (tfdata.py)
 
     def __post_init__(self) -> None:
+        lowest = AUTOTUNE if self.engine == "tfdata" else 0
         checks = [
             (self.fmt in ("files", "tfrecord", "array"), "format must be files, tfrecord or array"),
+            (self.engine in ENGINES, f"engine must be one of {', '.join(ENGINES)}"),
             (self.read_buffer >= 1, "read buffer must be ≥ 1 byte"),
             (self.shuffle_buffer >= 0, "shuffle buffer must be ≥ 0"),
             (self.batch_size >= 1, "batch size must be ≥ 1"),
-            (self.workers >= 0, "workers must be ≥ 0"),
-            (self.prefetch >= 0, "prefetch must be ≥ 0"),
+            (self.workers >= lowest, "workers must be ≥ 0 (-1, AUTOTUNE, with the tfdata engine)"),
+            (self.prefetch >= lowest, "prefetch must be ≥ 0 (-1, AUTOTUNE, with the tfdata engine)"),
             (
-                self.workers == 0 or self.prefetch >= 1,
+                self.engine == "tfdata" or self.workers == 0 or self.prefetch >= 1,
                 "with workers, prefetch (prefetch_factor) must be ≥ 1",
             ),
         ]
@@ -67,7 +79,7 @@ class ReaderConfig:
                 raise ConfigError(message)
 
 
-def shuffle(records: Iterable[bytes], buffer_size: int, rng: random.Random) -> Iterator[bytes]:
+def shuffle(records: Iterable[T], buffer_size: int, rng: random.Random) -> Iterator[T]:
     """tf.data's shuffle: hold `buffer_size` records, emit one drawn uniformly, refill its slot.
 
     A buffer smaller than the dataset only shuffles locally: a record can move at most about
@@ -76,7 +88,7 @@ def shuffle(records: Iterable[bytes], buffer_size: int, rng: random.Random) -> I
     if buffer_size <= 1:
         yield from records
         return
-    buffer: list[bytes] = []
+    buffer: list[T] = []
     for record in records:
         if len(buffer) < buffer_size:
             buffer.append(record)
@@ -88,11 +100,11 @@ def shuffle(records: Iterable[bytes], buffer_size: int, rng: random.Random) -> I
     yield from buffer
 
 
-def batches(records: Iterable[bytes], batch_size: int) -> Iterator[list[bytes]]:
+def batches(records: Iterable[T], batch_size: int) -> Iterator[list[T]]:
     """Groups of `batch_size` (the last may be short). A full group is handed on only once the
     next record has arrived or the input has ended, so the reads that discover the end of the
     data are counted with the last batch rather than after it."""
-    group: list[bytes] = []
+    group: list[T] = []
     for record in records:
         if len(group) == batch_size:
             yield group
@@ -102,13 +114,30 @@ def batches(records: Iterable[bytes], batch_size: int) -> Iterator[list[bytes]]:
         yield group
 
 
-def decode(group: list[bytes], io: IOCounters) -> Batch:
-    """Payloads (uint32 index, uint8 label, sample bytes) → tensors, with one copy per batch."""
-    rows = np.frombuffer(bytearray(b"".join(group)), np.uint8).reshape(len(group), -1)
-    index = rows[:, :4].copy().view("<u4")[:, 0].astype(np.int64)
-    label = rows[:, 4].astype(np.int64)
-    x = np.ascontiguousarray(rows[:, PAYLOAD_HEADER.size :])
-    return Batch(torch.from_numpy(index), torch.from_numpy(label), torch.from_numpy(x), io)
+class Sample(NamedTuple):
+    index: int
+    label: int
+    image: bytes
+
+
+def parse_records(path: Path, records: Iterable[bytes]) -> Iterator[Sample]:
+    """tf.data's map(parse_single_example): each record's tf.train.Example → a Sample; a record
+    that is not one (a CRC-valid record of another kind) is named by file and offset."""
+    offset = 0
+    for record in records:
+        try:
+            yield Sample(*parse_example(record))
+        except FormatError as e:
+            raise TFRecordError(f"record at offset {offset} is not a dlscope tf.train.Example: {e}", path) from None
+        offset += OVERHEAD + len(record)
+
+
+def decode(group: list[Sample], io: IOCounters) -> Batch:
+    """Samples → tensors, with one copy of the image bytes per batch."""
+    index = torch.tensor([s.index for s in group], dtype=torch.int64)
+    label = torch.tensor([s.label for s in group], dtype=torch.int64)
+    x = np.frombuffer(bytearray(b"".join(s.image for s in group)), np.uint8).reshape(len(group), -1)
+    return Batch(index, label, torch.from_numpy(x), io)
 
 
 def disk_read_bytes() -> int | None:
@@ -123,19 +152,19 @@ def disk_read_bytes() -> int | None:
     return None
 
 
-def array_records(path: Path, manifest: Manifest, rows: range, io: IOCounters) -> Iterator[bytes]:
+def array_samples(path: Path, manifest: Manifest, rows: range, io: IOCounters) -> Iterator[Sample]:
     """Rows of the memory-mapped array: page faults, not read calls (io.reads stays 0)."""
     try:
         array = np.load(path, mmap_mode="r")
     except (OSError, ValueError) as e:
         raise DatasetError(f"not a readable .npy array ({e})", path) from None
-    expected = (manifest.samples, manifest.payload_bytes)
+    expected = (manifest.samples, manifest.row_bytes)
     if array.shape != expected or array.dtype != np.uint8:
         raise DatasetError(f"array is {array.dtype} {array.shape}, the manifest says uint8 {expected}", path)
     for i in rows:
         record = array[i].tobytes()
         io.bytes += len(record)
-        yield record
+        yield Sample(*ROW_HEADER.unpack_from(record), record[ROW_HEADER.size :])
 
 
 class PipelineDataset(IterableDataset):
@@ -147,25 +176,25 @@ class PipelineDataset(IterableDataset):
         self.config = config
         self.epoch = epoch
 
-    def _records(self, worker: int, workers: int, io: IOCounters) -> Iterator[bytes]:
+    def _samples(self, worker: int, workers: int, io: IOCounters) -> Iterator[Sample]:
         config, files = self.config, data_files(self.root, self.manifest, self.config.fmt)
         if config.fmt == "array":
             n = self.manifest.samples
-            yield from array_records(
+            yield from array_samples(
                 files[0], self.manifest, range(worker * n // workers, (worker + 1) * n // workers), io
             )
             return
         if config.shuffle_buffer > 1:  # as tf.data's list_files(shuffle=True): file order too
             random.Random(f"files/{config.seed}/{self.epoch}").shuffle(files)
         for path in files[worker::workers]:
-            yield from read_records(path, config.read_buffer, io)
+            yield from parse_records(path, read_records(path, config.read_buffer, io))
 
     def __iter__(self) -> Iterator[Batch | DlscopeError]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         io = IOCounters(disk_bytes=disk_read_bytes())
         rng = random.Random(f"shuffle/{self.config.seed}/{self.epoch}/{worker}")
-        records = shuffle(self._records(worker, workers, io), self.config.shuffle_buffer, rng)
+        records = shuffle(self._samples(worker, workers, io), self.config.shuffle_buffer, rng)
         reported = io.copy()
         try:
             for group in batches(records, self.config.batch_size):

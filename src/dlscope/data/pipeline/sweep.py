@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,10 @@ import numpy as np
 
 from dlscope.data.mnist import MNIST
 from dlscope.data.pipeline.consumer import SimulatedCompute, TrainingCompute
+from dlscope.data.pipeline.example import example_bytes
 from dlscope.data.pipeline.measure import COMPUTE_BOUND_WAIT, INPUT_BOUND_WAIT, measure_epoch
-from dlscope.data.pipeline.prepare import PAYLOAD_HEADER, Manifest, prepare_dataset, synthetic_samples
-from dlscope.data.pipeline.stages import ReaderConfig
+from dlscope.data.pipeline.prepare import Manifest, prepare_dataset, synthetic_samples
+from dlscope.data.pipeline.stages import AUTOTUNE, ReaderConfig
 from dlscope.data.pipeline.tfrecord import OVERHEAD
 from dlscope.options import SweepPlan
 
@@ -139,7 +140,34 @@ def plan_tables(plan: SweepPlan, file_bytes: int) -> list[TableSpec]:
             ],
         )
     )
+    if "tfdata" in plan.engines:
+        tables[-1].rows.append(
+            (
+                "AUTOTUNE",
+                ReaderConfig("files", batch_size=plan.batch_size, workers=AUTOTUNE, prefetch=AUTOTUNE, engine="tfdata"),
+                True,
+            )
+        )
+    for table in tables:
+        table.rows = [
+            (engine_label(label, engine, plan.engines), replace(reader, engine=engine), cold)
+            for label, reader, cold in table.rows
+            for engine in plan.engines
+            if engine_runs(engine, reader)
+        ]
     return tables
+
+
+def engine_runs(engine: str, reader: ReaderConfig) -> bool:
+    """tf.data reads TFRecords (not the array); AUTOTUNE is tf.data's alone."""
+    if engine == "tfdata":
+        return reader.fmt != "array"
+    return reader.workers != AUTOTUNE
+
+
+def engine_label(label: str, engine: str, engines: tuple[str, ...]) -> str:
+    """A row's label, with its engine when the sweep runs more than one (report.sections.pipeline.base_label)."""
+    return label if len(engines) == 1 else f"{label} · {'tf.data' if engine == 'tfdata' else engine}"
 
 
 def prepare_sweep_data(workdir: Path, mnist: MNIST, plan: SweepPlan) -> dict[str, tuple[Path, Manifest]]:
@@ -148,7 +176,7 @@ def prepare_sweep_data(workdir: Path, mnist: MNIST, plan: SweepPlan) -> dict[str
     labels = mnist.train_labels[:n].numpy().astype(np.uint8)
     data = {"mnist": (workdir / "mnist", prepare_dataset(workdir / "mnist", labels, images, "mnist"))}
     if plan.small_files:
-        sample_bytes = SEED_FILE_BYTES - OVERHEAD - PAYLOAD_HEADER.size
+        sample_bytes = next(n for n in range(SEED_FILE_BYTES) if OVERHEAD + example_bytes(n) == SEED_FILE_BYTES)
         labels, samples = synthetic_samples(plan.small_files, sample_bytes, plan.seed)
         data["small"] = (workdir / "small", prepare_dataset(workdir / "small", labels, samples, "synthetic"))
     return data

@@ -64,13 +64,14 @@ class IOCounters:
 
     `read_seconds` covers open, read and close (seed 003 counts the directory look-up of a small
     file as read time); `disk_bytes` is the kernel's `read_bytes` from /proc/self/io — bytes that
-    came from the device rather than the page cache (None where /proc is not readable).
+    came from the device rather than the page cache (None where /proc is not readable). None for
+    opens and read_seconds: not observable (tf.data opens and reads in its own C++ threads).
     """
 
-    opens: int = 0
+    opens: int | None = 0
     reads: int = 0
     bytes: int = 0
-    read_seconds: float = 0.0
+    read_seconds: float | None = 0.0
     disk_bytes: int | None = 0
 
     def __sub__(self, other: IOCounters) -> IOCounters:

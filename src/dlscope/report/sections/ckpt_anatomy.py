@@ -48,12 +48,13 @@ def verdict_finding(a: dict[str, Any]) -> tuple[str, str]:
         return "good", f"{a['format']}: no pickle, data only — nothing in the file can run."
     pickles = a["layout"]["pickles"]
     names = sorted({g for p in pickles for g in p["globals"]})
+    listed = ", ".join(names[:12]) + (f", … {len(names) - 12:,} more" if len(names) > 12 else "")
     opcodes = sum(p["opcodes"] for p in pickles)
     where = pickles[0]["where"] if len(pickles) == 1 else f"{len(pickles)} pickles"
     head = f"{where}: pickle protocol {pickles[0]['protocol']}, {opcodes:,} opcodes; it names {len(names)} globals"
     if a["safe_to_load"]:
-        return "good", f"{head} ({', '.join(names)}) — all on the allow-list: safe to torch.load."
-    return "bad", f"{head} ({', '.join(names)}) — NOT safe to torch.load."
+        return "good", f"{head} ({listed}) — all on the allow-list: safe to torch.load."
+    return "bad", f"{head} ({listed}) — NOT safe to torch.load."
 
 
 def layout_blocks(a: dict[str, Any], limit: int | None) -> list[Block]:
@@ -123,10 +124,17 @@ def layout_blocks(a: dict[str, Any], limit: int | None) -> list[Block]:
     return blocks
 
 
+def short_key(name: str) -> str:
+    """A TF checkpoint key without the suffix every variable's key carries."""
+    return name.removesuffix("/.ATTRIBUTES/VARIABLE_VALUE")
+
+
 def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = None) -> list[Block]:
     """A checkpoint's anatomy (`Anatomy.to_dict()`): the lab's section and `dlscope ckpt inspect` alike."""
     t = a["totals"]
     levels = [(f["level"], f"{f['what']} ({f['where']})" if f["where"] else f["what"]) for f in a["findings"]]
+    if limit and len(levels) > limit:  # a hostile pickle can name 100,000 globals
+        levels = [*levels[:limit], ("info", f"{len(levels) - limit:,} more findings (--limit N, or --json for all)")]
     blocks: list[Block] = [
         Para(f"{a['path']}: {a['format']}, {a['file_bytes']:,} bytes"),
         Findings([verdict_finding(a), *levels]),
@@ -145,6 +153,25 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = N
         blocks.append(Table(shown, rows, f"{arch['class_name']} (from {arch['source']})"))
     if a.get("training"):
         blocks.append(Table(["training config", "settings"], training_rows(a["training"])))
+    variable_map = a["layout"].get("variable_map")
+    if variable_map:
+        shown_map = variable_map[:limit] if limit else variable_map
+        blocks.append(
+            Table(
+                ["tensor", "layer", "variable", "slot"],
+                [
+                    [
+                        r["tensor"].removesuffix("/.ATTRIBUTES/VARIABLE_VALUE"),
+                        r["layer"],
+                        r["variable"],
+                        r["slot"] or "",
+                    ]
+                    for r in shown_map
+                ],
+                "Variables → layers and optimizer slots (a TF checkpoint's object graph; Keras 3's optimizer "
+                "variables by their order)" + _more(len(variable_map), len(shown_map)),
+            )
+        )
     tensors = a["tensors"][:limit] if limit else a["tensors"]
     columns = ["tensor", "dtype", "shape", "bytes", "storage @ offset", "role"]
     rows = []
@@ -307,11 +334,13 @@ def render(section: dict[str, Any]) -> list[Block]:
         blocks.append(
             Para(
                 f"Seed 003's MLP, trained with Keras {tr['keras_version']} on the {tr['backend']} backend "
-                f"({tr['samples']:,} images, {tr['epochs']} epoch(s), accuracy {tr['accuracy'][-1]:.2%}) and saved "
+                f"({tr['samples']:,} images, {tr['epochs']} epoch(s), {tr.get('optimizer', 'adam')}, batch "
+                f"{tr.get('batch_size', 32)}, accuracy {tr['accuracy'][-1]:.2%}) and saved "
                 "with model.save('model.h5') as in the handout: the HDF5 root attributes hold model_config and "
                 "training_config, the groups model_weights/<layer>/… and optimizer_weights/… the tensors."
             )
         )
+        blocks.append(formats_table([k[kind] for kind in ("h5", "keras", "tf_bundle") if kind in k]))
         h5 = k["h5"]
         if "model_config" in h5["layout"]:
             blocks.append(Code("model_config = " + seed_listing(h5["layout"]["model_config"]), "json"))
@@ -325,4 +354,55 @@ def render(section: dict[str, Any]) -> list[Block]:
             )
         )
         blocks += render_anatomy(k["keras"], stats_columns=False)
+        if "tf_bundle" in k:
+            blocks.append(
+                Para(
+                    "The handout's other format, TensorFlow's own checkpoint (tf.train.Checkpoint): a LevelDB index "
+                    "of every tensor's dtype, shape, offset and CRC32C (all checked here), and a data shard. Its "
+                    "object graph says which layer each variable belongs to and which variable each optimizer slot "
+                    "serves."
+                )
+            )
+            blocks += render_anatomy(k["tf_bundle"], stats_columns=False)
+        if "profile" in tr:
+            blocks.append(profile_table(tr["profile"], tr["backend"]))
     return blocks
+
+
+def formats_table(anatomies: list[dict[str, Any]]) -> Table:
+    """The same trained model in each format it was saved in, side by side."""
+
+    def role_bytes(a: dict[str, Any], role: str) -> int:
+        return sum(r["bytes"] for r in a["by_role"] if r["role"] == role)
+
+    return Table(
+        ["file", "format", "bytes", "tensors", "parameters", "optimizer", "overhead"],
+        [
+            [
+                a["path"],
+                a["format"],
+                a["file_bytes"],
+                a["totals"]["tensors"],
+                role_bytes(a, "parameter"),
+                role_bytes(a, "optimizer"),
+                a["totals"]["overhead_bytes"],
+            ]
+            for a in anatomies
+        ],
+        "One model, each format it was saved in (bytes; overhead: headers, metadata, padding)",
+        optional=("format",),
+    )
+
+
+def profile_table(profile: dict[str, Any], backend: str) -> Table:
+    """The backend profiler's top-10 operators: the same table for torch and TensorFlow."""
+    steps = max(profile["steps"], 1)
+    return Table(
+        ["operator", "calls", "self ms/step", "self %"],
+        [
+            [r["name"], r["calls"], round(r["self_us"] / 1000 / steps, 2), round(r["self_pct"], 1)]
+            for r in profile["top"]
+        ],
+        f"Top-10 operators by self time over {profile['steps']} training steps ({profile['profiler']}, "
+        f"{backend} backend): the same table for either backend",
+    )
