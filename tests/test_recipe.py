@@ -92,7 +92,7 @@ def test_cli_accepts_recipe_and_autotune_wherever_training_args_are():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("seed", [1, 3])  # 3: the thinnest margin over five seeds (BENCHMARKS.md)
 def test_fast_recipe_reaches_99_percent(mnist, seed):
     config = TrainConfig.from_recipe("fast", seed=seed, target_acc=99.0)
     result = Trainer(config, mnist, [StopAtAccuracy(99.0)]).fit()
