@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dlscope.errors import CheckpointError
+from dlscope.errors import OS_CAUSES, CheckpointError, DlscopeError
 from dlscope.fsutil import atomic_write_with, clean_stale_temps
 from dlscope.models import Layout, TunableCNN, build_model
 from dlscope.train import EpochResult, Observer, Trainer, fingerprint
@@ -90,7 +90,9 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> SaveInfo:
         removed = clean_stale_temps(path.parent)
         atomic_write_with(path, lambda f: torch.save(state, f))
     except OSError as e:
-        raise CheckpointError(f"cannot write checkpoint: {e.strerror or e}", path) from None
+        raise CheckpointError(f"cannot write checkpoint: {OS_CAUSES.get(e.errno, e.strerror or e)}", path) from None
+    except DlscopeError as e:  # an OS fault atomic_write named: the same words, as a checkpoint error
+        raise CheckpointError(f"cannot write checkpoint: {e.message.split(': ', 1)[-1]}", e.path) from None
     return SaveInfo(str(path), path.stat().st_size, time.perf_counter() - start, len(removed))
 
 
@@ -102,13 +104,25 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError, ValueError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"not a loadable checkpoint: {first_line}", path) from None
+        raise CheckpointError(f"not a loadable checkpoint: {load_failure(e)}", path) from None
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError("not a dlscope checkpoint (no 'model' and 'config' entries)", path)
     if "rng" in state:
         state["rng"] = restore_rng(state["rng"])
     return state
+
+
+def load_failure(e: Exception) -> str:
+    """torch.load's reason in one line, without its advice to retry with weights_only=False
+    (which runs whatever code the file holds: a tool that checks files must never suggest it)."""
+    text = str(e)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    elif "weights_only" in text:
+        return "the file is not plain tensors and containers (rejected by the safe loader)"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
 
 
 def model_from_checkpoint(state: dict[str, Any]) -> nn.Module:
@@ -134,8 +148,11 @@ def verify_checkpoint(
     saved = state.get("fingerprint")
     if saved is None:
         raise CheckpointError("checkpoint has no prediction fingerprint to verify against", path)
-    if saved["samples"] != len(labels):
+    # a run trained with --test-subset N evaluated (and fingerprinted) the first N test images
+    samples = state["config"].get("test_subset") or len(labels)
+    if saved["samples"] != samples or samples > len(labels):
         raise CheckpointError(f"fingerprint covers {saved['samples']} test samples, {len(labels)} given", path)
+    images, labels = images[:samples], labels[:samples]
     model = model_from_checkpoint(state)
     load_seconds = time.perf_counter() - start
     logits = predict(model, images)

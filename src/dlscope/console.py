@@ -36,6 +36,9 @@ def step_progress(enabled: bool = True) -> Progress:
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0)]}
+# a kernel path's bytes that are not UTF-8, decoded with surrogateescape: shown as the byte \xNN
+_CONTROL.update({c: f"\\x{c - 0xDC00:02x}" for c in range(0xDC80, 0xDD00)})
+_CONTROL_OR_NEWLINE = {**_CONTROL, 0x0A: "\\n"}
 
 
 def safe(text: object) -> str:
@@ -45,3 +48,9 @@ def safe(text: object) -> str:
     from rich.markup import escape
 
     return escape(str(text).translate(_CONTROL))
+
+
+def one_line(text: object) -> str:
+    """Untrusted text for a plain one-line message (errors on stderr): like safe(), newlines
+    escaped too, no rich markup involved."""
+    return str(text).translate(_CONTROL_OR_NEWLINE)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -28,3 +32,72 @@ class ConfigError(DlscopeError):
 
 class RunDirError(DlscopeError):
     """A run directory or its results.json is missing or unreadable."""
+
+
+# errno → the cause in words a user acts on (the rest fall back to the OS's own strerror)
+OS_CAUSES = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large for this file system or the process's size limit",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOTDIR: "a part of this path is a file, not a directory",
+    errno.EEXIST: "exists as a file, not a directory",
+    errno.EISDIR: "is a directory, not a file",
+    errno.ENAMETOOLONG: "name too long",
+    errno.ENOENT: "no such file or directory",
+    errno.EMFILE: "too many open files",
+    errno.EIO: "input/output error",
+}
+
+
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError behind `exc` (itself, or its cause: torch wraps ENOSPC in a RuntimeError)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return exc
+        if isinstance(exc, DlscopeError):
+            return None  # already said in one line
+        seen.add(id(exc))
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return None
+
+
+def from_os_error(e: OSError, action: str, path: str | Path | None = None) -> DlscopeError:
+    """One line for an OS fault: `<path>: cannot <action>: <cause>`; the path the OS names wins."""
+    cause = OS_CAUSES.get(e.errno, e.strerror or str(e))
+    return DlscopeError(f"cannot {action}: {cause}", e.filename or path)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The user stopped dlscope with a signal: Ctrl-C (a plain KeyboardInterrupt) or SIGTERM."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def interrupt_signal(exc: KeyboardInterrupt) -> signal.Signals:
+    return signal.Signals(getattr(exc, "signum", signal.SIGINT))
+
+
+def raise_interrupted(signum: int, frame: object) -> None:
+    """SIGTERM handler: unwind like Ctrl-C, so runs record "interrupted" and tracers stop."""
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def os_faults_named(path: str | Path, action: str) -> Iterator[None]:
+    """An OS fault no closer layer named (a full disk under TensorBoard's writer thread, torch
+    wrapping ENOSPC in a RuntimeError) becomes one line: `<path>: cannot <action>: <cause>`."""
+    try:
+        yield
+    except DlscopeError:
+        raise
+    except Exception as e:
+        cause = os_error_in(e)
+        if cause is None:
+            raise
+        raise from_os_error(cause, action, path) from None

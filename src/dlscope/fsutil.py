@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+from dlscope.errors import from_os_error, os_error_in
 
 TEMP_MARK = ".dlscope-tmp-"
 
@@ -26,12 +30,16 @@ def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
 
     Sequence: temp file in the same directory (same filesystem, so the rename is atomic) →
     write → flush → fsync → os.replace → fsync of the directory. On any exception the temp
-    file is removed and `path` is untouched.
+    file is removed and `path` is untouched; an OS fault (full disk, read-only, a file where a
+    directory should be) becomes one DlscopeError naming the path and the cause.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{TEMP_MARK}{path.name}.{os.getpid()}"
-    f = open(tmp, "wb")  # noqa: SIM115 — closed explicitly: it must close before the rename
+    try:
+        make_dirs(path.parent)
+        f = open(tmp, "wb")  # noqa: SIM115 — closed explicitly: it must close before the rename
+    except OSError as e:
+        raise from_os_error(e, "write", path) from None
     try:
         yield f
         f.flush()
@@ -39,10 +47,24 @@ def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
         f.close()
         os.replace(tmp, path)
         fsync_dir(path.parent)
-    except BaseException:
-        f.close()
+    except BaseException as e:
+        with contextlib.suppress(OSError):  # on a full disk close() fails again: unlink regardless
+            f.close()
         tmp.unlink(missing_ok=True)
-        raise
+        cause = os_error_in(e) if isinstance(e, Exception) else None
+        if cause is None:
+            raise
+        raise from_os_error(cause, "write", path) from None
+
+
+def make_dirs(path: str | Path) -> Path:
+    """mkdir -p, with OS faults as one DlscopeError (a file in the way, read-only, no space)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise from_os_error(e, "create directory", path) from None
+    return path
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -80,3 +102,14 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
+def json_text(value: Any, **options: Any) -> str:
+    """JSON text (non-ASCII kept readable) in which the undecodable bytes of a kernel path, held as
+    lone surrogates (surrogateescape), are written as \\udcXX escapes: the text always encodes as
+    UTF-8, and json.loads gives the exact path back (os.fsencode gives its bytes)."""
+    text = json.dumps(value, ensure_ascii=False, **options)
+    return _UNDECODABLE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)

@@ -25,6 +25,7 @@ class RunOptions:
 @dataclass
 class TrainOptions:
     resume: str | None = None
+    epochs: int | None = None  # --epochs given with --resume: the total to reach (default: the checkpoint's)
 
 
 @dataclass

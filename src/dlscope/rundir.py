@@ -1,6 +1,7 @@
 """The run directory every command writes, and its results.json (the report's single source).
 
 runs/<name>/
+    .dlscope-lock      flock'd by the one process writing this run; holds its pid
     results.json       versioned; rewritten atomically after every step
     tensorboard/       event files
     profile/           Chrome/Perfetto trace, operator tables (CSV, JSON)
@@ -14,20 +15,54 @@ runs/<name>/
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import json
 import math
+import os
 import sys
 import time
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from dlscope import __version__
-from dlscope.errors import RunDirError
-from dlscope.fsutil import atomic_write_bytes
+from dlscope.errors import RunDirError, from_os_error, interrupt_signal
+from dlscope.fsutil import atomic_write_bytes, clean_stale_temps, json_text, make_dirs
 
 SCHEMA = "dlscope.results"
 SCHEMA_VERSION = 2  # 2: sections rendered by report/sections (dlscope 0.2)
+LOCK_NAME = ".dlscope-lock"
+# "<pid>:<run dir>": set for a child that writes into the run its parent holds (lab --trace-io)
+LOCK_HELD_FOR_CHILD = "DLSCOPE_RUN_LOCK_HELD_BY"
+
+
+def lock_run_dir(path: Path) -> int | None:
+    """Take the run directory's advisory lock; the descriptor to close, or None when the parent
+    process holds it for us. A second writer gets one line naming the holder's pid; a crashed
+    holder's lock is released by the kernel with its descriptors."""
+    lock = path / LOCK_NAME
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise from_os_error(e, "lock the run directory", lock) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        if os.environ.get(LOCK_HELD_FOR_CHILD) == f"{holder}:{path.resolve()}":
+            return None
+        raise RunDirError(f"in use by another dlscope run (pid {holder}); use another --out", path) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as e:
+        os.close(fd)
+        raise from_os_error(e, "lock the run directory", lock) from None
+    return fd
 
 
 def to_jsonable(value: Any) -> Any:
@@ -49,8 +84,12 @@ def to_jsonable(value: Any) -> Any:
 
 class RunDir:
     def __init__(self, path: str | Path, command: str, argv: list[str] | None = None) -> None:
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path = make_dirs(path)
+        lock = lock_run_dir(self.path)
+        # closing the descriptor releases the lock: at release(), or when this object goes away
+        self._unlock = weakref.finalize(self, os.close, lock) if lock is not None else None
+        for directory in (self.path, *(d for d in self.path.iterdir() if d.is_dir())):
+            clean_stale_temps(directory)  # left by a run that was killed: their pid is gone
         self.started = time.time()
         self.results: dict[str, Any] = {
             "schema": SCHEMA,
@@ -66,7 +105,12 @@ class RunDir:
             "steps": [],
             "sections": {},
         }
-        self.save()
+        try:
+            self.save()
+        except KeyboardInterrupt as e:  # the file may be there already: it must not say "running"
+            self.results["run"]["signal"] = interrupt_signal(e).name
+            self.finish("interrupted")
+            raise
 
     @classmethod
     def create(
@@ -84,9 +128,22 @@ class RunDir:
         return cls(path, command, argv)
 
     def sub(self, name: str) -> Path:
-        path = self.path / name
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return make_dirs(self.path / name)
+
+    def release(self) -> None:
+        """Let another process write this run directory."""
+        if self._unlock is not None:
+            self._unlock()
+
+    @contextlib.contextmanager
+    def lent_to_children(self) -> Iterator[None]:
+        """While inside, child processes may write this run although we hold its lock (the lab
+        that `lab --trace-io` traces)."""
+        os.environ[LOCK_HELD_FOR_CHILD] = f"{os.getpid()}:{self.path.resolve()}"
+        try:
+            yield
+        finally:
+            os.environ.pop(LOCK_HELD_FOR_CHILD, None)
 
     def rel(self, path: str | Path) -> str:
         """A path relative to the run directory, as results.json stores artifact paths."""
@@ -114,7 +171,7 @@ class RunDir:
         self.results = load_results(self.path)
 
     def save(self) -> None:
-        text = json.dumps(self.results, indent=2, allow_nan=False, ensure_ascii=False)
+        text = json_text(self.results, indent=2, allow_nan=False)
         atomic_write_bytes(self.path / "results.json", text.encode())
 
 

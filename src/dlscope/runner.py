@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscope.config import TrainConfig
-from dlscope.errors import ConfigError
+from dlscope.errors import ConfigError, Interrupted, interrupt_signal, os_faults_named
 from dlscope.options import RunOptions, StepOptions
 from dlscope.phases import phase
 
@@ -39,6 +40,10 @@ class Plan:
         """Refuse a plan that cannot run, before anything is created."""
         from dlscope.steps import STEPS_BY_NAME
 
+        if "train" in self.steps and self.step_options.train.resume:
+            from dlscope.checkpoint import load_checkpoint
+
+            load_checkpoint(self.step_options.train.resume)  # a bad file: one line, and nothing created
         unknown = [s for s in self.steps if s not in STEPS_BY_NAME]
         if unknown:
             raise ConfigError(f"unknown step {', '.join(unknown)}; choose from {', '.join(STEPS_BY_NAME)}")
@@ -54,13 +59,19 @@ def run_command(plan: Plan, render: bool = True) -> dict[str, Any]:
 
     plan.check()
     run = RunDir.create(plan.options.out, plan.command, argv=plan.argv)
-    if render:
-        console.print(f"[phase]dlscope {plan.command}[/] → [path]{run.path}[/]")
     try:
+        if render:
+            console.print(f"[phase]dlscope {plan.command}[/] → [path]{run.path}[/]")
         run_steps(plan, run)
+    except KeyboardInterrupt as e:
+        if run.results["run"]["status"] == "running":  # stopped before the first step began
+            run.results["run"]["signal"] = interrupt_signal(e).name
+            run.finish("interrupted")
+        raise
     finally:
         if render:
             finish_report(run)
+        run.release()
     return run.results
 
 
@@ -84,14 +95,17 @@ def run_steps(plan: Plan, run: Any) -> None:
             console.rule(f"[phase]{section_renderer.TITLE}", align="left", style="dim")
             provide(ctx, step.needs)
             start = time.perf_counter()
-            with phase(step.name):  # visible to --trace-io, ~µs otherwise
-                section = step.run(ctx)
+            with phase(step.name), os_faults_named(run.path, f"run the {step.name} step"):
+                section = step.run(ctx)  # the phase is visible to --trace-io, ~µs otherwise
             section["seconds"] = round(time.perf_counter() - start, 3)
             run.record(step.name, section)
             print_blocks(section_renderer.render(run.results["sections"][step.name]))
+            if section.get("interrupted"):  # a traced command cut short by the user: recorded, now stop
+                raise Interrupted(signal.Signals[section["interrupted"]])
         status = "ok"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         status = "interrupted"
+        run.results["run"]["signal"] = interrupt_signal(e).name
         raise
     except Exception as e:
         run.results["run"]["error"] = f"{type(e).__name__}: {e}" if not _is_user_error(e) else str(e)
@@ -245,30 +259,45 @@ def run_traced(plan: Plan, backend: str) -> int:
     trace = dataclasses.replace(plan.step_options.iotrace, command=child, backend=backend)
     from dlscope.console import console
 
-    console.print(f"[phase]dlscope {plan.command} --trace-io[/] → [path]{run.path}[/]")
     section: dict[str, Any] = {}
+    stopped_by = None  # the user's signal, while the child ran or before
     try:
-        section = iotrace.trace(run, trace, say=say)
+        console.print(f"[phase]dlscope {plan.command} --trace-io[/] → [path]{run.path}[/]")
+        with run.lent_to_children():
+            section = iotrace.trace(run, trace, say=say)
+        stopped_by = section.get("interrupted")
+    except KeyboardInterrupt as e:
+        stopped_by = interrupt_signal(e).name
+        raise
     finally:
         run.reload()  # what the traced child wrote
         if section:
             run.record("iotrace", section)
-        if run.results["run"]["status"] == "running":  # the child died before it could say so
+        if stopped_by:
+            run.results["run"]["signal"] = stopped_by
+            run.finish("interrupted")
+        elif run.results["run"]["status"] == "running":  # the child died before it could say so
             run.finish("failed")
         finish_report(run)
+        run.release()
+    if stopped_by:  # the report is written; now dlscope ends as the user asked
+        raise Interrupted(signal.Signals[stopped_by])
     return section.get("exit_code", 1)
 
 
 def child_main(argv: list[str]) -> int:
     """`python -m dlscope.runner PLAN_JSON`: run a plan into an existing run dir, no report."""
     from dlscope.console import console
-    from dlscope.errors import DlscopeError
+    from dlscope.errors import DlscopeError, raise_interrupted
 
+    signal.signal(signal.SIGTERM, raise_interrupted)  # the parent forwards the user's signal
     try:
         run_command(plan_from_json(argv[0]), render=False)
     except DlscopeError as e:
         console.print(f"dlscope: error: {e}", markup=False)
         return 2
+    except KeyboardInterrupt as e:
+        return 128 + interrupt_signal(e)
     return 0
 
 

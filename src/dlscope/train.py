@@ -327,12 +327,23 @@ class Trainer:
         if "layout" in state and isinstance(self.model, TunableCNN):
             self.model.set_layout(Layout.from_dict(state["layout"]))
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
         self.start_epoch = int(state["epoch"])
-        self.global_step = int(state["global_step"])
+        if self.restarts_schedule(state):
+            # the saved one-cycle ends at the old total (stepping past it raises): a fresh cycle
+            # over the epochs still to run, from where the optimizer stands
+            remaining = dataclasses.replace(self.config, epochs=max(self.config.epochs - self.start_epoch, 1))
+            self.scheduler = make_scheduler(remaining, self.optimizer, self.steps_per_epoch)
+        else:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.global_step = self.result.steps = int(state["global_step"])
         set_rng_state(state["rng"])
         self.result.epochs = [EpochResult(**e) for e in state.get("history", [])]
         self.result.resumed_from_epoch = self.start_epoch
+
+    def restarts_schedule(self, state: dict[str, Any]) -> bool:
+        """Whether resuming `state` under this config starts a new one-cycle (--epochs changed)."""
+        saved_epochs = int(state["config"].get("epochs", self.config.epochs))
+        return self.config.schedule == "onecycle" and self.config.epochs != saved_epochs
 
     def _emit(self, hook: str, *args: Any) -> None:
         for observer in self.observers:

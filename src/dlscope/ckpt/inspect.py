@@ -18,6 +18,7 @@ import torch
 
 from dlscope.ckpt import keras_fmt, safetensors_fmt, torchfmt
 from dlscope.ckpt.anatomy import Anatomy
+from dlscope.ckpt.hdf5_probe import probe_hdf5
 from dlscope.ckpt.scan import LEGACY_PREFIX
 from dlscope.ckpt.tf_fmt import SHARD_NAME, TABLE_MAGIC, index_path_for, inspect_tf
 from dlscope.ckpt.zipdir import open_zip
@@ -95,6 +96,7 @@ def _inspect(path: Path, f: BinaryIO, kind: str, head: bytes, file_bytes: int, s
         zf = open_zip(path, f)
         names = set(zf.namelist())
         if "config.json" in names and ("model.weights.h5" in names or "metadata.json" in names):
+            probe_hdf5(path)  # in a child with a timeout: HDF5 can loop forever on a malformed file
             anatomy = keras_fmt.inspect_keras_zip(path, f, zf, file_bytes)
         elif any(n.endswith("/data.pkl") for n in names):
             anatomy = torchfmt.inspect_torch_zip(path, f, zf, file_bytes, check=stats)
@@ -103,6 +105,7 @@ def _inspect(path: Path, f: BinaryIO, kind: str, head: bytes, file_bytes: int, s
                 f"zip archive that is neither a torch.save file nor a .keras model ({len(names)} members)", path
             )
     elif kind == "hdf5":
+        probe_hdf5(path)
         anatomy = keras_fmt.inspect_hdf5(path, f, file_bytes)
     elif kind == "torch-legacy":
         anatomy = torchfmt.inspect_legacy(path, f, file_bytes)

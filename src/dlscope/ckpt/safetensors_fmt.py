@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
+from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.ckpt.pickle_values import DType
 from dlscope.errors import CheckpointError
 
@@ -130,12 +131,7 @@ def inspect_safetensors(path: Path, f: BinaryIO, file_bytes: int) -> Anatomy:
         def read(at: int = at, size: int = end - begin, name: str = dtype, shape: list[int] = shape):
             import torch  # only --stats reads tensor data: inspecting the layout needs no torch
 
-            with open(path, "rb") as f2:
-                f2.seek(at)
-                raw = bytearray(f2.read(size))
-            dtype = getattr(torch, name)
-            flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-            return flat.reshape(shape)
+            return mapped_tensor(path, at, size, getattr(torch, name)).reshape(shape)
 
         anatomy.tensors.append(
             TensorEntry(

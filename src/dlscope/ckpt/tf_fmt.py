@@ -27,6 +27,7 @@ import crc32c
 import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name
+from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.errors import CheckpointError
 from dlscope.protowire import FormatError, proto_fields, signed64, varint
 
@@ -431,8 +432,6 @@ def verify_bundle(index: Path) -> Anatomy:
 
 def _reader(shard: Path | None, offset: int, size: int, dtype: Any, shape: list[int]):
     def read() -> torch.Tensor:
-        flat_bytes = bytearray(read_shard_bytes(shard, offset, size))
-        flat = torch.frombuffer(flat_bytes, dtype=dtype) if flat_bytes else torch.empty(0, dtype=dtype)
-        return flat.reshape(shape)
+        return mapped_tensor(shard, offset, size, dtype).reshape(shape)
 
     return read

@@ -13,6 +13,7 @@ from typing import Any, BinaryIO
 import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
+from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.ckpt.pickle_scan import scan_pickle
 from dlscope.ckpt.pickle_values import Opaque, PickleScan, ScanError, StorageRef, TensorRef
 from dlscope.ckpt.scan import MAX_PICKLE_BYTES
@@ -29,13 +30,7 @@ MODULE_KEYS = {"_modules", "_parameters", "_buffers"}  # nn.Module's own dicts, 
 
 def read_storage(path: Path, offset: int, nbytes: int, ref: TensorRef) -> torch.Tensor:
     """The tensor's elements, read from its storage's bytes at `offset` in the file, as the view it is."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        raw = bytearray(f.read(nbytes))
-    if len(raw) != nbytes:
-        raise CheckpointError(f"storage at offset {offset:,} is cut short ({len(raw):,} of {nbytes:,} bytes)", path)
-    dtype = getattr(torch, ref.dtype)
-    flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+    flat = mapped_tensor(path, offset, nbytes, getattr(torch, ref.dtype))
     return flat.as_strided(ref.shape, ref.stride, ref.offset)
 
 

@@ -4,13 +4,15 @@ Each module here registers its subcommands; add a capability by adding a module 
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from dlscope import __version__
 from dlscope.cli import ckpt, lab, pipeline, tools, trace
 from dlscope.cli.common import Parser
-from dlscope.errors import DlscopeError
+from dlscope.errors import DlscopeError, from_os_error, interrupt_signal, os_error_in, raise_interrupted
 
 COMMANDS = [lab, trace, tools, ckpt, pipeline]
 
@@ -24,15 +26,32 @@ def build_parser() -> Parser:
     return parser
 
 
+def print_error(error: DlscopeError) -> int:
+    from dlscope.console import one_line
+
+    print(f"dlscope: error: {one_line(error)}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     raw_argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(raw_argv)
     args.raw_argv = raw_argv
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, raise_interrupted) if in_main_thread else None
     try:
         return args.func(args)
     except DlscopeError as e:
-        print(f"dlscope: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("dlscope: interrupted", file=sys.stderr)
-        return 130
+        return print_error(e)
+    except KeyboardInterrupt as e:
+        signum = interrupt_signal(e)
+        print(f"dlscope: interrupted by {signum.name}", file=sys.stderr)
+        return 128 + signum
+    except Exception as e:  # an OS fault (also wrapped, as torch does) that no closer layer named
+        cause = os_error_in(e)
+        if cause is None:
+            raise
+        return print_error(from_os_error(cause, "write"))
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)

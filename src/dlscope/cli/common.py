@@ -13,6 +13,15 @@ if TYPE_CHECKING:
     from dlscope.options import ProfileOptions, RunOptions, StepOptions
 
 
+class Given(argparse.Action):
+    """Stores the value and notes that the user typed the option (`--resume` keeps the
+    checkpoint's setting unless the user gave one)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)  # `--trace-i` is an error, never a guess
@@ -38,7 +47,13 @@ def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float
         help="time layouts, convolution backends and threads on the first steps; train with the fastest",
     )
     g.add_argument("--model", default="cnn", help="model from the zoo, listed by `dlscope models` (default cnn)")
-    g.add_argument("--epochs", type=int, default=epochs, help=f"epochs (default {epochs})")
+    g.add_argument(
+        "--epochs",
+        type=int,
+        default=epochs,
+        action=Given,
+        help=f"epochs (default {epochs}; with --resume: the total to reach, default the checkpoint's)",
+    )
     g.add_argument("--batch-size", type=int, default=128, help="training batch size (default 128)")
     g.add_argument("--test-batch-size", type=int, default=500)
     g.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)

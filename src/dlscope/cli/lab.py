@@ -54,9 +54,14 @@ def keras_seed_options(args: argparse.Namespace) -> AnatomyOptions:
     return options
 
 
+def train_options(args: argparse.Namespace) -> TrainOptions:
+    """--resume, and --epochs only when typed (a resumed run keeps its checkpoint's otherwise)."""
+    return TrainOptions(resume=args.resume, epochs=args.epochs if getattr(args, "epochs_given", False) else None)
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
     options = StepOptions(
-        train=TrainOptions(resume=args.resume),
+        train=train_options(args),
         profile=profile_options(args),
         graph=GraphOptions(compile=args.compile),
         ckpt_anatomy=keras_seed_options(args) if args.keras_seed else AnatomyOptions(),
@@ -65,7 +70,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    return run_steps(args, "train", TRAIN_STEPS, step_options=StepOptions(train=TrainOptions(resume=args.resume)))
+    return run_steps(args, "train", TRAIN_STEPS, step_options=StepOptions(train=train_options(args)))
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

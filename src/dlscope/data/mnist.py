@@ -94,7 +94,7 @@ def _file_in(directory: Path, name: str) -> Path | None:
     return None
 
 
-def verify_content(content: bytes, spec: MnistFile, path: str | Path) -> None:
+def verify_content(content: bytes | bytearray, spec: MnistFile, path: str | Path) -> None:
     if len(content) != spec.size:
         raise DatasetError(f"{spec.name} should be {spec.size} bytes uncompressed, found {len(content)}", path)
     digest = hashlib.md5(content).hexdigest()
@@ -113,7 +113,7 @@ def load_mnist(data_dir: str | Path | None = None) -> MNIST:
         if path is None:
             raise DatasetError(f"missing {spec.name}[.gz]", raw)
         with phase("data_load"):
-            content = read_file_bytes(path)
+            content = read_file_bytes(path, limit=spec.size)
         with phase("preprocess"):  # decompress-checked, verified, parsed
             verify_content(content, spec, path)
             arrays[key] = parse_idx(content, path)
@@ -153,7 +153,7 @@ def fetch_mnist(mirror: str, dest: str | Path | None = None, timeout: float = 60
         except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", None) or e
             raise DatasetError(f"download failed: {reason}", url) from None
-        verify_content(maybe_gunzip(payload, url), spec, url)
+        verify_content(maybe_gunzip(payload, url, limit=spec.size), spec, url)
         downloads[raw / f"{spec.name}.gz"] = payload
     for path, payload in downloads.items():
         atomic_write_bytes(path, payload)

@@ -8,9 +8,14 @@ batch's loss divided once more by the batch size as the lab's reference script d
 
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 from pathlib import Path
+
+# TensorBoard imports TensorFlow when it is installed (the tf extra); TF's C++ start-up lines on
+# stderr would break dlscope's one-line errors and clutter the terminal. A user's own setting wins.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from torch.utils.tensorboard import SummaryWriter
 

@@ -53,9 +53,12 @@ def run_dot(source: str) -> str | None:
     if not have_dot():
         return None
     try:
-        return subprocess.run(
-            ["dot", "-Tsvg"], input=source, capture_output=True, text=True, timeout=30, check=True
-        ).stdout
+        # surrogateescape: a traced path's undecodable bytes go through as the bytes they were
+        done = subprocess.run(
+            ["dot", "-Tsvg"], input=source, capture_output=True, text=True, errors="surrogateescape", timeout=30
+        )
+        done.check_returncode()
+        return done.stdout
     except (OSError, subprocess.SubprocessError):
         return None
 

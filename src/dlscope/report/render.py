@@ -91,7 +91,7 @@ def block_md(block: Block, figures_dir: Path, run_dir: Path) -> str:
         return f"![{block.caption or block.name}]({path.relative_to(run_dir)})"
     if isinstance(block, Svg):
         path = figures_dir / f"{block.name}.svg"
-        atomic_write_bytes(path, block.svg.encode())
+        atomic_write_bytes(path, block.svg.encode("utf-8", "surrogateescape"))
         return f"![{block.caption or block.name}]({path.relative_to(run_dir)})"
     if isinstance(block, Code):
         return f"```{block.language}\n{block.text}\n```"
@@ -152,7 +152,7 @@ def render_report(run: str | Path) -> tuple[Path, Path]:
         schema_version=results["schema_version"],
         sections=[{"key": s.key, "title": s.title, "blocks": [block_html(b) for b in s.blocks]} for s in sections],
     )
-    html_path = atomic_write_bytes(run_dir / "report.html", page.encode())
+    html_path = atomic_write_bytes(run_dir / "report.html", page.encode("utf-8", "surrogateescape"))
     figures = run_dir / "figures"
     info = results["run"]
     md = [
@@ -166,5 +166,5 @@ def render_report(run: str | Path) -> tuple[Path, Path]:
     for s in sections:
         md += ["", f'<a id="{s.key}"></a>', f"## {s.title}", ""]
         md += [block_md(b, figures, run_dir) + "\n" for b in s.blocks]
-    md_path = atomic_write_bytes(run_dir / "report.md", "\n".join(md).encode())
+    md_path = atomic_write_bytes(run_dir / "report.md", "\n".join(md).encode("utf-8", "surrogateescape"))
     return html_path, md_path

@@ -21,7 +21,7 @@ def trace(run: RunDir, options: TraceOptions, say: Callable[[str], None]) -> dic
     outcome = trace_command(options.command, options.backend, out, say=say)
     section = outcome.section
     section["exports"] = {key: run.rel(path) for key, path in section["exports"].items()}
-    if options.measure_overhead:
+    if options.measure_overhead and not section["interrupted"]:
         say(f"measuring overhead: untraced and {outcome.backend}-traced runs, interleaved …")
         section["overhead"] = measure_overhead(options.command, outcome.backend, out, options.repeats)
     return section

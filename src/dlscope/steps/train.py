@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dlscope.checkpoint import CheckpointObserver, load_checkpoint
@@ -9,7 +10,7 @@ from dlscope.observe.progress import ProgressObserver
 from dlscope.observe.tensorboard import TensorBoardObserver
 from dlscope.phases import mark_begin, mark_end
 from dlscope.steps.base import Context, Step
-from dlscope.train import EpochResult, LogPoint, Observer, StopAtAccuracy, TrainConfig, Trainer
+from dlscope.train import EpochResult, LogPoint, Observer, StopAtAccuracy, TrainConfig, Trainer, evaluate
 
 
 class PhaseMarker(Observer):
@@ -36,6 +37,14 @@ class LogRecorder(Observer):
         self.points.append(vars(point).copy())
 
 
+def resumed_config(ctx: Context, state: dict[str, Any]) -> TrainConfig:
+    """The checkpoint's config (what the run computes), with --epochs as the new total when given."""
+    config = TrainConfig.from_dict(state["config"])
+    if ctx.steps.train.epochs is not None:
+        config = dataclasses.replace(config, epochs=ctx.steps.train.epochs)
+    return config
+
+
 def run(ctx: Context) -> dict[str, Any]:
     assert ctx.data is not None
     config = ctx.config
@@ -43,7 +52,7 @@ def run(ctx: Context) -> dict[str, Any]:
     resume = ctx.steps.train.resume
     if resume:
         resume_state = load_checkpoint(resume)
-        config = ctx.config = TrainConfig.from_dict(resume_state["config"])
+        config = ctx.config = resumed_config(ctx, resume_state)
     recorder = LogRecorder()
     # PhaseMarker first: its evaluate phase ends before other observers write checkpoints and logs
     observers: list[Observer] = [PhaseMarker(), recorder, ProgressObserver(ctx.options.progress)]
@@ -65,6 +74,16 @@ def run(ctx: Context) -> dict[str, Any]:
     section["test_samples"] = len(trainer.test_labels)
     section["checkpoint"] = ctx.run.rel(checkpoints.path)
     section["tensorboard"] = ctx.run.rel(ctx.run.path / "tensorboard") if ctx.options.tensorboard else None
+    section["schedule_restarted"] = resume_state is not None and trainer.restarts_schedule(resume_state)
+    section["already_finished"] = resume_state is not None and trainer.global_step == resume_state["global_step"]
+    if section["already_finished"]:
+        # nothing left to train: the later steps verify and report the state as it was saved
+        test = evaluate(trainer.model, trainer.test_images, trainer.test_labels, config.test_batch_size)
+        trainer.last_predictions = test["predictions"]
+        ctx.say(
+            f"the checkpoint is already at epoch {resume_state['epoch']} of {config.epochs}: recorded test "
+            f"accuracy {section['final_test_acc']:.2f}%; nothing to train (raise --epochs to train more)"
+        )
     return section
 
 

@@ -145,7 +145,8 @@ def environment() -> dict[str, str]:
 @dataclass
 class Counters:
     lost: int = 0
-    truncated_paths: int = 0
+    truncated_paths: int = 0  # cut at STRLEN and not recovered
+    recovered_paths: int = 0  # cut, then read whole from /proc/PID/fd
     attached_probes: int = 0
     ready: bool = False
     targets: dict[int, str] = field(default_factory=dict)  # tid → rename target printed just before
@@ -166,7 +167,7 @@ def parse_line(line: str, counters: Counters) -> Event | None:
         return None
     if kind != "printf" or not isinstance(data, str):
         return None
-    parts = data.rstrip("\n").split("\t")
+    parts = kernel_text(data).rstrip("\n").split("\t")
     call = parts[0]
     if call == "ready":
         counters.ready = True
@@ -174,10 +175,19 @@ def parse_line(line: str, counters: Counters) -> Event | None:
     if call in ("fork", "exit"):
         return {"call": call, "pid": int(parts[1]), "tid": int(parts[2]), "ts": int(parts[3]) / 1e9}
     if call == "target":
-        counters.targets[int(parts[1])] = _checked("\t".join(parts[2:]), counters)
+        target = "\t".join(parts[2:])
+        counters.truncated_paths += is_cut(target)
+        counters.targets[int(parts[1])] = target
         return None
     pid, tid, start, dur, ret, fd, arg = (int(p) for p in parts[1:8])
-    path = _checked("\t".join(parts[8:]), counters) if len(parts) > 8 else None
+    path = "\t".join(parts[8:]) if len(parts) > 8 else None
+    if path is not None and is_cut(path):
+        opened = ret if call in KINDS["open"] else -1
+        path = recover_from_fd(pid, opened, path)
+        if is_cut(path):
+            counters.truncated_paths += 1
+        else:
+            counters.recovered_paths += 1
     target = counters.targets.pop(tid, None)
     if call in FD_ARG_CALLS:
         event = make_event(start / 1e9, pid, tid, call, ret, dur / 1e9, path=path, fd=fd, target=target)
@@ -191,7 +201,39 @@ def parse_line(line: str, counters: Counters) -> Event | None:
     return event
 
 
-def _checked(path: str, counters: Counters) -> str:
-    if len(path.encode()) >= STRLEN - 1:  # str() stopped at the limit: the path is cut
-        counters.truncated_paths += 1
-    return path
+def is_cut(path: str) -> bool:
+    """str() stopped at the limit: the path is longer than what bpftrace printed."""
+    return len(os.fsencode(path)) >= STRLEN - 1
+
+
+def recover_from_fd(pid: int, fd: int, cut: str) -> str:
+    """The whole path of a file an open returned as `fd`, from /proc/PID/fd, when it still names
+    a file that starts with what bpftrace printed; else the cut path as it is. (The event reaches
+    us after the syscall: the descriptor may be closed, or reused, by then — hence the check.)"""
+    if fd < 0:
+        return cut
+    try:
+        full = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return cut
+    return full if full.startswith(cut) and len(full) > len(cut) else cut
+
+
+_HIGH_BYTE = re.compile("\uffffff([0-9a-f]{2})")
+
+
+def kernel_text(text: str) -> str:
+    """A printf line as the kernel's bytes, decoded with surrogateescape like every backend.
+
+    bpftrace 0.17's JSON writer escapes each byte ≥ 0x80 of a string as a sign-extended
+    `\\uffffffXX` (so JSON readers see U+FFFF then "ffXX"); those are turned back into the byte XX.
+    """
+    if "\uffff" not in text:
+        return text
+    raw, pos = bytearray(), 0
+    for m in _HIGH_BYTE.finditer(text):
+        raw += text[pos : m.start()].encode("utf-8", "surrogateescape")
+        raw.append(int(m[1], 16))
+        pos = m.end()
+    raw += text[pos:].encode("utf-8", "surrogateescape")
+    return raw.decode("utf-8", "surrogateescape")

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
+from dlscope.fsutil import json_text
 from dlscope.observe.iotrace.events import Event
 
 
@@ -25,13 +26,13 @@ class EventWriters:
         self._threads: set[tuple[int, int]] = set()
 
     def _slice(self, record: dict[str, Any]) -> None:
-        self._trace.write(("" if self._first else ",\n") + json.dumps(record, ensure_ascii=False))
+        self._trace.write(("" if self._first else ",\n") + json_text(record))
         self._first = False
 
     def add(self, event: Event) -> None:
         if event["call"] in ("procio", "fork", "exit"):
             return
-        self._events.write(json.dumps(event, ensure_ascii=False) + "\n")
+        self._events.write(json_text(event) + "\n")
         if self._origin is None:
             self._origin = event["ts"]
         pid, tid = event["pid"], event["tid"]
@@ -72,7 +73,8 @@ class EventWriters:
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> Path:
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    # a path's undecodable bytes are written back as they were (surrogateescape): exact in the CSV
+    with open(path, "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         for row in rows:

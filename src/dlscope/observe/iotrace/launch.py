@@ -3,6 +3,7 @@ and stop tracers without leaving any behind."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -34,7 +35,9 @@ class GatedProcess:
         read_end, self._write_end = os.pipe()
         try:
             gate = [sys.executable, "-I", "-S", "-c", _GATE, str(read_end), *argv]
-            self.proc = subprocess.Popen(gate, pass_fds=(read_end,), env=None if env is None else dict(env))
+            self.proc = subprocess.Popen(
+                gate, pass_fds=(read_end,), env=None if env is None else dict(env), process_group=0
+            )
         except OSError:
             os.close(self._write_end)
             raise
@@ -58,6 +61,12 @@ def stop(proc: subprocess.Popen, timeout: float = 5.0) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    """Send `signum` to a process group; a group already gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
 
 
 def exit_code(returncode: int) -> int:

@@ -47,9 +47,10 @@ def command(argv: list[str], output: Path) -> list[str]:
 
 
 def unescape(text: str) -> str:
-    """A C-escaped strace string as text; bytes that are not UTF-8 stay visible as \\xNN."""
+    """A C-escaped strace string as text; bytes that are not UTF-8 are kept exactly
+    (surrogateescape, as on every backend: os.fsencode gives the kernel's bytes back)."""
     raw = codecs.escape_decode(text.encode("utf-8", "surrogateescape"))[0]
-    return raw.decode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def _join(directory: str | None, path: str) -> str:

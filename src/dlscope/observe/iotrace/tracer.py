@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import threading
@@ -23,16 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from dlscope.errors import DlscopeError
+from dlscope.errors import DlscopeError, interrupt_signal
+from dlscope.fsutil import json_text
 from dlscope.observe.iotrace import ebpf, proc, strace
 from dlscope.observe.iotrace.analysis import Analysis
 from dlscope.observe.iotrace.events import TRACED_SYSCALLS, Event, FdTables, reorder
 from dlscope.observe.iotrace.exports import FILE_COLUMNS, PHASE_COLUMNS, EventWriters, write_csv
 from dlscope.observe.iotrace.hookpoints import hook_map, kernel_offers
-from dlscope.observe.iotrace.launch import GatedProcess, die_with_parent, exit_code, stop
+from dlscope.observe.iotrace.launch import GatedProcess, die_with_parent, exit_code, signal_group, stop
 
 BACKENDS = ("ebpf", "strace", "proc")
 ATTACH_TIMEOUT_S = 90.0
+GRACE_S = 10.0  # after the user's signal, how long the command may take to exit before SIGKILL
 Say = Callable[[str], None]
 
 
@@ -56,7 +59,7 @@ class Collected:
     backend: str
     returncode: int
     command_seconds: float
-    interrupted: bool
+    interrupted: int | None  # the signal that stopped dlscope while the command ran
     events: Callable[[], Iterator[Event]]
     needs_fd_resolution: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
@@ -71,14 +74,21 @@ class Collected:
             self.scratch.unlink(missing_ok=True)
 
 
-def _wait(child: subprocess.Popen | GatedProcess) -> tuple[int, bool]:
-    """The command's return code, and whether Ctrl-C cut it short (the child gets it too)."""
-    proc_ = child.proc if isinstance(child, GatedProcess) else child
+def _wait(proc: subprocess.Popen) -> tuple[int, int | None]:
+    """The command's return code, and the signal that interrupted dlscope meanwhile (None when
+    nothing did). The traced command runs in a process group of its own (`process_group=0`), so
+    a Ctrl-C at the terminal reaches dlscope alone; dlscope hands the user's signal to that whole
+    group, tracer included, and kills the group if it is still there after GRACE_S."""
     try:
-        return proc_.wait(), False
-    except KeyboardInterrupt:
-        stop(proc_, timeout=10)
-        return proc_.wait(), True
+        return proc.wait(), None
+    except KeyboardInterrupt as e:
+        signum = interrupt_signal(e)
+    signal_group(proc.pid, signum)
+    try:
+        return proc.wait(GRACE_S), signum
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):  # too slow, or a second Ctrl-C
+        signal_group(proc.pid, signal.SIGKILL)
+        return proc.wait(), signum
 
 
 def collect_strace(argv: Sequence[str], work: Path) -> Collected:
@@ -87,7 +97,9 @@ def collect_strace(argv: Sequence[str], work: Path) -> Collected:
         raise BackendUnavailable(reason)
     output = work / "strace.txt"
     start = time.perf_counter()
-    child = subprocess.Popen([*strace.command(list(argv), output), "--", *argv], preexec_fn=die_with_parent)
+    child = subprocess.Popen(
+        [*strace.command(list(argv), output), "--", *argv], preexec_fn=die_with_parent, process_group=0
+    )
     returncode, interrupted = _wait(child)  # strace exits with the command's status, signal included
     seconds = time.perf_counter() - start
     if not output.exists():
@@ -104,7 +116,7 @@ def collect_proc(argv: Sequence[str], work: Path) -> Collected:
     events_dir.mkdir(parents=True)
     start = time.perf_counter()
     try:
-        child = subprocess.Popen(list(argv), env=proc.environment(events_dir))
+        child = subprocess.Popen(list(argv), env=proc.environment(events_dir), process_group=0)
     except OSError as e:
         raise TraceError(f"cannot start the command: {e.strerror}", argv[0]) from None
     returncode, interrupted = _wait(child)
@@ -133,7 +145,7 @@ class EbpfReader(threading.Thread):
                 if self.counters.ready:
                     self.ready.set()
                 if event is not None:
-                    out.write(json.dumps(event, ensure_ascii=False) + "\n")
+                    out.write(json_text(event) + "\n")
         self.ready.set()
 
 
@@ -163,6 +175,7 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
             errors="replace",
             env=ebpf.environment(),
             preexec_fn=die_with_parent,
+            process_group=0,  # a Ctrl-C at the terminal must not stop it before the command ends
         )
     counters = ebpf.Counters()
     reader = EbpfReader(tracer.stdout, raw, counters)
@@ -173,17 +186,18 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
             raise BackendUnavailable(f"bpftrace did not attach: {_last_error(log)}")
         start = time.perf_counter()
         child.release()
-        returncode, interrupted = _wait(child)
+        returncode, interrupted = _wait(child.proc)
         seconds = time.perf_counter() - start
         time.sleep(0.3)  # let the per-CPU buffers drain before bpftrace stops reading them
     finally:
         stop(tracer)
-        stop(child.proc)  # only still running when tracing failed
+        signal_group(child.pid, signal.SIGKILL)  # only still there when tracing failed: nothing to flush
         reader.join()
     notes = {
         "bpftrace_version": ".".join(map(str, version)),
         "lost_events": counters.lost,
         "truncated_paths": counters.truncated_paths,
+        "recovered_paths": counters.recovered_paths,
         "attached_probes": counters.attached_probes,
         "missing_tracepoints": plan.missing,
         "string_limit": ebpf.STRLEN,
@@ -282,7 +296,7 @@ def trace_command(argv: Sequence[str], backend: str, out_dir: Path, say: Say = p
             "skipped_backends": skipped,
             "command": list(argv),
             "exit_code": exit_code(collected.returncode),
-            "interrupted": collected.interrupted,
+            "interrupted": signal.Signals(collected.interrupted).name if collected.interrupted else None,
             "command_seconds": round(collected.command_seconds, 3),
             "notes": collected.notes,
             "kernel": kernel_offers(),

@@ -44,14 +44,27 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         items.append(("bad", f"{notes['lost_events']:,} events lost (perf buffer full): counts are lower bounds."))
     elif "lost_events" in notes:
         items.append(("good", "No events lost."))
+    if notes.get("recovered_paths"):
+        items.append(
+            ("info", f"{notes['recovered_paths']:,} paths longer than bpftrace's limit were read from /proc/PID/fd.")
+        )
     if notes.get("truncated_paths"):
-        items.append(("warn", f"{notes['truncated_paths']:,} paths cut at {notes['string_limit']} bytes."))
+        items.append(
+            (
+                "warn",
+                f"{notes['truncated_paths']:,} paths cut at bpftrace's {notes['string_limit']}-byte limit "
+                "(closed before they could be read from /proc/PID/fd): they appear under the cut name.",
+            )
+        )
     for blind in notes.get("blind_to", []):
         items.append(("warn", f"The proc backend cannot see {blind}."))
     if notes.get("warning"):
         items.append(("warn", notes["warning"] + "."))
     if section["interrupted"]:
-        items.append(("warn", "Interrupted (Ctrl-C): the tables show what was seen until then."))
+        by = section["interrupted"] if isinstance(section["interrupted"], str) else "Ctrl-C"
+        items.append(
+            ("warn", f"Interrupted by {by}, which the command was sent too: the tables show what was seen until then.")
+        )
     if section["exit_code"] != 0:
         items.append(("bad", f"The command exited with status {section['exit_code']}; the trace covers its run."))
     if "overhead" in section:

@@ -109,8 +109,14 @@ def render(section: dict[str, Any]) -> list[Block]:
             )
     if final_acc is not None and target is None:
         items.append(("info", f"Test accuracy {final_acc:.2f}% after {len(section['epochs'])} epoch(s)."))
-    if section.get("resumed_from_epoch"):
+    if section.get("already_finished"):
+        items.append(
+            ("info", f"The checkpoint was already at epoch {section['resumed_from_epoch']}: nothing left to train.")
+        )
+    elif section.get("resumed_from_epoch"):
         items.append(("info", f"Resumed from a checkpoint after epoch {section['resumed_from_epoch']}."))
+    if section.get("schedule_restarted"):
+        items.append(("info", "--epochs changed on resume: a new one-cycle schedule ran over the epochs still to run."))
     rows = [
         [
             e["epoch"],

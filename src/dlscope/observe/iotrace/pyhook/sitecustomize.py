@@ -72,7 +72,7 @@ def _install(directory):
         try:
             path = args[0] if args else None
             if isinstance(path, bytes):
-                path = path.decode("utf-8", "backslashreplace")
+                path = path.decode("utf-8", "surrogateescape")  # exact bytes, as the other backends keep them
             elif not isinstance(path, str):
                 path = None if isinstance(path, int) or path is None else str(path)
             record = {"ts": time.time(), "pid": pid, "tid": threading.get_native_id(), "call": call, "path": path}
