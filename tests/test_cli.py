@@ -283,3 +283,23 @@ def test_lab_steps_runs_only_those_steps_and_the_report_reads_at_80_columns(tmp_
     lines = [line for line in proc.stdout.splitlines() if str(run) not in line]
     assert max(len(line) for line in lines) <= 80, max(lines, key=len)
     assert "convolution_backward" in proc.stdout and "…" not in proc.stdout
+
+
+def test_inspecting_files_that_are_not_torch_checkpoints_imports_no_torch(tmp_path):
+    import struct
+
+    fixtures = Path(__file__).parent / "fixtures" / "tf"
+    safetensors = tmp_path / "model.safetensors"
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}).encode()
+    safetensors.write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+    for path in (safetensors, fixtures / "bundle" / "ckpt-1", fixtures / "model.weights.h5", fixtures / "model.keras"):
+        probe = (
+            "import sys, contextlib, io\n"
+            "from dlscope.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    code = main(['ckpt', 'inspect', {str(path)!r}])\n"
+            "print(code, sorted(m for m in ('torch', 'matplotlib', 'tensorflow') if m in sys.modules))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "0 []", (path, done.stdout)

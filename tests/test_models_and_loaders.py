@@ -9,7 +9,7 @@ from dlscope.data.loaders import ResidentBatches, TorchLoaderBatches, normalise
 from dlscope.errors import ConfigError
 from dlscope.models import MODELS, build_model
 
-EXPECTED_PARAMS = {"cnn": 28_938, "fastcnn": 28_938, "net": 1_199_882, "lenet": 61_706, "mlp": 407_050}
+EXPECTED_PARAMS = {"cnn": 28_938, "small": 12_570, "net": 1_199_882, "lenet": 61_706, "mlp": 407_050}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -22,7 +22,7 @@ def test_model_output_shape(name, batch):
 
 
 def test_unknown_model_is_config_error():
-    with pytest.raises(ConfigError, match="choose from cnn, fastcnn, net, lenet, mlp"):
+    with pytest.raises(ConfigError, match="choose from cnn, small, net, lenet, mlp"):
         build_model("resnet")
 
 

@@ -1,54 +1,100 @@
-"""`--recipe fast`: the fast model computes what the cnn computes, and the recipe reaches 99%."""
+"""Layouts compute the same function; `--recipe fast` and `--autotune` reach the trainer; 99% on 5 seeds."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlscope.cli import build_parser
 from dlscope.cli.common import train_config
+from dlscope.data.loaders import normalise
 from dlscope.errors import ConfigError
-from dlscope.models import FastCNN, SeedCNN
+from dlscope.models import CONV_PATHS, Layout, build_model
 from dlscope.train import RECIPES, StopAtAccuracy, TrainConfig, Trainer
 
 
-def test_fast_cnn_is_the_cnn_in_another_layout(mnist):
-    from dlscope.data.loaders import normalise
+def outputs_and_grads(model, x, y):
+    model.zero_grad()
+    out = model(x)
+    F.cross_entropy(out, y).backward()
+    return out, {name: p.grad.clone() for name, p in model.named_parameters()}
 
+
+@pytest.mark.parametrize("name", ["cnn", "small"])
+def test_every_layout_computes_the_same_function(mnist, name):
     torch.manual_seed(0)
-    cnn, fast = SeedCNN(), FastCNN()
-    fast.load_state_dict(cnn.state_dict())
+    model = build_model(name)
     x, y = normalise(mnist.train_images[:32]), mnist.train_labels[:32]
-    out_cnn, out_fast = cnn(x), fast(x)
-    torch.testing.assert_close(out_fast, out_cnn, rtol=1e-4, atol=1e-5)
-    F.cross_entropy(out_cnn, y).backward()
-    F.cross_entropy(out_fast, y).backward()
-    for (name, p), q in zip(cnn.named_parameters(), fast.parameters(), strict=True):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)
-    assert fast.conv1[0].weight.is_contiguous(memory_format=torch.channels_last)
+    want_out, want_grads = outputs_and_grads(model, x, y)
+    layouts = [
+        Layout(paths, pool_first)
+        for pool_first in (False, True)
+        for paths in itertools.product(CONV_PATHS, repeat=len(model.blocks))
+    ]
+    for layout in layouts:
+        model.set_layout(layout)
+        out, grads = outputs_and_grads(model, x, y)
+        torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-5, msg=str(layout))
+        for param, grad in grads.items():
+            torch.testing.assert_close(grad, want_grads[param], rtol=1e-3, atol=1e-5, msg=f"{layout} {param}")
+        for i, name in enumerate(model.blocks):
+            weight = getattr(model, name)[0].weight
+            # the strides the path asks for, even for conv1's single input channel, where either order
+            # passes is_contiguous() for both formats
+            cl = layout.paths[i] == "onednn-cl"
+            assert weight.stride(1) == 1 if cl else weight.stride(1) == weight.shape[2] * weight.shape[3]
+
+
+class ConvBackwardMasks(TorchDispatchMode):
+    """Which gradients each convolution backward computes (input, weight, bias)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.masks: list[tuple[int, list[bool]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name()
+        if name.startswith("aten::convolution_backward") or name.startswith("aten::_slow_conv2d_backward"):
+            self.masks.append((args[1].shape[1], list(args[-1])))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("path", CONV_PATHS)
+def test_first_convolution_computes_no_input_gradient(mnist, path):
+    model = build_model("cnn")
+    model.set_layout(Layout(paths=(path, path)))
+    x, y = normalise(mnist.train_images[:8]), mnist.train_labels[:8]
+    with ConvBackwardMasks() as seen:
+        F.cross_entropy(model(x), y).backward()
+    # backward runs conv2 (16 input channels) first, then conv1 (1 channel: the images)
+    assert seen.masks == [(16, [True, True, True]), (1, [False, True, True])]
 
 
 def test_recipe_replaces_defaults_but_explicit_settings_win():
     fast = TrainConfig.from_recipe("fast")
-    assert fast.model == RECIPES["fast"]["model"] == "fastcnn"
+    assert fast.model == RECIPES["fast"]["model"] == "small" and fast.autotune
     assert TrainConfig.from_recipe("fast", batch_size=64).batch_size == 64
     assert TrainConfig.from_recipe("default") == TrainConfig()
     with pytest.raises(ConfigError, match="unknown recipe"):
         TrainConfig.from_recipe("fastest")
 
 
-def test_cli_accepts_recipe_wherever_training_args_are():
+def test_cli_accepts_recipe_and_autotune_wherever_training_args_are():
     for command in ("train", "lab", "profile"):
-        args = build_parser().parse_args([command, "--recipe", "fast", "--seed", "3"])
-        config = train_config(args)
-        assert config.model == "fastcnn" and config.seed == 3
+        config = train_config(build_parser().parse_args([command, "--recipe", "fast", "--seed", "3"]))
+        assert config.model == "small" and config.autotune and config.seed == 3
+        config = train_config(build_parser().parse_args([command, "--autotune", "--eval-every", "40"]))
+        assert config.model == "cnn" and config.autotune and config.eval_every == 40
 
 
 @pytest.mark.slow
-def test_fast_recipe_reaches_99_percent(mnist):
-    torch.set_num_threads(2)
-    config = TrainConfig.from_recipe("fast", seed=1, target_acc=99.0)
+@pytest.mark.parametrize("seed", [1, 3])  # 3: the thinnest margin over five seeds (BENCHMARKS.md)
+def test_fast_recipe_reaches_99_percent(mnist, seed):
+    config = TrainConfig.from_recipe("fast", seed=seed, target_acc=99.0)
     result = Trainer(config, mnist, [StopAtAccuracy(99.0)]).fit()
-    assert result.target_reached_epoch is not None, [e.test_acc for e in result.epochs]
-    assert result.final.test_acc >= 99.0
+    assert result.target_reached_step is not None, [e.test_acc for e in result.evaluations]
+    assert result.evaluations[-1].test_acc >= 99.0

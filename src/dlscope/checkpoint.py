@@ -21,7 +21,7 @@ from torch import nn
 
 from dlscope.errors import OS_CAUSES, CheckpointError, ConfigError, DlscopeError
 from dlscope.fsutil import atomic_write_with, clean_stale_temps
-from dlscope.models import build_model
+from dlscope.models import Layout, TunableCNN, build_model
 from dlscope.train import EpochResult, Observer, Trainer, fingerprint
 
 
@@ -156,6 +156,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 def model_from_checkpoint(state: dict[str, Any]) -> nn.Module:
     model = build_model(state["config"]["model"])
     model.load_state_dict(state["model"])
+    if "layout" in state and isinstance(model, TunableCNN):  # as trained (--autotune): the same predictions
+        model.set_layout(Layout.from_dict(state["layout"]))
     return model
 
 

@@ -155,3 +155,30 @@ class StepOptions:
     pipeline: PipelineOptions = field(default_factory=PipelineOptions)
     iotrace: TraceOptions = field(default_factory=TraceOptions)
     ops: object | None = None  # a steps.ops.OpsOptions (it holds a ConvShape); None: the lab's
+
+
+@dataclass
+class ScriptOptions:
+    """`dlscope run`: the command to observe and how."""
+
+    command: list[str]
+    out: str | None = None
+    trace_io: bool = False
+    trace_backend: str = "auto"
+    profile_steps: int = 5  # active steps; 0: no profiler
+    wait: int = 1
+    warmup: int = 2
+    start_after: int = 1  # steps before the profiler starts: start-up is never profiled
+    sort_by: str = "self_cpu"
+    tensorboard: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)  # set for the command (tests: PYTHONPATH)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.profile_steps >= 0, "--profile-steps must be ≥ 0"),
+            (self.wait >= 0 and self.warmup >= 0, "--wait and --warmup must be ≥ 0"),
+            (self.start_after >= 1, "--start-after must be ≥ 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)

@@ -1,11 +1,13 @@
 """The training engine. The loop stays plain; everything that watches it is an `Observer`.
 
+autotune (config.autotune): the first steps of epoch 1 time candidate layouts (dlscope.autotune)
 for epoch:
     for x, y in batches:
         loss, logits = train_step(model, optimizer, x, y, scheduler)   # forward, backward, step
         observers.on_step_end(...)                             # every N steps: on_log
+        every eval_every steps: evaluate, observers.on_eval    # may stop inside the epoch
     test = evaluate(model, test set)                           # the full test set
-    observers.on_epoch_end(...)                                # checkpoint, early stop, ...
+    observers.on_eval(...), observers.on_epoch_end(...)        # checkpoint, early stop, ...
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -28,7 +31,11 @@ from dlscope.config import DEFAULT_LR, LOADERS, OPTIMIZERS, RECIPES, SCHEDULES, 
 from dlscope.data.loaders import ResidentBatches, make_batches, normalise
 from dlscope.data.mnist import MNIST
 from dlscope.errors import ConfigError
-from dlscope.models import build_model
+from dlscope.models import Layout, TunableCNN, build_model
+
+# Scheduled evaluations wait until the training accuracy (last logging window) is this close to the
+# target: a test-set pass costs as much as dozens of steps, and far from the target it cannot stop the run.
+EVAL_WITHIN_PCT = 1.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -169,6 +176,17 @@ class LogPoint:
 
 
 @dataclass
+class Evaluation:
+    """One evaluation of the test set: at an epoch's end, or inside it every `eval_every` steps."""
+
+    step: int
+    epoch: float  # epochs of training done (fractional inside an epoch)
+    test_loss: float
+    test_acc: float
+    seconds: float
+
+
+@dataclass
 class EpochResult:
     epoch: int  # 1-based
     train_loss: float
@@ -190,8 +208,11 @@ class TrainResult:
     steps: int = 0
     train_seconds: float = 0.0  # training steps only
     wall_seconds: float = 0.0  # training and evaluation
+    evaluations: list[Evaluation] = field(default_factory=list)
     target_reached_epoch: int | None = None
+    target_reached_step: int | None = None
     time_to_target_s: float | None = None
+    autotune: dict[str, Any] | None = None  # the decision and its evidence (dlscope.autotune)
     stopped_early: bool = False
     interrupted: bool = False
     resumed_from_epoch: int | None = None
@@ -225,6 +246,8 @@ class Observer:
     def on_step_end(self, trainer: Trainer, loss: torch.Tensor, batch_size: int) -> None: ...
 
     def on_log(self, trainer: Trainer, point: LogPoint) -> None: ...
+
+    def on_eval(self, trainer: Trainer, evaluation: Evaluation) -> None: ...
 
     def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None: ...
 
@@ -261,6 +284,10 @@ class Trainer:
         self.start_epoch = 0
         self.global_step = 0
         self.should_stop = False
+        self._last_test: dict[str, Any] = {}  # the latest evaluation, at global step _last_test_step
+        self._last_test_step = -1
+        self._eval_seconds = 0.0  # evaluation time inside the current epoch
+        self._train_acc = 0.0  # the last logging window's training accuracy
         self.last_predictions: torch.Tensor | None = None  # test-set classes at the last eval
         self.result = TrainResult(config=config.to_dict(), device=str(self.device))
 
@@ -292,12 +319,16 @@ class Trainer:
             "config": self.config.to_dict(),
             "history": [dataclasses.asdict(e) for e in self.result.epochs],
         }
+        if isinstance(self.model, TunableCNN):  # how it computed the fingerprint's predictions
+            state["layout"] = self.model.layout.to_dict()
         if self.last_predictions is not None:
             state["fingerprint"] = fingerprint(self.last_predictions, self.test_labels)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
+        if "layout" in state and isinstance(self.model, TunableCNN):
+            self.model.set_layout(Layout.from_dict(state["layout"]))
         self.optimizer.load_state_dict(state["optimizer"])
         self.start_epoch = int(state["epoch"])
         if self.restarts_schedule(state):
@@ -343,16 +374,16 @@ class Trainer:
             self._emit("on_epoch_begin", epoch + 1)
             epoch_stats = self._train_epoch(epoch)
             self._emit("on_evaluate_begin", epoch + 1)
-            eval_start = time.perf_counter()
-            test = evaluate(self.model, self.test_images, self.test_labels, config.test_batch_size)
+            # a stop right after a scheduled evaluation ends on it rather than evaluating again
+            test = self._last_test if self._last_test_step == self.global_step else self._evaluate(epoch + 1)
             self.start_epoch = epoch + 1  # the epoch boundary a checkpoint resumes from
             self.last_predictions = test["predictions"]
             record = EpochResult(
                 epoch=epoch + 1,
                 test_loss=test["loss"],
                 test_acc=test["accuracy"],
-                eval_seconds=time.perf_counter() - eval_start,
                 lr=self.lr,
+                eval_seconds=self._eval_seconds,  # scheduled evaluations and the epoch-end one
                 **epoch_stats,
             )
             result.epochs.append(record)
@@ -361,62 +392,101 @@ class Trainer:
             result.wall_seconds = time.perf_counter() - wall_start
             self._emit("on_epoch_end", record)
             if self.should_stop:
-                result.stopped_early = epoch + 1 < config.epochs
+                result.stopped_early = epoch + 1 < config.epochs or record.steps < self.steps_per_epoch
                 break
 
-    def _train_epoch(self, epoch: int) -> dict[str, float]:
-        log_every = self.config.log_every
+    def _evaluate(self, epoch: float) -> dict[str, Any]:
+        """The full test set; observers hear of it (on_eval) and may stop the run."""
+        start = time.perf_counter()
+        test = evaluate(self.model, self.test_images, self.test_labels, self.config.test_batch_size)
+        seconds = time.perf_counter() - start
+        self._eval_seconds += seconds
+        self._window_start += seconds  # the logging window's samples/s counts training only
+        self._last_test, self._last_test_step = test, self.global_step
+        evaluation = Evaluation(self.global_step, epoch, test["loss"], test["accuracy"], seconds)
+        self.result.evaluations.append(evaluation)
+        self._emit("on_eval", evaluation)
+        return test
+
+    def train_batch(self, x: torch.Tensor, y: torch.Tensor, epoch: int) -> None:
+        """One training step on (x, y), its metrics added to the logging window (no host sync)."""
+        loss, output = train_step(self.model, self.optimizer, x, y, self.scheduler)
+        n = len(y)
+        self._window_loss += loss.double() * n
+        self._window_correct += (output.argmax(1) == y).sum()
+        self._window_n += n
+        self.global_step += 1
+        self._emit("on_step_end", loss, n)
+        if self.global_step % self.config.log_every == 0:
+            self._close_window(epoch, emit=True)
+
+    def _close_window(self, epoch: int, emit: bool) -> None:
+        if emit:
+            now = time.perf_counter()
+            point = LogPoint(
+                step=self.global_step,
+                epoch=epoch + 1,
+                loss=self._window_loss.item() / self._window_n,
+                accuracy=100.0 * self._window_correct.item() / self._window_n,
+                lr=self.lr,
+                samples_per_s=self._window_n / max(now - self._window_start, 1e-9),
+                samples=self._window_n,
+            )
+            self._emit("on_log", point)
+            self._train_acc = point.accuracy
+        self._epoch_loss += self._window_loss
+        self._epoch_correct += self._window_correct
+        self._epoch_n += self._window_n
         zero = torch.zeros((), device=self.device)
-        epoch_loss, epoch_correct, epoch_n = zero.double(), zero.long(), 0
-        window_loss, window_correct, window_n = zero.double(), zero.long(), 0
-        window_start = start = time.perf_counter()
-        steps = 0
-        for x, y in self.batches:
-            loss, output = train_step(self.model, self.optimizer, x, y, self.scheduler)
-            n = len(y)
-            # sample-weighted sums, kept on the device: no host sync per step
-            batch_loss = loss.double() * n
-            batch_correct = (output.argmax(1) == y).sum()
-            window_loss += batch_loss
-            window_correct += batch_correct
-            window_n += n
-            self.global_step += 1
-            steps += 1
-            self._emit("on_step_end", loss, n)
-            if self.global_step % log_every == 0:
-                now = time.perf_counter()
-                point = LogPoint(
-                    step=self.global_step,
-                    epoch=epoch + 1,
-                    loss=window_loss.item() / window_n,
-                    accuracy=100.0 * window_correct.item() / window_n,
-                    lr=self.lr,
-                    samples_per_s=window_n / max(now - window_start, 1e-9),
-                    samples=window_n,
-                )
-                self._emit("on_log", point)
-                epoch_loss += window_loss
-                epoch_correct += window_correct
-                epoch_n += window_n
-                window_loss, window_correct, window_n = zero.double(), zero.long(), 0
-                window_start = time.perf_counter()
-        epoch_loss += window_loss
-        epoch_correct += window_correct
-        epoch_n += window_n
+        self._window_loss, self._window_correct, self._window_n = zero.double(), zero.long(), 0
+        self._window_start = time.perf_counter()
+
+    def _near_target(self) -> bool:
+        target = self.config.target_acc
+        return target is None or self._train_acc >= target - EVAL_WITHIN_PCT
+
+    def _train_epoch(self, epoch: int) -> dict[str, float]:
+        zero = torch.zeros((), device=self.device)
+        self._epoch_loss, self._epoch_correct, self._epoch_n = zero.double(), zero.long(), 0
+        self._window_loss, self._window_correct, self._window_n = zero.double(), zero.long(), 0
+        self._eval_seconds = 0.0
+        start = self._window_start = time.perf_counter()
+        first_step = self.global_step
+        batches = iter(self.batches)
+        if self.config.autotune and self.result.autotune is None:
+            from dlscope.autotune import autotune
+
+            self.result.autotune = autotune(self, batches, epoch)
+        eval_every = self.config.eval_every
+        for x, y in batches:
+            self.train_batch(x, y, epoch)
+            steps = self.global_step - first_step
+            # the epoch's last step is followed by the epoch-end evaluation anyway
+            if (
+                eval_every
+                and self.global_step % eval_every == 0
+                and steps < self.steps_per_epoch
+                and self._near_target()
+            ):
+                self._evaluate(epoch + steps / self.steps_per_epoch)
+                if self.should_stop:
+                    break
+        self._close_window(epoch, emit=False)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start - self._eval_seconds
+        n = self._epoch_n
         return {
-            "train_loss": epoch_loss.item() / max(epoch_n, 1),
-            "train_acc": 100.0 * epoch_correct.item() / max(epoch_n, 1),
+            "train_loss": self._epoch_loss.item() / max(n, 1),
+            "train_acc": 100.0 * self._epoch_correct.item() / max(n, 1),
             "train_seconds": seconds,
-            "samples_per_s": epoch_n / max(seconds, 1e-9),
-            "steps": steps,
+            "samples_per_s": n / max(seconds, 1e-9),
+            "steps": self.global_step - first_step,
         }
 
 
 class StopAtAccuracy(Observer):
-    """`--target-acc`: stop after the first epoch whose test accuracy reaches the target."""
+    """`--target-acc`: stop at the first evaluation (epoch end or scheduled) that reaches the target."""
 
     def __init__(self, target_percent: float) -> None:
         self.target = target_percent
@@ -425,9 +495,10 @@ class StopAtAccuracy(Observer):
     def on_train_begin(self, trainer: Trainer) -> None:
         self.start = time.perf_counter()
 
-    def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None:
+    def on_eval(self, trainer: Trainer, evaluation: Evaluation) -> None:
         result = trainer.result
-        if result.target_reached_epoch is None and epoch.test_acc >= self.target:
-            result.target_reached_epoch = epoch.epoch
+        if result.target_reached_epoch is None and evaluation.test_acc >= self.target:
+            result.target_reached_epoch = math.ceil(evaluation.epoch)
+            result.target_reached_step = evaluation.step
             result.time_to_target_s = time.perf_counter() - self.start
             trainer.should_stop = True

@@ -14,8 +14,6 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO
 
-import torch
-
 from dlscope.ckpt import keras_fmt, safetensors_fmt, torchfmt
 from dlscope.ckpt.anatomy import Anatomy
 from dlscope.ckpt.hdf5_probe import probe_hdf5
@@ -28,7 +26,7 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 # first bytes of a protocol 0/1 pickle: MARK, GLOBAL, EMPTY_DICT/LIST/TUPLE, INT, STRING, UNICODE …
 PICKLE_0_STARTS = set(b"(c}])IFLSVNJKMGXTU")
-NATIVE_STATS_DTYPES = {torch.float64, torch.float32, torch.int64, torch.int32}
+NATIVE_STATS_DTYPES = ("float64", "float32", "int64", "int32")  # torch has fast kernels for these
 CHUNK = 1 << 24  # elements per step when computing statistics (bounded extra memory)
 
 
@@ -128,7 +126,7 @@ def add_stats(anatomy: Anatomy) -> None:
             t.stats = tensor_stats(t.read())
 
 
-def tensor_stats(x: torch.Tensor) -> dict[str, float | int] | None:
+def tensor_stats(x) -> dict[str, float | int] | None:  # x: torch.Tensor
     """min/max/mean/std (population) over finite values, chunk by chunk; counts of zeros, NaN, Inf.
 
     Cheap passes first: count_nonzero for zeros, aminmax (NaN propagates, so finite extremes mean no
@@ -136,6 +134,8 @@ def tensor_stats(x: torch.Tensor) -> dict[str, float | int] | None:
     come from var_mean (Welford) in float32 for float32/16 data and float64 otherwise, merged
     across chunks exactly (Chan et al.).
     """
+    import torch  # only --stats computes statistics: inspecting needs no torch
+
     if x.is_complex():
         return None
     flat = x.reshape(-1)
@@ -145,7 +145,9 @@ def tensor_stats(x: torch.Tensor) -> dict[str, float | int] | None:
     zeros = nans = infs = 0
     for start in range(0, flat.numel(), CHUNK):
         chunk = flat[start : start + CHUNK]
-        if chunk.dtype not in NATIVE_STATS_DTYPES:  # bool, float8, small ints: few kernels exist for them
+        if (
+            str(chunk.dtype).removeprefix("torch.") not in NATIVE_STATS_DTYPES
+        ):  # bool, float8, small ints: few kernels exist for them
             chunk = chunk.to(torch.float32 if floating else torch.float64)
         zeros += chunk.numel() - int(torch.count_nonzero(chunk))
         chunk_lo, chunk_hi = (float(v) for v in torch.aminmax(chunk))

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
-import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry
 from dlscope.ckpt.zipdir import Member, members
@@ -136,7 +135,9 @@ def _role_and_group(parts: list[str]) -> tuple[str, str]:
     return "parameter", top if len(parts) > 1 else ""
 
 
-def _read_dataset(path: Path, base: int, size: int, name: str) -> torch.Tensor:
+def _read_dataset(path: Path, base: int, size: int, name: str):  # -> torch.Tensor
+    import torch  # only --stats reads tensor data: inspecting the layout needs no torch
+
     h5py = _h5py()
     with open(path, "rb") as f, h5py.File(Window(f, base, size), "r") as h5:
         return torch.from_numpy(np.ascontiguousarray(h5[name][()]))
@@ -220,19 +221,20 @@ def _walk_h5(path: Path, f: BinaryIO, base: int, size: int, where: str, anatomy:
                 if isinstance(obj, h5py.Group):
                     groups.append({"path": name, "attributes": {k: str(v)[:120] for k, v in attrs.items()}})
                     continue
-                dtype = torch.from_numpy(np.empty(0, dtype=obj.dtype)).dtype if obj.dtype.kind in "fiub" else None
+                # numeric datasets: numpy's dtype names are torch's (float32, int64, bool, …)
+                dtype = obj.dtype.name if obj.dtype.kind in "fiub" else None
                 shape = list(obj.shape)
                 numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
                 offset = obj.id.get_offset()
                 role, group = _role_and_group(name.split("/"))
 
-                def read(ds: str = name) -> torch.Tensor:
+                def read(ds: str = name):  # -> torch.Tensor
                     return _read_dataset(path, base, size, ds)
 
                 anatomy.tensors.append(
                     TensorEntry(
                         name=name,
-                        dtype=str(dtype).removeprefix("torch.") if dtype is not None else str(obj.dtype),
+                        dtype=dtype or str(obj.dtype),
                         shape=shape,
                         numel=numel,
                         nbytes=numel * obj.dtype.itemsize,

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import crc32c
-import torch
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name
 from dlscope.ckpt.filemap import mapped_tensor
+from dlscope.ckpt.pickle_values import DType
 from dlscope.errors import CheckpointError
 from dlscope.protowire import FormatError, proto_fields, signed64, varint
 
@@ -39,25 +39,25 @@ MAX_ENTRIES = 1_000_000
 MAX_SHARDS = 100_000
 CRC_CHUNK = 16 << 20
 # tensorflow/core/framework/types.proto
-TF_DTYPES: dict[int, torch.dtype | str] = {
-    1: torch.float32,
-    2: torch.float64,
-    3: torch.int32,
-    4: torch.uint8,
-    5: torch.int16,
-    6: torch.int8,
+TF_DTYPES: dict[int, DType | str] = {  # a str: no fixed-size elements to read
+    1: DType("float32"),
+    2: DType("float64"),
+    3: DType("int32"),
+    4: DType("uint8"),
+    5: DType("int16"),
+    6: DType("int8"),
     7: "string",
-    8: torch.complex64,
-    9: torch.int64,
-    10: torch.bool,
-    14: torch.bfloat16,
-    17: torch.uint16,
-    18: torch.complex128,
-    19: torch.float16,
+    8: DType("complex64"),
+    9: DType("int64"),
+    10: DType("bool"),
+    14: DType("bfloat16"),
+    17: DType("uint16"),
+    18: DType("complex128"),
+    19: DType("float16"),
     20: "resource",
     21: "variant",
-    22: torch.uint32,
-    23: torch.uint64,
+    22: DType("uint32"),
+    23: DType("uint64"),
 }
 SHARD_NAME = re.compile(r"\.data-\d{5}-of-\d{5}$")
 
@@ -362,7 +362,7 @@ def inspect_tf(index: Path, f: BinaryIO, index_bytes: int, check: bool = False) 
             _check_crc(anatomy, name, shard, e, numel)
         if fits and name == "_CHECKPOINTABLE_OBJECT_GRAPH" and e["dtype"] == 7 and e["size"] <= MAX_INDEX_BYTES:
             places = _places(anatomy, read_shard_bytes(shard, e["offset"], e["size"]))
-        numeric = isinstance(dtype, torch.dtype)
+        numeric = isinstance(dtype, DType)
         if numeric and e["size"] != numel * dtype.itemsize and not e["slices"]:
             anatomy.findings.append(Finding("bad", f"{e['size']:,} bytes for {numel:,} {dtype_name(dtype)}", name))
             numeric = False
@@ -370,7 +370,7 @@ def inspect_tf(index: Path, f: BinaryIO, index_bytes: int, check: bool = False) 
         anatomy.tensors.append(
             TensorEntry(
                 name=name,
-                dtype=dtype_name(dtype) if isinstance(dtype, torch.dtype) else dtype,
+                dtype=str(dtype),
                 shape=e["shape"],
                 numel=numel,
                 nbytes=e["size"],
@@ -430,8 +430,10 @@ def verify_bundle(index: Path) -> Anatomy:
         return inspect_tf(index, f, index.stat().st_size, check=True)
 
 
-def _reader(shard: Path | None, offset: int, size: int, dtype: Any, shape: list[int]):
-    def read() -> torch.Tensor:
-        return mapped_tensor(shard, offset, size, dtype).reshape(shape)
+def _reader(shard: Path | None, offset: int, size: int, dtype: DType, shape: list[int]):
+    def read():  # -> torch.Tensor
+        import torch  # only --stats reads tensor data: inspecting the layout needs no torch
+
+        return mapped_tensor(shard, offset, size, getattr(torch, dtype)).reshape(shape)
 
     return read

@@ -8,17 +8,18 @@ import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import torch
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
 from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.ckpt.pickle_scan import scan_pickle
-from dlscope.ckpt.pickle_values import Opaque, PickleScan, ScanError, StorageRef, TensorRef
+from dlscope.ckpt.pickle_values import DType, Opaque, PickleScan, ScanError, StorageRef, TensorRef
 from dlscope.ckpt.scan import MAX_PICKLE_BYTES
 from dlscope.ckpt.zipdir import Member, MemberError, check_crc, member_chunks, members
 from dlscope.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_NODES = 1_000_000  # objects walked in the unpickled tree (shared references make a DAG, not a bomb)
 MAX_DEPTH = 64  # a deeper container is one metadata entry: paths stay short, the walk stays linear
@@ -30,6 +31,8 @@ MODULE_KEYS = {"_modules", "_parameters", "_buffers"}  # nn.Module's own dicts, 
 
 def read_storage(path: Path, offset: int, nbytes: int, ref: TensorRef) -> torch.Tensor:
     """The tensor's elements, read from its storage's bytes at `offset` in the file, as the view it is."""
+    import torch  # only --stats and diff read tensor data: inspecting the layout needs no torch
+
     flat = mapped_tensor(path, offset, nbytes, getattr(torch, ref.dtype))
     return flat.as_strided(ref.shape, ref.stride, ref.offset)
 
@@ -327,7 +330,7 @@ def inspect_legacy(path: Path, f: BinaryIO, file_bytes: int) -> Anatomy:
         raise CheckpointError("storage key list is not a list", path)
     anatomy.layout["records"] = {"protocol_version": short(scans[1][1].root), "sys_info": short(scans[2][1].root)}
     storages: dict[str, tuple[int, int]] = {}
-    dtypes: dict[str, torch.dtype] = {}
+    dtypes: dict[str, DType] = {}
     for _, obj in walk(scans[3][1].root):
         if isinstance(obj, TensorRef):
             dtypes[obj.storage.key] = obj.dtype

@@ -47,6 +47,11 @@ def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float
         choices=list(RECIPES),
         help="a named set of defaults; fast: least time to 99%% (flags that differ from the defaults still win)",
     )
+    g.add_argument(
+        "--autotune",
+        action="store_true",
+        help="time layouts, convolution backends and threads on the first steps; train with the fastest",
+    )
     g.add_argument("--model", default="cnn", help="model from the zoo, listed by `dlscope models` (default cnn)")
     g.add_argument(
         "--epochs",
@@ -79,6 +84,7 @@ def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float
     )
     g.add_argument("--workers", type=int, default=0, help="DataLoader workers (with --loader torch)")
     g.add_argument("--log-every", type=int, default=50, help="steps per logged training point")
+    g.add_argument("--eval-every", type=int, default=None, metavar="N", help="also evaluate the test set every N steps")
     g.add_argument("--train-subset", type=int, default=None, metavar="N", help="use the first N training images")
     g.add_argument("--test-subset", type=int, default=None, metavar="N", help="use the first N test images")
 
@@ -131,6 +137,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         loader=args.loader,
         workers=args.workers,
         log_every=args.log_every,
+        eval_every=args.eval_every,
+        autotune=args.autotune,
         train_subset=args.train_subset,
         test_subset=args.test_subset,
     )

@@ -24,7 +24,6 @@ import csv
 import functools
 import io
 import statistics
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -35,9 +34,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from dlscope.errors import ConfigError
+from dlscope.experiments.conv_directions import SLOW_RATE_RATIO, conv_directions, slow_kernels
 from dlscope.measure.memory import SOURCE as MEMORY_SOURCE
 from dlscope.measure.memory import allocation_peak, profile_allocation_peak
 from dlscope.measure.peaks import measure_copy_bandwidth, measure_gemm_peak
+from dlscope.measure.timing import Contender, StepTimer, time_interleaved
 from dlscope.models import build_model
 from dlscope.observe.profiler import TopOpsTable, clone_for_profiling, quiet_native_stderr, table_from_events
 from dlscope.observe.summary import count_flops
@@ -178,33 +179,6 @@ def count_step_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x
     return counter.bytes
 
 
-class StepTimer:
-    """Wall time of one step: CUDA events around it on a GPU (read after a sync), perf_counter on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def time_steps(self, step: Callable[[], object], n: int) -> list[float]:
-        """Seconds for each of `n` calls of `step`, each bracketed by its own synchronisation."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            pairs = []
-            for _ in range(n):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                step()
-                end.record()
-                pairs.append((start, end))
-            torch.cuda.synchronize(self.device)
-            return [s.elapsed_time(e) / 1000 for s, e in pairs]
-        seconds = []
-        for _ in range(n):
-            start = time.perf_counter()
-            step()
-            seconds.append(time.perf_counter() - start)
-        return seconds
-
-
 def transfer_us(batch: torch.Tensor, device: torch.device, pinned: bool, repeats: int = 10) -> float:
     """Median µs to copy one input batch host → device, from pinned or pageable host memory."""
     host = batch.cpu().pin_memory() if pinned else batch.cpu().clone()
@@ -285,8 +259,7 @@ class PointRun:
         self.settings = settings
         self.device = torch.device(point.device)
         self.timer = StepTimer(self.device)
-        self.times: list[float] = []
-        self.cold_s = 0.0
+        self.timed = Contender(point.key, self.step, self.device, self.configured)
         with self.configured():
             seed_everything(settings.seed)
             self.model = build_model(settings.model).to(self.device).train()
@@ -318,19 +291,9 @@ class PointRun:
         self._next += 1
         train_step(self.model, self.optimizer, x, y)
 
-    def start(self) -> None:
-        """The cold first step, timed on its own, then the warm-up steps (not timed)."""
-        with self.configured():
-            self.cold_s = self.timer.time_steps(self.step, 1)[0]
-            self.timer.time_steps(self.step, self.settings.warmup)
-
-    def time(self, n: int) -> None:
-        with self.configured():
-            self.times += self.timer.time_steps(self.step, n)
-
     def finish(self, peak: dict[str, Any]) -> dict[str, Any]:
         """Profile, count FLOPs and bytes, and return the configuration's row."""
-        device, b, times = self.device, self.point.batch_size, self.times
+        device, b, times = self.device, self.point.batch_size, self.timed.times
         with self.configured():
             if device.type == "cuda":
                 step_memory = cuda_step_memory(self.step, device)
@@ -371,8 +334,8 @@ class PointRun:
             "step_p95_ms": percentile(times, 95) * 1e3,
             "step_mean_ms": statistics.fmean(times) * 1e3,
             "per_sample_us": step_us / b,
-            "cold_step_ms": self.cold_s * 1e3,
-            "cold_ratio": self.cold_s / p50,
+            "cold_step_ms": self.timed.cold_s * 1e3,
+            "cold_ratio": self.timed.cold_s / p50,
             "timed_steps": len(times),
             "warmup_steps": self.settings.warmup,
             "flops_per_step": flops,
@@ -442,6 +405,12 @@ TABLE_FIELDS = (
     "top_non_gemm_kernel_pct",
     "h2d_pinned_us",
     "h2d_pageable_us",
+    # the CPU row at the largest batch: its slowest convolution direction (slowest_conv)
+    "slow_conv",
+    "slow_conv_gflops",
+    "conv_median_gflops",
+    "slow_conv_best_path",
+    "slow_conv_best_gflops",
 )
 
 
@@ -562,7 +531,7 @@ def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 f"({large['top_non_gemm_kernel_pct']:.0f}%): such kernels do few FLOPs per byte and run at memory "
                 f"speed (pointed out from {NON_GEMM_PCT:.0f}%)."
                 + (
-                    " Pooling before the ReLU, in channels-last layout, is how `--recipe fast` trims them."
+                    " Pooling before the ReLU, and channels-last layouts, are what `--autotune` times to trim them."
                     if "pool" in large["top_non_gemm_kernel"]
                     else ""
                 ),
@@ -640,6 +609,56 @@ def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return findings
 
 
+SLOW_CONV_FIELDS = (
+    "slow_conv",
+    "slow_conv_shape",
+    "slow_conv_ms",
+    "slow_conv_gflops",
+    "conv_median_gflops",
+    "slow_conv_best_path",
+    "slow_conv_best_gflops",
+)
+
+
+def slowest_conv(directions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Row fields naming the convolution direction furthest below the others' rate on torch's
+    default path (experiments.conv_directions), and the best path measured for it; None if none is."""
+    slow = slow_kernels(list(directions))
+    if not slow:
+        return dict.fromkeys(SLOW_CONV_FIELDS)
+    worst, best = slow[0], slow[0]["best_alternative"]
+    return {
+        "slow_conv": f"{worst['layer']} {worst['direction']}",
+        "slow_conv_shape": worst["shape"],
+        "slow_conv_ms": worst["ms"],
+        "slow_conv_gflops": worst["gflops"],
+        "conv_median_gflops": worst["others_median_gflops"],
+        "slow_conv_best_path": best["path"] if best else None,
+        "slow_conv_best_gflops": best["gflops"] if best else None,
+    }
+
+
+def conv_findings(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A convolution direction far below the others' rate (`slowest_conv`), and what beats it."""
+    findings = []
+    for row in (r for r in rows if r.get("slow_conv")):
+        text = (
+            f"On {row['config']}, the {row['slow_conv']} runs at "
+            f"{row['slow_conv_gflops']:.1f} GFLOP/s on oneDNN NCHW ({row['slow_conv_ms']:.1f} ms for "
+            f"{row['slow_conv_shape']}), against a median of {row['conv_median_gflops']:.1f} GFLOP/s for the other "
+            f"convolution kernels of the step (named below {100 * SLOW_RATE_RATIO:.0f}%)."
+        )
+        cited = ["slow_conv", "slow_conv_gflops", "conv_median_gflops"]
+        if row["slow_conv_best_gflops"] is not None and row["slow_conv_best_gflops"] > row["slow_conv_gflops"]:
+            text += (
+                f" The {row['slow_conv_best_path']} path computes it at {row['slow_conv_best_gflops']:.1f} GFLOP/s: "
+                "`--autotune` times both and keeps the faster."
+            )
+            cited += ["slow_conv_best_path", "slow_conv_best_gflops"]
+        findings.append({"level": "warn", "text": text, "evidence": _cite(row, *cited)})
+    return findings
+
+
 def run_sweep(
     points: Sequence[SweepPoint],
     settings: SweepSettings,
@@ -651,9 +670,10 @@ def run_sweep(
     """Measure every point (normalised `images`, on the host); then the operator shift and findings.
 
     The peaks (GEMM n, copy MiB: `peak_sizes`) are measured before and after the timed rounds
-    and the better kept. `on_point(point, phase)` is called before each unit of work (a peak
-    measurement or a timed round with point None, starting or profiling a point):
-    2 × len(points) + settings.rounds + 2 calls in all.
+    and the better kept. Each convolution of the CPU point with the largest batch is then timed in
+    its three directions (experiments.conv_directions). `on_point(point, phase)` is called before
+    each unit of work (a peak measurement, a timed round or the convolutions with point None,
+    starting or profiling a point): 2 × len(points) + settings.rounds + 2 (+1 with a CPU) calls.
     """
     if len(labels) < max(p.batch_size for p in points):
         raise ConfigError(f"the largest batch needs {max(p.batch_size for p in points)} samples, got {len(labels)}")
@@ -661,21 +681,16 @@ def run_sweep(
     if on_point is not None:
         on_point(None, "measuring peaks")
     first_peaks = measure_peaks(devices, *peak_sizes)
-    runs = []
-    for point in points:
-        if on_point is not None:
-            on_point(point, "starting")
-        run = PointRun(point, settings, images, labels)
-        run.start()
-        runs.append(run)
-    per_round = [
-        settings.steps // settings.rounds + (i < settings.steps % settings.rounds) for i in range(settings.rounds)
-    ]
-    for i, n in enumerate(per_round):
-        if on_point is not None:
-            on_point(None, f"timed round {i + 1}/{settings.rounds}")
-        for run in runs:
-            run.time(n)
+    runs = [PointRun(point, settings, images, labels) for point in points]
+    by_name = {run.timed.name: run for run in runs}
+    time_interleaved(
+        [run.timed for run in runs],
+        settings.steps,
+        settings.rounds,
+        settings.warmup,
+        on_start=None if on_point is None else lambda c: on_point(by_name[c.name].point, "starting"),
+        on_round=None if on_point is None else lambda i: on_point(None, f"timed round {i + 1}/{settings.rounds}"),
+    )
     if on_point is not None:
         on_point(None, "measuring peaks again")
     peaks = best_peaks(first_peaks, measure_peaks(devices, *peak_sizes))
@@ -684,12 +699,24 @@ def run_sweep(
         if on_point is not None:
             on_point(run.point, "profiling")
         rows.append(run.finish(peaks[run.point.device]))
+    directions = []
+    cpu_runs = [run for run in runs if run.device.type == "cpu"]
+    if cpu_runs:
+        if on_point is not None:
+            on_point(None, "convolutions by direction")
+        largest = max(cpu_runs, key=lambda run: run.point.batch_size)
+        with largest.configured():
+            directions = conv_directions(largest.model, largest.batches[0][0], repeats=3)
+    for row in rows:
+        row.update(slowest_conv(directions if cpu_runs and row["config"] == largest.point.key else []))
+    findings = diagnose(rows) + conv_findings(rows)
     return {
         "settings": asdict(settings),
         "rows": rows,
         "peaks": peaks,
         "shift": operator_shift(rows),
-        "findings": diagnose(rows),
+        "conv_directions": directions,
+        "findings": findings,
         "thresholds": {
             "overhead_bound_pct": OVERHEAD_BOUND_PCT,
             "overhead_moderate_pct": OVERHEAD_MODERATE_PCT,
@@ -697,6 +724,7 @@ def run_sweep(
             "top_kernel_pct": TOP_KERNEL_PCT,
             "noisy_p95_ratio": NOISY_P95_RATIO,
             "non_gemm_pct": NON_GEMM_PCT,
+            "slow_rate_ratio": SLOW_RATE_RATIO,
         },
     }
 

@@ -31,9 +31,10 @@ def run(ctx: Context) -> dict[str, Any]:
     )
     n = max(SAMPLES, max(options.batch_sizes))
     images, labels = normalise(ctx.data.train_images[:n]), ctx.data.train_labels[:n]
+    on_cpu = any(p.device == "cpu" for p in points)  # then also the convolutions by direction
     # the sweep builds and trains its own models: from a forked random stream, so the trainer's
     # checkpoint (saved after this step) holds the RNG state training ended with
-    with torch.random.fork_rng(), ctx.task("sweep", 2 * len(points) + settings.rounds + 2) as task:
+    with torch.random.fork_rng(), ctx.task("sweep", 2 * len(points) + settings.rounds + 2 + on_cpu) as task:
 
         def on_phase(point: SweepPoint | None, phase: str) -> None:
             task.update(description=f"{phase} {point.key}" if point else phase, advance=1)

@@ -1,5 +1,5 @@
 """The unprivileged backend: for Python commands, a PEP 578 audit hook injected through
-`sitecustomize` (pyhook/), plus /proc/self/io sampled at every phase boundary.
+dlscope's bootstrap (observe/bootstrap), plus /proc/self/io sampled at every phase boundary.
 
 It sees: opens (path, mode), renames, removes, mkdir, directory listings, mmap — and, per
 phase, exact bytes and syscall counts from /proc/self/io. It does NOT see individual reads,
@@ -10,13 +10,12 @@ writes, seeks, closes, stats, fsyncs, their latencies, nor anything a non-Python
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from dlscope.observe.bootstrap_env import with_bootstrap
 from dlscope.observe.iotrace.events import Event, make_event
 
-HOOK_DIR = Path(__file__).parent / "pyhook"
 BLIND_TO = (
     "individual read/write/lseek/close/stat/fsync calls and their latency (bytes per phase come "
     "from /proc/self/io instead)",
@@ -29,11 +28,8 @@ def available() -> str | None:
     return None if Path("/proc/self/io").exists() else "/proc/self/io is missing (not Linux, or no procfs)"
 
 
-def environment(events_dir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOK_DIR), env.get("PYTHONPATH")) if p)
-    env["DLSCOPE_PROC_TRACE_DIR"] = str(events_dir)
-    return env
+def environment(events_dir: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    return with_bootstrap(env, DLSCOPE_PROC_TRACE_DIR=str(events_dir))
 
 
 def read_events(events_dir: Path) -> Iterator[Event]:

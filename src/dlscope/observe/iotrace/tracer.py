@@ -37,6 +37,7 @@ BACKENDS = ("ebpf", "strace", "proc")
 ATTACH_TIMEOUT_S = 90.0
 GRACE_S = 10.0  # after the user's signal, how long the command may take to exit before SIGKILL
 Say = Callable[[str], None]
+Env = dict[str, str] | None  # the command's environment (None: dlscope's own)
 
 
 class TraceError(DlscopeError):
@@ -74,7 +75,7 @@ class Collected:
             self.scratch.unlink(missing_ok=True)
 
 
-def _wait(proc: subprocess.Popen) -> tuple[int, int | None]:
+def wait_command(proc: subprocess.Popen) -> tuple[int, int | None]:
     """The command's return code, and the signal that interrupted dlscope meanwhile (None when
     nothing did). The traced command runs in a process group of its own (`process_group=0`), so
     a Ctrl-C at the terminal reaches dlscope alone; dlscope hands the user's signal to that whole
@@ -91,23 +92,23 @@ def _wait(proc: subprocess.Popen) -> tuple[int, int | None]:
         return proc.wait(), signum
 
 
-def collect_strace(argv: Sequence[str], work: Path) -> Collected:
+def collect_strace(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
     reason = strace.available()
     if reason:
         raise BackendUnavailable(reason)
     output = work / "strace.txt"
     start = time.perf_counter()
     child = subprocess.Popen(
-        [*strace.command(list(argv), output), "--", *argv], preexec_fn=die_with_parent, process_group=0
+        [*strace.command(list(argv), output), "--", *argv], preexec_fn=die_with_parent, process_group=0, env=env
     )
-    returncode, interrupted = _wait(child)  # strace exits with the command's status, signal included
+    returncode, interrupted = wait_command(child)  # strace exits with the command's status, signal included
     seconds = time.perf_counter() - start
     if not output.exists():
         raise BackendUnavailable(f"strace did not start (exit {returncode})")
     return Collected("strace", returncode, seconds, interrupted, lambda: strace.read_events(output))
 
 
-def collect_proc(argv: Sequence[str], work: Path) -> Collected:
+def collect_proc(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
     reason = proc.available()
     if reason:
         raise BackendUnavailable(reason)
@@ -116,10 +117,10 @@ def collect_proc(argv: Sequence[str], work: Path) -> Collected:
     events_dir.mkdir(parents=True)
     start = time.perf_counter()
     try:
-        child = subprocess.Popen(list(argv), env=proc.environment(events_dir), process_group=0)
+        child = subprocess.Popen(list(argv), env=proc.environment(events_dir, env), process_group=0)
     except OSError as e:
         raise TraceError(f"cannot start the command: {e.strerror}", argv[0]) from None
-    returncode, interrupted = _wait(child)
+    returncode, interrupted = wait_command(child)
     seconds = time.perf_counter() - start
     notes: dict[str, Any] = {"blind_to": list(proc.BLIND_TO)}
     if not any(events_dir.glob("*.jsonl")):
@@ -149,7 +150,7 @@ class EbpfReader(threading.Thread):
         self.ready.set()
 
 
-def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
+def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
     reason = ebpf.available()
     if reason:
         raise BackendUnavailable(reason)
@@ -162,7 +163,7 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
     raw = work / "ebpf-events.jsonl"
     log = work / "bpftrace.log"
     try:
-        child = GatedProcess(argv)
+        child = GatedProcess(argv, env)
     except OSError as e:
         raise TraceError(f"cannot start the command: {e.strerror}", argv[0]) from None
     with open(log, "w") as log_file:
@@ -186,7 +187,7 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
             raise BackendUnavailable(f"bpftrace did not attach: {_last_error(log)}")
         start = time.perf_counter()
         child.release()
-        returncode, interrupted = _wait(child.proc)
+        returncode, interrupted = wait_command(child.proc)
         seconds = time.perf_counter() - start
         time.sleep(0.3)  # let the per-CPU buffers drain before bpftrace stops reading them
     finally:
@@ -202,10 +203,10 @@ def collect_ebpf(argv: Sequence[str], work: Path) -> Collected:
         "missing_tracepoints": plan.missing,
         "string_limit": ebpf.STRLEN,
     }
-    return Collected("ebpf", returncode, seconds, interrupted, lambda: _read_jsonl(raw), True, notes, scratch=raw)
+    return Collected("ebpf", returncode, seconds, interrupted, lambda: read_jsonl(raw), True, notes, scratch=raw)
 
 
-def _read_jsonl(path: Path) -> Iterator[Event]:
+def read_jsonl(path: Path) -> Iterator[Event]:
     with open(path, encoding="utf-8") as f:
         for line in f:
             yield json.loads(line)
@@ -228,14 +229,16 @@ def check_command(argv: Sequence[str]) -> None:
         raise TraceError("command not found (not an executable on PATH nor a path to one)", argv[0])
 
 
-def collect(argv: Sequence[str], backend: str, work: Path, say: Say) -> tuple[Collected, list[dict[str, str]]]:
+def collect(
+    argv: Sequence[str], backend: str, work: Path, say: Say, env: Env = None
+) -> tuple[Collected, list[dict[str, str]]]:
     """Run the command under `backend` (or the next one that works); also what was skipped and why."""
     check_command(argv)
     order = list(BACKENDS) if backend == "auto" else [backend, *(b for b in BACKENDS if b != backend)]
     skipped = []
     for name in order:
         try:
-            return COLLECTORS[name](argv, work), skipped
+            return COLLECTORS[name](argv, work, env), skipped
         except BackendUnavailable as e:
             skipped.append({"backend": name, "why": str(e)})
             say(f"[warn]{name}[/] unavailable: {e}; trying the next backend")
@@ -271,10 +274,10 @@ class TraceOutcome:
     section: dict[str, Any]
 
 
-def trace_command(argv: Sequence[str], backend: str, out_dir: Path, say: Say = print) -> TraceOutcome:
+def trace_command(argv: Sequence[str], backend: str, out_dir: Path, say: Say = print, env: Env = None) -> TraceOutcome:
     """Trace `argv` and its children; tables into the returned section, exports into out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    collected, skipped = collect(argv, backend, out_dir, say)
+    collected, skipped = collect(argv, backend, out_dir, say, env)
     analysis = Analysis()
     writers = EventWriters(out_dir)
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from dlscope.report.sections import (
+    anatomy,
     checkpoint,
     ckpt_anatomy,
     dataset,
@@ -14,9 +15,13 @@ from dlscope.report.sections import (
     iotrace,
     model,
     ops,
+    phases,
     pipeline,
     profile,
+    run,
+    steps,
     sweep,
+    top10,
     train,
 )
 
@@ -34,6 +39,11 @@ SECTIONS: dict[str, ModuleType] = {
         ops,
         graph,
         pipeline,
+        run,
+        steps,
+        anatomy,
+        top10,
+        phases,
         iotrace,
     )
 }

@@ -190,6 +190,17 @@ def render(section: dict[str, Any]) -> list[Block]:
             "operator shift: rank of each compute kernel by time per step (— absent)",
         ),
     ]
+    if section.get("conv_directions"):
+        blocks.append(
+            Table(
+                ["layer", "path", "direction", "ms", "GFLOP/s"],
+                [[d["layer"], d["path"], d["direction"], d["ms"], d["gflops"]] for d in section["conv_directions"]],
+                "Each convolution by direction and path, at the largest CPU batch",
+                legend="median of interleaved calls on the shapes a training step gives each layer; onednn: "
+                "torch's default (NCHW), onednn-cl: oneDNN on channels-last tensors, native: aten's im2col + GEMM. "
+                "conv1 has no input-gradient row: its input is the images, and autograd asks for none.",
+            )
+        )
     for r in rows:
         steps = r["profiled_steps"]
         on_gpu = r["device_type"] == "cuda"

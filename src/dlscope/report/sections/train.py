@@ -22,19 +22,68 @@ def curves(section: dict[str, Any]) -> bytes:
         x = [p["step"] / spe for p in log]
         loss_ax.plot(x, [p["loss"] for p in log], label="train (window mean)", color="#2f5bd3")
         acc_ax.plot(x, [p["accuracy"] for p in log], label="train (window mean)", color="#2f5bd3")
-    ex = [e["epoch"] for e in epochs]
-    loss_ax.plot(ex, [e["test_loss"] for e in epochs], "o-", label="test (full set)", color="#d9480f")
-    acc_ax.plot(ex, [e["test_acc"] for e in epochs], "o-", label="test (full set)", color="#d9480f")
+    # every evaluation, those on the --eval-every schedule inside an epoch included
+    evals = section.get("evaluations") or [
+        {"epoch": e["epoch"], "test_loss": e["test_loss"], "test_acc": e["test_acc"]} for e in epochs
+    ]
+    ex = [e["epoch"] for e in evals]
+    loss_ax.plot(ex, [e["test_loss"] for e in evals], "o-", label="test (full set)", color="#d9480f")
+    acc_ax.plot(ex, [e["test_acc"] for e in evals], "o-", label="test (full set)", color="#d9480f")
     target = section["config"].get("target_acc")
     if target:
         acc_ax.axhline(target, ls="--", color="#12805c", lw=1, label=f"target {target}%")
     plots.log_axis(loss_ax, "y")
     loss_ax.set(xlabel="epoch", ylabel="cross-entropy loss", title="Loss")
-    lo = min([e["test_acc"] for e in epochs] + [p["accuracy"] for p in log[len(log) // 4 :]] or [90])
+    lo = min([e["test_acc"] for e in evals] + [p["accuracy"] for p in log[len(log) // 4 :]] or [90])
     acc_ax.set(xlabel="epoch", ylabel="accuracy (%)", title="Accuracy", ylim=(max(lo - 1, 0), 100.2))
     loss_ax.legend()
     acc_ax.legend(loc="lower right")
     return plots.png(fig)
+
+
+def autotune_verdict(section: dict[str, Any]) -> str:
+    """ "chose …: A against B samples/s …": the decision in one sentence, with its evidence and cost."""
+    tune = section["autotune"]
+    if "skipped" in tune:
+        return f"kept {tune['chosen']}: {tune['skipped']}."
+    steps = tune["timed_steps_per_candidate"]
+    verdict = (
+        f"chose {tune['chosen']}: {tune['chosen_samples_per_s']:,.0f} against {tune['default_samples_per_s']:,.0f} "
+        f"samples/s for {tune['default']}, measured over {steps} steps each"
+        if tune["chosen"] != tune["default"]
+        else f"kept {tune['chosen']} ({tune['chosen_samples_per_s']:,.0f} samples/s): no candidate was "
+        f"{100 * tune['margin']:.0f}% faster over {steps} steps each"
+    )
+    return (
+        f"{verdict}. Measuring took {tune['steps']} of the run's training steps and cost {tune['cost_s']:.1f} s "
+        f"beyond the chosen layout's pace ({100 * tune['cost_s'] / section['wall_seconds']:.1f}% of the run)."
+    )
+
+
+def autotune_blocks(section: dict[str, Any]) -> list[Block]:
+    """--autotune: the decision, and every candidate's timing as evidence."""
+    tune = section.get("autotune")
+    if not tune:
+        return []
+    blocks: list[Block] = [Findings([("info", "Autotune " + autotune_verdict(section))])]
+    if "stages" in tune:
+        rows = [
+            [stage["stage"], c["name"], c["samples_per_s"], c["step_ms"], c["cold_ms"], c["name"] == stage["chosen"]]
+            for stage in tune["stages"]
+            for c in stage["candidates"]
+        ]
+        blocks.append(
+            Table(
+                ["stage", "candidate", "smp/s", "step ms", "cold ms", "kept"],
+                rows,
+                "Autotune: each stage's candidates, timed interleaved on real training steps",
+                legend="step ms: median of the candidate's timed steps; cold ms: its first step, not counted; "
+                f"kept: the stage's choice (a candidate must be {100 * tune['margin']:.0f}% faster to replace the "
+                f"incumbent). torch.compile: {tune['compile']['reason']}.",
+                optional=("cold ms",),
+            )
+        )
+    return blocks
 
 
 def render(section: dict[str, Any]) -> list[Block]:
@@ -47,7 +96,8 @@ def render(section: dict[str, Any]) -> list[Block]:
             items.append(
                 (
                     "good",
-                    f"Reached the {target}% target at epoch {section['target_reached_epoch']} "
+                    f"Reached the {target}% target at step {section.get('target_reached_step')} "
+                    f"(epoch {section['target_reached_epoch']}) "
                     f"in {section['time_to_target_s']:.1f} s (training and evaluation).",
                 )
             )
@@ -93,9 +143,11 @@ def render(section: dict[str, Any]) -> list[Block]:
             f"seed {config['seed']}, on {section['device']}: {section['steps']} steps, "
             f"{section['train_seconds']:.1f} s of training at {section['samples_per_s'] or 0:,.0f} samples/s. "
             "Training points are sample-weighted means over each logging window; the test set is "
-            "evaluated in full after every epoch."
+            "evaluated in full after every epoch"
+            + (f" and every {config['eval_every']} steps near the target." if config.get("eval_every") else ".")
         ),
         Findings(items),
+        *autotune_blocks(section),
         Figure("train_curves", partial(curves, section), "Loss and accuracy: training windows and full test set"),
         Table(
             ["epoch", "loss", "acc %", "test loss", "test acc %", "lr", "smp/s", "train s", "eval s"],

@@ -1,4 +1,5 @@
-"""Injected by `dlscope trace --backend proc` (PYTHONPATH) into every Python process it starts.
+"""The proc backend's recorder, installed by dlscope's bootstrap (observe/bootstrap) into every
+Python process `dlscope trace --backend proc` starts.
 
 A PEP 578 audit hook records file events (open, os.* renames, removes, mkdir, listdir, mmap)
 and, at each dlscope phase marker, a sample of /proc/self/io. One JSON line per event into
@@ -12,7 +13,6 @@ import sys
 import threading
 import time
 
-_DIR = os.environ.get("DLSCOPE_PROC_TRACE_DIR")
 _MARKER = "/dev/null/dlscope/phase/"
 _EVENTS = {
     "open": "open",
@@ -51,16 +51,20 @@ def _proc_io():
     return values
 
 
-def _install(directory):
-    pid = os.getpid()
-    out = os.open(os.path.join(directory, f"{pid}.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+def install(directory: str) -> None:
+    own = {}  # this process's pid and record file; a forked child (a DataLoader worker) opens its own
     lock = threading.Lock()
     busy = threading.local()
+
+    def open_records():
+        own["pid"] = os.getpid()
+        path = os.path.join(directory, f"{own['pid']}.jsonl")
+        own["fd"] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
 
     def write(record):
         line = (json.dumps(record) + "\n").encode()
         with lock:
-            os.write(out, line)  # unbuffered: a SIGKILL loses nothing already recorded
+            os.write(own["fd"], line)  # unbuffered: a SIGKILL loses nothing already recorded
             _OWN["wchar"] += len(line)
             _OWN["syscw"] += 1
 
@@ -75,6 +79,7 @@ def _install(directory):
                 path = path.decode("utf-8", "surrogateescape")  # exact bytes, as the other backends keep them
             elif not isinstance(path, str):
                 path = None if isinstance(path, int) or path is None else str(path)
+            pid = own["pid"]
             record = {"ts": time.time(), "pid": pid, "tid": threading.get_native_id(), "call": call, "path": path}
             if call == "open":
                 record["mode"] = args[1] if len(args) > 1 and isinstance(args[1], str) else None
@@ -89,15 +94,19 @@ def _install(directory):
         finally:
             busy.on = False
 
-    def at_exit():
-        write({"ts": time.time(), "pid": pid, "tid": threading.get_native_id(), "call": "procio", "io": _proc_io()})
+    def sample():
+        write(
+            {"ts": time.time(), "pid": own["pid"], "tid": threading.get_native_id(), "call": "procio", "io": _proc_io()}
+        )
+
+    def after_fork():
+        open_records()
+        sample()
 
     import atexit
 
-    write({"ts": time.time(), "pid": pid, "tid": threading.get_native_id(), "call": "procio", "io": _proc_io()})
-    atexit.register(at_exit)
+    open_records()
+    sample()
+    atexit.register(sample)
+    os.register_at_fork(after_in_child=after_fork)
     sys.addaudithook(hook)
-
-
-if _DIR:
-    _install(_DIR)

@@ -1,0 +1,142 @@
+"""Overhead of `dlscope run` on a training script: the script bare vs under `dlscope run` with
+the default profiler schedule (8 profiled steps after the first, then the profiler is off),
+interleaved round by round so machine noise hits both alike. Medians and ratios for two spans:
+  - command: the script's own wall time (bare: the subprocess; observed: results.json's
+    run.wall_seconds, start to exit of the command under the bootstrap and hooks);
+  - whole: the whole `dlscope run` process, analysis, timeline and report included.
+Then the hooks' own cost per step, which start-up noise hides far less: the median of 40 timed
+training steps inside the process (the handout's Net, batch 64), bare and under the bootstrap
+with the profiler off, interleaved. And their cost per call, which noise hides least: a tiny
+module's forward and a tiny backward + optimizer step, timed in bursts, bare and hooked.
+
+    .venv/bin/python benchmarks/run_overhead.py [--rounds 3] [--train 1920] [--epochs 1] [--skip-script]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "mnist_basic.py"
+STEP_TIMER = f"""
+import statistics, sys, time
+import torch
+import torch.nn.functional as F
+sys.path.insert(0, {str(SCRIPT.parent)!r})
+from mnist_basic import Net
+torch.manual_seed(0)
+model = Net()
+optimizer = torch.optim.Adadelta(model.parameters())
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(50 * 64, 1, 28, 28),
+                                     torch.randint(0, 10, (50 * 64,))), batch_size=64)
+times = []
+for x, y in loader:
+    start = time.perf_counter()
+    optimizer.zero_grad()
+    F.nll_loss(model(x), y).backward()
+    optimizer.step()
+    times.append(time.perf_counter() - start)
+print(statistics.median(times[10:]))
+"""
+
+
+def timed(argv: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+PER_CALL = """
+import statistics, sys, time
+import torch
+model = torch.nn.Linear(1, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+x = torch.ones(1, 1)
+def burst(n=2000):
+    start = time.perf_counter()
+    for _ in range(n):
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+    return (time.perf_counter() - start) / n
+burst(200)
+print(statistics.median(burst() for _ in range(15)))
+"""
+
+
+def per_call(env: dict[str, str] | None) -> float:
+    done = subprocess.run([sys.executable, "-c", PER_CALL], env=env, check=True, capture_output=True, text=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def step_median(env: dict[str, str] | None) -> float:
+    done = subprocess.run([sys.executable, "-c", STEP_TIMER], env=env, check=True, capture_output=True, text=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def hook_cost(rounds: int, step_rounds: int) -> None:
+    from dlscope.observe.bootstrap_env import with_bootstrap
+    from dlscope.observe.script.hooks import PROFILE_ENV
+
+    bare, hooked = [], []
+    with tempfile.TemporaryDirectory() as records:
+        env = with_bootstrap(None, DLSCOPE_RUN_DIR=records, **{PROFILE_ENV: "1:0:0:0"})
+        for i in range(step_rounds):
+            bare.append(step_median(None))
+            hooked.append(step_median(env))
+            print(f"round {i + 1}: step median bare {bare[-1] * 1e3:.2f} ms, hooked {hooked[-1] * 1e3:.2f} ms")
+        median = statistics.median
+        if step_rounds:
+            ratio, extra_ms = median(hooked) / median(bare), (median(hooked) - median(bare)) * 1e3
+            print(f"hooks per step: {ratio:.3f}× ({extra_ms:+.2f} ms)")
+        tiny_bare, tiny_hooked = [], []
+        for _ in range(rounds):
+            tiny_bare.append(per_call(None))
+            tiny_hooked.append(per_call(env))
+    extra = (median(tiny_hooked) - median(tiny_bare)) * 1e6
+    print(
+        f"tiny step (1 forward, backward, optimizer step): bare {median(tiny_bare) * 1e6:.1f} µs, "
+        f"hooked {median(tiny_hooked) * 1e6:.1f} µs: the hooks add {extra:.1f} µs per step"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--train", type=int, default=1920, help="training images (default 1920: 30 steps of 64)")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--step-rounds", type=int, default=3, help="rounds of the 50-step in-process timing")
+    parser.add_argument("--skip-script", action="store_true", help="only the hooks' cost per step")
+    args = parser.parse_args()
+    hook_cost(args.rounds, args.step_rounds)
+    if args.skip_script:
+        return
+    script = [sys.executable, str(SCRIPT), "--train", str(args.train), "--test", "500", "--epochs", str(args.epochs)]
+    bare, command, whole, steps = [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.rounds):
+            bare.append(timed(script))
+            out = Path(tmp) / f"run-{i}"
+            whole.append(timed([sys.executable, "-m", "dlscope.cli", "run", "--out", str(out), "--", *script]))
+            results = json.loads((out / "results.json").read_text())
+            command.append(results["sections"]["run"]["wall_seconds"])
+            steps.append(results["sections"]["steps"]["count"])
+            cost = results["sections"]["top10"]["profiled_cost"]
+            print(
+                f"round {i + 1}: bare {bare[-1]:.2f} s, command {command[-1]:.2f} s, whole {whole[-1]:.2f} s; "
+                f"{steps[-1]} steps, profiled step {cost.get('ratio')}× an unprofiled one"
+            )
+    median = statistics.median
+    print(f"bare median {median(bare):.2f} s over {args.rounds} rounds ({steps[0]} steps)")
+    print(f"command under dlscope run: {median(command):.2f} s = {median(command) / median(bare):.3f}× bare")
+    print(f"whole dlscope run process: {median(whole):.2f} s = {median(whole) / median(bare):.3f}× bare")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""dlscope run: observe any PyTorch training script, unchanged, on one timeline."""
+
+from __future__ import annotations
+
+import argparse
+
+from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
+
+SORT_KEYS = ["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"]
+SHOWN = ("steps", "anatomy", "top10", "phases")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from dlscope.console import console
+    from dlscope.observe.script.session import run_script
+    from dlscope.options import ScriptOptions
+    from dlscope.report.sections import SECTIONS
+    from dlscope.report.terminal import print_blocks
+    from dlscope.runner import finish_report, say
+
+    command = args.command_argv[1:] if args.command_argv[:1] == ["--"] else args.command_argv
+    options = ScriptOptions(
+        command=command,
+        out=args.out,
+        trace_io=args.trace_io,
+        trace_backend=args.trace_backend,
+        profile_steps=args.profile_steps,
+        wait=args.wait,
+        warmup=args.warmup,
+        start_after=args.start_after,
+        sort_by=args.sort_by,
+        tensorboard=args.tensorboard,
+    )
+    run, code = run_script(options, say=say)
+    for key in SHOWN:
+        console.rule(f"[phase]{SECTIONS[key].TITLE}", align="left", style="dim")
+        print_blocks(SECTIONS[key].render(run.results["sections"][key]))
+    finish_report(run)
+    return code
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="observe any PyTorch training script, unchanged: steps, anatomy, top-10, phases, one timeline",
+        usage="dlscope run [--out RUN] [--trace-io] [options] -- CMD [ARGS ...]",
+        allow_abbrev=False,
+    )
+    p.add_argument("--out", default=None, help="run directory (default runs/run-<time>)")
+    p.add_argument("--trace-io", action="store_true", help="also trace the command's file I/O through the OS")
+    p.add_argument("--trace-backend", default="auto", choices=["auto", *TRACE_BACKENDS], help="tracer for --trace-io")
+    p.add_argument(
+        "--profile-steps", type=int, default=5, metavar="N", help="active profiled steps (0: off; default 5)"
+    )
+    p.add_argument("--wait", type=int, default=1, metavar="N", help="profiler schedule: steps skipped (default 1)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="profiler schedule: warm-up steps (default 2)")
+    p.add_argument(
+        "--start-after", type=int, default=1, metavar="N", help="steps before the profiler starts (default 1)"
+    )
+    p.add_argument("--sort-by", default="self_cpu", choices=SORT_KEYS, help="order of the top-10 operator table")
+    p.add_argument("--tensorboard", action="store_true", help="write step time and anatomy as TensorBoard scalars")
+    p.add_argument("command_argv", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its arguments")
+    p.set_defaults(func=cmd_run)

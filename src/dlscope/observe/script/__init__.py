@@ -1,0 +1,1 @@
+"""`dlscope run`: observe any training script, unchanged (bootstrap hooks, analysis, one timeline)."""

@@ -1,0 +1,43 @@
+"""Section run: the command `dlscope run` observed — its exit status, its processes, the timeline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlscope.report.blocks import Block, Findings, Para, Table
+
+TITLE = "The observed command"
+
+
+def render(section: dict[str, Any]) -> list[Block]:
+    command = " ".join(section.get("command", []))
+    code = section.get("exit_code")
+    items: list[tuple[str, str]] = []
+    if section.get("interrupted"):
+        items.append(("warn", "Interrupted (Ctrl-C): the sections show what was recorded until then."))
+    if code not in (0, None):
+        items.append(("bad", f"The command exited with status {code}; the report covers its run."))
+    for error in section.get("hook_errors", []):
+        items.append(("bad", f"An observer could not attach: {error}."))
+    killed = [p["pid"] for p in section["processes"] if not p["clean_exit"] and not p["forked"]]
+    if killed:
+        items.append(
+            (
+                "warn",
+                f"Process {', '.join(map(str, killed))} ended without running its exit handlers "
+                "(killed, or os._exit): its last phase is closed at its last record.",
+            )
+        )
+    rows = [
+        [p["pid"], p["ppid"], "worker" if p["forked"] else "python", p["rank"], " ".join(p["argv"])[-40:]]
+        for p in section["processes"]
+    ]
+    return [
+        Para(
+            f"Ran `{command}` in {section.get('wall_seconds', 0):.2f} s, exit status {code}; "
+            f"{len(rows)} Python process(es) observed. One timeline of all of them: {section.get('timeline')} "
+            "(open it at ui.perfetto.dev or chrome://tracing)."
+        ),
+        Findings(items),
+        Table(["pid", "ppid", "kind", "rank", "argv (end)"], rows, "Processes the bootstrap reached"),
+    ]

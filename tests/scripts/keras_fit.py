@@ -1,0 +1,31 @@
+"""Keras 3 on the torch backend: a small MLP fitted on MNIST with model.fit, then saved.
+No torch optimizer runs (Keras has its own), so steps come from backward() calls."""
+
+import argparse
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+
+import keras
+import numpy as np
+
+import dlscope
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=320)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=2)
+    args = parser.parse_args()
+    mnist = dlscope.load_mnist()
+    x = mnist.train_images[: args.n].numpy().reshape(args.n, 784).astype(np.float32) / 255.0
+    y = mnist.train_labels[: args.n].numpy()
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, verbose=0)
+    print(f"fitted {args.epochs} epochs of {args.n // args.batch_size} batches")
+
+
+if __name__ == "__main__":
+    main()

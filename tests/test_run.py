@@ -1,0 +1,251 @@
+"""`dlscope run` on real training scripts written the ways users write them (tests/scripts/):
+step counts, anatomy, phases, top-10, exit status, and the one merged timeline checked with our
+own loader. Each run is a real subprocess under the bootstrap; sizes are a few dozen steps."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlscope.cli import main
+from dlscope.observe.iotrace import strace
+from dlscope.observe.script import timeline
+from dlscope.observe.script.records import clocks
+from dlscope.observe.script.session import run_script
+from dlscope.options import ScriptOptions
+from dlscope.rundir import load_results
+
+SCRIPTS = Path(__file__).parent / "scripts"
+FAST_PROFILE = ["--profile-steps", "2", "--wait", "1", "--warmup", "1"]
+
+
+def dlscope_run(tmp_path: Path, script: str, *args: str, options: tuple[str, ...] = ()) -> tuple[int, dict, Path]:
+    out = tmp_path / "run"
+    code = main(["run", "--out", str(out), *FAST_PROFILE, *options, "--", sys.executable, str(SCRIPTS / script), *args])
+    return code, load_results(out)["sections"], out
+
+
+def phase_names(sections: dict) -> dict[str, dict]:
+    return {t["phase"]: t for t in sections["phases"]["totals"]}
+
+
+def check_timeline(out: Path, sections: dict) -> timeline.Trace:
+    """Valid Trace Event Format, slices nest per track, operators inside steps (or eval)."""
+    trace = timeline.load(out / sections["run"]["timeline"])
+    assert timeline.nesting_errors(trace) == []
+    pid = sections["steps"]["main_pid"]
+    steps = trace.tracks_named(pid, "steps")
+    assert len(steps) == sections["steps"]["count"]
+    allowed = steps + [s for s in trace.tracks_named(pid, "phases") if s.name in ("eval", "checkpoint_save")]
+    ops = [s for key, s in trace.all_slices("cpu_op") if key[0] == pid]
+    assert ops, "the profiler's operators are on the timeline"
+    outside = [s.name for s in ops if not timeline.inside(s.start, s.end, allowed, tolerance_us=1.0)]
+    assert outside == []
+    return trace
+
+
+def check_markers(trace: timeline.Trace, pid: int) -> int:
+    """Each marker syscall of a phase `dlscope run` found falls inside that phase's slice (markers the
+    script emits itself — dlscope.load_mnist's data_load — have no slice of ours)."""
+    phases = trace.tracks_named(pid, "phases")
+    ours = {p.name for p in phases}
+    markers = [
+        m
+        for key, ms in trace.instants.items()
+        if key[0] == pid
+        for m in ms
+        if m.cat == "phase_marker" and m.args["phase"] in ours
+    ]
+    for m in markers:
+        same = [p for p in phases if p.name == m.args["phase"]]
+        assert timeline.inside(m.start, m.start, same), f"{m.name} at {m.start} outside its phase slice"
+    return len(markers)
+
+
+@pytest.mark.slow
+def test_mnist_basic_style_script(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the script saves mnist_cnn.pt in its working directory
+    args = ["--train", "256", "--test", "100", "--epochs", "2", "--batch-size", "32", "--workers", "1", "--save-model"]
+    code, sections, out = dlscope_run(tmp_path, "mnist_basic.py", *args, options=("--tensorboard",))
+    assert code == 0
+    steps = sections["steps"]
+    assert (steps["source"], steps["count"]) == ("optimizer", 16)  # 2 epochs × 256/32
+    assert sections["anatomy"]["data_source"] == "loader"
+    workers = [p for p in sections["run"]["processes"] if p["forked"]]
+    assert len(workers) >= 2  # a DataLoader worker per epoch, forked: the bootstrap followed them
+    assert all(p["ppid"] == steps["main_pid"] for p in workers)
+    assert sections["anatomy"]["input_bound"] in ("highly", "moderately", "not")
+    phases = phase_names(sections)
+    assert {"startup", "first_batch", "train_steps"} <= set(phases)
+    assert phases["eval"]["count"] == 2  # test() after each epoch
+    assert phases["checkpoint_save"]["files"] == ["mnist_cnn.pt"]
+    top = sections["top10"]
+    assert len(top["rows"]) == 10 and top["active_steps"] == 2
+    assert [r["ops"] > 0 for r in top["ops_per_step"]] == [True, True]
+    check_timeline(out, sections)
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert (out / "report.html").exists() and "Step anatomy" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(strace.available() is not None, reason="strace is not installed (scripts/install-tracers)")
+def test_memmap_loop_with_checkpoints_under_strace(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    args = [str(data), "--steps", "12", "--save-every", "5"]
+    code, sections, out = dlscope_run(
+        tmp_path, "memmap_loop.py", *args, options=("--trace-io", "--trace-backend", "strace")
+    )
+    assert code == 0
+    assert (sections["steps"]["source"], sections["steps"]["count"]) == ("optimizer", 12)
+    assert sections["anatomy"]["data_source"] == "gap"  # no DataLoader: data wait is the gap before forward
+    phases = phase_names(sections)
+    assert phases["checkpoint_save"]["count"] == 2 and phases["checkpoint_load"]["count"] == 1
+    assert phases["checkpoint_save"]["files"] == [str(data / "ckpt.pt")]
+    assert sections["top10"]["rows"]
+    assert sections["iotrace"]["backend"] == "strace"
+    iotrace_phases = {p["phase"] for p in sections["iotrace"]["phases"]}
+    assert {"checkpoint_save", "train_steps"} <= iotrace_phases  # the tracer saw our markers
+    trace = check_timeline(out, sections)
+    assert check_markers(trace, sections["steps"]["main_pid"]) >= 8
+    writes = [s for key, s in trace.all_slices("write") if s.args.get("path", "").endswith("ckpt.pt")]
+    saves = trace.tracks_named(sections["steps"]["main_pid"], "phases")
+    assert writes and all(
+        timeline.inside(w.start, w.start, [p for p in saves if p.name == "checkpoint_save"]) for w in writes
+    )
+
+
+@pytest.mark.slow
+def test_keras_fit_on_torch_counts_backward_steps(tmp_path):
+    code, sections, out = dlscope_run(tmp_path, "keras_fit.py", "--n", "160", "--batch-size", "32", "--epochs", "2")
+    assert code == 0
+    assert (sections["steps"]["source"], sections["steps"]["count"]) == ("backward", 10)  # Keras has its own optimizer
+    assert sections["top10"]["rows"]
+    check_timeline(out, sections)
+
+
+@pytest.mark.slow
+def test_compiled_model_with_gradient_accumulation(tmp_path):
+    args = ["--n", "192", "--batch-size", "16", "--accumulate", "2", "--backend", "aot_eager"]
+    code, sections, out = dlscope_run(
+        tmp_path, "compiled_accumulation.py", *args, options=("--trace-io", "--trace-backend", "proc")
+    )
+    assert code == 0
+    assert (sections["steps"]["source"], sections["steps"]["count"]) == ("optimizer", 6)  # 12 micro-batches / 2
+    assert sections["top10"]["rows"]
+    assert sections["iotrace"]["backend"] == "proc"
+    trace = check_timeline(out, sections)
+    assert check_markers(trace, sections["steps"]["main_pid"]) >= 4
+
+
+def test_exception_passes_its_exit_status_and_leaves_a_report(tmp_path):
+    code, sections, out = dlscope_run(tmp_path, "raises.py")
+    assert code == 1
+    assert sections["steps"]["count"] == 8
+    assert load_results(out)["run"]["status"] == "failed"
+    assert "exited with status 1" in (out / "report.md").read_text()
+    # the profile of steps 3-4 was delivered before the failure, and Meta's analyser reads it
+    from hta.trace_analysis import TraceAnalysis
+
+    trace = out / sections["top10"]["trace"]
+    analysis = TraceAnalysis(trace_dir=str(trace.parent))
+    events = analysis.t.get_trace(analysis.t.get_ranks()[0])
+    names = set(analysis.t.symbol_table.sym_table)
+    assert len(events) > 0 and {r["name"] for r in sections["top10"]["rows"]} <= names
+
+
+def test_sigkill_still_leaves_steps_and_a_report(tmp_path):
+    code, sections, out = dlscope_run(tmp_path, "raises.py", "--kill", options=("--profile-steps", "0"))
+    assert code == 137  # 128 + SIGKILL, as a shell reports it
+    assert sections["steps"]["count"] == 8
+    train = [r for r in sections["phases"]["rows"] if r["phase"] == "train_steps"]
+    assert train and not train[0]["closed"]  # never closed by the process: ended at its last record
+    timeline.load(out / sections["run"]["timeline"])
+
+
+def test_bootstrap_chains_to_the_sitecustomize_it_shadows(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    flag = tmp_path / "site-ran"
+    (site / "sitecustomize.py").write_text(f"open({str(flag)!r}, 'w').write('yes')\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nm = torch.nn.Linear(4, 1)\no = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n    o.zero_grad(); m(torch.ones(2, 4)).sum().backward(); o.step()\n"
+        "import sitecustomize, sys\nprint(sitecustomize.__file__)\n"
+    )
+    out = tmp_path / "run"
+    options = ScriptOptions(
+        [sys.executable, str(script)],
+        out=str(out),
+        profile_steps=0,
+        extra_env={"PYTHONPATH": str(site), "RANK": "3", "WORLD_SIZE": "4"},
+    )
+    run, code = run_script(options)
+    assert code == 0 and flag.read_text() == "yes"
+    assert run.results["sections"]["steps"]["count"] == 3
+    process = run.results["sections"]["run"]["processes"][0]
+    assert (process["rank"], process["world_size"]) == (3, 4)  # what torchrun sets, kept per process
+
+
+def test_cli_rejects_bad_input_in_one_line(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert main(["run", "--out", out, "--", "no-such-command-xyz"]) == 2
+    assert main(["run", "--out", out]) == 2
+    assert main(["run", "--out", out, "--profile-steps", "-1", "--", sys.executable, "-c", "pass"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("dlscope: error:") for line in err)
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--trace-i", "--", sys.executable, "-c", "pass"])  # no abbreviations
+    assert exit_.value.code == 2
+
+
+def test_clock_map_puts_boottime_and_realtime_stamps_on_one_clock():
+    start = clocks()
+    time.sleep(0.01)
+    now = clocks()
+    clock = timeline.ClockMap.sampled(start, clocks())
+    from_boot = clock.boottime_s(now["boottime"] / 1e9)
+    from_real = clock.realtime_s(now["realtime"] / 1e9)
+    assert abs(from_boot - from_real) < 1000  # µs: the two stamps were taken back to back
+    assert from_real > 9000  # ≥ the 10 ms slept, in µs from the start
+
+
+def test_loader_rejects_bad_traces_and_finds_overlaps(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0}]}))
+    with pytest.raises(timeline.TraceFormatError, match="duration"):
+        timeline.load(path)
+    path.write_text(json.dumps({"traceEvents": [{"ph": "E", "name": "a", "pid": 1, "tid": 1, "ts": 0}]}))
+    with pytest.raises(timeline.TraceFormatError, match="never began"):
+        timeline.load(path)
+    crossing = [
+        {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+        {"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 5, "dur": 10},
+        {"ph": "X", "name": "c", "pid": 1, "tid": 2, "ts": 5, "dur": 10},
+    ]
+    path.write_text(json.dumps({"traceEvents": crossing}))
+    errors = timeline.nesting_errors(timeline.load(path))
+    assert len(errors) == 1 and "overlaps a" in errors[0]
+
+
+def test_ctrl_c_stops_the_command_and_still_leaves_a_report(tmp_path):
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "dlscope.cli", "run", "--out", str(out), "--profile-steps", "0"]
+    dlscope = subprocess.Popen([*argv, "--", sys.executable, str(SCRIPTS / "endless.py")], stdout=subprocess.DEVNULL)
+    records = out / "processes"
+    deadline = time.monotonic() + 120
+    while not any('"k": "step"' in p.read_text() for p in records.glob("*.jsonl")):
+        assert time.monotonic() < deadline and dlscope.poll() is None, "no step recorded"
+        time.sleep(0.2)
+    dlscope.send_signal(signal.SIGINT)  # as the terminal does on Ctrl-C (the child gets it from dlscope)
+    assert dlscope.wait(timeout=120) == 130
+    results = load_results(out)
+    assert results["run"]["status"] == "interrupted"
+    assert results["sections"]["steps"]["count"] >= 1 and (out / "report.html").exists()

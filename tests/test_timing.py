@@ -1,0 +1,49 @@
+"""The one step timer: cold step apart, warm-up untimed, rounds interleaved, settings per contender."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from dlscope.measure.timing import Contender, round_sizes, time_interleaved
+
+
+def test_rounds_interleave_contenders_and_time_every_step():
+    calls: list[str] = []
+    contenders = [Contender(name, lambda name=name: calls.append(name)) for name in ("a", "b")]
+    time_interleaved(contenders, steps=5, rounds=2, warmup=2)
+    # each: 1 cold + 2 warm-up steps, one contender after the other; then rounds of 3 and 2 steps
+    assert calls == ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3 + ["a"] * 2 + ["b"] * 2
+    for contender in contenders:
+        assert len(contender.times) == 5 and contender.cold_s > 0
+
+
+def test_round_sizes_cover_the_steps():
+    for steps, rounds in [(5, 2), (20, 3), (3, 3), (7, 1)]:
+        sizes = round_sizes(steps, rounds)
+        assert sum(sizes) == steps and len(sizes) == rounds and max(sizes) - min(sizes) <= 1
+
+
+def test_each_contender_runs_under_its_own_settings():
+    seen: dict[str, set[int]] = {"t1": set(), "t2": set()}
+    before = torch.get_num_threads()
+
+    def threads(n: int):
+        @contextlib.contextmanager
+        def settings():
+            torch.set_num_threads(n)
+            try:
+                yield
+            finally:
+                torch.set_num_threads(before)
+
+        return settings
+
+    contenders = [
+        Contender(name, lambda name=name: seen[name].add(torch.get_num_threads()), settings=threads(n))
+        for name, n in (("t1", 1), ("t2", 2))
+    ]
+    time_interleaved(contenders, steps=4, rounds=2)
+    assert seen == {"t1": {1}, "t2": {2}}
+    assert torch.get_num_threads() == before
