@@ -65,9 +65,9 @@ def view(report: Path, width: int, workdir: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def lab_run(tmp_path_factory) -> Path:
-    """A real lab run with the sections that are widest on a phone: profile, checkpoint, graph."""
+    """A real lab run with wide sections: training (with TensorBoard), profile, checkpoint anatomy."""
     run = tmp_path_factory.mktemp("browser") / "lab"
-    steps = "environment,dataset,model,train,profile,checkpoint,graph"
+    steps = "environment,dataset,model,train,profile,checkpoint,ckpt_anatomy"
     tiny = ["--epochs", "1", "--train-subset", "1000", "--test-subset", "500", "--no-progress"]
     assert main(["lab", "--steps", steps, "--out", str(run), *tiny]) == 0
     return run
@@ -81,7 +81,7 @@ def test_report_fits_the_screen_without_raw_backticks(lab_run, tmp_path, width):
     assert seen["clientWidth"] <= width
     assert seen["scrollWidth"] <= seen["clientWidth"], "the page scrolls sideways"
     assert "`" not in seen["text"], [line for line in seen["text"].splitlines() if "`" in line]
-    assert "dlscope graph" in seen["text"]  # the inline code is still there, as <code>
+    assert "dlscope tensorboard" in seen["text"]  # the inline code is still there, as <code>
     # a narrow screen scrolls a wide figure inside its box rather than shrinking its text away
     assert seen["figures"] and all(shown >= 0.75 * drawn for shown, drawn in seen["figures"] if drawn)
 

@@ -53,6 +53,10 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("dlscope trace --backend strace --out runs/t -- python train.py --epochs 1", "strace, into runs/t"),
         ("dlscope trace --measure-overhead --repeats 5 -- python train.py", "and what tracing costs"),
     ],
+    "run": [
+        ("dlscope run -- python train.py", "steps, top-10 operators and one timeline of your script"),
+        ("dlscope run --trace-io --out runs/mine -- python train.py --epochs 1", "and its file I/O"),
+    ],
     "report": [
         ("dlscope report runs/lab-20261123-021500", "re-render report.html and report.md"),
         ("dlscope report runs/x/results.json", "the same, naming the file"),

@@ -43,7 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run",
         help="observe any PyTorch training script, unchanged: steps, anatomy, top-10, phases, one timeline",
-        usage="dlscope run [--out RUN] [--trace-io] [options] -- CMD [ARGS ...]",
         allow_abbrev=False,
     )
     p.add_argument("--out", default=None, help="run directory (default runs/run-<time>)")
@@ -57,7 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--start-after", type=int, default=1, metavar="N", help="steps before the profiler starts (default 1)"
     )
-    p.add_argument("--sort-by", default="self_cpu", choices=SORT_KEYS, help="order of the top-10 operator table")
+    p.add_argument(
+        "--sort-by", default="self_cpu", choices=SORT_KEYS, metavar="KEY", help=f"top-10 order: {', '.join(SORT_KEYS)}"
+    )
     p.add_argument("--tensorboard", action="store_true", help="write step time and anatomy as TensorBoard scalars")
     p.add_argument("command_argv", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its arguments")
     p.set_defaults(func=cmd_run)
