@@ -33,6 +33,7 @@ def lab_run(tmp_path) -> RunDir:
         "fingerprint": {"samples": 0, "predictions_sha256": "", "accuracy": 0.0},
     }
     save_checkpoint(run.sub("checkpoints") / "final.pt", state)
+    run.release()  # the step's own run takes the directory over
     return run
 
 
@@ -55,6 +56,7 @@ def test_keras_seed_003_listing(tmp_path, mnist):
     os.environ.setdefault("KERAS_BACKEND", "torch")
     pytest.importorskip("keras", reason="seed 003's Keras MLP needs the optional keras extra")
     run = RunDir.create(tmp_path / "run", "test")
+    run.release()
     keras = AnatomyOptions(keras_seed=True, keras_epochs=1, keras_train_subset=512)
     plan = Plan("test", ["ckpt_anatomy"], options=RunOptions(out=str(run.path), progress=False))
     plan.step_options = StepOptions(ckpt_anatomy=keras)

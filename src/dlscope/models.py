@@ -49,11 +49,17 @@ class Layout:
         return ", ".join(parts)
 
 
+def tracing() -> bool:
+    """Inside torch.fx's symbolic trace (`dlscope graph`): strides are no part of the graph, and
+    asking a traced value for them is control flow fx cannot record."""
+    return torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+
+
 def channels_last(x: torch.Tensor) -> torch.Tensor:
     """`x` with NHWC strides — also with one channel, where `x.contiguous(memory_format=channels_last)`
     keeps the NCHW strides (both describe the same element order) and oneDNN, reading the format
     from the strides, runs its NCHW kernels: for the first convolution 5–10× slower on AVX2."""
-    if x.is_contiguous(memory_format=torch.channels_last) and x.stride(1) == 1:
+    if tracing() or (x.is_contiguous(memory_format=torch.channels_last) and x.stride(1) == 1):
         return x
     return torch.empty_like(x, memory_format=torch.channels_last).copy_(x)
 
@@ -61,7 +67,7 @@ def channels_last(x: torch.Tensor) -> torch.Tensor:
 def nchw(x: torch.Tensor) -> torch.Tensor:
     """`x` with NCHW strides — also with one channel, where `contiguous()` keeps NHWC ones (see
     channels_last): which kernel oneDNN runs, and so the result's last bits, follow the strides."""
-    if x.is_contiguous() and x.stride(1) == x.shape[2] * x.shape[3]:
+    if tracing() or (x.is_contiguous() and x.stride(1) == x.shape[2] * x.shape[3]):
         return x
     return torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
 
