@@ -65,3 +65,9 @@ def test_numbers_are_right_aligned():
     rows = [line for line in lines if line.startswith(("a ", "b "))]
     assert rows[0].rstrip().endswith("5") and rows[1].rstrip().endswith("123,456")
     assert len(rows[0].rstrip()) == len(rows[1].rstrip())
+
+
+def test_code_folds_at_the_terminal_edge():
+    line = "MaxPool2d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=False) # " + "x" * 40
+    lines = render([Code(line)], 80)
+    assert max(len(x) for x in lines) <= 80 and "".join(x.strip() for x in lines).endswith("x" * 40)

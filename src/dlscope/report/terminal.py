@@ -41,7 +41,8 @@ def print_blocks(blocks: Iterable[Block], console: Console | None = None) -> Non
         elif isinstance(block, Table):
             print_table(block, console)
         elif isinstance(block, Code):
-            console.print(safe(block.text), style="dim", soft_wrap=True)
+            # long lines fold at the terminal's edge instead of running past it
+            console.print(safe(block.text), style="dim", overflow="fold")
         elif isinstance(block, Figure | Svg):
             continue  # drawings live in report.html and report.md
         else:
