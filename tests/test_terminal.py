@@ -71,3 +71,11 @@ def test_code_folds_at_the_terminal_edge():
     line = "MaxPool2d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=False) # " + "x" * 40
     lines = render([Code(line)], 80)
     assert max(len(x) for x in lines) <= 80 and "".join(x.strip() for x in lines).endswith("x" * 40)
+
+
+def test_short_text_columns_are_not_padded_past_the_edge():
+    rows = [["MaxPool2DWithIndicesBackward0", "result1", "128×32×7×7", "i64", 1605632]] * 3
+    table = Table(["backward node", "saved", "shape", "dtype", "bytes"], rows)
+    lines = render([table], 80)
+    assert max(len(line) for line in lines) <= 80
+    assert all(line.rstrip().endswith("1,605,632") for line in lines if line.startswith("MaxPool"))

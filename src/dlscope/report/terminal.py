@@ -87,15 +87,14 @@ def print_table(table: Table, console: Console) -> None:
         rich = RichTable(box=None, padding=(0, GAP // 2), pad_edge=False, header_style="bold", show_edge=False)
         for i in shown:
             numeric = all(is_number(row[i]) or row[i] is None for row in table.rows)
+            natural = max([cell_len(table.columns[i]), *(cell_len(row[i]) for row in cells)])
             rich.add_column(
                 safe(table.columns[i]),
                 justify="right" if numeric else "left",
                 no_wrap=numeric or not wrap,
                 overflow="fold",
-                # numbers keep their full width; text may wrap, never below MIN_TEXT
-                min_width=max([cell_len(table.columns[i]), *(cell_len(row[i]) for row in cells)])
-                if numeric
-                else min(MIN_TEXT, console.width),
+                # numbers keep their full width; text may wrap, never below MIN_TEXT (or its own width)
+                min_width=natural if numeric or not wrap else min(natural, MIN_TEXT),
             )
         for row in cells:
             rich.add_row(*(safe(row[i]) for i in shown))
