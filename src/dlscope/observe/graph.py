@@ -18,7 +18,6 @@ import contextlib
 import copy
 import logging
 import re
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from dlscope.measure.timing import Contender, time_interleaved
 from dlscope.train import train_step
 
 DTYPE_SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int64: "i64", torch.bool: "b8"}
@@ -218,18 +218,14 @@ def parse_joint_graph(text: str) -> dict:
 def median_step_ms(
     models: dict[str, tuple[nn.Module, torch.optim.Optimizer]], x: torch.Tensor, y: torch.Tensor, repeats: int
 ) -> dict[str, float]:
-    """Median training-step time per model, the models interleaved so machine noise hits all alike."""
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(repeats):
-        for name, (model, optimizer) in models.items():
-            if x.device.type == "cuda":
-                torch.cuda.synchronize(x.device)
-            start = time.perf_counter()
-            train_step(model, optimizer, x, y)
-            if x.device.type == "cuda":
-                torch.cuda.synchronize(x.device)
-            times[name].append(time.perf_counter() - start)
-    return {name: 1000 * statistics.median(t) for name, t in times.items()}
+    """Median training-step time per model, one step of each in turn (measure.timing's interleaving),
+    so machine noise hits all alike."""
+    contenders = [
+        Contender(name, lambda m=model, o=optimizer: train_step(m, o, x, y), x.device)
+        for name, (model, optimizer) in models.items()
+    ]
+    time_interleaved(contenders, steps=repeats, rounds=repeats, warmup=0)
+    return {c.name: 1000 * c.median_s for c in contenders}
 
 
 def compile_and_compare(
