@@ -41,7 +41,7 @@ def real_checkpoint(path) -> bytes:
         ("text.txt", lambda p: p.write_text("root:x:0:0:root:/root:/bin/bash\n"), "a text file"),
         ("empty.pt", lambda p: p.write_bytes(b""), "empty file"),
         ("noise.bin", lambda p: p.write_bytes(bytes(range(7, 256)) * 4), "unknown bytes"),
-        ("numpy.pt", lambda p: torch.save({"model": np.arange(3), "config": {}}, p), "weights_only loading refused"),
+        ("numpy.pt", lambda p: torch.save({"model": np.arange(3), "config": {}}, p), "the safe loader refused"),
         ("legacy-torn.pt", lambda p: p.write_bytes(b"\x80\x02abc"), "torch.load cannot read it"),
         ("tensor.pt", lambda p: torch.save(torch.zeros(3), p), "not a dlscope checkpoint"),
     ],

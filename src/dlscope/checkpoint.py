@@ -131,7 +131,7 @@ def refusal(e: Exception) -> str:
     unpickler = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(e))
     if unpickler:
         what = unpickler.group(1).split(". Please use")[0].strip()  # the rest is torch's advice
-        return f"weights_only loading refused it ({what}); `dlscope ckpt inspect` shows what is inside"
+        return f"the safe loader refused it ({what}); `dlscope ckpt scan` says whether it would run code"
     first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
     return f"torch.load cannot read it ({type(e).__name__}{': ' + first if first else ''})"
 
