@@ -227,7 +227,7 @@ def print_locations(run: Any, html: Path, md: Path) -> None:
         table.add_column()
         table.add_column(no_wrap=True, min_width=path_width)
         if hints:
-            table.add_column()
+            table.add_column(overflow="fold")  # a hint may hold a path too: folded, never cut
         for name, path, hint in rows:
             table.add_row(name, f"[path]{safe(path)}[/]", *([f"[dim]{safe(hint)}"] if hints else []))
         console.print(table)

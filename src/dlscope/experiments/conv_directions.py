@@ -11,6 +11,7 @@ no input gradient (its input is the images): autograd asks for none, so it is no
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -66,8 +67,12 @@ def direction_call(conv: nn.Conv2d, x: torch.Tensor, direction: str, path: str) 
 
 @contextlib.contextmanager
 def onednn(enabled: bool) -> Iterator[None]:
-    with torch.backends.mkldnn.flags(enabled=enabled):
-        yield
+    # flags() also sets oneDNN's TF32 switch, and torch warns on every CPU-only build that it
+    # has no Intel GPU to use it on: noise in the middle of the sweep's output
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
+        with torch.backends.mkldnn.flags(enabled=enabled):
+            yield
 
 
 def conv_directions(model: nn.Module, x: torch.Tensor, repeats: int = 4) -> list[dict[str, Any]]:

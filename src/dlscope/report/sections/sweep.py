@@ -137,7 +137,10 @@ def render(section: dict[str, Any]) -> list[Block]:
         for r in rows
     ]
     configs = [r["config"] for r in rows]
-    shift_rows = [[s["operator"], *(_fmt_rank(s["ranks"][c]) for c in configs), s["change"]] for s in section["shift"]]
+    shift_rows = [
+        [s["operator"].removeprefix("aten::"), *(_fmt_rank(s["ranks"][c]) for c in configs), s["change"]]
+        for s in section["shift"]
+    ]
     peak_rows = [
         [device, p["gemm_gflops"], f"{p['gemm']['size']}³ fp32", p["copy_gbps"], f"{p['copy']['size'] / 2**20:.0f} MiB"]
         for device, p in section["peaks"].items()
