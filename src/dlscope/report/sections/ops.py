@@ -179,6 +179,7 @@ def render_loop_order(result: dict[str, Any]) -> list[Block]:
             ["order", "loops (outer → inner)", "ms", "GFLOP/s", "× seed", "max err", "cache misses", "L1 misses"],
             rows,
             "perf counters cover the whole process (input set-up and every repeat)",
+            optional=("L1 misses", "cache misses", "max err"),
         ),
     ]
 

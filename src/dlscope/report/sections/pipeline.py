@@ -67,7 +67,7 @@ def render(section: dict[str, Any]) -> list[Block]:
                 [table["varied"], *SHORT[1:]],
                 [row_cells(r) for r in own_rows(table)],
                 legend=LEGEND,
-                optional=("MB/s", "MB", "read s", "comp s", "smp/s"),
+                optional=("MB/s", "MB", "read s", "comp s", "smp/s", "r:step"),
             ),
             Figure(
                 f"pipeline_{table['key']}",
