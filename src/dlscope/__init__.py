@@ -10,9 +10,7 @@ The public API, for notebooks and scripts (imported lazily: `import dlscope` sta
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from dlscope.lazy import lazy_exports
 from dlscope.phases import phase  # eager: a marker must cost µs, and the module imports only os and re
 
 __version__ = "0.1.0"
@@ -44,7 +42,4 @@ _API = {
 __all__ = ["__version__", "phase", *_API]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _API:
-        return getattr(importlib.import_module(_API[name]), name)
-    raise AttributeError(f"module 'dlscope' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _API)

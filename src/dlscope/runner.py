@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from dlscope.config import TrainConfig
-from dlscope.errors import CheckpointError, ConfigError, DatasetError, Interrupted, interrupt_signal, os_faults_named
+from dlscope.errors import (
+    CheckpointError,
+    ConfigError,
+    DatasetError,
+    DlscopeError,
+    Interrupted,
+    interrupt_signal,
+    os_faults_named,
+)
 from dlscope.options import RunOptions, StepOptions
 from dlscope.phases import phase
 
@@ -127,7 +135,7 @@ def run_steps(plan: Plan, run: Any) -> None:
         run.results["run"]["signal"] = interrupt_signal(e).name
         raise
     except Exception as e:
-        run.results["run"]["error"] = f"{type(e).__name__}: {e}" if not _is_user_error(e) else str(e)
+        run.results["run"]["error"] = str(e) if isinstance(e, DlscopeError) else f"{type(e).__name__}: {e}"
         raise
     finally:
         run.finish(status)
@@ -137,12 +145,6 @@ def say(text: str) -> None:
     from dlscope.console import err_console, safe
 
     err_console.print(safe(text))
-
-
-def _is_user_error(e: Exception) -> bool:
-    from dlscope.errors import DlscopeError
-
-    return isinstance(e, DlscopeError)
 
 
 def provide(ctx: Any, needs: tuple[str, ...]) -> None:
@@ -238,7 +240,6 @@ def print_locations(run: Any, html: Path, md: Path) -> None:
 
 # --- --trace-io: the same plan in a traced child -------------------------------------------------
 
-PLAN_ENV = "DLSCOPE_PLAN"
 SERIALISED_STEP_OPTIONS = ("train", "profile", "sweep", "graph", "ckpt_anatomy")
 
 
@@ -257,12 +258,11 @@ def plan_to_json(plan: Plan, out: str) -> str:
 
 
 def plan_from_json(text: str) -> Plan:
-    from dlscope import options as o
-
     data = json.loads(text)
-    kinds = {"train": o.TrainOptions, "profile": o.ProfileOptions, "sweep": o.SweepOptions}
-    kinds |= {"graph": o.GraphOptions, "ckpt_anatomy": o.AnatomyOptions}
-    step_options = StepOptions(**{name: kinds[name](**values) for name, values in data["step_options"].items()})
+    defaults = StepOptions()  # each step's options class, from the defaults' own types
+    step_options = StepOptions(
+        **{name: type(getattr(defaults, name))(**values) for name, values in data["step_options"].items()}
+    )
     return Plan(
         data["command"],
         data["steps"],

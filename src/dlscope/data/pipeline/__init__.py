@@ -3,8 +3,7 @@ shards and one array; tf.data-like reader stages; a consumer; one measured epoch
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dlscope.lazy import lazy_exports
 
 # imported on first use: `dlscope --help` must not pay for torch
 _API = {
@@ -34,7 +33,4 @@ _API = {
 __all__ = list(_API)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _API:
-        return getattr(importlib.import_module(_API[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _API)
