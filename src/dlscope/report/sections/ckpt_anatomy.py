@@ -52,9 +52,10 @@ def verdict_finding(a: dict[str, Any]) -> tuple[str, str]:
     opcodes = sum(p["opcodes"] for p in pickles)
     where = pickles[0]["where"] if len(pickles) == 1 else f"{len(pickles)} pickles"
     head = f"{where}: pickle protocol {pickles[0]['protocol']}, {opcodes:,} opcodes; it names {len(names)} globals"
+    loader = "dcp.load" if "dcp" in a["layout"] else "torch.load"
     if a["safe_to_load"]:
-        return "good", f"{head} ({listed}) — all on the allow-list: safe to torch.load."
-    return "bad", f"{head} ({listed}) — NOT safe to torch.load."
+        return "good", f"{head} ({listed}) — all on the allow-list: safe to {loader}."
+    return "bad", f"{head} ({listed}) — NOT safe to {loader}."
 
 
 def layout_blocks(a: dict[str, Any], limit: int | None) -> list[Block]:
@@ -114,6 +115,18 @@ def layout_blocks(a: dict[str, Any], limit: int | None) -> list[Block]:
             Table(
                 ["file", "bytes"],
                 [[f["path"], f["bytes"] if f["bytes"] is not None else "missing"] for f in layout["files"]],
+            )
+        )
+    if "dcp" in layout:
+        dcp = layout["dcp"]
+        blocks.append(
+            Table(
+                ["file", "rank", "items", "tensors", "tensor bytes", "file bytes"],
+                [[f["file"], f["rank"], f["items"], f["tensors"], f["tensor_bytes"], f["bytes"]] for f in dcp["files"]],
+                f"DCP {dcp['version']}: {dcp['entries']} state-dict entries in {dcp['metadata_bytes']:,} bytes of "
+                "metadata; the files each rank wrote",
+                legend="rank: from the file name __<rank>_<n>.distcp; items: entries stored in the file (tensors "
+                "and pickled values), each a torch.save archive",
             )
         )
     for h5 in layout.get("hdf5", []):
