@@ -154,10 +154,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_ckpt_verify)
     p = ckpt_sub.add_parser(
         "inspect",
-        help="what is inside a checkpoint (torch, safetensors, Keras, TF) without running it; "
+        help="what is inside a checkpoint (torch, safetensors, Keras, TF, DCP) without running it; "
         "exit 0 safe to torch.load, 1 not",
     )
-    p.add_argument("path", help="checkpoint file (format detected from its bytes), or a TF checkpoint prefix")
+    p.add_argument(
+        "path",
+        help="checkpoint file (format detected from its bytes), a TF checkpoint prefix, or a "
+        "torch.distributed.checkpoint directory",
+    )
     p.add_argument("--json", action="store_true", help="print the full anatomy as JSON")
     p.add_argument(
         "--stats", action="store_true", help="read tensor data: min/max/mean/std, zeros, NaN/Inf; CRCs (exit 1 on one)"

@@ -227,15 +227,17 @@ def findings(section: dict[str, Any]) -> list[list[str]]:
     elif s["collectives"] and len(section["ranks"]) > 1:
         counts = ", ".join(f"rank {r['rank']} {r['last']}" for r in s["by_rank"])
         out.append(["good", f"No straggler: the last rank to arrive varies ({counts} of {len(s['collectives'])})."])
+    late = s["straggler"]["rank"] if s["straggler"] else None
     for r in section["ranks"]:
         share = r["exposed_comm_pct"]
         if share is not None and share >= COMM_HIGH_PCT:
             overlap = f"{r['overlap_pct']:.0f}%" if r["overlap_pct"] is not None else "—"
+            why = f", most of it waiting for rank {late}" if late is not None and late != r["rank"] else ""
             out.append(
                 [
                     "warn",
                     f"Rank {r['rank']} spends {share:.0f}% of its {r['step_ms']:.1f} ms step in communication that "
-                    f"nothing overlaps ({r['exposed_comm_ms']:.1f} ms; overlap with compute {overlap}; ≥ "
+                    f"nothing overlaps ({r['exposed_comm_ms']:.1f} ms{why}; overlap with compute {overlap}; ≥ "
                     f"{COMM_HIGH_PCT:.0f}% is high).",
                 ]
             )
