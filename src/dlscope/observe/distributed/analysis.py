@@ -40,6 +40,7 @@ def analyze_ranks(traces: Mapping[int, Path], grad_bytes: int | None = None) -> 
     if not traces:
         raise DlscopeError("no per-rank trace to analyse")
     ranks = [read_rank(Path(path), rank) for rank, path in sorted(traces.items())]
+    left_out = [row for r in ranks for row in drop_steps_without_collectives(r)]
     steps = [row for r in ranks for row in step_rows(r)]
     by_rank = [rank_summary(r, [s for s in steps if s["rank"] == r.rank], grad_bytes) for r in ranks]
     stragglers = straggler_table(ranks, steps)
@@ -53,10 +54,26 @@ def analyze_ranks(traces: Mapping[int, Path], grad_bytes: int | None = None) -> 
         "grad_bytes_source": "given" if grad_bytes is not None else ("trace" if found_grad else None),
         "ranks": by_rank,
         "steps": steps,
+        "left_out_steps": left_out,
         "stragglers": stragglers,
     }
     section["findings"] = findings(section)
     return section
+
+
+def drop_steps_without_collectives(trace: RankTrace) -> list[dict[str, Any]]:
+    """A profiled span in which a rank that does communicate launched no collective is no data-parallel
+    training step (the profiler stopped at exit, an evaluation): left out of the tables, and listed."""
+    if not trace.collectives:
+        return []
+    kept, dropped = [], []
+    for n, start, end in trace.steps:
+        launched = any(start <= c.start <= end for c in trace.collectives)
+        (kept if launched else dropped).append((n, start, end))
+    if not kept:
+        return []
+    trace.steps = kept
+    return [{"rank": trace.rank, "step": n, "ms": round((end - start) / 1e3, 3)} for n, start, end in dropped]
 
 
 def step_rows(trace: RankTrace) -> list[dict[str, Any]]:

@@ -123,6 +123,13 @@ def scaling_table(scaling: dict[str, Any]) -> Table:
     )
 
 
+def left_out_note(left_out: list[dict[str, Any]]) -> list[Block]:
+    if not left_out:
+        return []
+    listed = ", ".join(f"rank {s['rank']} step {s['step']} ({s['ms']:.1f} ms)" for s in left_out[:6])
+    return [Para(f"Left out, no collective launched (no training step): {listed}.")]
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     ranks = section["ranks"]
     grad = section.get("grad_bytes")
@@ -134,6 +141,7 @@ def render(section: dict[str, Any]) -> list[Block]:
             f"{'—' if grad is None else f'{grad:,} B'} ({section.get('grad_bytes_source') or 'unknown'})."
         ),
         Findings([(level, text) for level, text in section["findings"]]),
+        *left_out_note(section.get("left_out_steps", [])),
         rank_table(ranks),
         Figure("distributed_anatomy", partial(anatomy_chart, ranks), "Mean profiled step per rank"),
         step_table(section["steps"]),
