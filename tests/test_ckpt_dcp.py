@@ -83,6 +83,8 @@ def test_cli_prints_the_files_each_rank_wrote_at_80_columns(saved, capsys, monke
     assert main(["ckpt", "inspect", str(saved[0])]) == 0
     out = capsys.readouterr().out
     assert "__1_0.distcp" in out and "Sharded across ranks: table in 2 chunks" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("table@")}
+    assert rows["table@0,0"][-2:] == ["0", "other"] and rows["table@6,0"][-2:] == ["1", "other"]  # the writer
     assert [line for line in out.splitlines() if len(line) > 80] == []
 
 

@@ -186,10 +186,13 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = N
             )
         )
     tensors = a["tensors"][:limit] if limit else a["tensors"]
-    columns = ["tensor", "dtype", "shape", "bytes", "storage @ offset", "role"]
+    # a DCP directory: the rank whose file holds each tensor (or shard), kept at any width
+    writer = {f["file"]: f["rank"] for f in a["layout"]["dcp"]["files"]} if "dcp" in a["layout"] else None
+    columns = ["tensor", "dtype", "shape", "bytes", "storage @ offset", *(["rank"] if writer else []), "role"]
     rows = []
     for x in tensors:
         where = f"@ {x['offset']:,}" if x["offset"] is not None else "not contiguous"
+        rank = [writer.get(x["storage"].split("#")[0])] if writer else []
         rows.append(
             [
                 x["name"],
@@ -197,6 +200,7 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = N
                 "×".join(str(d) for d in x["shape"]) or "scalar",
                 x["nbytes"],
                 (x["storage"] + " " if x["storage"] != x["name"] else "") + where,
+                *rank,
                 x["role"],
             ]
         )
