@@ -143,3 +143,19 @@ def test_bad_traces_are_refused_naming_the_file(slow_rank_1, tmp_path):
     stepless.write_text(json.dumps(document))
     with pytest.raises(DlscopeError, match="no ProfilerStep#N"):
         analyze_ranks({0: stepless, 1: good[1]})
+
+
+def test_a_rank_trace_cut_short_becomes_a_note_not_a_lost_report(slow_rank_1, tmp_path):
+    from dlscope.observe.script.session import distributed_section
+    from dlscope.report.sections import distributed
+    from dlscope.rundir import RunDir
+
+    sections, out = slow_rank_1
+    good = {int(rank): out / path for rank, path in sections["distributed"]["traces"].items()}
+    cut = tmp_path / "profile-killed.json"
+    cut.write_bytes(good[1].read_bytes()[:4096])  # what a rank killed while exporting leaves
+    run = RunDir.create(str(tmp_path / "run"), "run")
+    section = distributed_section({0: good[0], 1: cut}, run)
+    assert section["note"].startswith("no per-rank analysis:") and str(cut) in section["note"]
+    (block,) = distributed.render(section)
+    assert block.text == section["note"]

@@ -131,6 +131,8 @@ def left_out_note(left_out: list[dict[str, Any]]) -> list[Block]:
 
 
 def render(section: dict[str, Any]) -> list[Block]:
+    if "ranks" not in section:
+        return [Para(section["note"])]
     ranks = section["ranks"]
     grad = section.get("grad_bytes")
     blocks: list[Block] = [
