@@ -116,8 +116,10 @@ def overlap_pct(comm: Intervals, compute: Intervals) -> float | None:
 
 
 def _bytes_in(trace: RankTrace, start: float, end: float) -> int | None:
+    """Payload of the collectives launched in the span; None when one's size is unknown."""
     sizes = [c.bytes for c in trace.collectives if start <= c.start <= end]
-    return None if any(b is None for b in sizes) else sum(sizes)  # type: ignore[arg-type]
+    known = [b for b in sizes if b is not None]
+    return sum(known) if len(known) == len(sizes) else None
 
 
 def rank_summary(trace: RankTrace, rows: list[dict[str, Any]], grad_bytes: int | None) -> dict[str, Any]:
