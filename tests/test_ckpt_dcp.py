@@ -131,3 +131,16 @@ def test_a_hostile_metadata_is_reported_and_never_run(saved, tmp_path):
     a = inspect_checkpoint(directory)
     assert not a.safe_to_load and not flag.exists()
     assert any(f.level == "bad" and "subprocess.call" in f.what for f in a.findings)
+
+
+def test_ckpt_scan_judges_dcp_metadata_by_dcps_own_classes(saved, tmp_path, capsys):
+    """Every DCP directory would read DANGEROUS against torch.load's list; against DCP's it is safe, and
+    a payload added to it is still named."""
+    assert main(["ckpt", "scan", str(saved[0])]) == 0
+    assert "3 files: 3 safe" in capsys.readouterr().out
+    directory = copy_of(saved, tmp_path)
+    metadata = pickle.loads((directory / ".metadata").read_bytes())  # our own file, just written
+    metadata.planner_data = Payload(tmp_path / "ran")
+    (directory / ".metadata").write_bytes(pickle.dumps(metadata))
+    assert main(["ckpt", "scan", str(directory)]) == 1
+    assert "subprocess.call" in capsys.readouterr().out and not (tmp_path / "ran").exists()

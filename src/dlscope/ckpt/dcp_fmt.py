@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dlscope.ckpt.allowlist import TORCH_WEIGHTS_ONLY
+from dlscope.ckpt.allowlist import DCP_METADATA, TORCH_WEIGHTS_ONLY
 from dlscope.ckpt.anatomy import ROLE_OF_KEY, Anatomy, Finding, TensorEntry, role_for_path
 from dlscope.ckpt.pickle_scan import scan_pickle
 from dlscope.ckpt.pickle_values import DType, Global, ObjectKey, Opaque
@@ -27,24 +27,7 @@ from dlscope.errors import CheckpointError
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 256 << 20
 RANK_FILE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
-_DCP = "torch.distributed.checkpoint"
-DCP_GLOBALS = (
-    TORCH_WEIGHTS_ONLY
-    | {
-        f"{_DCP}.metadata.{name}"
-        for name in (
-            "Metadata",
-            "TensorStorageMetadata",
-            "TensorProperties",
-            "ChunkStorageMetadata",
-            "BytesStorageMetadata",
-            "MetadataIndex",
-            "StorageMeta",
-            "_MEM_FORMAT_ENCODING",
-        )
-    }
-    | {f"{_DCP}.filesystem._StorageInfo", "torch.serialization._get_layout", "pathlib.PosixPath", "pathlib.WindowsPath"}
-)
+DCP_GLOBALS = TORCH_WEIGHTS_ONLY | DCP_METADATA
 
 
 def is_dcp_dir(path: Path) -> bool:

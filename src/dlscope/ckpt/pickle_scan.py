@@ -404,7 +404,7 @@ def _setitem(m: Machine, target: Any, key: Any, value: Any) -> None:
         try:
             target[key] = value
         except TypeError:
-            if isinstance(key, Opaque) and key.allowed:
+            if isinstance(key, Opaque):  # an instance: hashable by identity unless its class says otherwise
                 target[ObjectKey(key)] = value
                 return
             target[short_repr(key)] = value  # an unhashable key would break pickle.load; keep the entry visible

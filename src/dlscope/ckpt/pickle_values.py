@@ -93,8 +93,8 @@ class Opaque:
 
 @dataclass(frozen=True, eq=False)
 class ObjectKey:
-    """A dict key that is an instance of an allowed class (DCP's MetadataIndex, a frozen dataclass, keys
-    its storage map): hashable in pickle.load, so kept here by identity."""
+    """A dict key that is an instance of a class (DCP's MetadataIndex, a frozen dataclass, keys its
+    storage map): pickle.load hashes it as its class does; kept here by identity."""
 
     value: Opaque
 

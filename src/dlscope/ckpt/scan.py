@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from dlscope.ckpt import zipdir
-from dlscope.ckpt.allowlist import NUMPY_ARRAY, TORCH_WEIGHTS_ONLY
+from dlscope.ckpt.allowlist import DCP_METADATA, NUMPY_ARRAY, TORCH_WEIGHTS_ONLY
 from dlscope.ckpt.pickle_scan import scan_pickle
 from dlscope.ckpt.pickle_values import PickleScan, StorageRef, TensorRef
 from dlscope.errors import CheckpointError
@@ -172,7 +172,8 @@ def scan_file(
         with open(path, "rb") as f:
             file_bytes = os.fstat(f.fileno()).st_size
             report = ScanReport(str(path), "unknown", file_bytes)
-            Scanner(report, f, TORCH_WEIGHTS_ONLY | allow, crc).run()
+            dcp = path.name == ".metadata" and any(path.parent.glob("*.distcp"))  # what dcp.load unpickles
+            Scanner(report, f, TORCH_WEIGHTS_ONLY | allow | (DCP_METADATA if dcp else frozenset()), crc).run()
     except OSError as e:
         raise CheckpointError(f"cannot read: {e.strerror or e}", path) from None
     if walked:
