@@ -30,8 +30,9 @@ PROFILE = {"start_after": 1, "wait": 1, "warmup": 1, "profile_steps": 3}  # 8 st
 @pytest.fixture(scope="module")
 def slow_rank_1(tmp_path_factory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("ddp") / "run"
+    save = out.parent / "model.pt"  # rank 0 saves it with torch.save
     options = ScriptOptions(
-        [*TORCHRUN, str(SCRIPT), "--train", "512", "--slow-rank", "1", "--slow-ms", str(SLEEP_MS)],
+        [*TORCHRUN, str(SCRIPT), "--train", "512", "--slow-rank", "1", "--slow-ms", str(SLEEP_MS), "--save", str(save)],
         out=str(out),
         **PROFILE,
     )
@@ -47,6 +48,9 @@ def test_results_carry_world_size_and_each_rank(slow_rank_1):
     assert sorted(p["rank"] for p in ranked) == [0, 1] and all(p["world_size"] == 2 for p in ranked)
     launcher = [p for p in sections["run"]["processes"] if p["rank"] is None]
     assert launcher and "--nproc-per-node" in launcher[0]["argv"]  # torchrun itself, in Python too
+    saves = [r for r in sections["phases"]["rows"] if r["phase"] == "checkpoint_save"]
+    rank0 = next(p["pid"] for p in ranked if p["rank"] == 0)
+    assert [(r["pid"], Path(r["file"]).name) for r in saves] == [(rank0, "model.pt")]  # rank 0's torch.save only
 
 
 def test_the_slowed_rank_is_named_the_straggler(slow_rank_1):
