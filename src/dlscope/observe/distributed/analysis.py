@@ -122,6 +122,9 @@ def _bytes_in(trace: RankTrace, start: float, end: float) -> int | None:
     return sum(known) if len(known) == len(sizes) else None
 
 
+PARTS_MS = ("compute_ms", "exposed_comm_ms", "data_ms", "idle_ms")  # they partition the step
+
+
 def rank_summary(trace: RankTrace, rows: list[dict[str, Any]], grad_bytes: int | None) -> dict[str, Any]:
     """Means over the rank's profiled steps; overlap over all of them together."""
     mean = {key: round(statistics.fmean(r[key] for r in rows), 3) for key in (*PARTS_MS, "ms")}
@@ -149,21 +152,18 @@ def rank_summary(trace: RankTrace, rows: list[dict[str, Any]], grad_bytes: int |
     return summary
 
 
-PARTS_MS = ("compute_ms", "exposed_comm_ms", "data_ms", "idle_ms")
-
-
 def straggler_table(ranks: list[RankTrace], steps: list[dict[str, Any]]) -> dict[str, Any]:
     """Match the k-th collective of each common step across ranks; who enqueued it last, by how much."""
     common = set.intersection(*({n for n, _, _ in r.steps} for r in ranks))
     mean_step_ms = statistics.fmean(s["ms"] for s in steps if s["step"] in common) if common else 0.0
+    scale = 1e3 * mean_step_ms  # µs: a launch's lateness as a share of the mean step
     rows = []
     for n in sorted(common):
         per_rank = {r.rank: [c for c in r.collectives if _in_step(r, n, c.start)] for r in ranks}
         for k in range(min(len(cs) for cs in per_rank.values())):
             arrivals = {rank: cs[k].start for rank, cs in per_rank.items()}
-            order = sorted(arrivals, key=arrivals.get)  # type: ignore[arg-type]
+            order = sorted(arrivals, key=lambda rank: arrivals[rank])
             first, last = arrivals[order[0]], arrivals[order[-1]]
-            scale = 1e3 * mean_step_ms
             second_last = arrivals[order[-2]] if len(order) > 1 else last
             rows.append(
                 {
@@ -251,7 +251,7 @@ def findings(section: dict[str, Any]) -> list[list[str]]:
         share = r["exposed_comm_pct"]
         if share is not None and share >= COMM_HIGH_PCT:
             overlap = f"{r['overlap_pct']:.0f}%" if r["overlap_pct"] is not None else "—"
-            why = f", most of it waiting for rank {late}" if late is not None and late != r["rank"] else ""
+            why = f", waiting for the straggler, rank {late}" if late is not None and late != r["rank"] else ""
             out.append(
                 [
                     "warn",
