@@ -39,7 +39,7 @@ def analyze_ranks(traces: Mapping[int, Path], grad_bytes: int | None = None) -> 
     bytes (else taken from the traces' AccumulateGrad inputs)."""
     if not traces:
         raise DlscopeError("no per-rank trace to analyse")
-    ranks = [read_rank(Path(path), rank) for rank, path in sorted(traces.items())]
+    ranks = [read_rank(Path(path), int(rank)) for rank, path in sorted(traces.items(), key=lambda kv: int(kv[0]))]
     left_out = [row for r in ranks for row in drop_steps_without_collectives(r)]
     steps = [row for r in ranks for row in step_rows(r)]
     by_rank = [rank_summary(r, [s for s in steps if s["rank"] == r.rank], grad_bytes) for r in ranks]
