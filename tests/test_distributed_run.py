@@ -57,13 +57,16 @@ def test_the_slowed_rank_is_named_the_straggler(slow_rank_1):
     section = slow_rank_1[0]["distributed"]
     assert (section["world_size"], section["backend"]) == (2, "gloo")
     straggler = section["stragglers"]["straggler"]
-    assert straggler["rank"] == 1 and straggler["last"] == straggler["of"] == 6  # 2 buckets × 3 steps
-    assert straggler["median_gap_ms"] >= 0.8 * SLEEP_MS  # it sleeps before backward, so before each launch
+    # 2 buckets × 3 steps; a rank 0 descheduled for longer than the sleep on a loaded machine may be last once
+    assert straggler["rank"] == 1 and straggler["of"] == 6 and straggler["last"] >= 5
+    # it sleeps before backward, so before each launch; how much of the sleep shows as lead depends on how
+    # the two ranks share 2 loaded cores (17–43 ms seen for 30 ms), far above the ~1 ms of no delay
+    assert straggler["median_gap_ms"] >= 0.25 * SLEEP_MS
     assert any(level == "bad" and text.startswith("Rank 1 is the straggler") for level, text in section["findings"])
     # the sleep is no operator: it shows as the slow rank's idle time, and as the fast rank's wait in all-reduce
     rank0, rank1 = section["ranks"]
-    assert rank1["idle_ms"] >= 0.8 * SLEEP_MS > rank0["idle_ms"]
-    assert rank0["exposed_comm_ms"] >= 0.8 * SLEEP_MS > rank1["exposed_comm_ms"]
+    assert rank1["idle_ms"] >= SLEEP_MS and rank1["idle_ms"] > rank0["idle_ms"]  # time.sleep runs no operator
+    assert rank0["exposed_comm_ms"] > rank1["exposed_comm_ms"]
     for r in section["ranks"]:
         assert r["steps"] == 3 and 0 <= r["overlap_pct"] <= 100
         parts = r["compute_ms"] + r["exposed_comm_ms"] + r["data_ms"] + r["idle_ms"]
@@ -163,3 +166,20 @@ def test_a_rank_trace_cut_short_becomes_a_note_not_a_lost_report(slow_rank_1, tm
     assert section["note"].startswith("no per-rank analysis:") and str(cut) in section["note"]
     (block,) = distributed.render(section)
     assert block.text == section["note"]
+
+
+def test_traces_without_shapes_say_the_bytes_are_unknown(slow_rank_1, tmp_path):
+    """A profiler run without record_shapes (the built-in job's) names no sizes: no bytes are guessed."""
+    sections, out = slow_rank_1
+    bare = {}
+    for rank, path in sections["distributed"]["traces"].items():
+        document = json.loads((out / path).read_text())
+        for e in document["traceEvents"]:
+            for key in ("Input Dims", "Input type", "Input Strides", "Concrete Inputs"):
+                e.get("args", {}).pop(key, None)
+        bare[int(rank)] = tmp_path / f"rank{rank}.json"
+        bare[int(rank)].write_text(json.dumps(document))
+    section = analyze_ranks(bare, grad_bytes=1000)
+    assert all(r["comm_bytes_per_step"] is None and r["collectives_per_step"] == 2 for r in section["ranks"])
+    assert any(text.startswith("All-reduce bytes unknown") for _, text in section["findings"])
+    assert section["stragglers"]["straggler"]["rank"] == 1  # arrival times need no shapes

@@ -260,6 +260,14 @@ def findings(section: dict[str, Any]) -> list[list[str]]:
                     f"{COMM_HIGH_PCT:.0f}% is high).",
                 ]
             )
+    if any(r["collectives_per_step"] and r["comm_bytes_per_step"] is None for r in section["ranks"]):
+        out.append(
+            [
+                "info",
+                "All-reduce bytes unknown: the traces record no tensor shapes (profile with record_shapes=True "
+                "to compare them with the gradients).",
+            ]
+        )
     ratios = [r.get("bytes_vs_grad") for r in section["ranks"] if r.get("bytes_vs_grad") is not None]
     if ratios and section["grad_bytes"]:
         out.append(
