@@ -136,3 +136,16 @@ def test_scheduled_evaluation_stops_inside_the_epoch(mnist):
     assert all(s % 10 == 0 for s in steps[:-1])
     assert result.stopped_early and result.final.steps < trainer.steps_per_epoch * len(result.epochs)
     assert result.final.test_acc == result.evaluations[-1].test_acc  # no second evaluation at the stop
+
+
+@pytest.mark.slow
+def test_a_compile_that_could_pay_back_is_measured_and_kept_only_if_it_does(mnist, monkeypatch):
+    monkeypatch.setattr(dlscope.autotune, "COMPILE_MIN_SECONDS", 0.0)  # as if any run could pay a compile back
+    trainer = Trainer(TrainConfig(**{**TUNED, "threads": 1}), mnist)
+    result = trainer.fit()
+    trial = result.autotune["compile"]
+    assert trial["tried"] and trial["compile_s"] > 0 and trial["steps"] > 0
+    faster = trial["compiled_step_ms"] < trial["eager_step_ms"] * (1 - MARGIN)
+    assert trial["kept"] == (faster and trial["saving_s"] > trial["compile_s"])
+    assert (trainer.step_model is not trainer.model) == trial["kept"]
+    assert result.steps == trainer.steps_per_epoch and result.final.test_acc > 90.0

@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from dlscope.measure.timing import Contender, round_sizes, time_interleaved
+from dlscope.measure.timing import Contender, StepTimer, round_sizes, time_interleaved
 
 
 def test_rounds_interleave_contenders_and_time_every_step():
@@ -47,3 +47,32 @@ def test_each_contender_runs_under_its_own_settings():
     time_interleaved(contenders, steps=4, rounds=2)
     assert seen == {"t1": {1}, "t2": {2}}
     assert torch.get_num_threads() == before
+
+
+class FixedTimer(StepTimer):
+    """Runs each step and reports the duration its contender is said to take."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(torch.device("cpu"))
+        self.seconds = seconds
+
+    def time_steps(self, step, n):
+        for _ in range(n):
+            step()
+        return [self.seconds] * n
+
+
+def test_clearly_slower_contenders_stop_early():
+    calls = {"fast": 0, "close": 0, "slow": 0}
+    seconds = {"fast": 0.010, "close": 0.012, "slow": 0.020}
+    contenders = [
+        Contender(name, lambda name=name: calls.__setitem__(name, calls[name] + 1), timer=FixedTimer(seconds[name]))
+        for name in calls
+    ]
+    time_interleaved(contenders, steps=6, rounds=3, warmup=1, drop_above=1.5)
+    fast, close, slow = contenders
+    # 2× the fastest after the warm-up: no timed step; within 1.5× of it: every round
+    assert slow.dropped_after == 0 and slow.times == [] and calls["slow"] == 2 == slow.steps
+    assert slow.median_s == 0.020  # its warm-up step stands for it
+    assert fast.dropped_after is None is close.dropped_after
+    assert calls["fast"] == calls["close"] == 8 and len(close.times) == 6
