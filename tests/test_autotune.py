@@ -8,9 +8,11 @@ import torch
 import dlscope.autotune
 from dlscope.autotune import DROP_ABOVE, MARGIN, MAX_SHARE, compile_bound, stages
 from dlscope.checkpoint import CheckpointObserver, load_checkpoint, verify_checkpoint
+from dlscope.data.loaders import normalise
 from dlscope.measure.timing import StepTimer
 from dlscope.models import build_model
-from dlscope.train import StopAtAccuracy, TrainConfig, Trainer
+from dlscope.report.sections.train import autotune_blocks
+from dlscope.train import StopAtAccuracy, TrainConfig, Trainer, make_optimizer, train_step
 
 # 200 steps of batch 16: enough for every candidate of the cnn (threads, conv1, conv2, op order, optimizer)
 TUNED = dict(model="cnn", epochs=1, batch_size=16, train_subset=3200, test_subset=500, autotune=True, log_every=10)
@@ -39,6 +41,13 @@ def test_the_fastest_candidate_trains_the_rest_of_the_run(mnist, tmp_path):
     assert not tune["compile"]["tried"] and trainer.step_model is trainer.model  # 200 steps cannot pay a compile
     assert tune["cost_s"] >= 0 and tune["seconds"] < result.wall_seconds
     assert result.final.test_acc > 90.0
+    # the report states the decision, its evidence and its cost; each candidate's verdict in the table
+    findings, table = autotune_blocks({"autotune": tune, "wall_seconds": result.wall_seconds})
+    assert tune["chosen"] in findings.items[0][1] and f"{tune['cost_s']:.1f} s" in findings.items[0][1]
+    verdicts = [row[-1] for row in table.rows]
+    assert verdicts.count("kept") == len(tune["stages"])
+    dropped = [c for stage in tune["stages"] for c in stage["candidates"] if c["dropped_after"] is not None]
+    assert sum(v.startswith("dropped") for v in verdicts) == len(dropped)
     # the checkpoint keeps the layout, so a fresh model reloaded from it predicts exactly the same
     assert load_checkpoint(checkpoints.path)["layout"] == tune["layout"]
     assert verify_checkpoint(checkpoints.path, trainer.test_images, trainer.test_labels, trainer.model).ok
@@ -122,7 +131,7 @@ def test_tuning_costs_only_the_slower_candidates_excess_time(mnist, monkeypatch)
     assert tune["cost_s"] == pytest.approx(0.005 * (tune["steps"] - fused_steps))
     # 2× slower than the fastest after its warm-up step: the foreach optimizer was timed no further
     foreach, fused = tune["stages"][-1]["candidates"]
-    assert foreach["dropped_after"] == 0 and foreach["steps"] == 0 and DROP_ABOVE < 2
+    assert foreach["dropped_after"] == 0 and foreach["steps"] == 0 and DROP_ABOVE**2 < 2
     assert fused["dropped_after"] is None and fused["steps"] == tune["timed_steps_per_candidate"]
 
 
@@ -149,3 +158,20 @@ def test_a_compile_that_could_pay_back_is_measured_and_kept_only_if_it_does(mnis
     assert trial["kept"] == (faster and trial["saving_s"] > trial["compile_s"])
     assert (trainer.step_model is not trainer.model) == trial["kept"]
     assert result.steps == trainer.steps_per_epoch and result.final.test_acc > 90.0
+
+
+def test_the_fused_optimizer_computes_the_same_update(mnist):
+    x, y = normalise(mnist.train_images[:64]), mnist.train_labels[:64]
+    params = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model = build_model("cnn")
+        optimizer = make_optimizer(TrainConfig(), model)
+        for step in range(4):
+            if step == 2:  # switched as the autotuner switches it, with the optimizer's state under way
+                for group in optimizer.param_groups:
+                    group["fused"], group["foreach"] = (True, False) if fused else (None, None)
+            train_step(model, optimizer, x, y)
+        params.append(dict(model.named_parameters()))
+    for name, value in params[0].items():
+        torch.testing.assert_close(params[1][name], value, rtol=1e-4, atol=1e-6, msg=name)

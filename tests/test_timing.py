@@ -64,15 +64,23 @@ class FixedTimer(StepTimer):
 
 def test_clearly_slower_contenders_stop_early():
     calls = {"fast": 0, "close": 0, "slow": 0}
-    seconds = {"fast": 0.010, "close": 0.012, "slow": 0.020}
+    seconds = {"fast": 0.010, "close": 0.014, "slow": 0.030}
     contenders = [
         Contender(name, lambda name=name: calls.__setitem__(name, calls[name] + 1), timer=FixedTimer(seconds[name]))
         for name in calls
     ]
     time_interleaved(contenders, steps=6, rounds=3, warmup=1, drop_above=1.5)
     fast, close, slow = contenders
-    # 2× the fastest after the warm-up: no timed step; within 1.5× of it: every round
+    # 3× the fastest after the warm-up (over 1.5²): no timed step; within 1.5× of it: every round
     assert slow.dropped_after == 0 and slow.times == [] and calls["slow"] == 2 == slow.steps
-    assert slow.median_s == 0.020  # its warm-up step stands for it
+    assert slow.median_s == 0.030  # its warm-up step stands for it
     assert fast.dropped_after is None is close.dropped_after
     assert calls["fast"] == calls["close"] == 8 and len(close.times) == 6
+
+
+def test_after_a_round_the_median_decides():
+    seconds = {"fast": 0.010, "slower": 0.020}  # 2×: within 1.5² after the warm-up, over 1.5 after round 1
+    contenders = [Contender(name, lambda: None, timer=FixedTimer(s)) for name, s in seconds.items()]
+    time_interleaved(contenders, steps=6, rounds=3, warmup=1, drop_above=1.5)
+    fast, slower = contenders
+    assert slower.dropped_after == 1 and len(slower.times) == 2 and fast.dropped_after is None

@@ -18,8 +18,9 @@ same function of the same parameters (the fused optimizer the same update, up to
 tuning costs only the time the slower candidates lose against the chosen one: `cost_s`, the
 tuning's wall time less its steps at the chosen pace. A candidate twice as slow needs no more
 steps to be told apart, so one `DROP_ABOVE` times slower than the fastest stops being timed after
-the warm-up or any round (sequential elimination). A candidate replaces the incumbent only when
-its median step is `MARGIN` shorter (a noisy neighbour must not flip the choice).
+any round (after its warm-up step alone: DROP_ABOVE² times) — sequential elimination. A candidate
+replaces the incumbent only when its median step is `MARGIN` shorter (a noisy neighbour must not
+flip the choice).
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ def autotune(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tenso
         contenders = [Contender(c.name, step, device, lambda c=c: applied(trainer, c), timer) for c in candidates_here]
         time_interleaved(contenders, timed, min(ROUNDS, timed), warmup=1, drop_above=DROP_ABOVE)
         medians = {c: contender.median_s for c, contender in zip(candidates_here, contenders, strict=True)}
-        finalists = [c for c, contender in zip(candidates_here, contenders, strict=True) if not contender.dropped_after]
+        finalists = [c for c, cont in zip(candidates_here, contenders, strict=True) if cont.dropped_after is None]
         best = min(finalists, key=medians.get)
         before = incumbent
         if incumbent not in finalists or medians[best] < medians[incumbent] * (1 - MARGIN):

@@ -7,8 +7,9 @@ and ratios stay comparable even when absolute times do not:
     start:   each contender's cold first step (timed on its own), then its warm-up steps
     rounds:  for round in 1..R: for each contender still running: time its share of the N steps
 
-Sequential elimination (`drop_above`): after the warm-up and after each round, a contender whose
-median so far is more than `drop_above` times the fastest one's stops being timed. A candidate
+Sequential elimination (`drop_above`): after each round, a contender whose median so far is more
+than `drop_above` times the fastest one's stops being timed; after the warm-up, whose one step is
+weaker evidence than a median (a neighbour's burst can double it), more than `drop_above`². A candidate
 twice as slow needs no more steps to be told apart; every step it skips is time saved when the
 steps are costly (the autotuner's are real training steps at the slower candidate's pace).
 """
@@ -122,7 +123,7 @@ def time_interleaved(
     running = list(contenders)
     for i, n in enumerate(round_sizes(steps, min(rounds, steps))):
         if drop_above is not None and (warmup or i):
-            running = eliminate(running, drop_above, i)
+            running = eliminate(running, drop_above ** (1 if i else 2), i)
         if on_round is not None:
             on_round(i)
         for contender in running:
