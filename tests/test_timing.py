@@ -13,8 +13,8 @@ def test_rounds_interleave_contenders_and_time_every_step():
     calls: list[str] = []
     contenders = [Contender(name, lambda name=name: calls.append(name)) for name in ("a", "b")]
     time_interleaved(contenders, steps=5, rounds=2, warmup=2)
-    # each: 1 cold + 2 warm-up steps, one contender after the other; then rounds of 3 and 2 steps
-    assert calls == ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3 + ["a"] * 2 + ["b"] * 2
+    # each: 1 cold step, then each 2 warm-up steps; then rounds of 3 and 2 steps
+    assert calls == ["a", "b"] + ["a"] * 2 + ["b"] * 2 + ["a"] * 3 + ["b"] * 3 + ["a"] * 2 + ["b"] * 2
     for contender in contenders:
         assert len(contender.times) == 5 and contender.cold_s > 0
 

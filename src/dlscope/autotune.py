@@ -47,11 +47,11 @@ ROUNDS = 3
 MIN_TIMED_STEPS = 2
 MAX_SHARE = 0.25  # tuning may use at most this share of the run's training steps
 # torch.compile can shorten only the work outside convolutions and matmuls (it calls the same oneDNN
-# and BLAS kernels for them): at most half of a step here. The quickest cold compile of these models
-# measured on a 2-vCPU EPYC took 14 s (BENCHMARKS.md); a run whose steps could not save that much
-# is not worth a trial, which would itself cost a compile.
-COMPILE_MAX_GAIN = 0.5
-COMPILE_MIN_SECONDS = 14.0
+# and BLAS kernels for them). Measured on a 2-vCPU EPYC (BENCHMARKS.md): compiled steps 12% shorter
+# at best (`small`, 1 thread; none for the cnn), the quickest cold compile 11 s. A run whose steps
+# could not save that much even at twice that gain is not worth a trial: it would cost a compile.
+COMPILE_MAX_GAIN = 0.25
+COMPILE_MIN_SECONDS = 11.0
 FUSED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 
 

@@ -4,7 +4,8 @@ On a shared machine a neighbour's burst slows whatever runs at that moment. Timi
 configuration in turn, round after round, spreads the burst over all of them, so their medians
 and ratios stay comparable even when absolute times do not:
 
-    start:   each contender's cold first step (timed on its own), then its warm-up steps
+    start:   each contender's cold first step (timed on its own)
+    warm-up: each contender's warm-up steps, one contender after the other (timed, not counted)
     rounds:  for round in 1..R: for each contender still running: time its share of the N steps
 
 Sequential elimination (`drop_above`): after each round, a contender whose median so far is more
@@ -85,11 +86,13 @@ class Contender:
     def _timer(self) -> StepTimer:
         return self.timer or StepTimer(self.device)
 
-    def start(self, warmup: int) -> None:
-        timer = self._timer()
+    def start(self) -> None:
         with self.settings():
-            self.cold_s = timer.time_steps(self.step, 1)[0]
-            self.warm_times = timer.time_steps(self.step, warmup)
+            self.cold_s = self._timer().time_steps(self.step, 1)[0]
+
+    def warm(self, n: int) -> None:
+        with self.settings():
+            self.warm_times += self._timer().time_steps(self.step, n)
 
     def time(self, n: int) -> None:
         with self.settings():
@@ -110,7 +113,7 @@ def time_interleaved(
     on_round: Callable[[int], None] | None = None,
     drop_above: float | None = None,
 ) -> None:
-    """Start every contender, then time `steps` steps of each in `rounds` interleaved rounds.
+    """Start every contender, warm each up, then time `steps` steps of each in `rounds` interleaved rounds.
 
     Fills each contender's `cold_s`, `warm_times` and `times`; `on_start(contender)` and
     `on_round(i)` are called before each unit of work (progress). With `drop_above`, clearly
@@ -119,7 +122,9 @@ def time_interleaved(
     for contender in contenders:
         if on_start is not None:
             on_start(contender)
-        contender.start(warmup)
+        contender.start()
+    for contender in contenders:  # after every cold step, so that elimination compares like with like
+        contender.warm(warmup)
     running = list(contenders)
     for i, n in enumerate(round_sizes(steps, min(rounds, steps))):
         if drop_above is not None and (warmup or i):
