@@ -47,11 +47,12 @@ ROUNDS = 3
 MIN_TIMED_STEPS = 2
 MAX_SHARE = 0.25  # tuning may use at most this share of the run's training steps
 # torch.compile can shorten only the work outside convolutions and matmuls (it calls the same oneDNN
-# and BLAS kernels for them). Measured on a 2-vCPU EPYC (BENCHMARKS.md): compiled steps 12% shorter
-# at best (`small`, 1 thread; none for the cnn), the quickest cold compile 11 s. A run whose steps
-# could not save that much even at twice that gain is not worth a trial: it would cost a compile.
+# and BLAS kernels for them): at most a quarter of a step here — measured on a 2-vCPU EPYC
+# (BENCHMARKS.md), compiled steps were 12% shorter at best (`small`, 1 thread) and never for the
+# cnn. A cold compile took 11–14 s, the time of ~400 training steps of the model it compiled; a
+# machine that runs the steps slower (a busy one) compiles slower too, so the bound is in steps.
 COMPILE_MAX_GAIN = 0.25
-COMPILE_MIN_SECONDS = 11.0
+COMPILE_MIN_STEPS = 350
 FUSED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 
 
@@ -129,21 +130,20 @@ def stepping(trainer: Trainer, module: torch.nn.Module) -> Iterator[None]:
     yield
 
 
-def compile_bound(remaining_steps: int, step_s: float) -> dict[str, Any]:
-    """Whether torch.compile could pay back even its quickest compile over the rest of the run."""
-    remaining_s = remaining_steps * step_s
-    best_saving_s = remaining_s * COMPILE_MAX_GAIN
+def compile_bound(remaining_steps: int) -> dict[str, Any]:
+    """Whether torch.compile could pay back even a quick cold compile over the steps still to run."""
+    best_saving = remaining_steps * COMPILE_MAX_GAIN
     return {
-        "could_pay_back": best_saving_s > COMPILE_MIN_SECONDS,
-        "remaining_s": remaining_s,
-        "best_saving_s": best_saving_s,
-        "reason": f"the rest of the run is {remaining_s:.0f} s of steps; compiling could save at most "
-        f"{best_saving_s:.0f} s, and the quickest compile measured took {COMPILE_MIN_SECONDS:.0f} s",
+        "could_pay_back": best_saving > COMPILE_MIN_STEPS,
+        "remaining_steps": remaining_steps,
+        "reason": f"the rest of the run is {remaining_steps} steps; compiling could save at most "
+        f"{COMPILE_MAX_GAIN:.0%} of each, {best_saving:.0f} steps' time, and a cold compile takes about "
+        f"{COMPILE_MIN_STEPS} steps' time",
     }
 
 
 def compile_trial(
-    trainer: Trainer, step: Callable[[], object], remaining_steps: int, step_s: float, timed: int, timer: StepTimer
+    trainer: Trainer, step: Callable[[], object], remaining_steps: int, timed: int, timer: StepTimer
 ) -> dict[str, Any]:
     """Time the compiled model against the eager one on real steps; keep it when it pays back.
 
@@ -151,7 +151,7 @@ def compile_trial(
     compile time, measured. Kept when the saving over the steps still to run exceeds it: the
     compile is spent by then, but the epoch's last, shorter batch compiles once more.
     """
-    bound = compile_bound(remaining_steps, step_s)
+    bound = compile_bound(remaining_steps)
     if not bound["could_pay_back"]:
         return {**bound, "tried": False, "kept": False, "reason": bound["reason"] + ": not tried"}
     eager, compiled = trainer.model, torch.compile(trainer.model)
@@ -244,7 +244,7 @@ def autotune(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tenso
         return statistics.median(ms) / 1e3
 
     chosen_step_s, default_step_s = median_step_s(incumbent), median_step_s(initial)
-    compiled = compile_trial(trainer, step, run_steps - (trainer.global_step - first_step), chosen_step_s, timed, timer)
+    compiled = compile_trial(trainer, step, run_steps - (trainer.global_step - first_step), timed, timer)
     if compiled.get("kept"):
         chosen_step_s = compiled["compiled_step_ms"] / 1e3
     seconds, steps = timer.now() - start, trainer.global_step - first_step
