@@ -15,8 +15,10 @@ candidates, as cuDNN's benchmark mode does on a GPU:
 
 Every timed step is a real training step on the run's own batches — every candidate computes the
 same function of the same parameters (the fused optimizer the same update, up to rounding) — so
-tuning costs only the time the slower candidates lose against the chosen one: `cost_s`, the
-tuning's wall time less its steps at the chosen pace. A candidate twice as slow needs no more
+tuning costs only the time the slower candidates lose against the chosen one: `cost_s`, in each
+stage every step's time beyond the median step of the candidate the stage chose (timed in the same
+interleaved rounds, so a neighbour's burst is not counted as tuning), plus the time between steps
+(switching layouts). A candidate twice as slow needs no more
 steps to be told apart, so one `DROP_ABOVE` times slower than the fastest stops being timed after
 any round (after its warm-up step alone: DROP_ABOVE² times) — sequential elimination. A candidate
 replaces the incumbent only when its median step is `MARGIN` shorter (a noisy neighbour must not
@@ -130,6 +132,12 @@ def stepping(trainer: Trainer, module: torch.nn.Module) -> Iterator[None]:
     yield
 
 
+def excess(contenders: list[Contender], pace_s: float) -> tuple[float, float]:
+    """The contenders' steps (cold, warm-up, timed): their time beyond `pace_s` each, and their time."""
+    seconds = [t for c in contenders for t in (c.cold_s, *c.warm_times, *c.times)]
+    return sum(seconds) - pace_s * len(seconds), sum(seconds)
+
+
 def compile_bound(remaining_steps: int) -> dict[str, Any]:
     """Whether torch.compile could pay back even a quick cold compile over the steps still to run."""
     best_saving = remaining_steps * COMPILE_MAX_GAIN
@@ -165,6 +173,7 @@ def compile_trial(
     saving_s = (eager_s - compiled_s) * (remaining_steps - sum(c.steps for c in contenders))
     kept = saving_s > compile_s and compiled_s < eager_s * (1 - MARGIN)
     trainer.step_model = compiled if kept else eager
+    excess_s, step_seconds = excess(contenders, compiled_s if kept else eager_s)
     return {
         **bound,
         "tried": True,
@@ -174,6 +183,8 @@ def compile_trial(
         "compiled_step_ms": compiled_s * 1e3,
         "saving_s": saving_s,
         "steps": sum(c.steps for c in contenders),
+        "excess_s": excess_s,
+        "step_seconds": step_seconds,
         "reason": f"compiling took {compile_s:.1f} s (measured); a compiled step {compiled_s * 1e3:.1f} ms against "
         f"{eager_s * 1e3:.1f} ms eager would save {saving_s:.1f} s over the rest of the run: "
         + ("kept" if kept else "not kept"),
@@ -208,6 +219,7 @@ def autotune(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tenso
         trainer.train_batch(*next(batches), epoch)
 
     evidence = []
+    excess_s = step_seconds = 0.0
     for stage, make in plan:
         candidates_here = list(dict.fromkeys(make(incumbent)))
         contenders = [Contender(c.name, step, device, lambda c=c: applied(trainer, c), timer) for c in candidates_here]
@@ -218,6 +230,8 @@ def autotune(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tenso
         before = incumbent
         if incumbent not in finalists or medians[best] < medians[incumbent] * (1 - MARGIN):
             incumbent = best
+        stage_excess, stage_seconds = excess(contenders, medians[incumbent])
+        excess_s, step_seconds = excess_s + stage_excess, step_seconds + stage_seconds
         evidence.append(
             {
                 "stage": stage,
@@ -245,8 +259,10 @@ def autotune(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tenso
 
     chosen_step_s, default_step_s = median_step_s(incumbent), median_step_s(initial)
     compiled = compile_trial(trainer, step, run_steps - (trainer.global_step - first_step), timed, timer)
-    if compiled.get("kept"):
+    if compiled["kept"]:
         chosen_step_s = compiled["compiled_step_ms"] / 1e3
+    if compiled["tried"]:
+        excess_s, step_seconds = excess_s + compiled["excess_s"], step_seconds + compiled["step_seconds"]
     seconds, steps = timer.now() - start, trainer.global_step - first_step
     return {
         "chosen": incumbent.name + (", compiled" if compiled["kept"] else ""),
@@ -257,8 +273,8 @@ def autotune(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tenso
         "steps": steps,
         "timed_steps_per_candidate": timed,
         "seconds": seconds,
-        # the timed steps trained the model: only their time beyond the chosen pace is overhead
-        "cost_s": max(seconds - steps * chosen_step_s, 0.0),
+        # the timed steps trained the model: only their time beyond each stage's chosen pace is overhead
+        "cost_s": max(excess_s + seconds - step_seconds, 0.0),
         "chosen_samples_per_s": batch_size / chosen_step_s,
         "default": initial.name,
         "default_samples_per_s": batch_size / default_step_s,

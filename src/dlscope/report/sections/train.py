@@ -58,7 +58,7 @@ def autotune_verdict(section: dict[str, Any]) -> str:
     return (
         f"{verdict}. Measuring took {tune['steps']} of the run's training steps"
         + (f" ({dropped} candidates stopped early, over {tune['drop_above']:g}× the fastest)" if dropped else "")
-        + f"; they trained the model, so the cost is their time beyond the chosen pace: {tune['cost_s']:.1f} s "
+        + f"; they trained the model, so the cost is their time beyond each stage's choice: {tune['cost_s']:.1f} s "
         f"({100 * tune['cost_s'] / section['wall_seconds']:.1f}% of the run)."
     )
 
