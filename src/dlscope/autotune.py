@@ -50,9 +50,10 @@ MIN_TIMED_STEPS = 2
 MAX_SHARE = 0.25  # tuning may use at most this share of the run's training steps
 # torch.compile can shorten only the work outside convolutions and matmuls (it calls the same oneDNN
 # and BLAS kernels for them): at most a quarter of a step here — measured on a 2-vCPU EPYC
-# (BENCHMARKS.md), compiled steps were 12% shorter at best (`small`, 1 thread) and never for the
-# cnn. A cold compile took 11–14 s, the time of ~400 training steps of the model it compiled; a
-# machine that runs the steps slower (a busy one) compiles slower too, so the bound is in steps.
+# (BENCHMARKS.md), compiled steps were 12% shorter at best (`small`, 1 thread) and 27–64% longer in
+# the other measurements. The first compile in a process took 11–16 s, the time of 360–720 training
+# steps of the model it compiled; a busy machine runs steps and compiles alike slower, so the bound
+# is in steps.
 COMPILE_MAX_GAIN = 0.25
 COMPILE_MIN_STEPS = 350
 FUSED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
