@@ -44,6 +44,7 @@ def time_to_target(recipe: str, seed: int, threads: int | None) -> dict:
         "seconds": seconds,
         "chosen": tune.get("chosen", "—"),
         "tune_cost_s": tune.get("cost_s", 0.0),
+        "compile": (tune.get("compile") or {}).get("reason", "—"),
         "cpu_seconds": time.process_time() - cpu_start,
         "train_seconds": result.train_seconds,
     }
@@ -68,10 +69,14 @@ def main() -> None:
                 f"{run['recipe']:8} seed {seed}: {run['accuracy']:.2f}% at step {run['steps']} "
                 f"({run['epochs']} epoch(s)), {run['seconds']:.1f} s to target "
                 f"(training {run['train_seconds']:.1f} s), "
-                f"{run['cpu_seconds']:.1f} s CPU; layout: {run['chosen']} (tuning cost {run['tune_cost_s']:.1f} s)"
+                f"{run['cpu_seconds']:.1f} s CPU; layout: {run['chosen']} (tuning cost {run['tune_cost_s']:.1f} s, "
+                f"{100 * run['tune_cost_s'] / run['seconds']:.1f}% of the run)"
                 + ("" if run["reached"] else "  TARGET NOT REACHED"),
                 flush=True,
             )
+    for run in runs:
+        if run["recipe"] == "fast":
+            print(f"seed {run['seed']} torch.compile: {run['compile']}")
     for recipe in recipes:
         mine = [r for r in runs if r["recipe"] == recipe]
         seconds = [r["seconds"] for r in mine]

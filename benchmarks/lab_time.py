@@ -54,6 +54,7 @@ def main() -> None:
                     "epochs": len(train["epochs"]),
                     "time_to_target_s": train["time_to_target_s"],
                     "train_samples_per_s": train["samples_per_s"],
+                    "autotune": (train.get("autotune") or {}).get("chosen"),
                     "step_seconds": step_seconds,
                 }
             )

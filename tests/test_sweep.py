@@ -79,8 +79,10 @@ def test_batch_one_trains_fewer_samples_per_second_than_batch_64(sweep):
 def test_cold_step_is_timed_apart_from_the_warm_ones(batches):
     images, labels = batches
     run = PointRun(SweepPoint("cpu", 8, 1), SweepSettings(steps=4, warmup=3), images, labels)
-    run.timed.start(warmup=3)
-    assert run.timed.cold_s > 0 and run.timed.times == []  # neither the cold step nor the warm-up is timed
+    run.timed.start()
+    run.timed.warm(3)
+    # neither the cold step nor the warm-up is counted among the timed steps
+    assert run.timed.cold_s > 0 and len(run.timed.warm_times) == 3 and run.timed.times == []
     run.timed.time(4)
     assert len(run.timed.times) == 4
     row = run.finish({"gemm_gflops": 100.0, "copy_gbps": 10.0})

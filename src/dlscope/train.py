@@ -264,6 +264,7 @@ class Trainer:
             torch.set_num_threads(config.threads)
         seed_everything(config.seed)
         self.model = build_model(config.model).to(self.device)
+        self.step_model: nn.Module = self.model  # what steps call: torch.compile's wrapper if autotune kept one
         n_train = config.train_subset or len(data.train_labels)
         n_test = config.test_subset or len(data.test_labels)
         self.batches = make_batches(
@@ -410,7 +411,7 @@ class Trainer:
 
     def train_batch(self, x: torch.Tensor, y: torch.Tensor, epoch: int) -> None:
         """One training step on (x, y), its metrics added to the logging window (no host sync)."""
-        loss, output = train_step(self.model, self.optimizer, x, y, self.scheduler)
+        loss, output = train_step(self.step_model, self.optimizer, x, y, self.scheduler)
         n = len(y)
         self._window_loss += loss.double() * n
         self._window_correct += (output.argmax(1) == y).sum()

@@ -50,7 +50,8 @@ def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float
     g.add_argument(
         "--autotune",
         action="store_true",
-        help="time layouts, convolution backends and threads on the first steps; train with the fastest",
+        help="time threads, convolution backends, layouts and the optimizer's kernel on the first steps "
+        "(torch.compile too when the run is long enough to pay it back); train with the fastest",
     )
     g.add_argument("--model", default="cnn", help="model from the zoo, listed by `dlscope models` (default cnn)")
     g.add_argument(

@@ -54,10 +54,22 @@ def autotune_verdict(section: dict[str, Any]) -> str:
         else f"kept {tune['chosen']} ({tune['chosen_samples_per_s']:,.0f} samples/s): no candidate was "
         f"{100 * tune['margin']:.0f}% faster over {steps} steps each"
     )
+    dropped = sum(c.get("dropped_after") is not None for stage in tune["stages"] for c in stage["candidates"])
     return (
-        f"{verdict}. Measuring took {tune['steps']} of the run's training steps and cost {tune['cost_s']:.1f} s "
-        f"beyond the chosen layout's pace ({100 * tune['cost_s'] / section['wall_seconds']:.1f}% of the run)."
+        f"{verdict}. Measuring took {tune['steps']} of the run's training steps"
+        + (f" ({dropped} candidates stopped early, over {tune['drop_above']:g}× the fastest)" if dropped else "")
+        + f"; they trained the model, so the cost is their time beyond each stage's choice: {tune['cost_s']:.1f} s "
+        f"({100 * tune['cost_s'] / section['wall_seconds']:.1f}% of the run)."
     )
+
+
+def candidate_verdict(stage: dict[str, Any], candidate: dict[str, Any]) -> str:
+    if candidate["name"] == stage["chosen"]:
+        return "kept"
+    dropped = candidate.get("dropped_after")
+    if dropped is None:
+        return ""
+    return "dropped at warm-up" if dropped == 0 else f"dropped after round {dropped}"
 
 
 def autotune_blocks(section: dict[str, Any]) -> list[Block]:
@@ -68,18 +80,19 @@ def autotune_blocks(section: dict[str, Any]) -> list[Block]:
     blocks: list[Block] = [Findings([("info", "Autotune " + autotune_verdict(section))])]
     if "stages" in tune:
         rows = [
-            [stage["stage"], c["name"], c["samples_per_s"], c["step_ms"], c["cold_ms"], c["name"] == stage["chosen"]]
+            [stage["stage"], c["name"], c["samples_per_s"], c["step_ms"], c["cold_ms"], candidate_verdict(stage, c)]
             for stage in tune["stages"]
             for c in stage["candidates"]
         ]
         blocks.append(
             Table(
-                ["stage", "candidate", "smp/s", "step ms", "cold ms", "kept"],
+                ["stage", "candidate", "smp/s", "step ms", "cold ms", "verdict"],
                 rows,
                 "Autotune: each stage's candidates, timed interleaved on real training steps",
-                legend="step ms: median of the candidate's timed steps; cold ms: its first step, not counted; "
-                f"kept: the stage's choice (a candidate must be {100 * tune['margin']:.0f}% faster to replace the "
-                f"incumbent). torch.compile: {tune['compile']['reason']}.",
+                legend="step ms: median of the candidate's timed steps (of its warm-up step if dropped then); "
+                "cold ms: its first step, not counted; kept: the stage's choice (a candidate must be "
+                f"{100 * tune['margin']:.0f}% faster to replace the incumbent); dropped: stopped early, over "
+                f"{tune['drop_above']:g}× the fastest median. torch.compile: {tune['compile']['reason']}.",
                 optional=("cold ms",),
             )
         )
