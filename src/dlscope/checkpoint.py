@@ -137,8 +137,13 @@ def refusal(e: Exception) -> str:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load with `weights_only=True` (no arbitrary code); faults become one-line errors."""
+    """Load with `weights_only=True` (no arbitrary code); faults become one-line errors. A DCP
+    directory (--ckpt-format dcp) gives its trainer state, its tensors named by "dcp"."""
     path = Path(path)
+    if path.is_dir() and (path / ".metadata").exists():
+        from dlscope.distributed.dcp import load_dcp
+
+        return load_dcp(path)
     check_torch_file(path)
     try:
         with warnings.catch_warnings():  # its notes on pickle protocols are not the user's concern
