@@ -69,7 +69,10 @@ def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     g.add_argument(
-        "--threads", type=int, default=None, help="torch intra-op threads (per rank with --nproc-per-node: default cores / ranks)"
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (per rank with --nproc-per-node: default cores / ranks)",
     )
     g.add_argument(
         "--target-acc",
@@ -106,9 +109,7 @@ def add_dist_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous every node reaches (M > 1)"
     )
-    g.add_argument(
-        "--max-restarts", type=int, default=0, metavar="K", help="restart the ranks K times after a failure"
-    )
+    g.add_argument("--max-restarts", type=int, default=0, metavar="K", help="restart the ranks K times after a failure")
     g.add_argument(
         "--bucket-cap-mb", type=float, default=25.0, metavar="MB", help="DDP gradient bucket size (default 25)"
     )

@@ -13,10 +13,12 @@ A rank killed mid-save leaves last.dcp pointing at the previous epoch, whole.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,14 @@ def barrier() -> None:
         dist.barrier()
 
 
+@contextlib.contextmanager
+def one_process_is_intended() -> Iterator[None]:
+    """Without a process group DCP warns that it assumes one process: that is what we mean."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
 def save_dcp(checkpoints: Path, trainer: Trainer) -> SaveInfo:
     """Every rank calls it: DCP writes model and optimizer, rank 0 the rest, then last.dcp moves."""
     start = time.perf_counter()
@@ -56,7 +66,8 @@ def save_dcp(checkpoints: Path, trainer: Trainer) -> SaveInfo:
         shutil.rmtree(target)
     barrier()
     model_state, optimizer_state = get_state_dict(trainer.model, trainer.optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=target)
+    with one_process_is_intended():
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=target)
     if coordinator():
         rest = {k: v for k, v in trainer.state_dict().items() if k not in ("model", "optimizer")}
         save_checkpoint(target / TRAINER_FILE, rest)
@@ -107,7 +118,8 @@ def restore_weights(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     model_state, optimizer_state = get_state_dict(model, optimizer)  # the templates DCP fills
     state = {"model": model_state, "optimizer": optimizer_state}
     try:
-        dcp.load(state, checkpoint_id=Path(path))
+        with one_process_is_intended():
+            dcp.load(state, checkpoint_id=Path(path))
     except Exception as e:
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"its tensors do not load into this model: {first}", path) from None

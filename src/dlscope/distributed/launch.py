@@ -65,14 +65,13 @@ def pump(stream: IO[bytes], log: IO[bytes]) -> None:
     for line in iter(stream.readline, b""):
         log.write(line)
         log.flush()
-        if line.startswith(b"dlscope: ") and not line.startswith(WORKER_ERROR):
-            sys.stderr.buffer.write(line)
+        said = line[line.find(b"dlscope: ") :]  # after any unterminated line of torch's
+        if said.startswith(b"dlscope: ") and not said.startswith(WORKER_ERROR):
+            sys.stderr.buffer.write(said)
             sys.stderr.flush()
 
 
-ROOT_CAUSE = re.compile(
-    r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)", re.DOTALL
-)
+ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)", re.DOTALL)
 
 
 def failure_line(log_text: str, status: int) -> str:
@@ -148,7 +147,7 @@ def train_in_ranks(ctx: Context) -> dict[str, Any]:
     ranks = ctx.run.path / "ranks"
     if status != 0:
         last = last_checkpoint(ctx)
-        kept = f"; the last checkpoint is intact: {ctx.run.rel(last)}" if last.exists() else ""
+        kept = f"; the last checkpoint is intact: {last.relative_to(ctx.run.path)}" if last.exists() else ""
         cause = failure_line((ranks / LOG).read_text(errors="replace"), status)
         raise DlscopeError(f"{cause}; torchrun stopped the job (log: {ctx.run.rel(ranks / LOG)}){kept}", ctx.run.path)
     section_file = ranks / "train.json"

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlscope.checkpoint import CheckpointObserver, load_checkpoint
-from dlscope.observe.progress import ProgressObserver
 from dlscope.fsutil import make_dirs
+from dlscope.observe.progress import ProgressObserver
 from dlscope.observe.tensorboard import TensorBoardObserver
 from dlscope.options import RunOptions
 from dlscope.phases import mark_begin, mark_end

@@ -46,14 +46,21 @@ def render(section: dict[str, Any]) -> list[Block]:
     )
     findings = []
     if section["restarts"]:
-        findings.append(("warn", f"torchrun restarted the ranks {section['restarts']} time(s); they resumed "
-                                 "from the last checkpoint."))
+        findings.append(
+            (
+                "warn",
+                f"torchrun restarted the ranks {section['restarts']} time(s); they resumed from the last checkpoint.",
+            )
+        )
     spread = section.get("step_ms_spread")
     if spread is not None and len(section["ranks"]) > 1:
         level = "warn" if spread > 1.1 else "good"
         findings.append(
-            (level, f"Slowest rank {section['slowest_rank']}: its median step is {spread:.2f}× the fastest "
-                    "rank's; DDP makes every rank wait for it at each all-reduce.")
+            (
+                level,
+                f"Slowest rank {section['slowest_rank']}: its median step is {spread:.2f}× the fastest "
+                "rank's; DDP makes every rank wait for it at each all-reduce.",
+            )
         )
     if findings:
         blocks.append(Findings(findings))
