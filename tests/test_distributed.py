@@ -209,3 +209,4 @@ def test_two_nodes_rendezvous_over_c10d_on_one_machine(tmp_path):
     ranks = [sections(tmp_path / f"node{node}")["ranks"] for node in (0, 1)]
     assert all(r["world_size"] == 2 and r["nnodes"] == 2 for r in ranks)
     assert sorted(row["rank"] for r in ranks for row in r["ranks"]) == [0, 1]  # one rank on each node
+    assert all(sections(tmp_path / f"node{node}")["checkpoint"]["verify"]["ok"] for node in (0, 1))
