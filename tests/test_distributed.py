@@ -18,7 +18,8 @@ from dlscope.checkpoint import load_checkpoint
 from dlscope.cli import main
 from dlscope.data.loaders import ResidentBatches, TorchLoaderBatches
 from dlscope.distributed.dcp import save_dcp
-from dlscope.distributed.launch import PID_FILE, WORKER_MODULE
+from dlscope.distributed.iorank import rank_pids
+from dlscope.distributed.launch import WORKER_MODULE
 from dlscope.distributed.worker import KILL_HOOK
 from dlscope.train import Observer, TrainConfig, Trainer
 
@@ -65,14 +66,16 @@ def sections(run: Path) -> dict:
 
 
 def alive_workers(run: Path) -> list[int]:
+    pids = rank_pids(run)
+    assert len(set(pids.values())) == 2  # both ranks wrote theirs
     alive = []
-    for pid_file in run.glob(f"ranks/rank*/{PID_FILE}"):
+    for pid in pids:
         try:
-            cmdline = Path(f"/proc/{pid_file.read_text().strip()}/cmdline").read_bytes()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
         if WORKER_MODULE.encode() in cmdline:
-            alive.append(int(pid_file.read_text()))
+            alive.append(pid)
     return alive
 
 
@@ -210,3 +213,19 @@ def test_two_nodes_rendezvous_over_c10d_on_one_machine(tmp_path):
     assert all(r["world_size"] == 2 and r["nnodes"] == 2 for r in ranks)
     assert sorted(row["rank"] for r in ranks for row in r["ranks"]) == [0, 1]  # one rank on each node
     assert all(sections(tmp_path / f"node{node}")["checkpoint"]["verify"]["ok"] for node in (0, 1))
+
+
+@pytest.mark.slow
+def test_trace_io_attributes_the_shard_reads_and_checkpoint_writes_to_ranks(tmp_path):
+    run = tmp_path / "traced"
+    args = ["lab", "--steps", "train", "--trace-io", "--nproc-per-node", "2", "--out", str(run)]
+    assert main([*args, *JOB, "--epochs", "1", *QUIET]) == 0
+    ranks = {r["rank"]: r for r in sections(run)["iotrace"]["ranks"]}
+    assert sorted(ranks) == [0, 1]
+    for rank in ranks.values():
+        phases = {p["phase"]: p for p in rank["phases"]}
+        assert phases["data_load"]["bytes_read"] > 1_000_000  # MNIST, which the rank then shards by index
+    saves = {r: {p["phase"]: p for p in ranks[r]["phases"]}.get("checkpoint_save") for r in ranks}
+    assert saves[0]["bytes_written"] > 0 and saves[1] is None  # rank 0 writes the checkpoint
+    assert ranks[0]["categories"]["checkpoint"]["bytes_written"] > 0
+    assert "checkpoint" not in ranks[1]["categories"] or ranks[1]["categories"]["checkpoint"]["bytes_written"] == 0

@@ -22,6 +22,7 @@ from torch import nn
 from dlscope.errors import OS_CAUSES, CheckpointError, ConfigError, DlscopeError
 from dlscope.fsutil import atomic_write_with, clean_stale_temps
 from dlscope.models import Layout, TunableCNN, build_model
+from dlscope.phases import phase
 from dlscope.train import EpochResult, Observer, Trainer, fingerprint
 
 
@@ -220,4 +221,5 @@ class CheckpointObserver(Observer):
         self.saves: list[SaveInfo] = []
 
     def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None:
-        self.saves.append(save_checkpoint(self.path, trainer.state_dict()))
+        with phase("checkpoint_save"):  # --trace-io: the writes of each epoch's checkpoint
+            self.saves.append(save_checkpoint(self.path, trainer.state_dict()))

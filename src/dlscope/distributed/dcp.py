@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from dlscope.checkpoint import SaveInfo, restore_rng, save_checkpoint
 from dlscope.errors import CheckpointError
 from dlscope.fsutil import fsync_dir
+from dlscope.phases import phase
 from dlscope.train import EpochResult, Observer, Trainer
 
 TRAINER_FILE = "trainer.pt"
@@ -135,4 +136,5 @@ class DcpCheckpointObserver(Observer):
         self.saves: list[SaveInfo] = []
 
     def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None:
-        self.saves.append(save_dcp(self.directory, trainer))
+        with phase("checkpoint_save"):
+            self.saves.append(save_dcp(self.directory, trainer))

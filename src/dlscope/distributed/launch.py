@@ -22,12 +22,12 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from dlscope.distributed.iorank import PID_FILE, rank_pids
 from dlscope.errors import DlscopeError
 from dlscope.options import DistOptions
 from dlscope.steps.base import Context
 
 LOG = "launch.log"
-PID_FILE = "pid"  # each worker writes its pid here first: the launcher ends any left behind
 WORKER_MODULE = "dlscope.distributed.worker"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -86,10 +86,9 @@ def failure_line(log_text: str, status: int) -> str:
 
 
 def end_leftover_workers(ranks: Path) -> list[int]:
-    """SIGKILL any worker still alive after torchrun ended (the pids the workers wrote)."""
+    """SIGKILL any worker still alive after torchrun ended (the pids the workers wrote first thing)."""
     ended = []
-    for pid_file in ranks.glob(f"rank*/{PID_FILE}"):
-        pid = int(pid_file.read_text().strip() or 0)
+    for pid in rank_pids(ranks.parent):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from dlscope.checkpoint import load_checkpoint
 from dlscope.data.mnist import load_mnist
-from dlscope.distributed.launch import PID_FILE
+from dlscope.distributed.iorank import PID_FILE
 from dlscope.errors import DlscopeError
 from dlscope.fsutil import atomic_write_bytes, json_text, make_dirs
 from dlscope.rundir import to_jsonable
@@ -142,7 +142,8 @@ def train_rank(plan: Plan) -> None:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world_size, restart = int(os.environ["WORLD_SIZE"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     run = Path(plan.options.out or ".")
-    (make_dirs(rank_dir(run, rank)) / PID_FILE).write_text(f"{os.getpid()}\n")  # first: the launcher ends it
+    with open(make_dirs(rank_dir(run, rank)) / PID_FILE, "a") as pids:  # first: the launcher ends it if left
+        pids.write(f"{os.getpid()}\n")
     config = plan.config
     if config.device.startswith("cuda"):
         config.device = f"cuda:{local_rank}"
