@@ -7,7 +7,7 @@ import argparse
 from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
 
 SORT_KEYS = ["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"]
-SHOWN = ("steps", "anatomy", "top10", "phases")
+SHOWN = ("steps", "anatomy", "top10", "phases", "distributed")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -32,7 +32,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tensorboard=args.tensorboard,
     )
     run, code = run_script(options, say=say)
-    for key in SHOWN:
+    for key in (k for k in SHOWN if k in run.results["sections"]):
         console.rule(f"[phase]{SECTIONS[key].TITLE}", align="left", style="dim")
         print_blocks(SECTIONS[key].render(run.results["sections"][key]))
     finish_report(run)

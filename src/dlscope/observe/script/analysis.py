@@ -227,7 +227,14 @@ def _why_no_profile(steps: dict[str, Any]) -> str:
 
 def run_section(records: Records, main: int | None) -> dict[str, Any]:
     processes = [process_info(pid, rs) for pid, rs in sorted(records.items())]
-    return {"processes": processes, "main_pid": main, "hook_errors": [e for p in processes for e in p["errors"]]}
+    sizes = [p["world_size"] for p in processes if p["world_size"] is not None]
+    return {
+        "processes": processes,
+        "main_pid": main,
+        "world_size": max(sizes, default=None),
+        "ranks": sorted(p["rank"] for p in processes if p["rank"] is not None),
+        "hook_errors": [e for p in processes for e in p["errors"]],
+    }
 
 
 def sections(records: Records, origin: float, sort_by: str = "self_cpu") -> dict[str, dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from dlscope.errors import ConfigError
 from dlscope.observe.bootstrap_env import with_bootstrap
+from dlscope.observe.distributed.analysis import analyze_ranks
 from dlscope.observe.iotrace.tracer import (
     check_command,
     exit_code,
@@ -106,10 +107,26 @@ def record_sections(
         found["top10"]["trace"] = run.rel(found["top10"]["trace"])
     for name in ("run", "steps", "anatomy", "top10", "phases"):
         run.record(name, found[name])
+    ranked = rank_traces(records)
+    if ranked:
+        section = analyze_ranks(ranked)
+        section["traces"] = {rank: run.rel(path) for rank, path in section["traces"].items()}
+        run.record("distributed", section)
     if iotrace is not None:
         run.record("iotrace", iotrace)
     if options.tensorboard:
         write_tensorboard(run.sub("tensorboard"), found["steps"])
+
+
+def rank_traces(records: analysis.Records) -> dict[int, Path]:
+    """Each rank's profiler trace, when more than one rank of a distributed job left one."""
+    ranked = {}
+    for pid, rs in records.items():
+        rank = analysis.process_info(pid, rs)["rank"]
+        trace = next((Path(r["trace"]) for r in rs if r.get("k") == "profile"), None)
+        if rank is not None and trace is not None and trace.exists():
+            ranked[rank] = trace
+    return ranked if len(ranked) > 1 else {}
 
 
 def write_tensorboard(directory: Path, steps: dict[str, Any]) -> None:

@@ -71,10 +71,15 @@ class TimelineWriter:
         )
 
     def process(self, pid: int, info: dict[str, Any]) -> None:
-        argv = " ".join(info.get("argv") or [])[:80]
-        rank = f" rank {info['rank']}" if info.get("rank") is not None else ""
-        name = f"{argv or 'python'}{rank}"
+        """A rank's process is named "rank k" and sorted by rank; its command line becomes a label."""
+        argv = " ".join(info.get("argv") or [])[:80] or "python"
+        rank = info.get("rank")
+        name = argv if rank is None else f"rank {rank}"
         self.events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+        if rank is not None:
+            self.events.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": argv}})
+            sort = {"sort_index": rank}
+            self.events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": sort})
 
     def add_records(self, pid: int, records: list[dict[str, Any]]) -> None:
         origin_s = self.clock.origin_ns / 1e9

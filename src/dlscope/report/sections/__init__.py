@@ -10,6 +10,7 @@ from dlscope.report.sections import (
     checkpoint,
     ckpt_anatomy,
     dataset,
+    distributed,
     environment,
     graph,
     iotrace,
@@ -46,6 +47,7 @@ SECTIONS: dict[str, ModuleType] = {
         anatomy,
         top10,
         phases,
+        distributed,
         iotrace,
     )
 }

@@ -1,0 +1,1 @@
+"""Distributed runs, observed per rank: per-rank Kineto traces in, tables out (analysis.py)."""

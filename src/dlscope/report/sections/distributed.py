@@ -1,0 +1,119 @@
+"""Section distributed: a data-parallel job per rank — step anatomy (compute, exposed communication,
+data wait, idle), communication/compute overlap, all-reduce bytes against the gradients, and who
+arrives last at each collective."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from dlscope.report.blocks import Block, Figure, Findings, Para, Table
+
+TITLE = "Distributed: ranks, communication, stragglers"
+PARTS = (
+    ("compute_ms", "compute", "#2f5bd3"),
+    ("exposed_comm_ms", "exposed comm", "#d62728"),
+    ("data_ms", "data wait", "#ff7f0e"),
+    ("idle_ms", "idle", "#bbbbbb"),
+)
+PART_COLUMNS = ["comp ms", "exp ms", "data ms", "idle ms"]
+LEGEND = (
+    "comp: CPU operators other than communication; exp: communication while nothing else runs; data: "
+    "DataLoader fetches; idle: none of these (a sleep, Python between operators); comm: all communication "
+    "(c10d ops, gloo's work items on its own threads); ovl: comm overlapped by compute, HTA's |comm ∩ "
+    "compute| / |comm|."
+)
+
+
+def anatomy_chart(ranks: list[dict[str, Any]]) -> bytes:
+    from dlscope.report import plots  # matplotlib: only when a report draws
+
+    fig, axes = plots.subplots(1, width=6.5, height=0.8 + 0.45 * len(ranks))
+    ax = axes[0][0]
+    labels = [f"rank {r['rank']}" for r in ranks][::-1]
+    left = [0.0] * len(ranks)
+    for key, name, color in PARTS:
+        values = [r[key] for r in ranks][::-1]
+        ax.barh(labels, values, left=left, color=color, label=name)
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    ax.set(xlabel="mean step (ms)", title="Step anatomy per rank")
+    plots.legend_outside(ax)
+    return plots.png(fig)
+
+
+def megabytes(value: int | None) -> float | None:
+    return None if value is None else round(value / 1e6, 3)
+
+
+def rank_table(ranks: list[dict[str, Any]]) -> Table:
+    gpu = any("gpu_overlap_pct" in r for r in ranks)
+    rows = [
+        [
+            r["rank"],
+            r["step_ms"],
+            *(r[key] for key, _, _ in PARTS),
+            r["comm_ms"],
+            r["overlap_pct"],
+            megabytes(r["comm_bytes_per_step"]),
+            *([r.get("gpu_overlap_pct")] if gpu else []),
+        ]
+        for r in ranks
+    ]
+    columns = ["rank", "step ms", *PART_COLUMNS, "comm ms", "ovl %", "MB/step", *(["GPU ovl %"] if gpu else [])]
+    return Table(
+        columns,
+        rows,
+        f"Mean profiled step per rank ({ranks[0]['steps']} steps each)",
+        legend=LEGEND
+        + " MB/step: all-reduce payload per step."
+        + (" GPU ovl: NCCL kernels overlapped." if gpu else ""),
+        optional=("comm ms", "MB/step"),
+    )
+
+
+def step_table(steps: list[dict[str, Any]]) -> Table:
+    rows = [
+        [s["rank"], s["step"], s["ms"], *(s[key] for key, _, _ in PARTS), s["overlap_pct"], s["collectives"]]
+        for s in steps
+    ]
+    return Table(
+        ["rank", "step", "ms", *PART_COLUMNS, "ovl %", "coll"],
+        rows,
+        "Each profiled step of each rank (ProfilerStep#N)",
+        legend="coll: collectives the rank launched in the step.",
+        optional=("coll",),
+    )
+
+
+def straggler_table(stragglers: dict[str, Any]) -> Table:
+    rows = [
+        [r["rank"], f"{r['last']}/{r['of']}", r["median_late_ms"], r["max_late_ms"], r["mean_normalised_start"]]
+        for r in stragglers["by_rank"]
+    ]
+    return Table(
+        ["rank", "last", "med late ms", "max late ms", "norm start"],
+        rows,
+        "Arrival at the collectives: who enqueues last",
+        legend="last: collectives this rank launched last, of all matched across ranks; late: its launch "
+        "after the first rank's; norm start: (launch − first launch) ÷ mean step, averaged (HTA's measure).",
+    )
+
+
+def render(section: dict[str, Any]) -> list[Block]:
+    ranks = section["ranks"]
+    grad = section.get("grad_bytes")
+    blocks: list[Block] = [
+        Para(
+            f"World size {section['world_size']}, backend {section.get('backend') or 'unknown'}; "
+            f"{len(ranks)} rank(s) profiled, from their own Kineto traces "
+            f"({', '.join(section['traces'].values())}). Gradients: "
+            f"{'—' if grad is None else f'{grad:,} B'} ({section.get('grad_bytes_source') or 'unknown'})."
+        ),
+        Findings([(level, text) for level, text in section["findings"]]),
+        rank_table(ranks),
+        Figure("distributed_anatomy", partial(anatomy_chart, ranks), "Mean profiled step per rank"),
+        step_table(section["steps"]),
+    ]
+    if section["stragglers"]["collectives"]:
+        blocks.append(straggler_table(section["stragglers"]))
+    return blocks

@@ -1,0 +1,140 @@
+"""`dlscope run -- torchrun --nproc-per-node 2` on a DDP script written the usual way
+(tests/scripts/ddp_mnist.py): every rank observed, the `distributed` section from their own Kineto
+traces, a rank slowed on purpose named as the straggler, HTA loading the same traces, and the one
+merged timeline with a process per rank. One real 2-rank gloo job serves the module."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlscope.cli import main
+from dlscope.errors import DlscopeError
+from dlscope.observe.distributed.analysis import analyze_ranks
+from dlscope.observe.script import timeline
+from dlscope.observe.script.session import run_script
+from dlscope.options import ScriptOptions
+from dlscope.rundir import load_results
+from test_run import check_timeline
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_mnist.py"
+SLEEP_MS = 30
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+PROFILE = {"start_after": 1, "wait": 1, "warmup": 1, "profile_steps": 3}  # 8 steps per rank: 6 needed
+
+
+@pytest.fixture(scope="module")
+def slow_rank_1(tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("ddp") / "run"
+    options = ScriptOptions(
+        [*TORCHRUN, str(SCRIPT), "--train", "512", "--slow-rank", "1", "--slow-ms", str(SLEEP_MS)],
+        out=str(out),
+        **PROFILE,
+    )
+    run, code = run_script(options, say=lambda _: None)
+    assert code == 0
+    return run.results["sections"], out
+
+
+def test_results_carry_world_size_and_each_rank(slow_rank_1):
+    sections, _ = slow_rank_1
+    assert sections["run"]["world_size"] == 2 and sections["run"]["ranks"] == [0, 1]
+    ranked = [p for p in sections["run"]["processes"] if p["rank"] is not None]
+    assert sorted(p["rank"] for p in ranked) == [0, 1] and all(p["world_size"] == 2 for p in ranked)
+    launcher = [p for p in sections["run"]["processes"] if p["rank"] is None]
+    assert launcher and "--nproc-per-node" in launcher[0]["argv"]  # torchrun itself, in Python too
+
+
+def test_the_slowed_rank_is_named_the_straggler(slow_rank_1):
+    section = slow_rank_1[0]["distributed"]
+    assert (section["world_size"], section["backend"]) == (2, "gloo")
+    straggler = section["stragglers"]["straggler"]
+    assert straggler["rank"] == 1 and straggler["last"] == straggler["of"] == 6  # 2 buckets × 3 steps
+    assert straggler["median_gap_ms"] >= 0.8 * SLEEP_MS  # it sleeps before backward, so before each launch
+    assert any(level == "bad" and text.startswith("Rank 1 is the straggler") for level, text in section["findings"])
+    # the sleep is no operator: it shows as the slow rank's idle time, and as the fast rank's wait in all-reduce
+    rank0, rank1 = section["ranks"]
+    assert rank1["idle_ms"] >= 0.8 * SLEEP_MS > rank0["idle_ms"]
+    assert rank0["exposed_comm_ms"] >= 0.8 * SLEEP_MS > rank1["exposed_comm_ms"]
+    for r in section["ranks"]:
+        assert r["steps"] == 3 and 0 <= r["overlap_pct"] <= 100
+        parts = r["compute_ms"] + r["exposed_comm_ms"] + r["data_ms"] + r["idle_ms"]
+        assert math.isclose(parts, r["step_ms"], rel_tol=1e-3, abs_tol=0.01)  # the parts partition the step
+
+
+def test_allreduce_bytes_per_step_are_the_models_gradient_bytes(slow_rank_1):
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from ddp_mnist import Net
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    grad_bytes = sum(p.numel() * p.element_size() for p in Net().parameters())
+    section = slow_rank_1[0]["distributed"]
+    assert section["grad_bytes"] == grad_bytes and section["grad_bytes_source"] == "trace"
+    assert all(r["comm_bytes_per_step"] == grad_bytes and r["collectives_per_step"] == 2 for r in section["ranks"])
+
+
+def test_hta_loads_the_per_rank_traces_but_its_analyses_are_empty_on_gloo(slow_rank_1):
+    """HTA's analysers are built on GPU kernels: on CPU/gloo traces they give NaN or fail (HTA #107)."""
+    from hta.trace_analysis import TraceAnalysis
+
+    sections, out = slow_rank_1
+    traces = {out / path for path in sections["distributed"]["traces"].values()}
+    assert len({p.parent for p in traces}) == 1
+    analysis = TraceAnalysis(trace_dir=str(next(iter(traces)).parent))
+    assert sorted(analysis.t.get_ranks()) == [0, 1]
+    overlap = analysis.get_comm_comp_overlap(visualize=False)
+    assert overlap["comp_comm_overlap_pctg"].isna().all()
+    with pytest.raises(ValueError):
+        analysis.get_potential_stragglers()
+
+
+def test_merged_timeline_has_a_process_per_rank(slow_rank_1):
+    sections, out = slow_rank_1
+    check_timeline(out, sections)  # valid, nested per track, the main rank's operators inside its steps
+    document = json.loads((out / sections["run"]["timeline"]).read_text())
+    names = {e["pid"]: e["args"]["name"] for e in document["traceEvents"] if e.get("name") == "process_name"}
+    ranks = {p["pid"]: p["rank"] for p in sections["run"]["processes"] if p["rank"] is not None}
+    assert {names[pid] for pid in ranks} == {"rank 0", "rank 1"}
+    trace = timeline.load(out / sections["run"]["timeline"])
+    for pid in ranks:
+        assert len(trace.tracks_named(pid, "steps")) == 8
+        work = [s for (p, _), slices in trace.slices.items() if p == pid for s in slices if s.name == "gloo:all_reduce"]
+        assert len(work) == 6  # gloo's work items, on their own threads of that rank's process
+
+
+@pytest.mark.slow
+def test_cli_names_rank_0_when_rank_0_is_slowed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DDP_SLOW_RANK", "0")
+    monkeypatch.setenv("DDP_SLOW_MS", str(SLEEP_MS))
+    monkeypatch.setenv("COLUMNS", "80")
+    out = tmp_path / "run"
+    args = ["--start-after", "1", "--wait", "1", "--warmup", "1", "--profile-steps", "3"]
+    assert main(["run", "--out", str(out), *args, "--", *TORCHRUN, str(SCRIPT), "--train", "512"]) == 0
+    assert load_results(out)["sections"]["distributed"]["stragglers"]["straggler"]["rank"] == 0
+    printed = capsys.readouterr().out
+    ours = printed[printed.index("Distributed: ranks") : printed.index("where everything is")]
+    assert "Rank 0 is the straggler" in ours.replace("\n", " ")
+    assert [line for line in ours.splitlines() if len(line) > 80] == []
+
+
+def test_bad_traces_are_refused_naming_the_file(slow_rank_1, tmp_path):
+    sections, out = slow_rank_1
+    good = {int(rank): out / path for rank, path in sections["distributed"]["traces"].items()}
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(good[1].read_bytes()[:5000])
+    with pytest.raises(DlscopeError, match="not a Kineto JSON trace") as error:
+        analyze_ranks({0: good[0], 1: cut})
+    assert str(cut) in str(error.value)
+    with pytest.raises(DlscopeError, match="rank 1's, given as rank 0's"):
+        analyze_ranks({0: good[1], 1: good[0]})
+    stepless = tmp_path / "stepless.json"
+    document = json.loads(good[0].read_text())
+    document["traceEvents"] = [e for e in document["traceEvents"] if not e.get("name", "").startswith("ProfilerStep")]
+    stepless.write_text(json.dumps(document))
+    with pytest.raises(DlscopeError, match="no ProfilerStep#N"):
+        analyze_ranks({0: stepless, 1: good[1]})
