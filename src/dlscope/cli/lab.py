@@ -35,7 +35,7 @@ LAB_STEPS = [
     "pipeline",
 ]
 TRAIN_STEPS = ["environment", "dataset", "model", "train", "checkpoint"]
-RANK_STEPS = ["ranks"]  # added after train when it runs in several ranks
+RANK_STEPS = ["ranks", "distributed"]  # added after train when it runs in several ranks
 
 
 def step_list(text: str) -> list[str]:
@@ -63,7 +63,7 @@ def train_options(args: argparse.Namespace) -> TrainOptions:
 
 
 def with_rank_steps(steps: list[str], dist: DistOptions) -> list[str]:
-    """After a launched train step: what each rank recorded (the ranks step)."""
+    """After a launched train step: what each rank recorded, and the analysis of their traces."""
     if not dist.launched or "train" not in steps:
         return steps
     at = steps.index("train") + 1

@@ -5,6 +5,7 @@ from dlscope.steps import (
     checkpoint,
     ckpt_anatomy,
     dataset,
+    distributed,
     distributed_ranks,
     environment,
     graph,
@@ -32,7 +33,7 @@ STEPS: list[Step] = [
     pipeline.STEP,
 ]
 # iotrace runs around a command (dlscope trace, dlscope lab --trace-io), never inside the lab; ranks
-# follows train when it ran in several ranks (--nproc-per-node)
-STEPS_BY_NAME = {step.name: step for step in [*STEPS, distributed_ranks.STEP, iotrace.STEP]}
+# and distributed follow train when it ran in several ranks (--nproc-per-node)
+STEPS_BY_NAME = {step.name: step for step in [*STEPS, distributed_ranks.STEP, distributed.STEP, iotrace.STEP]}
 
 __all__ = ["STEPS", "STEPS_BY_NAME", "Context", "Step"]
