@@ -229,3 +229,11 @@ def test_trace_io_attributes_the_shard_reads_and_checkpoint_writes_to_ranks(tmp_
     assert saves[0]["bytes_written"] > 0 and saves[1] is None  # rank 0 writes the checkpoint
     assert ranks[0]["categories"]["checkpoint"]["bytes_written"] > 0
     assert "checkpoint" not in ranks[1]["categories"] or ranks[1]["categories"]["checkpoint"]["bytes_written"] == 0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs: one per rank under NCCL")
+def test_two_ranks_on_two_gpus_use_nccl(tmp_path):
+    run = tmp_path / "gpu"
+    assert main(["train", "--nproc-per-node", "2", "--device", "cuda", "--out", str(run), *JOB, *QUIET]) == 0
+    ranks = sections(run)["ranks"]
+    assert ranks["backend"] == "nccl" and [r["device"] for r in ranks["ranks"]] == ["cuda:0", "cuda:1"]

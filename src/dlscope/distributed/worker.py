@@ -12,6 +12,7 @@ on the first attempt only (tests of faults and restarts).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -31,7 +32,7 @@ from dlscope.fsutil import atomic_write_bytes, json_text, make_dirs
 from dlscope.rundir import to_jsonable
 from dlscope.runner import Plan, plan_from_json
 from dlscope.steps.train import resumed_config, train_section, watchers
-from dlscope.train import DataParallel, EpochResult, Observer, Trainer, TrainResult
+from dlscope.train import DataParallel, EpochResult, Observer, Trainer, TrainResult, resolve_device
 
 KILL_HOOK = "DLSCOPE_TEST_KILL_RANK"
 PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # steps 2–4 of the run: past start-up, real steps
@@ -145,7 +146,7 @@ def train_rank(plan: Plan) -> None:
     with open(make_dirs(rank_dir(run, rank)) / PID_FILE, "a") as pids:  # first: the launcher ends it if left
         pids.write(f"{os.getpid()}\n")
     config = plan.config
-    if config.device.startswith("cuda"):
+    if resolve_device(config.device).type == "cuda":  # one GPU per rank, NCCL between them
         config.device = f"cuda:{local_rank}"
         torch.cuda.set_device(local_rank)
     backend = "nccl" if config.device.startswith("cuda") else "gloo"
@@ -153,8 +154,9 @@ def train_rank(plan: Plan) -> None:
     try:
         state = resume_state(plan, run, restart)
         if state is not None:
-            config = resumed_config(state, plan.step_options.train.epochs)
-            config.threads = plan.config.threads  # this job's threads per rank, not the saved run's
+            # what the checkpoint computes, on this job's device and threads per rank
+            saved = resumed_config(state, plan.step_options.train.epochs)
+            config = dataclasses.replace(saved, threads=config.threads, device=config.device)
         writer = local_rank == 0
         watched = watchers(config, run, plan.options, plan.step_options.dist.ckpt_format, writer=writer)
         directory = rank_dir(run, rank)
