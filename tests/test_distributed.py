@@ -118,6 +118,7 @@ def test_a_killed_rank_ends_the_job_and_its_dcp_checkpoint_resumes_on_one_proces
     two_ranks = Trainer(CONFIG, load_mnist_once())
     two_ranks.load_state_dict(saved)
     assert_same_weights(two_ranks.model.state_dict(), one_process["epoch1"])
+    assert main(["ckpt", "verify", str(run / "checkpoints" / "last.dcp")]) == 0  # its fingerprint holds
 
     resumed = tmp_path / "one"
     args = ["train", "--resume", str(run / "checkpoints" / "last.dcp"), "--threads", "1", "--out", str(resumed)]

@@ -161,7 +161,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 def model_from_checkpoint(state: dict[str, Any]) -> nn.Module:
     model = build_model(state["config"]["model"])
-    model.load_state_dict(state["model"])
+    if "dcp" in state:  # a DCP directory's weights, however many ranks wrote them
+        from dlscope.distributed.dcp import restore_weights
+
+        restore_weights(state["dcp"], model)
+    else:
+        model.load_state_dict(state["model"])
     if "layout" in state and isinstance(model, TunableCNN):  # as trained (--autotune): the same predictions
         model.set_layout(Layout.from_dict(state["layout"]))
     return model

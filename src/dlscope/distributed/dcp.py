@@ -26,7 +26,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from dlscope.checkpoint import SaveInfo, restore_rng, save_checkpoint
 from dlscope.errors import CheckpointError
@@ -113,18 +118,24 @@ def load_dcp(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def restore_weights(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Read model and optimizer tensors in place: every rank reads what it needs (collective when a
-    process group exists), whichever world size saved them."""
-    model_state, optimizer_state = get_state_dict(model, optimizer)  # the templates DCP fills
-    state = {"model": model_state, "optimizer": optimizer_state}
+def restore_weights(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Read model (and optimizer) tensors in place: every rank reads what it needs (collective when
+    a process group exists), whichever world size saved them."""
+    if optimizer is None:  # the weights alone (ckpt verify)
+        state = {"model": get_model_state_dict(model)}
+    else:
+        model_state, optimizer_state = get_state_dict(model, optimizer)  # the templates DCP fills
+        state = {"model": model_state, "optimizer": optimizer_state}
     try:
         with one_process_is_intended():
             dcp.load(state, checkpoint_id=Path(path))
     except Exception as e:
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"its tensors do not load into this model: {first}", path) from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    if optimizer is None:
+        set_model_state_dict(model, state["model"])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 class DcpCheckpointObserver(Observer):
