@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from dlscope.distributed.iorank import PID_FILE, rank_pids
+from dlscope.distributed.iorank import rank_pids
 from dlscope.errors import DlscopeError
 from dlscope.options import DistOptions
 from dlscope.steps.base import Context
@@ -104,9 +105,8 @@ def launch(ctx: Context) -> int:
     from dlscope.runner import Plan, plan_to_json
 
     options = ctx.steps.dist
+    shutil.rmtree(ctx.run.path / "ranks", ignore_errors=True)  # an --out used before: none of its records
     ranks = ctx.run.sub("ranks")
-    for stale in ranks.glob(f"rank*/{PID_FILE}"):
-        stale.unlink()
     threads = threads_per_rank(ctx.config.threads, options.nproc_per_node)
     config = dataclasses.replace(ctx.config, threads=threads)
     plan = Plan(ctx.run.results["run"]["command"], ["train"], config, ctx.options, ctx.steps, argv=[])
@@ -161,7 +161,8 @@ def train_in_ranks(ctx: Context) -> dict[str, Any]:
         "log": ctx.run.rel(ranks / LOG),
     }
     # the steps after this one see the trained model, read back from the ranks' last checkpoint
-    config = ctx.config = TrainConfig.from_dict(section["config"])
+    # (with this process's threads: the later steps have the machine to themselves)
+    config = ctx.config = dataclasses.replace(TrainConfig.from_dict(section["config"]), threads=ctx.config.threads)
     if ctx.data is None:
         ctx.data = load_mnist(ctx.options.data_dir)
     trainer = ctx.trainer = Trainer(config, ctx.data)
