@@ -52,6 +52,9 @@ def torchrun_command(options: DistOptions, plan_json: str) -> list[str]:
 
 def worker_env(options: DistOptions, threads: int) -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    # A store of its own for each attempt: torchrun's shared one keeps the last attempt's keys, and a
+    # restarted rank can read its peer's old gloo address (pytorch/pytorch#135712): connection refused.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     local = options.nnodes == 1 or (options.rdzv_endpoint or "").rpartition(":")[0] in LOOPBACK
     if local:  # gloo would pick the interface of the host name, which may not route to itself
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -54,14 +54,16 @@ def render(section: dict[str, Any]) -> list[Block]:
         )
     spread = section.get("step_ms_spread")
     if spread is not None and len(section["ranks"]) > 1:
-        level = "warn" if spread > 1.1 else "good"
-        findings.append(
-            (
-                level,
-                f"Slowest rank {section['slowest_rank']}: its median step is {spread:.2f}× the fastest "
-                "rank's; DDP makes every rank wait for it at each all-reduce.",
+        slowest = section["slowest_rank"]
+        if spread > 1.1:
+            text = (
+                f"Rank {slowest} is slow: its median step is {spread:.2f}× the fastest rank's, and DDP makes "
+                "every rank wait for it at each all-reduce."
             )
-        )
+            findings.append(("warn", text))
+        else:
+            text = f"The ranks keep pace: the slowest median step (rank {slowest}) is {spread:.2f}× the fastest."
+            findings.append(("good", text))
     if findings:
         blocks.append(Findings(findings))
     return blocks
