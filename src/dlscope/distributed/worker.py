@@ -155,9 +155,12 @@ def train_rank(plan: Plan) -> None:
         state = resume_state(plan, run, restart)
         if state is not None:
             # what the checkpoint computes, on this job's device and threads per rank
-            saved = resumed_config(state, plan.step_options.train.epochs)
-            config = dataclasses.replace(saved, threads=config.threads, device=config.device)
+            saved = resumed_config(state, plan.step_options.train.epochs, config.threads)
+            config = dataclasses.replace(saved, device=config.device)
         writer = local_rank == 0
+        if writer and restart > 0:
+            where = f"epoch {state['epoch']}" if state is not None else "the start: no checkpoint yet"
+            print(f"dlscope: torchrun restart {restart}: the ranks resume from {where}", file=sys.stderr, flush=True)
         watched = watchers(config, run, plan.options, plan.step_options.dist.ckpt_format, writer=writer)
         directory = rank_dir(run, rank)
         info = {

@@ -44,9 +44,10 @@ class LogRecorder(Observer):
         self.points.append(vars(point).copy())
 
 
-def resumed_config(state: dict[str, Any], epochs: int | None) -> TrainConfig:
-    """The checkpoint's config (what the run computes), with --epochs as the new total when given."""
-    config = TrainConfig.from_dict(state["config"])
+def resumed_config(state: dict[str, Any], epochs: int | None, threads: int | None) -> TrainConfig:
+    """The checkpoint's config (what the run computes), with --epochs as the new total when given,
+    and this command's threads (a checkpoint of 2 ranks × 1 thread may resume on 1 × 2)."""
+    config = dataclasses.replace(TrainConfig.from_dict(state["config"]), threads=threads)
     if epochs is not None:
         config = dataclasses.replace(config, epochs=epochs)
     return config
@@ -115,7 +116,7 @@ def run(ctx: Context) -> dict[str, Any]:
     resume = ctx.steps.train.resume
     if resume:
         resume_state = load_checkpoint(resume)
-        config = ctx.config = resumed_config(resume_state, ctx.steps.train.epochs)
+        config = ctx.config = resumed_config(resume_state, ctx.steps.train.epochs, ctx.config.threads)
     watched = watchers(config, ctx.run.path, ctx.options, ctx.steps.dist.ckpt_format, writer=True)
     trainer = ctx.trainer = Trainer(config, ctx.data, watched.observers)
     if resume_state is not None:
