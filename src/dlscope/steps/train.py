@@ -66,10 +66,11 @@ def watchers(config: TrainConfig, run_path: Path, options: RunOptions, ckpt_form
     """The observers of one training process. Only the `writer` (the only process, or rank 0)
     shows progress and writes TensorBoard and torch checkpoints; a DCP save needs every rank."""
     recorder = LogRecorder()
-    # PhaseMarker first: its evaluate phase ends before other observers write checkpoints and logs
-    observers: list[Observer] = [PhaseMarker(), recorder] if writer else []
+    # PhaseMarker first (every rank: --trace-io shows each one's epochs): its evaluate phase ends
+    # before other observers write checkpoints and logs
+    observers: list[Observer] = [PhaseMarker()]
     if writer:
-        observers.append(ProgressObserver(options.progress))
+        observers += [recorder, ProgressObserver(options.progress)]
     if writer and options.tensorboard:
         observers.append(TensorBoardObserver(make_dirs(run_path / "tensorboard")))
     if config.target_acc is not None:
