@@ -110,8 +110,8 @@ class EpochLine(Observer):
 
     def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None:
         print(
-            f"dlscope: epoch {epoch.epoch}/{trainer.config.epochs}: train loss {epoch.train_loss:.4f}, "
-            f"test accuracy {epoch.test_acc:.2f}%, {epoch.samples_per_s:,.0f} samples/s in all ranks",
+            f"dlscope: epoch {epoch.epoch}/{trainer.config.epochs}: loss {epoch.train_loss:.4f}, "
+            f"test {epoch.test_acc:.2f}%, {epoch.samples_per_s:,.0f} samples/s (all ranks)",
             file=sys.stderr,
             flush=True,
         )

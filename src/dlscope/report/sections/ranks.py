@@ -24,7 +24,7 @@ def render(section: dict[str, Any]) -> list[Block]:
         [
             r["rank"],
             r["node_rank"],
-            r["pid"],
+            str(r["pid"]),  # an id, not a quantity: no thousands separator
             r["threads"],
             r["steps"],
             r["samples"],
