@@ -148,7 +148,7 @@ def train_in_ranks(ctx: Context) -> dict[str, Any]:
         status = launch(ctx)
     ranks = ctx.run.path / "ranks"
     if status != 0:
-        last = last_checkpoint(ctx)
+        last = last_checkpoint(ctx.run.path, options.ckpt_format)
         kept = f"; the last checkpoint is intact: {last.relative_to(ctx.run.path)}" if last.exists() else ""
         cause = failure_line((ranks / LOG).read_text(errors="replace"), status)
         raise DlscopeError(f"{cause}; torchrun stopped the job (log: {ctx.run.rel(ranks / LOG)}){kept}", ctx.run.path)
@@ -169,11 +169,11 @@ def train_in_ranks(ctx: Context) -> dict[str, Any]:
     if ctx.data is None:
         ctx.data = load_mnist(ctx.options.data_dir)
     trainer = ctx.trainer = Trainer(config, ctx.data)
-    trainer.load_state_dict(load_checkpoint(last_checkpoint(ctx)))
+    trainer.load_state_dict(load_checkpoint(last_checkpoint(ctx.run.path, options.ckpt_format)))
     trainer.last_predictions = evaluate(trainer.model, trainer.test_images, trainer.test_labels)["predictions"]
     return section
 
 
-def last_checkpoint(ctx: Context) -> Path:
-    name = "last.dcp" if ctx.steps.dist.ckpt_format == "dcp" else "last.pt"
-    return ctx.run.path / "checkpoints" / name
+def last_checkpoint(run: Path, ckpt_format: str) -> Path:
+    """Where the ranks' per-epoch checkpoint is: the one a failed job keeps and a restart resumes."""
+    return run / "checkpoints" / ("last.dcp" if ckpt_format == "dcp" else "last.pt")

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from dlscope.checkpoint import load_checkpoint
 from dlscope.data.mnist import load_mnist
 from dlscope.distributed.iorank import PID_FILE
+from dlscope.distributed.launch import last_checkpoint
 from dlscope.errors import DlscopeError
 from dlscope.fsutil import atomic_write_bytes, json_text, make_dirs
 from dlscope.rundir import to_jsonable
@@ -36,7 +37,8 @@ from dlscope.train import DataParallel, EpochResult, Observer, Trainer, TrainRes
 
 KILL_HOOK = "DLSCOPE_TEST_KILL_RANK"
 PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # steps 2–4 of the run: past start-up, real steps
-PROFILED_STEPS = list(range(2, 5))  # their indices: the step times they slow are left out of the statistics
+# their indices: the step times the profiler slows are left out of the statistics
+PROFILED_STEPS = list(range(PROFILE_SCHEDULE["wait"] + PROFILE_SCHEDULE["warmup"], sum(PROFILE_SCHEDULE.values())))
 
 
 def rank_dir(run: Path, rank: int) -> Path:
@@ -131,7 +133,7 @@ class KillHook(Observer):
 def resume_state(plan: Plan, run: Path, restart: int) -> dict[str, Any] | None:
     """After a torchrun restart: the run's own last checkpoint (when one was written); else --resume."""
     if restart > 0:
-        last = run / "checkpoints" / ("last.dcp" if plan.step_options.dist.ckpt_format == "dcp" else "last.pt")
+        last = last_checkpoint(run, plan.step_options.dist.ckpt_format)
         if last.exists():
             return load_checkpoint(last)
     if plan.step_options.train.resume:
@@ -162,7 +164,6 @@ def train_rank(plan: Plan) -> None:
             where = f"epoch {state['epoch']}" if state is not None else "the start: no checkpoint yet"
             print(f"dlscope: torchrun restart {restart}: the ranks resume from {where}", file=sys.stderr, flush=True)
         watched = watchers(config, run, plan.options, plan.step_options.dist.ckpt_format, writer=writer)
-        directory = rank_dir(run, rank)
         info = {
             "rank": rank,
             "local_rank": local_rank,
@@ -171,11 +172,11 @@ def train_rank(plan: Plan) -> None:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "restart": restart,
-            "threads": torch.get_num_threads() if config.threads is None else config.threads,
+            "threads": config.threads,  # the launcher always sets it
             "backend": backend,
             "device": config.device,
         }
-        observers = [*watched.observers, RankRecorder(directory, info)]
+        observers = [*watched.observers, RankRecorder(rank_dir(run, rank), info)]
         if writer:
             observers.append(EpochLine())
         kill = os.environ.get(KILL_HOOK, "")
