@@ -65,6 +65,7 @@ class RankRecorder(Observer):
             activities=activities,
             schedule=torch.profiler.schedule(**PROFILE_SCHEDULE, repeat=1),
             on_trace_ready=self.export,
+            record_shapes=True,  # the all-reduce message sizes (record_param_comms) against the gradients
         )
         self.profiler.start()
         self.last = time.perf_counter()
