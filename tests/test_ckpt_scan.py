@@ -509,3 +509,30 @@ def test_inspect_exit_status_is_the_scanners_verdict(tmp_path, capsys):
     assert main(["ckpt", "inspect", str(flipped)]) == 0  # without --stats no byte of tensor data is read
     assert main(["ckpt", "inspect", "--stats", str(flipped)]) == 2
     assert "DAMAGED" in capsys.readouterr().out
+
+
+def test_a_model_directory_skips_its_text_files_but_not_a_hostile_one(tmp_path, capsys):
+    """A downloaded model folder holds a README, a LICENSE and a config next to the weights: walking it
+    skips them (exit 0); the same files named on the command line are no checkpoint (exit 2); a text
+    file that is really a protocol-0 pickle calling os.system is dangerous wherever it is."""
+    torch.save({"w": torch.ones(2)}, tmp_path / "model.pt")
+    (tmp_path / "README.md").write_text("# a model\n")
+    (tmp_path / "LICENSE").write_text("MIT License\n\nCopyright\n")  # 'M' is a protocol-0 opcode
+    (tmp_path / "config.json").write_text('{"hidden": 8}\n')
+    (tmp_path / "empty.txt").write_bytes(b"")
+    code, out = scan_cli(capsys, str(tmp_path))
+    assert code == 0, out
+    assert "5 files: 1 safe, 0 dangerous, 0 damaged, 4 skipped" in " ".join(out.split())
+    assert scan_cli(capsys, str(tmp_path / "LICENSE"))[0] == 2
+    assert scan_cli(capsys, str(tmp_path / "README.md"))[0] == 2
+
+    (tmp_path / "notes.txt").write_bytes(b'cos\nsystem\n(S"echo hi"\ntR.')
+    code, out = scan_cli(capsys, "--json", str(tmp_path))
+    verdicts = {Path(f["path"]).name: f["verdict"] for f in json.loads(out)["files"]}
+    assert code == 1 and verdicts["notes.txt"] == "dangerous" and verdicts["LICENSE"] == "skipped"
+    # a pickle-named file that breaks is a damaged model file, not a text file
+    (tmp_path / "notes.txt").unlink()
+    (tmp_path / "broken.pkl").write_bytes(b"MIT")
+    code, out = scan_cli(capsys, "--json", str(tmp_path))
+    verdicts = {Path(f["path"]).name: f["verdict"] for f in json.loads(out)["files"]}
+    assert code == 2 and verdicts["broken.pkl"] == "damaged"

@@ -164,3 +164,22 @@ NUMPY_ARRAY: frozenset[str] = frozenset(
         "numpy.ndarray",
     }
 )
+
+# what torch.distributed.checkpoint's `.metadata` pickle names (torch 2.13): its own dataclasses, torch.Size,
+# dtypes and layouts, the checkpoint id's path; inert constructors, allowed only in a DCP `.metadata`
+DCP_METADATA: frozenset[str] = frozenset(
+    {
+        "pathlib.PosixPath",
+        "pathlib.WindowsPath",
+        "torch.distributed.checkpoint.filesystem._StorageInfo",
+        "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+        "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+        "torch.distributed.checkpoint.metadata.Metadata",
+        "torch.distributed.checkpoint.metadata.MetadataIndex",
+        "torch.distributed.checkpoint.metadata.StorageMeta",
+        "torch.distributed.checkpoint.metadata.TensorProperties",
+        "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+        "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
+        "torch.serialization._get_layout",
+    }
+)

@@ -14,7 +14,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO
 
-from dlscope.ckpt import keras_fmt, safetensors_fmt, torchfmt
+from dlscope.ckpt import dcp_fmt, keras_fmt, safetensors_fmt, torchfmt
 from dlscope.ckpt.anatomy import Anatomy
 from dlscope.ckpt.hdf5_probe import probe_hdf5
 from dlscope.ckpt.scan import LEGACY_PREFIX
@@ -53,6 +53,11 @@ def _tail(path: Path, file_bytes: int) -> bytes:
 def inspect_checkpoint(path: str | Path, stats: bool = False) -> Anatomy:
     """The anatomy of a checkpoint; with `stats`, read every tensor once for min/max/mean/std/zeros/NaN/Inf."""
     path = Path(path)
+    if dcp_fmt.is_dcp_dir(path) or (path.name == dcp_fmt.METADATA and dcp_fmt.is_dcp_dir(path.parent)):
+        anatomy = dcp_fmt.inspect_dcp(path if path.is_dir() else path.parent)
+        if stats:
+            add_stats(anatomy)
+        return anatomy
     if not path.is_file() or SHARD_NAME.search(path.name):
         # a TF checkpoint is named by its prefix (model.ckpt → model.ckpt.index + data shards) or a shard
         index = index_path_for(path)

@@ -28,6 +28,7 @@ from dlscope.ckpt.pickle_values import (
     Elided,
     Event,
     Global,
+    ObjectKey,
     Opaque,
     PickleScan,
     ScanError,
@@ -403,6 +404,9 @@ def _setitem(m: Machine, target: Any, key: Any, value: Any) -> None:
         try:
             target[key] = value
         except TypeError:
+            if isinstance(key, Opaque):  # an instance: hashable by identity unless its class says otherwise
+                target[ObjectKey(key)] = value
+                return
             target[short_repr(key)] = value  # an unhashable key would break pickle.load; keep the entry visible
             raise ScanError(f"unhashable dict key {short_repr(key)}", m.op_pos) from None
     elif isinstance(target, Opaque):

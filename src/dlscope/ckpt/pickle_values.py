@@ -91,6 +91,14 @@ class Opaque:
         return f"<{self.qualname}({short_repr(self.args)[1:-1]})>" if self.args else f"<{self.qualname}>"
 
 
+@dataclass(frozen=True, eq=False)
+class ObjectKey:
+    """A dict key that is an instance of a class (DCP's MetadataIndex, a frozen dataclass, keys its
+    storage map): pickle.load hashes it as its class does; kept here by identity."""
+
+    value: Opaque
+
+
 class Elided:
     """A container built past MAX_CONTAINERS: simulated, not kept."""
 

@@ -6,6 +6,10 @@
   stream breaks afterwards: `pickle.load` has run the call before it reaches the break.
 - damaged (exit 2): no dangerous name, but a stream breaks, a zip is ambiguous or corrupt, or the
   file is no checkpoint format at all.
+- skipped (exit 0): found while walking a directory, and no model file (a README, a config.json, a
+  LICENSE next to the weights): an unknown format, or text whose first byte only looked like a
+  protocol-0 pickle — unless its name is a model file's (.pt, .bin, …: damaged), or what it would
+  import is off the allow-list (dangerous).
 
 Every pickle is read: all of a stream's pickles to EOF, every zip member by `infolist()` (duplicate
 names included), the bytes before a zip's first member, the five pickles of a legacy torch.save
@@ -27,12 +31,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from dlscope.ckpt import zipdir
-from dlscope.ckpt.allowlist import NUMPY_ARRAY, TORCH_WEIGHTS_ONLY
+from dlscope.ckpt.allowlist import DCP_METADATA, NUMPY_ARRAY, TORCH_WEIGHTS_ONLY
 from dlscope.ckpt.pickle_scan import scan_pickle
 from dlscope.ckpt.pickle_values import PickleScan, StorageRef, TensorRef
 from dlscope.errors import CheckpointError
 
-EXIT_CODES = {"safe": 0, "dangerous": 1, "damaged": 2}
+EXIT_CODES = {"safe": 0, "dangerous": 1, "damaged": 2, "skipped": 0}
 MAX_PICKLE_BYTES = 256 << 20  # a state dict's pickle is kilobytes to a few MB; more is scanned up to here
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
 LEGACY_PREFIX = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
@@ -42,6 +46,9 @@ TF_TABLE_MAGIC = bytes.fromhex("57fb808b247547db")
 NPY_MAX_HEADER = 10_000  # numpy's own max_header_size
 PICKLE_0_STARTS = set(b"(c}])IFLSVNJKMGXTUdlt")
 SAFETENSORS_MAX_HEADER = 100 << 20
+# a walked file with one of these names is a model file even when it is broken: damaged, never skipped
+MODEL_SUFFIXES = {".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".model", ".tar", ".safetensors"}
+MODEL_SUFFIXES |= {".npy", ".npz", ".h5", ".hdf5", ".keras", ".index", ".distcp"}
 
 
 @dataclass
@@ -77,11 +84,14 @@ class ScanReport:
     file_bytes: int
     findings: list[Finding] = field(default_factory=list)
     pickles: list[ScannedPickle] = field(default_factory=list)
+    skipped: str = ""  # why a file found in a directory is no model file
 
     @property
     def verdict(self) -> str:
         if any(not e.allowed for p in self.pickles for e in p.scan.events):
             return "dangerous"
+        if self.skipped:
+            return "skipped"
         if any(f.level == "bad" for f in self.findings):
             return "damaged"
         return "safe"
@@ -107,6 +117,8 @@ class ScanReport:
             if broken.error:
                 line += f", before the stream breaks @ {broken.end} ({broken.error})"
             return line + (f"; {others:,} more name{'s' * (others != 1)} off the allow-list" if others else "")
+        if verdict == "skipped":
+            return f"SKIPPED: not a model file: {self.skipped}"
         if verdict == "damaged":
             bad = next(f for f in self.findings if f.level == "bad")
             return f"DAMAGED: {bad.what}" + (f" ({bad.where})" if bad.where else "")
@@ -142,14 +154,17 @@ def scan_paths(paths: list[str | Path], allow: frozenset[str] = frozenset()) -> 
                 dirs.sort()
                 for name in sorted(files):
                     if not os.path.islink(os.path.join(root, name)):
-                        yield scan_file(Path(root) / name, allow)
+                        yield scan_file(Path(root) / name, allow, walked=True)
         else:
             yield scan_file(path, allow)
 
 
-def scan_file(path: str | Path, allow: frozenset[str] = frozenset(), crc: bool = True) -> ScanReport:
+def scan_file(
+    path: str | Path, allow: frozenset[str] = frozenset(), crc: bool = True, walked: bool = False
+) -> ScanReport:
     """Scan one file; a missing or unreadable file raises CheckpointError, a hostile one never does.
-    `crc=False` skips checking zip members' CRC32 (which reads every byte of the file)."""
+    `crc=False` skips checking zip members' CRC32 (which reads every byte of the file); `walked`: found
+    in a directory rather than named, so a file that is no model file is skipped, not damaged."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError("not a file (a directory?)" if path.exists() else "no such file", path)
@@ -157,10 +172,28 @@ def scan_file(path: str | Path, allow: frozenset[str] = frozenset(), crc: bool =
         with open(path, "rb") as f:
             file_bytes = os.fstat(f.fileno()).st_size
             report = ScanReport(str(path), "unknown", file_bytes)
-            Scanner(report, f, TORCH_WEIGHTS_ONLY | allow, crc).run()
+            dcp = path.name == ".metadata" and any(path.parent.glob("*.distcp"))  # what dcp.load unpickles
+            Scanner(report, f, TORCH_WEIGHTS_ONLY | allow | (DCP_METADATA if dcp else frozenset()), crc).run()
     except OSError as e:
         raise CheckpointError(f"cannot read: {e.strerror or e}", path) from None
+    if walked:
+        report.skipped = no_model_file(report, path)
     return report
+
+
+def no_model_file(report: ScanReport, path: Path) -> str:
+    """Why a damaged file is no model file at all, or "" when it is one (or dangerous: never skipped)."""
+    if report.verdict != "damaged" or path.suffix.lower() in MODEL_SUFFIXES:
+        return ""
+    if report.format == "empty file":
+        return "empty"
+    if report.format == "unknown":
+        return report.findings[0].what.removeprefix("not a checkpoint: ")
+    first = report.pickles[0].scan if len(report.pickles) == 1 else None
+    guessed = report.format == "pickle" and first is not None and first.protocol == 0
+    if guessed and first.error and not first.events:
+        return f"text, not a pickle: it breaks @ {first.end}"
+    return ""
 
 
 class Scanner:

@@ -74,7 +74,7 @@ def cmd_ckpt_seed003(args: argparse.Namespace) -> int:
     return run_steps(args, "ckpt-seed003", ["environment", "dataset", "ckpt_anatomy"], step_options=options)
 
 
-WORST_FIRST = ("dangerous", "damaged", "safe")
+WORST_FIRST = ("dangerous", "damaged", "safe", "skipped")
 
 
 def cmd_ckpt_scan(args: argparse.Namespace) -> int:
@@ -154,10 +154,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_ckpt_verify)
     p = ckpt_sub.add_parser(
         "inspect",
-        help="what is inside a checkpoint (torch, safetensors, Keras, TF) without running it; "
+        help="what is inside a checkpoint (torch, safetensors, Keras, TF, DCP) without running it; "
         "exit 0 safe to torch.load, 1 not",
     )
-    p.add_argument("path", help="checkpoint file (format detected from its bytes), or a TF checkpoint prefix")
+    p.add_argument(
+        "path",
+        help="checkpoint file (format detected from its bytes), a TF checkpoint prefix, or a "
+        "torch.distributed.checkpoint directory",
+    )
     p.add_argument("--json", action="store_true", help="print the full anatomy as JSON")
     p.add_argument(
         "--stats", action="store_true", help="read tensor data: min/max/mean/std, zeros, NaN/Inf; CRCs (exit 1 on one)"
@@ -169,7 +173,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="would loading these files run code? every pickle simulated, nothing executed; "
         "exit 0 safe, 1 dangerous, 2 damaged or not a checkpoint (the worst file decides)",
     )
-    p.add_argument("paths", nargs="+", help="checkpoint files, or directories to scan recursively")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        help="checkpoint files, or directories to scan recursively (where files that are no model file, "
+        "such as a README or config.json, are skipped)",
+    )
     p.add_argument("--json", action="store_true", help="print every file's verdict, findings and pickle events")
     p.add_argument(
         "--allow",

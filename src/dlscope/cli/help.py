@@ -60,6 +60,7 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     "run": [
         ("dlscope run -- python train.py", "steps, top-10 operators and one timeline of your script"),
         ("dlscope run --trace-io --out runs/mine -- python train.py --epochs 1", "and its file I/O"),
+        ("dlscope run -- torchrun --nproc-per-node 2 train.py", "every rank: comm, overlap, stragglers"),
     ],
     "report": [
         ("dlscope report runs/lab-20261123-021500", "re-render report.html and report.md"),

@@ -39,7 +39,8 @@ def analyze_ranks(traces: Mapping[int, Path], grad_bytes: int | None = None) -> 
     bytes (else taken from the traces' AccumulateGrad inputs)."""
     if not traces:
         raise DlscopeError("no per-rank trace to analyse")
-    ranks = [read_rank(Path(path), rank) for rank, path in sorted(traces.items())]
+    ranks = [read_rank(Path(path), int(rank)) for rank, path in sorted(traces.items(), key=lambda kv: int(kv[0]))]
+    left_out = [row for r in ranks for row in drop_steps_without_collectives(r)]
     steps = [row for r in ranks for row in step_rows(r)]
     by_rank = [rank_summary(r, [s for s in steps if s["rank"] == r.rank], grad_bytes) for r in ranks]
     stragglers = straggler_table(ranks, steps)
@@ -53,10 +54,26 @@ def analyze_ranks(traces: Mapping[int, Path], grad_bytes: int | None = None) -> 
         "grad_bytes_source": "given" if grad_bytes is not None else ("trace" if found_grad else None),
         "ranks": by_rank,
         "steps": steps,
+        "left_out_steps": left_out,
         "stragglers": stragglers,
     }
     section["findings"] = findings(section)
     return section
+
+
+def drop_steps_without_collectives(trace: RankTrace) -> list[dict[str, Any]]:
+    """A profiled span in which a rank that does communicate launched no collective is no data-parallel
+    training step (the profiler stopped at exit, an evaluation): left out of the tables, and listed."""
+    if not trace.collectives:
+        return []
+    kept, dropped = [], []
+    for n, start, end in trace.steps:
+        launched = any(start <= c.start <= end for c in trace.collectives)
+        (kept if launched else dropped).append((n, start, end))
+    if not kept:
+        return []
+    trace.steps = kept
+    return [{"rank": trace.rank, "step": n, "ms": round((end - start) / 1e3, 3)} for n, start, end in dropped]
 
 
 def step_rows(trace: RankTrace) -> list[dict[str, Any]]:
@@ -99,8 +116,13 @@ def overlap_pct(comm: Intervals, compute: Intervals) -> float | None:
 
 
 def _bytes_in(trace: RankTrace, start: float, end: float) -> int | None:
+    """Payload of the collectives launched in the span; None when one's size is unknown."""
     sizes = [c.bytes for c in trace.collectives if start <= c.start <= end]
-    return None if any(b is None for b in sizes) else sum(sizes)  # type: ignore[arg-type]
+    known = [b for b in sizes if b is not None]
+    return sum(known) if len(known) == len(sizes) else None
+
+
+PARTS_MS = ("compute_ms", "exposed_comm_ms", "data_ms", "idle_ms")  # they partition the step
 
 
 def rank_summary(trace: RankTrace, rows: list[dict[str, Any]], grad_bytes: int | None) -> dict[str, Any]:
@@ -130,21 +152,18 @@ def rank_summary(trace: RankTrace, rows: list[dict[str, Any]], grad_bytes: int |
     return summary
 
 
-PARTS_MS = ("compute_ms", "exposed_comm_ms", "data_ms", "idle_ms")
-
-
 def straggler_table(ranks: list[RankTrace], steps: list[dict[str, Any]]) -> dict[str, Any]:
     """Match the k-th collective of each common step across ranks; who enqueued it last, by how much."""
     common = set.intersection(*({n for n, _, _ in r.steps} for r in ranks))
     mean_step_ms = statistics.fmean(s["ms"] for s in steps if s["step"] in common) if common else 0.0
+    scale = 1e3 * mean_step_ms  # µs: a launch's lateness as a share of the mean step
     rows = []
     for n in sorted(common):
         per_rank = {r.rank: [c for c in r.collectives if _in_step(r, n, c.start)] for r in ranks}
         for k in range(min(len(cs) for cs in per_rank.values())):
             arrivals = {rank: cs[k].start for rank, cs in per_rank.items()}
-            order = sorted(arrivals, key=arrivals.get)  # type: ignore[arg-type]
+            order = sorted(arrivals, key=lambda rank: arrivals[rank])
             first, last = arrivals[order[0]], arrivals[order[-1]]
-            scale = 1e3 * mean_step_ms
             second_last = arrivals[order[-2]] if len(order) > 1 else last
             rows.append(
                 {
@@ -227,18 +246,28 @@ def findings(section: dict[str, Any]) -> list[list[str]]:
     elif s["collectives"] and len(section["ranks"]) > 1:
         counts = ", ".join(f"rank {r['rank']} {r['last']}" for r in s["by_rank"])
         out.append(["good", f"No straggler: the last rank to arrive varies ({counts} of {len(s['collectives'])})."])
+    late = s["straggler"]["rank"] if s["straggler"] else None
     for r in section["ranks"]:
         share = r["exposed_comm_pct"]
         if share is not None and share >= COMM_HIGH_PCT:
             overlap = f"{r['overlap_pct']:.0f}%" if r["overlap_pct"] is not None else "—"
+            why = f", waiting for the straggler, rank {late}" if late is not None and late != r["rank"] else ""
             out.append(
                 [
                     "warn",
                     f"Rank {r['rank']} spends {share:.0f}% of its {r['step_ms']:.1f} ms step in communication that "
-                    f"nothing overlaps ({r['exposed_comm_ms']:.1f} ms; overlap with compute {overlap}; ≥ "
+                    f"nothing overlaps ({r['exposed_comm_ms']:.1f} ms{why}; overlap with compute {overlap}; ≥ "
                     f"{COMM_HIGH_PCT:.0f}% is high).",
                 ]
             )
+    if any(r["collectives_per_step"] and r["comm_bytes_per_step"] is None for r in section["ranks"]):
+        out.append(
+            [
+                "info",
+                "All-reduce bytes unknown: the traces record no tensor shapes (profile with record_shapes=True "
+                "to compare them with the gradients).",
+            ]
+        )
     ratios = [r.get("bytes_vs_grad") for r in section["ranks"] if r.get("bytes_vs_grad") is not None]
     if ratios and section["grad_bytes"]:
         out.append(

@@ -23,7 +23,14 @@ from typing import Any
 from dlscope.errors import DlscopeError
 from dlscope.observe.distributed.intervals import Intervals, merge
 
-DTYPE_BYTES = {
+DTYPE_BYTES = {  # record_shapes' C type names, and record_param_comms' ScalarType names (Float, …)
+    "Float": 4,
+    "Double": 8,
+    "Long": 8,
+    "Int": 4,
+    "Byte": 1,
+    "Char": 1,
+    "Bool": 1,
     "float": 4,
     "double": 8,
     "c10::Half": 2,
@@ -38,7 +45,6 @@ DTYPE_BYTES = {
 }
 NCCL_KERNELS = ("ncclKernel", "ncclDevKernel")
 DATA_WAIT = "enumerate(DataLoader)"
-GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 @dataclass
@@ -112,7 +118,7 @@ def read_rank(path: Path, rank: int) -> RankTrace:
         raise DlscopeError("no ProfilerStep#N slice: profile with a schedule and call prof.step() per step", path)
     steps = sorted((int(e["name"].split("#", 1)[1]), e["ts"], e["end"]) for e in profiler_steps)
     cpu = [e for e in slices if e.get("cat") in ("cpu_op", "user_annotation") and not e["name"].startswith("Profiler")]
-    gpu = [e for e in slices if e.get("cat") in GPU_CATS]
+    gpu = [e for e in slices if e.get("cat") == "kernel"]  # as HTA: memcpy and memset are neither
     comm_ops = [e for e in cpu if is_comm(e["name"])]
     trace = RankTrace(
         rank=rank,
@@ -132,14 +138,19 @@ def read_rank(path: Path, rank: int) -> RankTrace:
 
 
 def _work_item_bytes(comm_ops: list[dict[str, Any]]) -> dict[int, int]:
-    """Element size by element count, from gloo's work items (which name their dtype)."""
+    """Element size by element count, from what names a dtype: gloo's work items, record_param_comms."""
     sizes = {}
     for e in comm_ops:
         args = e.get("args", {})
-        types = args.get("Input type") or []
-        size = element_bytes(types[0]) if types else None
-        if e["name"].startswith("gloo:") and size:
-            sizes[numel(args.get("Input Dims") or [])] = size
+        if e["name"].startswith("gloo:"):
+            types = args.get("Input type") or [None]
+            n, size = numel(args.get("Input Dims") or []), element_bytes(types[0])
+        elif e["name"] == "record_param_comms":
+            n, size = int(args.get("In msg nelems") or 0), element_bytes(args.get("dtype"))
+        else:
+            continue
+        if size:
+            sizes[n] = size
     return sizes
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dlscope.errors import ConfigError
+from dlscope.errors import ConfigError, DlscopeError
 from dlscope.observe.bootstrap_env import with_bootstrap
 from dlscope.observe.distributed.analysis import analyze_ranks
 from dlscope.observe.iotrace.tracer import (
@@ -109,13 +109,21 @@ def record_sections(
         run.record(name, found[name])
     ranked = rank_traces(records)
     if ranked:
-        section = analyze_ranks(ranked)
-        section["traces"] = {rank: run.rel(path) for rank, path in section["traces"].items()}
-        run.record("distributed", section)
+        run.record("distributed", distributed_section(ranked, run))
     if iotrace is not None:
         run.record("iotrace", iotrace)
     if options.tensorboard:
         write_tensorboard(run.sub("tensorboard"), found["steps"])
+
+
+def distributed_section(ranked: dict[int, Path], run: RunDir) -> dict[str, Any]:
+    """The ranks' analysis; a trace a killed rank left cut short becomes a note, not a lost report."""
+    try:
+        section = analyze_ranks(ranked)
+    except DlscopeError as e:
+        return {"note": f"no per-rank analysis: {e}"}
+    section["traces"] = {rank: run.rel(path) for rank, path in section["traces"].items()}
+    return section
 
 
 def rank_traces(records: analysis.Records) -> dict[int, Path]:

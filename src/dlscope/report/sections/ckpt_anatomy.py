@@ -52,9 +52,10 @@ def verdict_finding(a: dict[str, Any]) -> tuple[str, str]:
     opcodes = sum(p["opcodes"] for p in pickles)
     where = pickles[0]["where"] if len(pickles) == 1 else f"{len(pickles)} pickles"
     head = f"{where}: pickle protocol {pickles[0]['protocol']}, {opcodes:,} opcodes; it names {len(names)} globals"
+    loader = "dcp.load" if "dcp" in a["layout"] else "torch.load"
     if a["safe_to_load"]:
-        return "good", f"{head} ({listed}) — all on the allow-list: safe to torch.load."
-    return "bad", f"{head} ({listed}) — NOT safe to torch.load."
+        return "good", f"{head} ({listed}) — all on the allow-list: safe to {loader}."
+    return "bad", f"{head} ({listed}) — NOT safe to {loader}."
 
 
 def layout_blocks(a: dict[str, Any], limit: int | None) -> list[Block]:
@@ -116,6 +117,18 @@ def layout_blocks(a: dict[str, Any], limit: int | None) -> list[Block]:
                 [[f["path"], f["bytes"] if f["bytes"] is not None else "missing"] for f in layout["files"]],
             )
         )
+    if "dcp" in layout:
+        dcp = layout["dcp"]
+        blocks.append(
+            Table(
+                ["file", "rank", "items", "tensors", "tensor bytes", "file bytes"],
+                [[f["file"], f["rank"], f["items"], f["tensors"], f["tensor_bytes"], f["bytes"]] for f in dcp["files"]],
+                f"DCP {dcp['version']}: {dcp['entries']} state-dict entries in {dcp['metadata_bytes']:,} bytes of "
+                "metadata; the files each rank wrote",
+                legend="rank: from the file name __<rank>_<n>.distcp; items: entries stored in the file (tensors "
+                "and pickled values), each a torch.save archive",
+            )
+        )
     for h5 in layout.get("hdf5", []):
         groups = h5["groups"][:limit] if limit else h5["groups"]
         rows = [["/" + g["path"], "  ".join(f"{k}={str(v)[:60]}" for k, v in g["attributes"].items())] for g in groups]
@@ -173,10 +186,13 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = N
             )
         )
     tensors = a["tensors"][:limit] if limit else a["tensors"]
-    columns = ["tensor", "dtype", "shape", "bytes", "storage @ offset", "role"]
+    # a DCP directory: the rank whose file holds each tensor (or shard), kept at any width
+    writer = {f["file"]: f["rank"] for f in a["layout"]["dcp"]["files"]} if "dcp" in a["layout"] else None
+    columns = ["tensor", "dtype", "shape", "bytes", "storage @ offset", *(["rank"] if writer else []), "role"]
     rows = []
     for x in tensors:
         where = f"@ {x['offset']:,}" if x["offset"] is not None else "not contiguous"
+        rank = [writer.get(x["storage"].split("#")[0])] if writer else []
         rows.append(
             [
                 x["name"],
@@ -184,6 +200,7 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = N
                 "×".join(str(d) for d in x["shape"]) or "scalar",
                 x["nbytes"],
                 (x["storage"] + " " if x["storage"] != x["name"] else "") + where,
+                *rank,
                 x["role"],
             ]
         )

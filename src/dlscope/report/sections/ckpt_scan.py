@@ -8,7 +8,7 @@ from typing import Any
 
 from dlscope.report.blocks import Block, Findings, Para, Table
 
-VERDICT_LEVEL = {"safe": "good", "dangerous": "bad", "damaged": "warn"}
+VERDICT_LEVEL = {"safe": "good", "dangerous": "bad", "damaged": "warn", "skipped": "info"}
 
 
 def file_blocks(report: dict[str, Any], limit: int | None = 20) -> list[Block]:
@@ -43,16 +43,22 @@ def file_blocks(report: dict[str, Any], limit: int | None = 20) -> list[Block]:
 
 
 def render_scan(reports: list[dict[str, Any]], limit: int | None = 20) -> list[Block]:
-    """One file in detail; several: the files that are not safe in detail, then one line per verdict."""
+    """One file in detail; several: the dangerous and damaged files in detail, then one line for each safe
+    or skipped file, then the tally."""
     if len(reports) == 1:
         return file_blocks(reports[0], limit)
     blocks: list[Block] = []
     for report in reports:
-        if report["verdict"] != "safe":
+        if report["verdict"] in ("dangerous", "damaged"):
             blocks.extend(file_blocks(report, limit))
-    safe = [("good", f"{r['path']}: {r['summary']}") for r in reports if r["verdict"] == "safe"]
-    if safe:
-        blocks.append(Findings(safe))
+    one_line = [
+        (VERDICT_LEVEL[r["verdict"]], f"{r['path']}: {r['summary']}")
+        for verdict in ("safe", "skipped")
+        for r in reports
+        if r["verdict"] == verdict
+    ]
+    if one_line:
+        blocks.append(Findings(one_line))
     tally = {v: sum(r["verdict"] == v for r in reports) for v in VERDICT_LEVEL}
     blocks.append(Para(f"{len(reports):,} files: " + ", ".join(f"{n:,} {v}" for v, n in tally.items())))
     return blocks

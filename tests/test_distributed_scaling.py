@@ -1,0 +1,32 @@
+"""scaling_table: samples/s of several runs against ideal scaling, and ranks against threads on the
+same cores."""
+
+import pytest
+
+from dlscope.errors import DlscopeError
+from dlscope.observe.distributed.analysis import scaling_table
+
+
+def test_speedup_and_efficiency_against_the_fewest_cores():
+    table = scaling_table(
+        [
+            {"ranks": 2, "threads": 1, "samples_per_s": 1500.0, "exposed_comm_pct": 18.0},
+            {"ranks": 1, "threads": 1, "samples_per_s": 1000.0},
+            {"ranks": 1, "threads": 2, "samples_per_s": 1800.0},
+            {"ranks": 4, "threads": 1, "samples_per_s": 4000.0},
+        ]
+    )
+    assert table["baseline"] == {"ranks": 1, "threads": 1}
+    rows = {(r["ranks"], r["threads"]): r for r in table["rows"]}
+    assert [(r["ranks"], r["threads"]) for r in table["rows"]] == [(1, 1), (1, 2), (2, 1), (4, 1)]
+    assert (rows[(2, 1)]["speedup"], rows[(2, 1)]["ideal"], rows[(2, 1)]["efficiency_pct"]) == (1.5, 2.0, 75.0)
+    assert rows[(4, 1)]["efficiency_pct"] == 100.0  # linear scaling
+    # on 2 cores, one rank with two threads beat two ranks: the finding says so and cites the all-reduce share
+    [[_, text]] = table["findings"]
+    assert "1 rank(s) × 2 thread(s) run 1.20× the samples/s of 2 rank(s) × 1 thread(s)" in text
+    assert "18% of its step in exposed communication" in text
+
+
+def test_no_runs_is_an_error():
+    with pytest.raises(DlscopeError):
+        scaling_table([])
