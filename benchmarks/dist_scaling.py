@@ -51,6 +51,7 @@ def train(c: dict[str, Any], out: Path, args: argparse.Namespace) -> dict[str, A
         measured["exposed_comm_pct"] = statistics.fmean(r["exposed_comm_pct"] for r in ranks)
         measured["overlap_pct"] = statistics.fmean(r["overlap_pct"] or 0 for r in ranks)
         measured["collectives_per_step"] = ranks[0]["collectives_per_step"]
+        measured["comm_bytes_per_step"] = ranks[0]["comm_bytes_per_step"] or 0
         measured["step_ms"] = statistics.fmean(r["step_ms"] for r in ranks)
         measured["compute_ms"] = statistics.fmean(r["compute_ms"] for r in ranks)
     return measured
@@ -87,12 +88,14 @@ def main() -> None:
         )
     for level, text in scaling["findings"]:
         print(f"\n{level}: {text}")
-    print("\n| bucket_cap_mb | collectives/step | samples/s | step ms | compute ms | comm % | exposed % | overlap % |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    columns = ["bucket_cap_mb", "all-reduces/step", "bytes/step", "samples/s", "step ms", "compute ms", "comm %"]
+    print("\n| " + " | ".join([*columns, "exposed %", "overlap %"]) + " |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m in medians:
         if m["ranks"] > 1:
             print(
-                f"| {m['bucket_cap_mb']:g} | {m['collectives_per_step']:g} | {m['samples_per_s']:,.0f} "
+                f"| {m['bucket_cap_mb']:g} | {m['collectives_per_step']:g} | {m['comm_bytes_per_step']:,.0f} "
+                f"| {m['samples_per_s']:,.0f} "
                 f"| {m['step_ms']:.1f} | {m['compute_ms']:.1f} | {m['comm_pct']:.1f} | {m['exposed_comm_pct']:.1f} "
                 f"| {m['overlap_pct']:.0f} |"
             )
