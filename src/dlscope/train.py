@@ -175,8 +175,9 @@ def summed_across_ranks(*values: torch.Tensor | int) -> list[float]:
     """Each value summed over every rank (the job's totals, the same on all ranks)."""
     import torch.distributed as dist
 
-    totals = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    dist.all_reduce(totals)  # gloo and NCCL alike: a CPU float64 tensor under gloo
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces GPU tensors only
+    totals = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    dist.all_reduce(totals)
     return totals.tolist()
 
 

@@ -37,8 +37,14 @@ from dlscope.train import DataParallel, EpochResult, Observer, Trainer, TrainRes
 
 KILL_HOOK = "DLSCOPE_TEST_KILL_RANK"
 PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # steps 2–4 of the run: past start-up, real steps
-# their indices: the step times the profiler slows are left out of the statistics
-PROFILED_STEPS = list(range(PROFILE_SCHEDULE["wait"] + PROFILE_SCHEDULE["warmup"], sum(PROFILE_SCHEDULE.values())))
+
+
+def profile_schedule(steps: int) -> dict[str, int]:
+    """The ranks' profiler schedule; a run too short for it profiles every step it has (the
+    analysis needs a trace from every rank)."""
+    if steps >= sum(PROFILE_SCHEDULE.values()):
+        return PROFILE_SCHEDULE
+    return {"wait": 0, "warmup": 0, "active": max(steps, 1)}
 
 
 def rank_dir(run: Path, rank: int) -> Path:
@@ -55,15 +61,19 @@ class RankRecorder(Observer):
         self.samples = 0
         self.last = 0.0
         self.profiler: torch.profiler.profile | None = None
+        self.profiled_steps: list[int] = []  # their step times are left out of the statistics
         self.trace: str | None = None
 
     def on_train_begin(self, trainer: Trainer) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if trainer.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
+        schedule = profile_schedule(trainer.steps_per_epoch * (trainer.config.epochs - trainer.start_epoch))
+        skipped = schedule["wait"] + schedule["warmup"]
+        self.profiled_steps = list(range(skipped, skipped + schedule["active"]))
         self.profiler = torch.profiler.profile(
             activities=activities,
-            schedule=torch.profiler.schedule(**PROFILE_SCHEDULE, repeat=1),
+            schedule=torch.profiler.schedule(**schedule, repeat=1),
             on_trace_ready=self.export,
             record_shapes=True,  # the all-reduce message sizes (record_param_comms) against the gradients
         )
@@ -99,9 +109,7 @@ class RankRecorder(Observer):
             "samples": self.samples,
             "train_seconds": train_seconds,
             "samples_per_s": self.samples / train_seconds if train_seconds else None,
-            "profiled_steps": list(
-                range(PROFILE_SCHEDULE["wait"] + PROFILE_SCHEDULE["warmup"], sum(PROFILE_SCHEDULE.values()))
-            ),
+            "profiled_steps": self.profiled_steps,
             "trace": self.trace,
             "step_seconds": self.step_seconds,
         }

@@ -16,7 +16,7 @@ def run(ctx: Context) -> dict[str, Any]:
         int(path.parent.name.removeprefix("rank")): path for path in (ctx.run.path / "ranks").glob("rank*/trace.json")
     }
     if not traces:
-        raise DlscopeError("no rank wrote a profiler trace (a run shorter than 5 steps has none)", ctx.run.path)
+        raise DlscopeError("no rank wrote a profiler trace (ranks/rank<k>/trace.json)", ctx.run.path)
     grad_bytes = sum(p.numel() * p.element_size() for p in ctx.trainer.model.parameters() if p.requires_grad)
     section = analyze_ranks(traces, grad_bytes=grad_bytes)
     section["traces"] = {rank: ctx.run.rel(path) for rank, path in section["traces"].items()}
