@@ -100,7 +100,7 @@ def test_rank_shards_together_are_the_one_process_batches(loader):
             assert set(expected) <= set(together)
 
 
-def test_a_killed_rank_ends_the_job_and_its_dcp_checkpoint_resumes_on_one_process(one_process, tmp_path, capsys):
+def test_a_killed_rank_ends_the_job_and_its_dcp_checkpoint_resumes_on_one_process(one_process, mnist, tmp_path, capsys):
     run = tmp_path / "two"
     kill = {KILL_HOOK: f"1:{STEPS_PER_EPOCH + 2}"}  # rank 1, two steps into epoch 2
     args = ["train", "--nproc-per-node", "2", "--ckpt-format", "dcp", "--out", str(run), *JOB, *QUIET]
@@ -115,7 +115,7 @@ def test_a_killed_rank_ends_the_job_and_its_dcp_checkpoint_resumes_on_one_proces
     assert json.loads((run / "results.json").read_text())["run"]["status"] == "failed"
     saved = load_checkpoint(run / "checkpoints" / "last.dcp")  # intact: epoch 1, written by both ranks
     assert saved["epoch"] == 1 and saved["global_step"] == STEPS_PER_EPOCH
-    two_ranks = Trainer(CONFIG, load_mnist_once())
+    two_ranks = Trainer(CONFIG, mnist)
     two_ranks.load_state_dict(saved)
     assert_same_weights(two_ranks.model.state_dict(), one_process["epoch1"])
     assert main(["ckpt", "verify", str(run / "checkpoints" / "last.dcp")]) == 0  # its fingerprint holds
@@ -146,17 +146,6 @@ def test_a_restarted_job_resumes_a_one_process_checkpoint_on_two_ranks(one_proce
         names = {e.get("name") for e in trace["traceEvents"]}
         assert "gloo:all_reduce" in names and any(str(n).startswith("ProfilerStep#") for n in names)
     assert alive_workers(run) == []
-
-
-_MNIST = {}
-
-
-def load_mnist_once():
-    from dlscope.data.mnist import load_mnist
-
-    if not _MNIST:
-        _MNIST["data"] = load_mnist()
-    return _MNIST["data"]
 
 
 @pytest.mark.parametrize(
