@@ -22,6 +22,7 @@ from torch import nn
 from dlscope.errors import OS_CAUSES, CheckpointError, ConfigError, DlscopeError
 from dlscope.fsutil import atomic_write_with, clean_stale_temps
 from dlscope.models import Layout, TunableCNN, build_model
+from dlscope.phases import phase
 from dlscope.train import EpochResult, Observer, Trainer, fingerprint
 
 
@@ -137,8 +138,13 @@ def refusal(e: Exception) -> str:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load with `weights_only=True` (no arbitrary code); faults become one-line errors."""
+    """Load with `weights_only=True` (no arbitrary code); faults become one-line errors. A DCP
+    directory (--ckpt-format dcp) gives its trainer state, its tensors named by "dcp"."""
     path = Path(path)
+    if path.is_dir() and (path / ".metadata").exists():
+        from dlscope.distributed.dcp import load_dcp
+
+        return load_dcp(path)
     check_torch_file(path)
     try:
         with warnings.catch_warnings():  # its notes on pickle protocols are not the user's concern
@@ -155,7 +161,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 def model_from_checkpoint(state: dict[str, Any]) -> nn.Module:
     model = build_model(state["config"]["model"])
-    model.load_state_dict(state["model"])
+    if "dcp" in state:  # a DCP directory's weights, however many ranks wrote them
+        from dlscope.distributed.dcp import restore_weights
+
+        restore_weights(state["dcp"], model)
+    else:
+        model.load_state_dict(state["model"])
     if "layout" in state and isinstance(model, TunableCNN):  # as trained (--autotune): the same predictions
         model.set_layout(Layout.from_dict(state["layout"]))
     return model
@@ -215,4 +226,5 @@ class CheckpointObserver(Observer):
         self.saves: list[SaveInfo] = []
 
     def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None:
-        self.saves.append(save_checkpoint(self.path, trainer.state_dict()))
+        with phase("checkpoint_save"):  # --trace-io: the writes of each epoch's checkpoint
+            self.saves.append(save_checkpoint(self.path, trainer.state_dict()))

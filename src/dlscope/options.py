@@ -28,6 +28,58 @@ class TrainOptions:
     epochs: int | None = None  # --epochs given with --resume: the total to reach (default: the checkpoint's)
 
 
+CKPT_FORMATS = ("torch", "dcp")  # torch.save of one file; torch.distributed.checkpoint's directory
+
+
+@dataclass
+class DistOptions:
+    """How many processes train the built-in job (torchrun), and how they talk and save."""
+
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None  # HOST:PORT of the c10d rendezvous (several nodes)
+    max_restarts: int = 0
+    bucket_cap_mb: float = 25.0  # DDP's default
+    ckpt_format: str = "torch"
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.nproc_per_node >= 1, "--nproc-per-node must be ≥ 1"),
+            (self.nnodes >= 1, "--nnodes must be ≥ 1"),
+            (0 <= self.node_rank < self.nnodes, "--node-rank must be in [0, --nnodes)"),
+            (self.nnodes == 1 or self.rdzv_endpoint is not None, "--nnodes > 1 needs --rdzv-endpoint HOST:PORT"),
+            (self.max_restarts >= 0, "--max-restarts must be ≥ 0"),
+            (self.bucket_cap_mb > 0, "--bucket-cap-mb must be > 0"),
+            (self.ckpt_format in CKPT_FORMATS, f"--ckpt-format must be one of {', '.join(CKPT_FORMATS)}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        if self.rdzv_endpoint is not None:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"--rdzv-endpoint must be HOST:PORT, got {self.rdzv_endpoint!r}")
+
+    def check(self, batch_size: int, autotune: bool) -> None:
+        """What the options allow only together with the training config."""
+        if batch_size % self.world_size:
+            raise ConfigError(
+                f"--batch-size {batch_size} is the global batch: it must divide by the {self.world_size} ranks"
+            )
+        if autotune and self.launched:
+            raise ConfigError("--autotune times one process; it cannot be combined with several ranks")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    @property
+    def launched(self) -> bool:
+        """Whether training runs in torchrun's worker processes rather than in this one."""
+        return self.world_size > 1
+
+
 @dataclass
 class ProfileOptions:
     wait: int = 1
@@ -154,6 +206,7 @@ class StepOptions:
     ckpt_anatomy: AnatomyOptions = field(default_factory=AnatomyOptions)
     pipeline: PipelineOptions = field(default_factory=PipelineOptions)
     iotrace: TraceOptions = field(default_factory=TraceOptions)
+    dist: DistOptions = field(default_factory=DistOptions)
     ops: object | None = None  # a steps.ops.OpsOptions (it holds a ConvShape); None: the lab's
 
 

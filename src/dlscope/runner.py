@@ -58,6 +58,7 @@ class Plan:
         for i, name in enumerate(self.steps):
             if "trained" in STEPS_BY_NAME[name].needs and "train" not in self.steps[:i]:
                 raise ConfigError(f"step {name} needs the train step before it")
+        self.step_options.dist.check(self.config.batch_size, self.config.autotune)
         self.check_inputs()
 
     def check_inputs(self) -> None:
@@ -66,7 +67,7 @@ class Plan:
         data_dir, resume = self.options.data_dir, self.step_options.train.resume
         if data_dir is not None and not Path(data_dir).expanduser().is_dir():
             raise DatasetError("data directory does not exist", data_dir)
-        if resume is not None and "train" in self.steps and not Path(resume).is_file():
+        if resume is not None and "train" in self.steps and not Path(resume).exists():
             raise CheckpointError("checkpoint to resume from not found", resume)
         if not set(self.steps) - {"environment", "iotrace"}:
             return  # nothing runs on a device: no torch needed
@@ -240,7 +241,7 @@ def print_locations(run: Any, html: Path, md: Path) -> None:
 
 # --- --trace-io: the same plan in a traced child -------------------------------------------------
 
-SERIALISED_STEP_OPTIONS = ("train", "profile", "sweep", "graph", "ckpt_anatomy")
+SERIALISED_STEP_OPTIONS = ("train", "profile", "sweep", "graph", "ckpt_anatomy", "dist")
 
 
 def plan_to_json(plan: Plan, out: str) -> str:

@@ -162,6 +162,25 @@ def fingerprint(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, An
     }
 
 
+@dataclass(frozen=True)
+class DataParallel:
+    """One rank of a DistributedDataParallel job: the process group must already exist."""
+
+    rank: int
+    world_size: int
+    bucket_cap_mb: float = 25.0
+
+
+def summed_across_ranks(*values: torch.Tensor | int) -> list[float]:
+    """Each value summed over every rank (the job's totals, the same on all ranks)."""
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces GPU tensors only
+    totals = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    dist.all_reduce(totals)
+    return totals.tolist()
+
+
 @dataclass
 class LogPoint:
     """Training metrics averaged over the samples of the last `log_every` steps."""
@@ -257,26 +276,43 @@ class Observer:
 class Trainer:
     """Trains one model on MNIST according to a `TrainConfig`, telling its observers."""
 
-    def __init__(self, config: TrainConfig, data: MNIST, observers: Sequence[Observer] = ()) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        data: MNIST,
+        observers: Sequence[Observer] = (),
+        parallel: DataParallel | None = None,
+    ) -> None:
         self.config = config
+        self.parallel = parallel
         self.device = resolve_device(config.device)
         if config.threads:
             torch.set_num_threads(config.threads)
         seed_everything(config.seed)
         self.model = build_model(config.model).to(self.device)
-        self.step_model: nn.Module = self.model  # what steps call: torch.compile's wrapper if autotune kept one
+        # what the training step runs: DDP's wrapper with ranks, torch.compile's if autotune kept one
+        # (autotune is refused with ranks, so never both)
+        self.step_model: nn.Module = self.model
         n_train = config.train_subset or len(data.train_labels)
         n_test = config.test_subset or len(data.test_labels)
         self.batches = make_batches(
             config.loader,
             data.train_images[:n_train],
             data.train_labels[:n_train],
-            config.batch_size,
+            config.batch_size // (parallel.world_size if parallel else 1),  # --batch-size is the global batch
             shuffle=True,
             seed=config.seed,
             device=self.device,
             workers=config.workers,
         )
+        if parallel is not None:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.batches.shard(parallel.rank, parallel.world_size)
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.step_model = DistributedDataParallel(
+                self.model, device_ids=device_ids, bucket_cap_mb=parallel.bucket_cap_mb
+            )
         self.test_images = normalise(data.test_images[:n_test]).to(self.device)
         self.test_labels = data.test_labels[:n_test].to(self.device)
         self.optimizer = make_optimizer(config, self.model)
@@ -327,10 +363,15 @@ class Trainer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        if "dcp" in state:  # a torch.distributed.checkpoint directory, from any world size
+            from dlscope.distributed.dcp import restore_weights
+
+            restore_weights(state["dcp"], self.model, self.optimizer)
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         if "layout" in state and isinstance(self.model, TunableCNN):
             self.model.set_layout(Layout.from_dict(state["layout"]))
-        self.optimizer.load_state_dict(state["optimizer"])
         self.start_epoch = int(state["epoch"])
         if self.restarts_schedule(state):
             # the saved one-cycle ends at the old total (stepping past it raises): a fresh cycle
@@ -407,6 +448,8 @@ class Trainer:
         evaluation = Evaluation(self.global_step, epoch, test["loss"], test["accuracy"], seconds)
         self.result.evaluations.append(evaluation)
         self._emit("on_eval", evaluation)
+        if self.parallel is not None:  # ranks evaluate the same weights; a stop on one stops all
+            self.should_stop = summed_across_ranks(self.should_stop)[0] > 0
         return test
 
     def train_batch(self, x: torch.Tensor, y: torch.Tensor, epoch: int) -> None:
@@ -422,6 +465,11 @@ class Trainer:
             self._close_window(epoch, emit=True)
 
     def _close_window(self, epoch: int, emit: bool) -> None:
+        if self.parallel is not None:  # every rank closes its window at the same step: log the job's metrics
+            loss, correct, n = summed_across_ranks(self._window_loss, self._window_correct, self._window_n)
+            self._window_loss = torch.tensor(loss, dtype=torch.float64, device=self.device)
+            self._window_correct = torch.tensor(int(correct), device=self.device)
+            self._window_n = int(n)
         if emit:
             now = time.perf_counter()
             point = LogPoint(

@@ -12,7 +12,7 @@ from dlscope.cli.help import HelpFormatter, Subcommands, examples_epilog
 
 if TYPE_CHECKING:
     from dlscope.config import TrainConfig
-    from dlscope.options import ProfileOptions, RunOptions, StepOptions
+    from dlscope.options import DistOptions, ProfileOptions, RunOptions, StepOptions
 
 
 class Given(argparse.Action):
@@ -69,7 +69,12 @@ def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float
     g.add_argument("--gamma", type=float, default=0.7, help="StepLR decay per epoch")
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    g.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (per rank with --nproc-per-node: default cores / ranks)",
+    )
     g.add_argument(
         "--target-acc",
         type=float,
@@ -88,6 +93,47 @@ def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float
     g.add_argument("--eval-every", type=int, default=None, metavar="N", help="also evaluate the test set every N steps")
     g.add_argument("--train-subset", type=int, default=None, metavar="N", help="use the first N training images")
     g.add_argument("--test-subset", type=int, default=None, metavar="N", help="use the first N test images")
+
+
+def add_dist_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("distributed (torchrun, DDP)")
+    g.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train in N processes (ranks) on this machine under torchrun; --batch-size stays the global "
+        "batch, each rank takes batch/N of it (default 1: no torchrun)",
+    )
+    g.add_argument("--nnodes", type=int, default=1, metavar="M", help="machines in the job (default 1)")
+    g.add_argument("--node-rank", type=int, default=0, metavar="R", help="this machine's index, 0…M-1")
+    g.add_argument(
+        "--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous every node reaches (M > 1)"
+    )
+    g.add_argument("--max-restarts", type=int, default=0, metavar="K", help="restart the ranks K times after a failure")
+    g.add_argument(
+        "--bucket-cap-mb", type=float, default=25.0, metavar="MB", help="DDP gradient bucket size (default 25)"
+    )
+    g.add_argument(
+        "--ckpt-format",
+        default="torch",
+        choices=["torch", "dcp"],
+        help="torch: last.pt by rank 0; dcp: torch.distributed.checkpoint directory by every rank",
+    )
+
+
+def dist_options(args: argparse.Namespace) -> DistOptions:
+    from dlscope.options import DistOptions
+
+    return DistOptions(
+        nproc_per_node=args.nproc_per_node,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        max_restarts=args.max_restarts,
+        bucket_cap_mb=args.bucket_cap_mb,
+        ckpt_format=args.ckpt_format,
+    )
 
 
 def add_run_args(p: argparse.ArgumentParser, tensorboard: bool = False) -> None:

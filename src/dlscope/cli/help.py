@@ -22,6 +22,10 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     "train": [
         ("dlscope train --epochs 5 --optimizer sgd --lr 0.05", "train, with TensorBoard and a checkpoint per epoch"),
         ("dlscope train --resume runs/x/checkpoints/last.pt --epochs 4", "continue a run to epoch 4"),
+        (
+            "dlscope train --nproc-per-node 2 --ckpt-format dcp",
+            "2 ranks under torchrun (DDP), checkpoints any world size resumes",
+        ),
     ],
     "profile": [
         ("dlscope profile", "top-10 operators of 5 training steps of a fresh model"),

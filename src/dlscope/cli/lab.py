@@ -6,10 +6,12 @@ import argparse
 
 from dlscope.cli.common import (
     Parser,
+    add_dist_args,
     add_profile_args,
     add_run_args,
     add_training_args,
     device_list,
+    dist_options,
     int_list,
     profile_options,
     run_steps,
@@ -17,7 +19,7 @@ from dlscope.cli.common import (
 )
 from dlscope.errors import DlscopeError
 from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
-from dlscope.options import AnatomyOptions, GraphOptions, StepOptions, SweepOptions, TrainOptions
+from dlscope.options import AnatomyOptions, DistOptions, GraphOptions, StepOptions, SweepOptions, TrainOptions
 
 LAB_STEPS = [
     "environment",
@@ -33,6 +35,7 @@ LAB_STEPS = [
     "pipeline",
 ]
 TRAIN_STEPS = ["environment", "dataset", "model", "train", "checkpoint"]
+RANK_STEPS = ["ranks", "distributed"]  # added after train when it runs in several ranks
 
 
 def step_list(text: str) -> list[str]:
@@ -59,18 +62,28 @@ def train_options(args: argparse.Namespace) -> TrainOptions:
     return TrainOptions(resume=args.resume, epochs=args.epochs if getattr(args, "epochs_given", False) else None)
 
 
+def with_rank_steps(steps: list[str], dist: DistOptions) -> list[str]:
+    """After a launched train step: what each rank recorded, and the analysis of their traces."""
+    if not dist.launched or "train" not in steps:
+        return steps
+    at = steps.index("train") + 1
+    return [*steps[:at], *RANK_STEPS, *steps[at:]]
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
     options = StepOptions(
         train=train_options(args),
         profile=profile_options(args),
         graph=GraphOptions(compile=args.compile),
         ckpt_anatomy=keras_seed_options(args) if args.keras_seed else AnatomyOptions(),
+        dist=dist_options(args),
     )
-    return run_steps(args, "lab", args.steps, step_options=options)
+    return run_steps(args, "lab", with_rank_steps(args.steps, options.dist), step_options=options)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    return run_steps(args, "train", TRAIN_STEPS, step_options=StepOptions(train=train_options(args)))
+    options = StepOptions(train=train_options(args), dist=dist_options(args))
+    return run_steps(args, "train", with_rank_steps(TRAIN_STEPS, options.dist), step_options=options)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -158,6 +171,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "anatomy, operators, graphs, input pipeline → one report",
     )
     add_training_args(p)
+    add_dist_args(p)
     add_run_args(p, tensorboard=True)
     add_profile_args(p)
     p.add_argument(
@@ -182,6 +196,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("train", help="train a model (TensorBoard, checkpoints, report)")
     add_training_args(p)
+    add_dist_args(p)
     add_run_args(p, tensorboard=True)
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue a run from its checkpoint")
     p.set_defaults(func=cmd_train)

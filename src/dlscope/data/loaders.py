@@ -28,8 +28,17 @@ def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
 
 
+def rank_shard(order: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """DistributedSampler's shard of an epoch order: padded with its first samples to a multiple
+    of the world size, then every world_size-th sample from `rank`. Batch k of every rank, taken
+    together, is then batch k of the one-process order (with a batch world_size times larger)."""
+    padding = -len(order) % world_size
+    padded = torch.cat([order, order[:padding]]) if padding else order
+    return padded[rank::world_size]
+
+
 class EpochBatches:
-    """What both batch sources share: a size, a seeded per-epoch order, and a length."""
+    """What both batch sources share: a size, a seeded per-epoch order, a rank's shard of it, a length."""
 
     def __init__(self, num_samples: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool) -> None:
         self.num_samples = num_samples
@@ -38,15 +47,21 @@ class EpochBatches:
         self.seed = seed
         self.drop_last = drop_last
         self.epoch = 0
+        self.rank, self.world_size = 0, 1
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def shard(self, rank: int, world_size: int) -> None:
+        """From now on yield only `rank`'s share of each epoch (batch_size is then per rank)."""
+        self.rank, self.world_size = rank, world_size
+
     def order(self) -> torch.Tensor:
-        return epoch_order(self.num_samples, self.shuffle, self.seed, self.epoch)
+        order = epoch_order(self.num_samples, self.shuffle, self.seed, self.epoch)
+        return rank_shard(order, self.rank, self.world_size) if self.world_size > 1 else order
 
     def __len__(self) -> int:
-        n = self.num_samples
+        n = -(-self.num_samples // self.world_size)  # the shard's size
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 

@@ -5,6 +5,8 @@ from dlscope.steps import (
     checkpoint,
     ckpt_anatomy,
     dataset,
+    distributed,
+    distributed_ranks,
     environment,
     graph,
     iotrace,
@@ -30,7 +32,8 @@ STEPS: list[Step] = [
     graph.STEP,
     pipeline.STEP,
 ]
-# iotrace runs around a command (dlscope trace, dlscope lab --trace-io), never inside the lab
-STEPS_BY_NAME = {step.name: step for step in [*STEPS, iotrace.STEP]}
+# iotrace runs around a command (dlscope trace, dlscope lab --trace-io), never inside the lab; ranks
+# and distributed follow train when it ran in several ranks (--nproc-per-node)
+STEPS_BY_NAME = {step.name: step for step in [*STEPS, distributed_ranks.STEP, distributed.STEP, iotrace.STEP]}
 
 __all__ = ["STEPS", "STEPS_BY_NAME", "Context", "Step"]

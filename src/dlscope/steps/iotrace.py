@@ -8,8 +8,10 @@ Not in the lab's default steps: it runs *around* a command (the lab itself, with
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from dlscope.distributed.iorank import io_per_rank, rank_pids
 from dlscope.observe.iotrace.tracer import measure_overhead, trace_command
 from dlscope.options import TraceOptions
 from dlscope.rundir import RunDir
@@ -20,6 +22,9 @@ def trace(run: RunDir, options: TraceOptions, say: Callable[[str], None]) -> dic
     out = run.sub("iotrace")
     outcome = trace_command(options.command, options.backend, out, say=say)
     section = outcome.section
+    pids = rank_pids(run.path)  # a torchrun job (--nproc-per-node): its I/O rank by rank
+    if pids:
+        section["ranks"] = io_per_rank(Path(section["exports"]["events"]), pids)
     section["exports"] = {key: run.rel(path) for key, path in section["exports"].items()}
     if options.measure_overhead and not section["interrupted"]:
         say(f"measuring overhead: untraced and {outcome.backend}-traced runs, interleaved …")

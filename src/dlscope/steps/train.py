@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dlscope.checkpoint import CheckpointObserver, load_checkpoint
+from dlscope.fsutil import make_dirs
 from dlscope.observe.progress import ProgressObserver
 from dlscope.observe.tensorboard import TensorBoardObserver
+from dlscope.options import RunOptions
 from dlscope.phases import mark_begin, mark_end
 from dlscope.steps.base import Context, Step
 from dlscope.train import EpochResult, LogPoint, Observer, StopAtAccuracy, TrainConfig, Trainer, evaluate
+
+if TYPE_CHECKING:
+    from dlscope.distributed.dcp import DcpCheckpointObserver
 
 
 class PhaseMarker(Observer):
@@ -37,45 +44,86 @@ class LogRecorder(Observer):
         self.points.append(vars(point).copy())
 
 
-def resumed_config(ctx: Context, state: dict[str, Any]) -> TrainConfig:
-    """The checkpoint's config (what the run computes), with --epochs as the new total when given."""
-    config = TrainConfig.from_dict(state["config"])
-    if ctx.steps.train.epochs is not None:
-        config = dataclasses.replace(config, epochs=ctx.steps.train.epochs)
+def resumed_config(state: dict[str, Any], epochs: int | None, threads: int | None) -> TrainConfig:
+    """The checkpoint's config (what the run computes), with --epochs as the new total when given,
+    and this command's threads (a checkpoint of 2 ranks × 1 thread may resume on 1 × 2)."""
+    config = dataclasses.replace(TrainConfig.from_dict(state["config"]), threads=threads)
+    if epochs is not None:
+        config = dataclasses.replace(config, epochs=epochs)
     return config
 
 
+@dataclass
+class Watchers:
+    """What watches a training run, and the two whose findings go into the section."""
+
+    observers: list[Observer]
+    recorder: LogRecorder
+    checkpoints: CheckpointObserver | DcpCheckpointObserver
+
+
+def watchers(config: TrainConfig, run_path: Path, options: RunOptions, ckpt_format: str, writer: bool) -> Watchers:
+    """The observers of one training process. Only the `writer` (the only process, or rank 0)
+    shows progress and writes TensorBoard and torch checkpoints; a DCP save needs every rank."""
+    recorder = LogRecorder()
+    # PhaseMarker first (every rank: --trace-io shows each one's epochs): its evaluate phase ends
+    # before other observers write checkpoints and logs
+    observers: list[Observer] = [PhaseMarker()]
+    if writer:
+        observers += [recorder, ProgressObserver(options.progress)]
+    if writer and options.tensorboard:
+        observers.append(TensorBoardObserver(make_dirs(run_path / "tensorboard")))
+    if config.target_acc is not None:
+        observers.append(StopAtAccuracy(config.target_acc))
+    if ckpt_format == "dcp":
+        from dlscope.distributed.dcp import DcpCheckpointObserver
+
+        checkpoints: CheckpointObserver | DcpCheckpointObserver = DcpCheckpointObserver(
+            make_dirs(run_path / "checkpoints")
+        )
+        observers.append(checkpoints)
+    else:
+        checkpoints = CheckpointObserver(make_dirs(run_path / "checkpoints"))
+        if writer:
+            observers.append(checkpoints)
+    return Watchers(observers, recorder, checkpoints)
+
+
+def train_section(
+    trainer: Trainer, watched: Watchers, resume_state: dict[str, Any] | None, run_path: Path, tensorboard: bool
+) -> dict[str, Any]:
+    config = trainer.config
+    section = trainer.result.to_dict()
+    section["log"] = watched.recorder.points
+    section["steps_per_epoch"] = trainer.steps_per_epoch
+    section["peak_lr"] = config.peak_lr
+    section["train_samples"] = trainer.batches.num_samples
+    section["test_samples"] = len(trainer.test_labels)
+    section["checkpoint"] = str(watched.checkpoints.path.relative_to(run_path))
+    section["tensorboard"] = "tensorboard" if tensorboard else None
+    section["schedule_restarted"] = resume_state is not None and trainer.restarts_schedule(resume_state)
+    section["already_finished"] = resume_state is not None and trainer.global_step == resume_state["global_step"]
+    return section
+
+
 def run(ctx: Context) -> dict[str, Any]:
+    if ctx.steps.dist.launched:
+        from dlscope.distributed.launch import train_in_ranks
+
+        return train_in_ranks(ctx)
     assert ctx.data is not None
     config = ctx.config
     resume_state = None
     resume = ctx.steps.train.resume
     if resume:
         resume_state = load_checkpoint(resume)
-        config = ctx.config = resumed_config(ctx, resume_state)
-    recorder = LogRecorder()
-    # PhaseMarker first: its evaluate phase ends before other observers write checkpoints and logs
-    observers: list[Observer] = [PhaseMarker(), recorder, ProgressObserver(ctx.options.progress)]
-    if ctx.options.tensorboard:
-        observers.append(TensorBoardObserver(ctx.run.sub("tensorboard")))
-    if config.target_acc is not None:
-        observers.append(StopAtAccuracy(config.target_acc))
-    checkpoints = CheckpointObserver(ctx.run.sub("checkpoints"))
-    observers.append(checkpoints)
-    trainer = ctx.trainer = Trainer(config, ctx.data, observers)
+        config = ctx.config = resumed_config(resume_state, ctx.steps.train.epochs, ctx.config.threads)
+    watched = watchers(config, ctx.run.path, ctx.options, ctx.steps.dist.ckpt_format, writer=True)
+    trainer = ctx.trainer = Trainer(config, ctx.data, watched.observers)
     if resume_state is not None:
         trainer.load_state_dict(resume_state)
-    result = trainer.fit()
-    section = result.to_dict()
-    section["log"] = recorder.points
-    section["steps_per_epoch"] = trainer.steps_per_epoch
-    section["peak_lr"] = config.peak_lr
-    section["train_samples"] = trainer.batches.num_samples
-    section["test_samples"] = len(trainer.test_labels)
-    section["checkpoint"] = ctx.run.rel(checkpoints.path)
-    section["tensorboard"] = ctx.run.rel(ctx.run.path / "tensorboard") if ctx.options.tensorboard else None
-    section["schedule_restarted"] = resume_state is not None and trainer.restarts_schedule(resume_state)
-    section["already_finished"] = resume_state is not None and trainer.global_step == resume_state["global_step"]
+    trainer.fit()
+    section = train_section(trainer, watched, resume_state, ctx.run.path, ctx.options.tensorboard)
     if section["already_finished"]:
         # nothing left to train: the later steps verify and report the state as it was saved
         test = evaluate(trainer.model, trainer.test_images, trainer.test_labels, config.test_batch_size)

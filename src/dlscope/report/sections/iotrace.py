@@ -107,6 +107,39 @@ def phase_table(section: dict[str, Any]) -> Table:
     return Table(columns, rows, "Per phase (startup: before the first marker — interpreter and imports)")
 
 
+def rank_tables(section: dict[str, Any]) -> list[Block]:
+    """A torchrun job's I/O rank by rank (section["ranks"]: dlscope.distributed.iorank)."""
+    ranks = section.get("ranks") or []
+    if not ranks:
+        return []
+    per_phase = [
+        [r["rank"], p["phase"], p["calls"], p["bytes_read"], p["bytes_written"]] for r in ranks for p in r["phases"]
+    ]
+
+    def moved(r: dict[str, Any], category: str, key: str) -> int:
+        return r["categories"].get(category, {}).get(key, 0)
+
+    per_kind = [
+        [
+            r["rank"],
+            len(r["pids"]),
+            moved(r, "dataset", "bytes_read"),
+            moved(r, "checkpoint", "bytes_written"),
+            moved(r, "tensorboard log", "bytes_written"),
+        ]
+        for r in ranks
+    ]
+    return [
+        Table(["rank", "phase", "calls", "read B", "written B"], per_phase, "Per rank and phase (torchrun workers)"),
+        Table(
+            ["rank", "procs", "dataset read B", "ckpt written B", "tb written B"],
+            per_kind,
+            "Per rank: its shard's source, the checkpoints and TensorBoard logs it wrote",
+            legend="procs: worker processes of the rank (more than one after a torchrun restart)",
+        ),
+    ]
+
+
 def file_table(section: dict[str, Any]) -> Table:
     rows = [
         [
@@ -168,6 +201,7 @@ def render(section: dict[str, Any]) -> list[Block]:
         ),
         Findings(findings(section)),
         phase_table(section),
+        *rank_tables(section),
         file_table(section),
         top_by_time(section),
         Table(

@@ -1,0 +1,217 @@
+"""One rank of the built-in job: `python -m dlscope.distributed.worker PLAN_JSON`, started by torchrun.
+
+Every rank trains its shard under DistributedDataParallel and writes ranks/rank<k>/: rank.json (its
+pid, threads, step times, samples) and trace.json (a Kineto trace of a few real steps, with torch's
+distributedInfo). Local rank 0 of each node also writes TensorBoard, the torch checkpoint and
+ranks/train.json, the train section the launcher records. On a torchrun restart
+(TORCHELASTIC_RESTART_COUNT > 0) the ranks resume from the run's last checkpoint.
+
+Test hook: DLSCOPE_TEST_KILL_RANK=RANK:STEP makes that rank SIGKILL itself after that global step,
+on the first attempt only (tests of faults and restarts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dlscope.checkpoint import load_checkpoint
+from dlscope.data.mnist import load_mnist
+from dlscope.distributed.iorank import PID_FILE
+from dlscope.distributed.launch import last_checkpoint
+from dlscope.errors import DlscopeError
+from dlscope.fsutil import atomic_write_bytes, json_text, make_dirs
+from dlscope.rundir import to_jsonable
+from dlscope.runner import Plan, plan_from_json
+from dlscope.steps.train import resumed_config, train_section, watchers
+from dlscope.train import DataParallel, EpochResult, Observer, Trainer, TrainResult, resolve_device
+
+KILL_HOOK = "DLSCOPE_TEST_KILL_RANK"
+PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # steps 2–4 of the run: past start-up, real steps
+
+
+def profile_schedule(steps: int) -> dict[str, int]:
+    """The ranks' profiler schedule; a run too short for it profiles every step it has (the
+    analysis needs a trace from every rank)."""
+    if steps >= sum(PROFILE_SCHEDULE.values()):
+        return PROFILE_SCHEDULE
+    return {"wait": 0, "warmup": 0, "active": max(steps, 1)}
+
+
+def rank_dir(run: Path, rank: int) -> Path:
+    return run / "ranks" / f"rank{rank}"
+
+
+class RankRecorder(Observer):
+    """What one rank did: each step's time and samples, and a profiler trace of a few steps."""
+
+    def __init__(self, directory: Path, info: dict[str, Any]) -> None:
+        self.directory = directory
+        self.info = info
+        self.step_seconds: list[float] = []
+        self.samples = 0
+        self.last = 0.0
+        self.profiler: torch.profiler.profile | None = None
+        self.profiled_steps: list[int] = []  # their step times are left out of the statistics
+        self.trace: str | None = None
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if trainer.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        schedule = profile_schedule(trainer.steps_per_epoch * (trainer.config.epochs - trainer.start_epoch))
+        skipped = schedule["wait"] + schedule["warmup"]
+        self.profiled_steps = list(range(skipped, skipped + schedule["active"]))
+        self.profiler = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(**schedule, repeat=1),
+            on_trace_ready=self.export,
+            record_shapes=True,  # the all-reduce message sizes (record_param_comms) against the gradients
+        )
+        self.profiler.start()
+        self.last = time.perf_counter()
+
+    def export(self, profiler: torch.profiler.profile) -> None:
+        profiler.export_chrome_trace(str(self.directory / "trace.json"))
+        self.trace = "trace.json"
+
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        self.last = time.perf_counter()  # the evaluation before it is no step's time
+
+    def on_eval(self, trainer: Trainer, evaluation: Any) -> None:
+        self.last = time.perf_counter()
+
+    def on_step_end(self, trainer: Trainer, loss: torch.Tensor, batch_size: int) -> None:
+        now = time.perf_counter()
+        self.step_seconds.append(now - self.last)
+        self.last = now
+        self.samples += batch_size
+        assert self.profiler is not None
+        self.profiler.step()
+
+    def on_train_end(self, trainer: Trainer, result: TrainResult) -> None:
+        if self.profiler is not None:
+            self.profiler.stop()  # a run shorter than the schedule leaves no trace
+        train_seconds = sum(self.step_seconds)
+        record = {
+            **self.info,
+            "status": "interrupted" if result.interrupted else "ok",
+            "steps": len(self.step_seconds),
+            "samples": self.samples,
+            "train_seconds": train_seconds,
+            "samples_per_s": self.samples / train_seconds if train_seconds else None,
+            "profiled_steps": self.profiled_steps,
+            "trace": self.trace,
+            "step_seconds": self.step_seconds,
+        }
+        atomic_write_bytes(self.directory / "rank.json", json_text(record, indent=1).encode())
+
+
+class EpochLine(Observer):
+    """One line per epoch on stderr, which the launcher shows (the ranks have no progress bar)."""
+
+    def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None:
+        print(
+            f"dlscope: epoch {epoch.epoch}/{trainer.config.epochs}: loss {epoch.train_loss:.4f}, "
+            f"test {epoch.test_acc:.2f}%, {epoch.samples_per_s:,.0f} samples/s (all ranks)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+class KillHook(Observer):
+    """The test hook: SIGKILL this rank after a given global step, on the first attempt only."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, trainer: Trainer, loss: torch.Tensor, batch_size: int) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def resume_state(plan: Plan, run: Path, restart: int) -> dict[str, Any] | None:
+    """After a torchrun restart: the run's own last checkpoint (when one was written); else --resume."""
+    if restart > 0:
+        last = last_checkpoint(run, plan.step_options.dist.ckpt_format)
+        if last.exists():
+            return load_checkpoint(last)
+    if plan.step_options.train.resume:
+        return load_checkpoint(plan.step_options.train.resume)
+    return None
+
+
+def train_rank(plan: Plan) -> None:
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    world_size, restart = int(os.environ["WORLD_SIZE"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    run = Path(plan.options.out or ".")
+    with open(make_dirs(rank_dir(run, rank)) / PID_FILE, "a") as pids:  # first: the launcher ends it if left
+        pids.write(f"{os.getpid()}\n")
+    config = plan.config
+    if resolve_device(config.device).type == "cuda":  # one GPU per rank, NCCL between them
+        config.device = f"cuda:{local_rank}"
+        torch.cuda.set_device(local_rank)
+    backend = "nccl" if config.device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend)
+    try:
+        state = resume_state(plan, run, restart)
+        if state is not None:
+            # what the checkpoint computes, on this job's device and threads per rank
+            saved = resumed_config(state, plan.step_options.train.epochs, config.threads)
+            config = dataclasses.replace(saved, device=config.device)
+        writer = local_rank == 0
+        if writer and restart > 0:
+            where = f"epoch {state['epoch']}" if state is not None else "the start: no checkpoint yet"
+            print(f"dlscope: torchrun restart {restart}: the ranks resume from {where}", file=sys.stderr, flush=True)
+        watched = watchers(config, run, plan.options, plan.step_options.dist.ckpt_format, writer=writer)
+        info = {
+            "rank": rank,
+            "local_rank": local_rank,
+            "world_size": world_size,
+            "node_rank": int(os.environ.get("GROUP_RANK", 0)),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "restart": restart,
+            "threads": config.threads,  # the launcher always sets it
+            "backend": backend,
+            "device": config.device,
+        }
+        observers = [*watched.observers, RankRecorder(rank_dir(run, rank), info)]
+        if writer:
+            observers.append(EpochLine())
+        kill = os.environ.get(KILL_HOOK, "")
+        if kill and restart == 0 and int(kill.split(":")[0]) == rank:
+            observers.append(KillHook(int(kill.split(":")[1])))
+        data = load_mnist(plan.options.data_dir)
+        parallel = DataParallel(rank, world_size, plan.step_options.dist.bucket_cap_mb)
+        trainer = Trainer(config, data, observers, parallel)
+        if state is not None:
+            trainer.load_state_dict(state)
+        trainer.fit()
+        if writer:
+            section = to_jsonable(train_section(trainer, watched, state, run, plan.options.tensorboard))
+            atomic_write_bytes(run / "ranks" / "train.json", json_text(section, indent=1).encode())
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    try:
+        train_rank(plan_from_json(argv[0]))
+    except DlscopeError as e:
+        print(f"dlscope: error: rank {os.environ.get('RANK')}: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
