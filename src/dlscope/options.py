@@ -81,6 +81,20 @@ class DistOptions:
 
 
 @dataclass
+class ScalingOptions:
+    """The scaling step's short trainings: `steps` global steps per run, configurations interleaved over `rounds`."""
+
+    steps: int = 40
+    rounds: int = 3  # the median of three survives one run a neighbour's burst hit
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError("--scaling-steps must be ≥ 1")
+        if self.rounds < 2:
+            raise ConfigError("--scaling-rounds must be ≥ 2 (rounds alternate the configurations)")
+
+
+@dataclass
 class ProfileOptions:
     wait: int = 1
     warmup: int = 2
@@ -207,6 +221,7 @@ class StepOptions:
     pipeline: PipelineOptions = field(default_factory=PipelineOptions)
     iotrace: TraceOptions = field(default_factory=TraceOptions)
     dist: DistOptions = field(default_factory=DistOptions)
+    scaling: ScalingOptions = field(default_factory=ScalingOptions)
     ops: object | None = None  # a steps.ops.OpsOptions (it holds a ConvShape); None: the lab's
 
 

@@ -241,7 +241,7 @@ def print_locations(run: Any, html: Path, md: Path) -> None:
 
 # --- --trace-io: the same plan in a traced child -------------------------------------------------
 
-SERIALISED_STEP_OPTIONS = ("train", "profile", "sweep", "graph", "ckpt_anatomy", "dist")
+SERIALISED_STEP_OPTIONS = ("train", "profile", "sweep", "graph", "ckpt_anatomy", "dist", "scaling")
 
 
 def plan_to_json(plan: Plan, out: str) -> str:

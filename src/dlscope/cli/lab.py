@@ -19,7 +19,15 @@ from dlscope.cli.common import (
 )
 from dlscope.errors import DlscopeError
 from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
-from dlscope.options import AnatomyOptions, DistOptions, GraphOptions, StepOptions, SweepOptions, TrainOptions
+from dlscope.options import (
+    AnatomyOptions,
+    DistOptions,
+    GraphOptions,
+    ScalingOptions,
+    StepOptions,
+    SweepOptions,
+    TrainOptions,
+)
 
 LAB_STEPS = [
     "environment",
@@ -36,17 +44,18 @@ LAB_STEPS = [
 ]
 TRAIN_STEPS = ["environment", "dataset", "model", "train", "checkpoint"]
 RANK_STEPS = ["ranks", "distributed"]  # added after train when it runs in several ranks
+SCALING = "scaling"  # the lab's last rank step: by default with --nproc-per-node, else named in --steps
 
 
 def step_list(text: str) -> list[str]:
     """'train,profile' → the lab's steps in lab order, with the ones they need before them."""
     names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s not in LAB_STEPS]
+    unknown = [s for s in names if s not in [*LAB_STEPS, SCALING]]
     if not names or unknown:
-        raise argparse.ArgumentTypeError(f"steps are {','.join(LAB_STEPS)}; got {text!r}")
-    if any(s in names for s in ("checkpoint", "ckpt_anatomy")) and "train" not in names:
-        names.append("train")  # checkpoints are of the trained model
-    return [s for s in LAB_STEPS if s in names]
+        raise argparse.ArgumentTypeError(f"steps are {','.join([*LAB_STEPS, SCALING])}; got {text!r}")
+    if any(s in names for s in ("checkpoint", "ckpt_anatomy", SCALING)) and "train" not in names:
+        names.append("train")  # checkpoints are of the trained model; scaling follows the job in ranks
+    return [s for s in [*LAB_STEPS, SCALING] if s in names]
 
 
 def keras_seed_options(args: argparse.Namespace) -> AnatomyOptions:
@@ -63,11 +72,22 @@ def train_options(args: argparse.Namespace) -> TrainOptions:
 
 
 def with_rank_steps(steps: list[str], dist: DistOptions) -> list[str]:
-    """After a launched train step: what each rank recorded, and the analysis of their traces."""
+    """After a launched train step: what each rank recorded, the analysis of their traces, and (when
+    asked for) scaling."""
     if not dist.launched or "train" not in steps:
         return steps
-    at = steps.index("train") + 1
-    return [*steps[:at], *RANK_STEPS, *steps[at:]]
+    rest = [s for s in steps if s != SCALING]
+    at = rest.index("train") + 1
+    return [*rest[:at], *RANK_STEPS, *([SCALING] if SCALING in steps else []), *rest[at:]]
+
+
+def lab_steps(selected: list[str] | None, dist: DistOptions) -> list[str]:
+    """--steps (default: every lab step, and scaling when the job runs in ranks) with the rank steps."""
+    if selected is None:
+        selected = [*LAB_STEPS, SCALING] if dist.launched else LAB_STEPS
+    elif SCALING in selected and not dist.launched:
+        raise DlscopeError("--steps scaling compares ranks with threads: it needs --nproc-per-node N ≥ 2")
+    return with_rank_steps(selected, dist)
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
@@ -77,8 +97,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
         graph=GraphOptions(compile=args.compile),
         ckpt_anatomy=keras_seed_options(args) if args.keras_seed else AnatomyOptions(),
         dist=dist_options(args),
+        scaling=ScalingOptions(steps=args.scaling_steps, rounds=args.scaling_rounds),
     )
-    return run_steps(args, "lab", with_rank_steps(args.steps, options.dist), step_options=options)
+    return run_steps(args, "lab", lab_steps(args.steps, options.dist), step_options=options)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -177,9 +198,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--steps",
         type=step_list,
-        default=LAB_STEPS,
+        default=None,
         metavar="S,S,…",
-        help=f"run only these lab steps (default all: {','.join(LAB_STEPS)})",
+        help=f"run only these lab steps (default all: {','.join(LAB_STEPS)}; and {SCALING} with --nproc-per-node)",
+    )
+    g = p.add_argument_group("scaling (with --nproc-per-node N)")
+    g.add_argument(
+        "--scaling-steps",
+        type=int,
+        default=ScalingOptions.steps,
+        metavar="K",
+        help=f"training steps of each short scaling run (default {ScalingOptions.steps})",
+    )
+    g.add_argument(
+        "--scaling-rounds",
+        type=int,
+        default=ScalingOptions.rounds,
+        metavar="R",
+        help=f"rounds that alternate the three configurations (default {ScalingOptions.rounds})",
     )
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue a run from its checkpoint")
     p.add_argument(

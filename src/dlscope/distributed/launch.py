@@ -21,12 +21,16 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from dlscope.distributed.iorank import rank_pids
 from dlscope.errors import DlscopeError
+from dlscope.fsutil import make_dirs
 from dlscope.options import DistOptions
 from dlscope.steps.base import Context
+
+if TYPE_CHECKING:
+    from dlscope.runner import Plan
 
 LOG = "launch.log"
 WORKER_MODULE = "dlscope.distributed.worker"
@@ -64,13 +68,13 @@ def worker_env(options: DistOptions, threads: int) -> dict[str, str]:
 WORKER_ERROR = b"dlscope: error: "  # a worker's one-line error: the launcher's own error line quotes it
 
 
-def pump(stream: IO[bytes], log: IO[bytes]) -> None:
-    """Everything to the log; the workers' own `dlscope:` lines (not their errors) to the terminal too."""
+def pump(stream: IO[bytes], log: IO[bytes], echo: bool = True) -> None:
+    """Everything to the log; with echo, the workers' own `dlscope:` lines (not their errors) to the terminal too."""
     for line in iter(stream.readline, b""):
         log.write(line)
         log.flush()
         said = line[line.find(b"dlscope: ") :]  # after any unterminated line of torch's
-        if said.startswith(b"dlscope: ") and not said.startswith(WORKER_ERROR):
+        if echo and said.startswith(b"dlscope: ") and not said.startswith(WORKER_ERROR):
             sys.stderr.buffer.write(said)
             sys.stderr.flush()
 
@@ -105,25 +109,34 @@ def end_leftover_workers(ranks: Path) -> list[int]:
 
 def launch(ctx: Context) -> int:
     """Run the train step in the ranks; torchrun's exit status."""
-    from dlscope.runner import Plan, plan_to_json
+    from dlscope.runner import Plan
 
-    options = ctx.steps.dist
-    shutil.rmtree(ctx.run.path / "ranks", ignore_errors=True)  # an --out used before: none of its records
-    ranks = ctx.run.sub("ranks")
-    threads = threads_per_rank(ctx.config.threads, options.nproc_per_node)
+    threads = threads_per_rank(ctx.config.threads, ctx.steps.dist.nproc_per_node)
     config = dataclasses.replace(ctx.config, threads=threads)
     plan = Plan(ctx.run.results["run"]["command"], ["train"], config, ctx.options, ctx.steps, argv=[])
-    command = torchrun_command(options, plan_to_json(plan, str(ctx.run.path)))
+    return run_torchrun(plan, ctx.run.path)
+
+
+def run_torchrun(plan: Plan, run: Path, echo: bool = True) -> int:
+    """The plan's train step in torchrun's workers, writing into the run directory `run` (ranks/ and
+    what rank 0 writes); plan.config.threads per rank. torchrun's exit status."""
+    from dlscope.runner import plan_to_json
+
+    options = plan.step_options.dist
+    shutil.rmtree(run / "ranks", ignore_errors=True)  # an --out used before: none of its records
+    ranks = make_dirs(run / "ranks")
+    assert plan.config.threads is not None  # the launcher always sets the threads per rank
+    command = torchrun_command(options, plan_to_json(plan, str(run)))
     with open(ranks / LOG, "wb") as log:
         process = subprocess.Popen(
             command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            env=worker_env(options, threads),
+            env=worker_env(options, plan.config.threads),
             start_new_session=True,  # the user's Ctrl-C reaches us; we hand torchrun a SIGTERM
         )
         assert process.stderr is not None
-        reader = threading.Thread(target=pump, args=(process.stderr, log), daemon=True)
+        reader = threading.Thread(target=pump, args=(process.stderr, log, echo), daemon=True)
         reader.start()
         try:
             status = process.wait()

@@ -14,6 +14,7 @@ from dlscope.steps import (
     ops,
     pipeline,
     profile,
+    scaling,
     sweep,
     train,
 )
@@ -32,8 +33,10 @@ STEPS: list[Step] = [
     graph.STEP,
     pipeline.STEP,
 ]
-# iotrace runs around a command (dlscope trace, dlscope lab --trace-io), never inside the lab; ranks
-# and distributed follow train when it ran in several ranks (--nproc-per-node)
-STEPS_BY_NAME = {step.name: step for step in [*STEPS, distributed_ranks.STEP, distributed.STEP, iotrace.STEP]}
+# iotrace runs around a command (dlscope trace, dlscope lab --trace-io), never inside the lab; ranks,
+# distributed and the lab's scaling follow train when it ran in several ranks (--nproc-per-node)
+STEPS_BY_NAME = {
+    step.name: step for step in [*STEPS, distributed_ranks.STEP, distributed.STEP, scaling.STEP, iotrace.STEP]
+}
 
 __all__ = ["STEPS", "STEPS_BY_NAME", "Context", "Step"]

@@ -283,8 +283,10 @@ def findings(section: dict[str, Any]) -> list[list[str]]:
 
 def scaling_table(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Samples/s of several runs against ideal scaling. Each run: ranks, threads (per rank),
-    samples_per_s, optionally exposed_comm_pct (exposed communication, % of the step). The baseline is the
-    run on the fewest cores (ranks × threads); ideal = baseline × cores ÷ baseline cores."""
+    samples_per_s; optionally exposed_comm_pct (exposed communication, % of the step) and step_ms (its
+    mean profiled step) for a several-rank run, gemm_efficiency_pct (a GEMM on its threads against as
+    many single-thread GEMMs) for a one-rank run. The baseline is the run on the fewest cores
+    (ranks × threads); ideal = baseline × cores ÷ baseline cores."""
     if not runs:
         raise DlscopeError("no run to compare for scaling")
     base = min(runs, key=lambda r: (r["ranks"] * r["threads"], r["ranks"]))
@@ -303,6 +305,8 @@ def scaling_table(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "ideal": round(cores / base_cores, 3),
                 "efficiency_pct": round(100.0 * speedup * base_cores / cores, 1),
                 "exposed_comm_pct": r.get("exposed_comm_pct"),
+                "step_ms": r.get("step_ms"),
+                "gemm_efficiency_pct": r.get("gemm_efficiency_pct"),
             }
         )
     baseline = {"ranks": base["ranks"], "threads": base["threads"]}
@@ -322,9 +326,16 @@ def _same_cores(rows: list[dict[str, Any]]) -> list[list[str]]:
             f"{fast['samples_per_s'] / slow['samples_per_s']:.2f}× the samples/s of {slow['ranks']} rank(s) × "
             f"{slow['threads']} thread(s)"
         )
-        multi = fast if fast["ranks"] > slow["ranks"] else slow
+        multi, single = (fast, slow) if fast["ranks"] > slow["ranks"] else (slow, fast)
         if multi["exposed_comm_pct"] is not None:
             share = multi["exposed_comm_pct"]
             text += f"; the {multi['ranks']}-rank run spends {share:.0f}% of its step in exposed communication"
+            if multi["step_ms"] is not None:
+                text += f" (mean profiled step {multi['step_ms']:.1f} ms)"
+        if single["gemm_efficiency_pct"] is not None:
+            text += (
+                f"; one rank's {single['threads']} threads reach {single['efficiency_pct']:.0f}% of ideal "
+                f"samples/s, and {single['gemm_efficiency_pct']:.0f}% of ideal on a GEMM"
+            )
         out.append(["info", text + "."])
     return out

@@ -21,6 +21,7 @@ from dlscope.report.sections import (
     profile,
     ranks,
     run,
+    scaling,
     steps,
     sweep,
     top10,
@@ -48,6 +49,7 @@ SECTIONS: dict[str, ModuleType] = {
         top10,
         phases,
         distributed,
+        scaling,
         iotrace,
     )
 }

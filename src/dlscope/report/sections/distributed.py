@@ -99,30 +99,6 @@ def straggler_table(stragglers: dict[str, Any]) -> Table:
     )
 
 
-def scaling_table(scaling: dict[str, Any]) -> Table:
-    base = scaling["baseline"]
-    rows = [
-        [
-            r["ranks"],
-            r["threads"],
-            r["samples_per_s"],
-            r["speedup"],
-            r["ideal"],
-            r["efficiency_pct"],
-            r["exposed_comm_pct"],
-        ]
-        for r in scaling["rows"]
-    ]
-    return Table(
-        ["ranks", "threads", "samples/s", "speed-up", "ideal", "eff %", "exp comm %"],
-        rows,
-        f"Scaling against {base['ranks']} rank(s) × {base['threads']} thread(s)",
-        legend="threads: per rank; ideal: cores used ÷ the baseline's; eff: speed-up ÷ ideal; exp comm: "
-        "communication nothing overlaps, % of the step.",
-        optional=("exp comm %",),
-    )
-
-
 def left_out_note(left_out: list[dict[str, Any]]) -> list[Block]:
     if not left_out:
         return []
@@ -150,7 +126,4 @@ def render(section: dict[str, Any]) -> list[Block]:
     ]
     if section["stragglers"]["collectives"]:
         blocks.append(straggler_table(section["stragglers"]))
-    if "scaling" in section:  # added by a job that ran at several sizes (analysis.scaling_table)
-        scaling = section["scaling"]
-        blocks += [scaling_table(scaling), Findings([(level, text) for level, text in scaling["findings"]])]
     return blocks

@@ -1,0 +1,63 @@
+"""Section scaling: the job's samples/s on N ranks against one rank on the same cores as threads,
+and against one rank on one rank's cores, from short interleaved trainings (steps/scaling.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlscope.report.blocks import Block, Findings, Para, Table, fmt
+
+TITLE = "Scaling: ranks against threads on this machine's cores"
+
+
+def scaling_table(section: dict[str, Any]) -> Table:
+    base = section["baseline"]
+    rows = [
+        [
+            r["ranks"],
+            r["threads"],
+            r["samples_per_s"],
+            r["speedup"],
+            r["ideal"],
+            r["efficiency_pct"],
+            r["exposed_comm_pct"],
+        ]
+        for r in section["rows"]
+    ]
+    return Table(
+        ["ranks", "threads", "samples/s", "speed-up", "ideal", "eff %", "exp comm %"],
+        rows,
+        f"Median of {section['rounds']} rounds against {base['ranks']} rank × {base['threads']} thread(s)",
+        legend="threads: per rank; ideal: cores used ÷ the baseline's; eff: speed-up ÷ ideal; exp comm: "
+        "communication nothing overlaps, % of the step.",
+        optional=("exp comm %",),
+    )
+
+
+def rounds_table(section: dict[str, Any]) -> Table:
+    configs = sorted({(r["ranks"], r["threads"]) for r in section["runs"]}, key=lambda c: (c[0] * c[1], c[0]))
+    by_round = {(r["round"], r["ranks"], r["threads"]): r["samples_per_s"] for r in section["runs"]}
+    rows = [
+        [f"{ranks} × {threads}", *(fmt(by_round[(n, ranks, threads)]) for n in range(1, section["rounds"] + 1))]
+        for ranks, threads in configs
+    ]
+    return Table(
+        ["ranks × threads", *(f"round {n}" for n in range(1, section["rounds"] + 1))],
+        rows,
+        "samples/s of each run, in the order the rounds ran",
+    )
+
+
+def render(section: dict[str, Any]) -> list[Block]:
+    cost = section["cost"]
+    return [
+        Para(
+            f"{section['rounds']} rounds of {len(section['rows'])} short trainings ({section['steps']} steps "
+            f"of the global batch {section['batch_size']}), each launched by torchrun as the job is; "
+            f"samples/s of the training steps only. Measuring took {cost['wall_seconds']:.0f} s in "
+            f"{cost['launches']} launches, {cost['train_seconds']:.1f} s of it training steps."
+        ),
+        scaling_table(section),
+        Findings([(level, text) for level, text in section["findings"]]),
+        rounds_table(section),
+    ]
