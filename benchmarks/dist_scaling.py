@@ -1,12 +1,13 @@
-"""Data-parallel scaling of the built-in job on this machine's cores, from real `dlscope train` runs.
+"""Data-parallel scaling of the built-in job on this machine's cores, measured by the lab's scaling step.
 
 Configurations, interleaved round by round so load from other processes hits each alike:
     1 rank × 1 thread, 1 rank × 2 threads, 2 ranks × 1 thread (torchrun, DDP, gloo) at several
-    --bucket-cap-mb. samples/s is the train section's (training steps only: no start-up, no
-evaluation); the communication shares come from the ranks' Kineto traces through the distributed
-section (dlscope.observe.distributed.analysis), and the scaling table from its scaling_table.
+    --bucket-cap-mb. Each run is dlscope.steps.scaling.measure: a short training launched by
+torchrun as the job is (a one-rank run is DDP over one worker), samples/s from its train section
+(training steps only: no start-up, no evaluation), the communication shares from the ranks' Kineto
+traces through dlscope.observe.distributed.analysis, and the scaling table from its scaling_table.
 
-    python benchmarks/dist_scaling.py [--rounds 3] [--train-subset 10000] [--buckets 25,0.1,0.02]
+    python benchmarks/dist_scaling.py [--rounds 3] [--steps 78] [--buckets 25,0.1,0.02]
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from dlscope.config import TrainConfig
 from dlscope.observe.distributed.analysis import scaling_table
+from dlscope.options import DistOptions, RunOptions
+from dlscope.steps.scaling import measure, short_config
 
 
 def configurations(buckets: list[float]) -> list[dict[str, Any]]:
@@ -35,32 +38,16 @@ def label(c: dict[str, Any]) -> str:
 
 
 def train(c: dict[str, Any], out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "dlscope.cli", "train", "--out", str(out), "--threads", str(c["threads"])]
-    argv += ["--model", args.model, "--epochs", "1", "--train-subset", str(args.train_subset), "--test-subset", "1000"]
-    argv += ["--target-acc", "100", "--no-progress", "--no-tensorboard", "--batch-size", str(args.batch_size)]
-    if c["ranks"] > 1:
-        argv += ["--nproc-per-node", str(c["ranks"]), "--bucket-cap-mb", str(c["bucket_cap_mb"])]
-    done = subprocess.run(argv, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{label(c)} failed: {done.stderr.strip()[-400:]}")
-    sections = json.loads((out / "results.json").read_text())["sections"]
-    measured = {"samples_per_s": sections["train"]["samples_per_s"]}
-    if "distributed" in sections:
-        ranks = sections["distributed"]["ranks"]
-        measured["comm_pct"] = statistics.fmean(100 * r["comm_ms"] / r["step_ms"] for r in ranks)
-        measured["exposed_comm_pct"] = statistics.fmean(r["exposed_comm_pct"] for r in ranks)
-        measured["overlap_pct"] = statistics.fmean(r["overlap_pct"] or 0 for r in ranks)
-        measured["collectives_per_step"] = ranks[0]["collectives_per_step"]
-        measured["comm_bytes_per_step"] = ranks[0]["comm_bytes_per_step"] or 0
-        measured["step_ms"] = statistics.fmean(r["step_ms"] for r in ranks)
-        measured["compute_ms"] = statistics.fmean(r["compute_ms"] for r in ranks)
-    return measured
+    config = short_config(TrainConfig(model=args.model, batch_size=args.batch_size), args.steps, c["threads"])
+    dist = DistOptions(nproc_per_node=c["ranks"], bucket_cap_mb=c["bucket_cap_mb"] or DistOptions.bucket_cap_mb)
+    measured = measure(config, RunOptions(), dist, out)
+    return {k: v for k, v in measured.items() if k not in ("train_seconds", "wall_seconds")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--train-subset", type=int, default=10_000)
+    parser.add_argument("--steps", type=int, default=78, help="training steps of each run (78 × 128 ≈ 10,000 samples)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--buckets", default="25,0.1,0.02", help="--bucket-cap-mb values of the 2-rank runs")

@@ -10,9 +10,9 @@ from dlscope.observe.distributed.analysis import scaling_table
 def test_speedup_and_efficiency_against_the_fewest_cores():
     table = scaling_table(
         [
-            {"ranks": 2, "threads": 1, "samples_per_s": 1500.0, "exposed_comm_pct": 18.0},
+            {"ranks": 2, "threads": 1, "samples_per_s": 1500.0, "exposed_comm_pct": 18.0, "step_ms": 42.5},
             {"ranks": 1, "threads": 1, "samples_per_s": 1000.0},
-            {"ranks": 1, "threads": 2, "samples_per_s": 1800.0},
+            {"ranks": 1, "threads": 2, "samples_per_s": 1800.0, "gemm_efficiency_pct": 95.0},
             {"ranks": 4, "threads": 1, "samples_per_s": 4000.0},
         ]
     )
@@ -24,7 +24,8 @@ def test_speedup_and_efficiency_against_the_fewest_cores():
     # on 2 cores, one rank with two threads beat two ranks: the finding says so and cites the all-reduce share
     [[_, text]] = table["findings"]
     assert "1 rank(s) × 2 thread(s) run 1.20× the samples/s of 2 rank(s) × 1 thread(s)" in text
-    assert "18% of its step in exposed communication" in text
+    assert "18% of its step in exposed communication (mean profiled step 42.5 ms)" in text
+    assert "one rank's 2 threads reach 90% of ideal samples/s, and 95% of ideal on a GEMM" in text
 
 
 def test_no_runs_is_an_error():
