@@ -72,6 +72,7 @@ def test_scaling_follows_the_rank_steps_only_in_ranks():
     "flags, says",
     [
         (["--steps", "train,scaling"], "needs --nproc-per-node"),
+        (["--steps", "scaling", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29500"], "needs --nproc-per-node"),
         (["--nproc-per-node", "2", "--scaling-rounds", "1"], "--scaling-rounds must be ≥ 2"),
         (["--nproc-per-node", "2", "--scaling-steps", "0"], "--scaling-steps must be ≥ 1"),
     ],

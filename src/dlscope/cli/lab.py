@@ -83,9 +83,10 @@ def with_rank_steps(steps: list[str], dist: DistOptions) -> list[str]:
 
 def lab_steps(selected: list[str] | None, dist: DistOptions) -> list[str]:
     """--steps (default: every lab step, and scaling when the job runs in ranks) with the rank steps."""
+    in_ranks_here = dist.nproc_per_node > 1  # scaling compares this machine's ranks with its threads
     if selected is None:
-        selected = [*LAB_STEPS, SCALING] if dist.launched else LAB_STEPS
-    elif SCALING in selected and not dist.launched:
+        selected = [*LAB_STEPS, SCALING] if in_ranks_here else LAB_STEPS
+    elif SCALING in selected and not in_ranks_here:
         raise DlscopeError("--steps scaling compares ranks with threads: it needs --nproc-per-node N ≥ 2")
     return with_rank_steps(selected, dist)
 

@@ -107,7 +107,7 @@ def run(ctx: Context) -> dict[str, Any]:
     from dlscope.distributed.launch import threads_per_rank  # it imports the steps: not at module level
 
     dist, scaling = ctx.steps.dist, ctx.steps.scaling
-    if not dist.launched:
+    if dist.nproc_per_node < 2:
         raise DlscopeError("the scaling step compares ranks with threads: it needs --nproc-per-node N ≥ 2")
     world = dist.nproc_per_node
     threads = threads_per_rank(ctx.config.threads, world)
@@ -150,7 +150,7 @@ def run(ctx: Context) -> dict[str, Any]:
         "runs": runs,
         "gemm": {
             "n": GEMM_N,
-            "gflops": [{"threads": n, "rounds": g} for n, g in gemm.items()],
+            "gflops": [{"threads": n, "per_round": g} for n, g in gemm.items()],
             "efficiency_pct": gemm_efficiency,
         },
         "cost": {
