@@ -18,10 +18,6 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("dlscope lab", "every step, two epochs, one report"),
         ("dlscope lab --recipe fast --out runs/fast", "the least time to 99% test accuracy"),
         ("dlscope lab --steps environment,dataset,train,profile --epochs 1", "only these steps"),
-        (
-            "dlscope lab --steps train,scaling --nproc-per-node 2",
-            "the job in 2 ranks, then ranks against threads on the same cores",
-        ),
     ],
     "train": [
         ("dlscope train --epochs 5 --optimizer sgd --lr 0.05", "train, with TensorBoard and a checkpoint per epoch"),
