@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 
 import pytest
 import torch
@@ -13,6 +14,13 @@ from dlscope.data.mnist import MNIST, load_mnist
 # Keras picks its backend once per process; with TensorFlow installed it would pick tensorflow.
 # The in-process Keras tests use torch; the TensorFlow backend is tested in subprocesses.
 os.environ.setdefault("KERAS_BACKEND", "torch")
+
+# A shell without job control starts `make test &` with SIGINT ignored, and an ignored signal stays
+# ignored across exec: every dlscope the tests start would then shrug off the Ctrl-C the interrupt
+# tests send it. A handler (unlike SIG_IGN) is reset to the default on exec, so the children get
+# Python's usual KeyboardInterrupt again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
