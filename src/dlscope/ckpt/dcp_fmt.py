@@ -119,11 +119,18 @@ def _reader(file: Path, offset: int, length: int):
     return read
 
 
-def inspect_dcp(directory: Path) -> Anatomy:
+def checked(directory: Path) -> tuple[Anatomy, dict[str, Any], dict[Any, dict[str, Any]], dict[str, int]]:
+    """The metadata read safely, its storage map, and each file's size, once every entry is checked:
+    what dcp.load would trip over (a missing or cut file, a broken .metadata) as one line naming the file."""
     meta_path = directory / METADATA
     anatomy, meta = read_metadata(meta_path)
     storage = storage_map(meta, meta_path)
-    sizes = check_files(directory, storage)
+    return anatomy, meta, storage, check_files(directory, storage)
+
+
+def inspect_dcp(directory: Path) -> Anatomy:
+    meta_path = directory / METADATA
+    anatomy, meta, storage, sizes = checked(directory)
     order = sorted(storage, key=lambda k: (storage[k]["file"], storage[k]["offset"]))
     numbered = {key: n for n, key in enumerate(order)}
     bare = not any(str(k).split(".", 1)[0] in ROLE_OF_KEY for k in meta["state_dict_metadata"])

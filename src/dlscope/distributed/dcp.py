@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -34,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from dlscope.checkpoint import SaveInfo, restore_rng, save_checkpoint
+from dlscope.ckpt.dcp_fmt import checked
 from dlscope.errors import CheckpointError
 from dlscope.fsutil import fsync_dir
 from dlscope.phases import phase
@@ -101,6 +103,7 @@ def load_dcp(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not is_dcp_dir(path):
         raise CheckpointError("a directory without .metadata: not a torch.distributed.checkpoint", path)
+    checked(path)  # torch's reader would fail deep inside a collective, with a traceback per rank
     trainer_file = path / TRAINER_FILE
     if not trainer_file.is_file():
         raise CheckpointError(f"a DCP checkpoint without {TRAINER_FILE}: not written by dlscope", path)
@@ -129,7 +132,7 @@ def restore_weights(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     try:
         with one_process_is_intended():
             dcp.load(state, checkpoint_id=Path(path))
-    except Exception as e:
+    except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"its tensors do not load into this model: {first}", path) from None
     if optimizer is None:
