@@ -9,6 +9,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from dlscope.experiments.conv_directions import SLOW_RATE_RATIO, conv_directions, slow_kernels
 from dlscope.experiments.sweep import conv_findings, slowest_conv
 from dlscope.models import CONV_PATHS, build_model
+from dlscope.report.sections.sweep import WORDS
+from dlscope.report.wording import worded
 
 
 def test_every_layer_path_and_needed_direction_is_timed(mnist):
@@ -47,9 +49,11 @@ def test_a_kernel_far_below_the_others_is_named_with_its_best_alternative():
     assert slow[0]["gflops"] < SLOW_RATE_RATIO * slow[0]["others_median_gflops"]
     sweep_row = {"config": "cpu/t1/b64", **slowest_conv(rows)}
     (finding,) = conv_findings([sweep_row])
-    assert "the conv1 weight grad runs at 2.0 GFLOP/s" in finding["text"] and "onednn-cl" in finding["text"]
-    cited = {e["metric"]: e["value"] for e in finding["evidence"]}
-    assert cited["slow_conv_gflops"] == 2.0 and cited["slow_conv_best_gflops"] == 25.0
+    assert finding.values["at.slow_conv"] == "conv1 weight grad" and finding.values["at.slow_conv_gflops"] == 2.0
+    assert (
+        finding.values["at.slow_conv_best_path"] == "onednn-cl" and finding.values["at.slow_conv_best_gflops"] == 25.0
+    )
+    assert "onednn-cl" in worded([finding], WORDS).items[0][1]
 
 
 def test_no_finding_when_the_kernels_run_at_similar_rates():

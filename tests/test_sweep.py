@@ -30,7 +30,8 @@ from dlscope.experiments.sweep import (
 )
 from dlscope.models import build_model
 from dlscope.report.blocks import Figure, Findings, Table
-from dlscope.report.sections.sweep import render
+from dlscope.report.sections.sweep import WORDS, render, shift_change
+from dlscope.report.wording import worded
 
 # One thread: on a shared 2-core machine a 2-thread parallel region waits for its slowest thread,
 # which makes every timing hostage to the neighbours; one thread keeps the comparisons meaningful.
@@ -121,13 +122,17 @@ def test_every_number_a_finding_cites_is_in_the_table(sweep):
     assert sweep["findings"]
     rows = {r["config"]: r for r in sweep["rows"]}
     for finding in sweep["findings"]:
-        assert finding["evidence"], finding["text"]
-        for cited in finding["evidence"]:
-            assert rows[cited["config"]][cited["metric"]] == cited["value"]
-            if isinstance(cited["value"], float):
-                assert cited["metric"] in TABLE_FIELDS
-            elif isinstance(cited["value"], str):
-                assert cited["value"] in finding["text"]
+        cited = {k: v for k, v in finding["values"].items() if "." in k}
+        assert cited, finding
+        for name, value in cited.items():
+            role, metric = name.split(".")
+            assert rows[cited[f"{role}.config"]][metric] == value
+            if isinstance(value, float):
+                assert metric in TABLE_FIELDS
+    # each is worded from its values alone, and quotes the names it cites
+    for finding, (_, text) in zip(sweep["findings"], worded(sweep["findings"], WORDS).items, strict=True):
+        quoted = [v for k, v in finding["values"].items() if isinstance(v, str) and not k.endswith(".config")]
+        assert all(v in text for v in quoted), (finding, text)
 
 
 def test_byte_counter_counts_operands_and_results_but_not_views():
@@ -193,9 +198,11 @@ def test_operator_shift_names_kernels_that_appear_vanish_or_move():
     ]
     shift = {s["operator"]: s for s in operator_shift(rows)}
     assert shift["aten::_slow_conv2d_forward"]["ranks"] == {"cpu/t1/b1": 1, "cpu/t1/b64": None}
-    assert shift["aten::_slow_conv2d_forward"]["change"] == "only in cpu/t1/b1"
-    assert shift["aten::mkldnn_convolution"]["change"] == "only in cpu/t1/b64"
-    assert shift["aten::addmm"]["change"] == "rank 2–3"
+    assert shift["aten::mkldnn_convolution"]["ranks"] == {"cpu/t1/b1": None, "cpu/t1/b64": 1}
+    assert shift["aten::addmm"]["ranks"] == {"cpu/t1/b1": 2, "cpu/t1/b64": 3}
+    # the report's change column: the configurations a kernel is only in, or its range of ranks
+    assert "cpu/t1/b1" in shift_change(shift["aten::_slow_conv2d_forward"]["ranks"])
+    assert "2–3" in shift_change(shift["aten::addmm"]["ranks"])
 
 
 def test_diagnosis_explains_a_gpu_slower_than_the_cpu_and_overhead_bound_steps():
@@ -204,14 +211,19 @@ def test_diagnosis_explains_a_gpu_slower_than_the_cpu_and_overhead_bound_steps()
         _row("cpu/t2/b64", 64, 9000.0, {"aten::mkldnn_convolution": 900.0}, overhead_pct=10.0, kernel_pct=90.0),
         _row("cuda/bench-off/b1", 1, 600.0, {"aten::cudnn_convolution": 5.0}, device="cuda", kernel_pct=8.0),
     ]
-    findings = diagnose(rows)
-    texts = [f["text"] for f in findings]
-    slower = next(f for f in findings if "is slower than" in f["text"])
-    assert slower["level"] == "warn"
-    assert "cuda/bench-off/b1 is slower than cpu/t2/b1" in slower["text"] and "8%" in slower["text"]
-    bound = next(f for f in findings if f["text"].startswith("At batch 1 on cpu/t2"))
-    assert bound["level"] == "bad" and "70%" in bound["text"]
-    assert any("_slow_conv2d_forward at batch 1 but aten::mkldnn_convolution at batch 64" in t for t in texts)
+    findings = {f.key: f for f in diagnose(rows)}
+    slower = findings["sweep.gpu_slower"]
+    assert slower.level == "warn"
+    assert (slower.values["gpu.config"], slower.values["cpu.config"]) == ("cuda/bench-off/b1", "cpu/t2/b1")
+    assert slower.values["gpu.kernel_pct"] == 8.0
+    (bound,) = [f for f in diagnose(rows) if f.key == "sweep.overhead" and f.values["series"] == "cpu/t2"]
+    assert bound.level == "bad" and bound.values["at.config"] == "cpu/t2/b1" and bound.values["at.overhead_pct"] == 70
+    change = findings["sweep.conv_kernel_change"].values
+    assert (change["small.conv_kernels"], change["large.conv_kernels"]) == (
+        ["aten::_slow_conv2d_forward"],
+        ["aten::mkldnn_convolution"],
+    )
+    assert "slower" in worded([slower], WORDS).items[0][1]
 
 
 def test_diagnosis_compares_cudnn_autotuning_on_and_off():
@@ -220,12 +232,9 @@ def test_diagnosis_compares_cudnn_autotuning_on_and_off():
     )
     on = _row("cuda/bench-on/b64", 64, 95000.0, {"aten::cudnn_convolution": 45.0}, device="cuda", cudnn_benchmark=True)
     on["cold_step_ms"] = 900.0
-    finding = next(f for f in diagnose([off, on]) if f["text"].startswith("cuDNN autotuning"))
-    assert "900.0 ms with benchmark on against 50.0 ms with it off" in finding["text"]
-    assert {(c["config"], c["metric"]) for c in finding["evidence"]} >= {
-        ("cuda/bench-on/b64", "cold_step_ms"),
-        ("cuda/bench-off/b64", "cold_step_ms"),
-    }
+    (finding,) = [f for f in diagnose([off, on]) if f.key == "sweep.cudnn_benchmark"]
+    assert (finding.values["on.config"], finding.values["on.cold_step_ms"]) == ("cuda/bench-on/b64", 900.0)
+    assert (finding.values["off.config"], finding.values["off.cold_step_ms"]) == ("cuda/bench-off/b64", 50.0)
 
 
 def test_render_builds_tables_and_three_figures_from_the_section(sweep):
@@ -269,7 +278,7 @@ def test_cuda_points_sync_with_events_and_report_allocator_memory(batches):
         assert row["step_memory_bytes"] > 0 and row["memory_source"] == "torch.cuda.max_memory_allocated"
         assert row["h2d_pinned_us"] > 0 and row["h2d_pageable_us"] > 0
         assert any(t["self_device_us"] > 0 for t in row["top10"])
-    assert any("cuda" in f["text"] for f in result["findings"])
+    assert any(f["key"] in ("sweep.gpu_slower", "sweep.gpu_faster") for f in result["findings"])
 
 
 @pytest.mark.slow

@@ -13,8 +13,9 @@ For every configuration (device, threads, cuDNN autotuning, batch size) on a fre
                      (bytes each operator reads and writes) → arithmetic intensity for a roofline
 
 The device's peaks (a large GEMM, a large copy) are measured in the same run, so "% of peak" is
-relative to what this machine actually does. Findings are drawn from stated thresholds and cite
-the exact row values they rest on (`evidence`).
+relative to what this machine actually does. Findings (dlscope.findings) are drawn from stated
+thresholds and cite the exact row values they rest on (`role.metric`, with `role.config` the row);
+report.sections.sweep words them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from torch.utils._pytree import tree_flatten
 
 from dlscope.errors import ConfigError
 from dlscope.experiments.conv_directions import SLOW_RATE_RATIO, conv_directions, slow_kernels
+from dlscope.findings import Finding, Level
 from dlscope.measure.memory import SOURCE as MEMORY_SOURCE
 from dlscope.measure.memory import allocation_peak, profile_allocation_peak
 from dlscope.measure.peaks import measure_copy_bandwidth, measure_gemm_peak
@@ -369,6 +371,17 @@ class PointRun:
         }
 
 
+# The CPU row at the largest batch: its slowest convolution direction (slowest_conv).
+SLOW_CONV_FIELDS = (
+    "slow_conv",
+    "slow_conv_shape",
+    "slow_conv_ms",
+    "slow_conv_gflops",
+    "conv_median_gflops",
+    "slow_conv_best_path",
+    "slow_conv_best_gflops",
+)
+
 # Row fields that are one number or label each: the terminal/CSV/report table and what findings cite.
 TABLE_FIELDS = (
     "config",
@@ -405,12 +418,7 @@ TABLE_FIELDS = (
     "top_non_gemm_kernel_pct",
     "h2d_pinned_us",
     "h2d_pageable_us",
-    # the CPU row at the largest batch: its slowest convolution direction (slowest_conv)
-    "slow_conv",
-    "slow_conv_gflops",
-    "conv_median_gflops",
-    "slow_conv_best_path",
-    "slow_conv_best_gflops",
+    *SLOW_CONV_FIELDS,
 )
 
 
@@ -446,7 +454,8 @@ def operator_shift(rows: Sequence[dict[str, Any]], top_n: int = SHIFT_TOP_N) -> 
     """Which compute kernels appear, vanish or change rank across configurations.
 
     Each configuration ranks its kernels by time per step; a kernel is listed if it is in some
-    configuration's top `top_n`. `ranks` maps every configuration to its rank there (None: absent).
+    configuration's top `top_n`. `ranks` maps every configuration to its rank there (None: absent);
+    report.sections.sweep says what changed.
     """
     ranks = {row["config"]: {name: i + 1 for i, name in enumerate(row["kernels_us"])} for row in rows}
     listed = sorted(
@@ -454,32 +463,21 @@ def operator_shift(rows: Sequence[dict[str, Any]], top_n: int = SHIFT_TOP_N) -> 
         key=lambda name: min(r.get(name, 1 << 30) for r in ranks.values()),
     )
     configs = [row["config"] for row in rows]
-    shift = []
-    for name in listed:
-        where = {c: ranks[c].get(name) for c in configs}
-        present = [c for c in configs if where[c] is not None]
-        absent = [c for c in configs if where[c] is None]
-        if absent:
-            change = (
-                f"only in {', '.join(present)}" if len(present) <= len(absent) else f"absent in {', '.join(absent)}"
-            )
-        else:
-            values = [where[c] for c in configs]
-            change = "same rank" if len(set(values)) == 1 else f"rank {min(values)}–{max(values)}"
-        shift.append({"operator": name, "ranks": where, "change": change})
-    return shift
+    return [{"operator": name, "ranks": {c: ranks[c].get(name) for c in configs}} for name in listed]
 
 
-def _cite(row: dict[str, Any], *metrics: str) -> list[dict[str, Any]]:
-    return [{"config": row["config"], "metric": m, "value": row[m]} for m in metrics]
+def _cite(role: str, row: dict[str, Any], *metrics: str) -> dict[str, Any]:
+    """The row values a finding cites, named `role.metric` (`role.config` says which row)."""
+    return {f"{role}.{m}": row[m] for m in ("config", *metrics)}
 
 
-def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Plain-language findings from the thresholds above, each with the row values it cites."""
-    findings: list[dict[str, Any]] = []
+def diagnose(rows: Sequence[dict[str, Any]]) -> list[Finding]:
+    """Findings from the thresholds above, each with the row values and the thresholds it cites
+    (worded in report.sections.sweep)."""
+    findings: list[Finding] = []
 
-    def add(level: str, text: str, evidence: list[dict[str, Any]]) -> None:
-        findings.append({"level": level, "text": text, "evidence": evidence})
+    def add(key: str, level: Level, **values: Any) -> None:
+        findings.append(Finding(f"sweep.{key}", level, values))
 
     by_series: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
@@ -488,73 +486,58 @@ def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         group = sorted(group, key=lambda r: r["batch_size"])
         small, large = group[0], group[-1]
         pct = small["overhead_pct"]
-        level = "bad" if pct >= OVERHEAD_BOUND_PCT else "warn" if pct >= OVERHEAD_MODERATE_PCT else "good"
         add(
-            level,
-            f"At batch {small['batch_size']} on {series}, {pct:.0f}% of a {small['step_p50_ms']:.2f} ms step is "
-            f"outside compute kernels: ~{small['overhead_us_per_op']:.1f} µs × {small['ops_per_step']:.0f} "
-            f"operators of Python, dispatch, autograd and allocation (overhead-bound from "
-            f"{OVERHEAD_BOUND_PCT:.0f}%).",
-            _cite(small, "batch_size", "overhead_pct", "step_p50_ms", "overhead_us_per_op", "ops_per_step"),
+            "overhead",
+            "bad" if pct >= OVERHEAD_BOUND_PCT else "warn" if pct >= OVERHEAD_MODERATE_PCT else "good",
+            series=series,
+            overhead_bound_pct=OVERHEAD_BOUND_PCT,
+            **_cite("at", small, "batch_size", "overhead_pct", "step_p50_ms", "overhead_us_per_op", "ops_per_step"),
         )
         if large is not small:
-            gain = large["samples_per_s"] / small["samples_per_s"]
             add(
+                "batch_gain",
                 "info",
-                f"On {series}, batch {large['batch_size']} trains {gain:.1f}× the samples/s of batch "
-                f"{small['batch_size']} ({large['samples_per_s']:,.0f} against {small['samples_per_s']:,.0f}): "
-                f"the same ~{large['ops_per_step']:.0f} operators per step now carry "
-                f"{large['batch_size']} samples, and kernels take {large['kernel_pct']:.0f}% of the step.",
-                _cite(large, "batch_size", "samples_per_s", "ops_per_step", "kernel_pct")
-                + _cite(small, "batch_size", "samples_per_s"),
+                series=series,
+                **_cite("large", large, "batch_size", "samples_per_s", "ops_per_step", "kernel_pct"),
+                **_cite("small", small, "batch_size", "samples_per_s"),
             )
             if small["conv_kernels"] != large["conv_kernels"] and small["conv_kernels"] and large["conv_kernels"]:
                 add(
+                    "conv_kernel_change",
                     "info",
-                    f"On {series} the convolution runs {', '.join(small['conv_kernels'])} at batch "
-                    f"{small['batch_size']} but {', '.join(large['conv_kernels'])} at batch {large['batch_size']}: "
-                    "the backend picks a different kernel for the shape.",
-                    _cite(small, "batch_size", "conv_kernels") + _cite(large, "batch_size", "conv_kernels"),
+                    series=series,
+                    **_cite("small", small, "batch_size", "conv_kernels"),
+                    **_cite("large", large, "batch_size", "conv_kernels"),
                 )
             if large["top_kernel_pct"] is not None and large["top_kernel_pct"] >= TOP_KERNEL_PCT:
                 add(
+                    "top_kernel",
                     "info",
-                    f"The largest kernel at batch {large['batch_size']} on {series} is {large['top_kernel']}: "
-                    f"{large['top_kernel_pct']:.0f}% of kernel time (named from {TOP_KERNEL_PCT:.0f}%).",
-                    _cite(large, "batch_size", "top_kernel", "top_kernel_pct"),
+                    series=series,
+                    top_kernel_pct_from=TOP_KERNEL_PCT,
+                    **_cite("at", large, "batch_size", "top_kernel", "top_kernel_pct"),
                 )
         if large["non_gemm_kernel_pct"] >= NON_GEMM_PCT and large["top_non_gemm_kernel"]:
             add(
+                "memory_speed_kernels",
                 "info",
-                f"At batch {large['batch_size']} on {series}, {large['non_gemm_kernel_pct']:.0f}% of kernel time is "
-                f"outside convolutions and matrix multiplies, led by {large['top_non_gemm_kernel']} "
-                f"({large['top_non_gemm_kernel_pct']:.0f}%): such kernels do few FLOPs per byte and run at memory "
-                f"speed (pointed out from {NON_GEMM_PCT:.0f}%)."
-                + (
-                    " Pooling before the ReLU, and channels-last layouts, are what `--autotune` times to trim them."
-                    if "pool" in large["top_non_gemm_kernel"]
-                    else ""
+                series=series,
+                non_gemm_pct_from=NON_GEMM_PCT,
+                autotune_trims="pool" in large["top_non_gemm_kernel"],
+                **_cite(
+                    "at", large, "batch_size", "non_gemm_kernel_pct", "top_non_gemm_kernel", "top_non_gemm_kernel_pct"
                 ),
-                _cite(large, "batch_size", "non_gemm_kernel_pct", "top_non_gemm_kernel", "top_non_gemm_kernel_pct"),
             )
     noisiest = max(rows, key=lambda r: r["step_p95_ms"] / r["step_p50_ms"])
     if noisiest["step_p95_ms"] >= NOISY_P95_RATIO * noisiest["step_p50_ms"]:
-        add(
-            "warn",
-            f"Timings are noisy: the p95 step of {noisiest['config']} took {noisiest['step_p95_ms']:.2f} ms against "
-            f"a p50 of {noisiest['step_p50_ms']:.2f} ms (warned from {NOISY_P95_RATIO:.0f}×) — another job is "
-            "competing for the cores; multi-threaded kernels suffer most, as each parallel region waits "
-            "for its slowest thread. Compare medians, or rerun on an idle machine.",
-            _cite(noisiest, "step_p95_ms", "step_p50_ms"),
-        )
+        add("noisy", "warn", noisy_p95_ratio=NOISY_P95_RATIO, **_cite("at", noisiest, "step_p95_ms", "step_p50_ms"))
     coldest = max(rows, key=lambda r: r["cold_ratio"])
     if coldest["cold_ratio"] >= COLD_RATIO_WARN:
         add(
+            "cold_step",
             "warn",
-            f"The first step of {coldest['config']} took {coldest['cold_ratio']:.0f}× a warm one "
-            f"({coldest['cold_step_ms']:.1f} ms against a p50 of {coldest['step_p50_ms']:.2f} ms): lazy "
-            "initialisation and kernel selection. It is reported apart and excluded from every other figure.",
-            _cite(coldest, "cold_ratio", "cold_step_ms", "step_p50_ms"),
+            cold_ratio_warn=COLD_RATIO_WARN,
+            **_cite("at", coldest, "cold_ratio", "cold_step_ms", "step_p50_ms"),
         )
     cpu_rows = {r["batch_size"]: r for r in rows if r["device_type"] == "cpu"}
     for gpu in (r for r in rows if r["device_type"] == "cuda"):
@@ -563,61 +546,32 @@ def diagnose(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         if gpu["samples_per_s"] < cpu["samples_per_s"]:
             add(
+                "gpu_slower",
                 "warn",
-                f"{gpu['config']} is slower than {cpu['config']} ({gpu['samples_per_s']:,.0f} against "
-                f"{cpu['samples_per_s']:,.0f} samples/s) because the GPU computes for only "
-                f"{gpu['kernel_pct']:.0f}% of the step: the rest is ~{gpu['overhead_us_per_op']:.1f} µs × "
-                f"{gpu['ops_per_step']:.0f} operators of launch and dispatch, which a faster device cannot shorten.",
-                _cite(gpu, "samples_per_s", "kernel_pct", "overhead_us_per_op", "ops_per_step")
-                + _cite(cpu, "samples_per_s"),
+                **_cite("gpu", gpu, "samples_per_s", "kernel_pct", "overhead_us_per_op", "ops_per_step"),
+                **_cite("cpu", cpu, "samples_per_s"),
             )
         else:
-            add(
-                "good",
-                f"{gpu['config']} trains {gpu['samples_per_s'] / cpu['samples_per_s']:.1f}× the samples/s of "
-                f"{cpu['config']} ({gpu['samples_per_s']:,.0f} against {cpu['samples_per_s']:,.0f}).",
-                _cite(gpu, "samples_per_s") + _cite(cpu, "samples_per_s"),
-            )
+            add("gpu_faster", "good", **_cite("gpu", gpu, "samples_per_s"), **_cite("cpu", cpu, "samples_per_s"))
     tuned = {(r["device"], r["batch_size"]): r for r in rows if r["cudnn_benchmark"]}
     for plain in (r for r in rows if r["cudnn_benchmark"] is False):
         on = tuned.get((plain["device"], plain["batch_size"]))
         if on is None:
             continue
         add(
+            "cudnn_benchmark",
             "info",
-            f"cuDNN autotuning at batch {plain['batch_size']}: the first step took {on['cold_step_ms']:.1f} ms "
-            f"with benchmark on against {plain['cold_step_ms']:.1f} ms with it off (it times every algorithm "
-            f"once), for a warm p50 of {on['step_p50_ms']:.3f} ms against {plain['step_p50_ms']:.3f} ms.",
-            _cite(on, "batch_size", "cold_step_ms", "step_p50_ms") + _cite(plain, "cold_step_ms", "step_p50_ms"),
+            **_cite("on", on, "batch_size", "cold_step_ms", "step_p50_ms"),
+            **_cite("off", plain, "cold_step_ms", "step_p50_ms"),
         )
     best = max(rows, key=lambda r: r["pct_of_peak"])
-    bound = "memory" if best["intensity"] is not None and best["intensity"] < best["ridge_intensity"] else "compute"
     add(
+        "roofline",
         "warn" if best["pct_of_peak"] > 100 else "info",
-        f"The best configuration, {best['config']}, reaches {best['achieved_gflops']:.1f} GFLOP/s, "
-        f"{best['pct_of_peak']:.1f}% of the measured GEMM peak ({best['peak_gflops']:.0f} GFLOP/s); at "
-        f"{best['intensity']:.1f} FLOP/byte against a ridge point of {best['ridge_intensity']:.1f} it sits "
-        f"under the {bound} roof."
-        + (
-            " Above 100%: the peak measurements were slowed by other work on the machine, so read "
-            "the percentages as lower bounds on that run's peak, not the hardware's."
-            if best["pct_of_peak"] > 100
-            else ""
-        ),
-        _cite(best, "achieved_gflops", "pct_of_peak", "peak_gflops", "intensity", "ridge_intensity"),
+        memory_bound=best["intensity"] is not None and best["intensity"] < best["ridge_intensity"],
+        **_cite("best", best, "achieved_gflops", "pct_of_peak", "peak_gflops", "intensity", "ridge_intensity"),
     )
     return findings
-
-
-SLOW_CONV_FIELDS = (
-    "slow_conv",
-    "slow_conv_shape",
-    "slow_conv_ms",
-    "slow_conv_gflops",
-    "conv_median_gflops",
-    "slow_conv_best_path",
-    "slow_conv_best_gflops",
-)
 
 
 def slowest_conv(directions: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -638,24 +592,15 @@ def slowest_conv(directions: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def conv_findings(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def conv_findings(rows: Sequence[dict[str, Any]]) -> list[Finding]:
     """A convolution direction far below the others' rate (`slowest_conv`), and what beats it."""
     findings = []
     for row in (r for r in rows if r.get("slow_conv")):
-        text = (
-            f"On {row['config']}, the {row['slow_conv']} runs at "
-            f"{row['slow_conv_gflops']:.1f} GFLOP/s on oneDNN NCHW ({row['slow_conv_ms']:.1f} ms for "
-            f"{row['slow_conv_shape']}), against a median of {row['conv_median_gflops']:.1f} GFLOP/s for the other "
-            f"convolution kernels of the step (named below {100 * SLOW_RATE_RATIO:.0f}%)."
-        )
-        cited = ["slow_conv", "slow_conv_gflops", "conv_median_gflops"]
+        cited = ["slow_conv", "slow_conv_gflops", "slow_conv_ms", "slow_conv_shape", "conv_median_gflops"]
         if row["slow_conv_best_gflops"] is not None and row["slow_conv_best_gflops"] > row["slow_conv_gflops"]:
-            text += (
-                f" The {row['slow_conv_best_path']} path computes it at {row['slow_conv_best_gflops']:.1f} GFLOP/s: "
-                "`--autotune` times both and keeps the faster."
-            )
             cited += ["slow_conv_best_path", "slow_conv_best_gflops"]
-        findings.append({"level": "warn", "text": text, "evidence": _cite(row, *cited)})
+        values = {"slow_rate_ratio": SLOW_RATE_RATIO, **_cite("at", row, *cited)}
+        findings.append(Finding("sweep.slow_conv", "warn", values))
     return findings
 
 
@@ -716,7 +661,7 @@ def run_sweep(
         "peaks": peaks,
         "shift": operator_shift(rows),
         "conv_directions": directions,
-        "findings": findings,
+        "findings": [f.to_json() for f in findings],
         "thresholds": {
             "overhead_bound_pct": OVERHEAD_BOUND_PCT,
             "overhead_moderate_pct": OVERHEAD_MODERATE_PCT,

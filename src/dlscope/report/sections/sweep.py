@@ -5,7 +5,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from dlscope.report.blocks import Block, Figure, Findings, Para, Table
+from dlscope.report.blocks import Block, Figure, Para, Table
+from dlscope.report.wording import worded
 
 TITLE = "Batch size × device: throughput, overhead, roofline"
 
@@ -117,6 +118,149 @@ def _fmt_rank(rank: int | None) -> Any:
     return rank if rank is not None else "—"
 
 
+def _overhead(v: dict[str, Any]) -> str:
+    return (
+        f"At batch {v['at.batch_size']} on {v['series']}, {v['at.overhead_pct']:.0f}% of a "
+        f"{v['at.step_p50_ms']:.2f} ms step is outside compute kernels: ~{v['at.overhead_us_per_op']:.1f} µs × "
+        f"{v['at.ops_per_step']:.0f} operators of Python, dispatch, autograd and allocation (overhead-bound from "
+        f"{v['overhead_bound_pct']:.0f}%)."
+    )
+
+
+def _batch_gain(v: dict[str, Any]) -> str:
+    gain = v["large.samples_per_s"] / v["small.samples_per_s"]
+    return (
+        f"On {v['series']}, batch {v['large.batch_size']} trains {gain:.1f}× the samples/s of batch "
+        f"{v['small.batch_size']} ({v['large.samples_per_s']:,.0f} against {v['small.samples_per_s']:,.0f}): "
+        f"the same ~{v['large.ops_per_step']:.0f} operators per step now carry {v['large.batch_size']} samples, "
+        f"and kernels take {v['large.kernel_pct']:.0f}% of the step."
+    )
+
+
+def _conv_kernel_change(v: dict[str, Any]) -> str:
+    return (
+        f"On {v['series']} the convolution runs {', '.join(v['small.conv_kernels'])} at batch "
+        f"{v['small.batch_size']} but {', '.join(v['large.conv_kernels'])} at batch {v['large.batch_size']}: "
+        "the backend picks a different kernel for the shape."
+    )
+
+
+def _top_kernel(v: dict[str, Any]) -> str:
+    return (
+        f"The largest kernel at batch {v['at.batch_size']} on {v['series']} is {v['at.top_kernel']}: "
+        f"{v['at.top_kernel_pct']:.0f}% of kernel time (named from {v['top_kernel_pct_from']:.0f}%)."
+    )
+
+
+def _memory_speed_kernels(v: dict[str, Any]) -> str:
+    text = (
+        f"At batch {v['at.batch_size']} on {v['series']}, {v['at.non_gemm_kernel_pct']:.0f}% of kernel time is "
+        f"outside convolutions and matrix multiplies, led by {v['at.top_non_gemm_kernel']} "
+        f"({v['at.top_non_gemm_kernel_pct']:.0f}%): such kernels do few FLOPs per byte and run at memory "
+        f"speed (pointed out from {v['non_gemm_pct_from']:.0f}%)."
+    )
+    if v["autotune_trims"]:
+        text += " Pooling before the ReLU, and channels-last layouts, are what `--autotune` times to trim them."
+    return text
+
+
+def _noisy(v: dict[str, Any]) -> str:
+    return (
+        f"Timings are noisy: the p95 step of {v['at.config']} took {v['at.step_p95_ms']:.2f} ms against "
+        f"a p50 of {v['at.step_p50_ms']:.2f} ms (warned from {v['noisy_p95_ratio']:.0f}×) — another job is "
+        "competing for the cores; multi-threaded kernels suffer most, as each parallel region waits "
+        "for its slowest thread. Compare medians, or rerun on an idle machine."
+    )
+
+
+def _cold_step(v: dict[str, Any]) -> str:
+    return (
+        f"The first step of {v['at.config']} took {v['at.cold_ratio']:.0f}× a warm one "
+        f"({v['at.cold_step_ms']:.1f} ms against a p50 of {v['at.step_p50_ms']:.2f} ms): lazy "
+        "initialisation and kernel selection. It is reported apart and excluded from every other figure."
+    )
+
+
+def _gpu_slower(v: dict[str, Any]) -> str:
+    return (
+        f"{v['gpu.config']} is slower than {v['cpu.config']} ({v['gpu.samples_per_s']:,.0f} against "
+        f"{v['cpu.samples_per_s']:,.0f} samples/s) because the GPU computes for only "
+        f"{v['gpu.kernel_pct']:.0f}% of the step: the rest is ~{v['gpu.overhead_us_per_op']:.1f} µs × "
+        f"{v['gpu.ops_per_step']:.0f} operators of launch and dispatch, which a faster device cannot shorten."
+    )
+
+
+def _gpu_faster(v: dict[str, Any]) -> str:
+    return (
+        f"{v['gpu.config']} trains {v['gpu.samples_per_s'] / v['cpu.samples_per_s']:.1f}× the samples/s of "
+        f"{v['cpu.config']} ({v['gpu.samples_per_s']:,.0f} against {v['cpu.samples_per_s']:,.0f})."
+    )
+
+
+def _cudnn_benchmark(v: dict[str, Any]) -> str:
+    return (
+        f"cuDNN autotuning at batch {v['on.batch_size']}: the first step took {v['on.cold_step_ms']:.1f} ms "
+        f"with benchmark on against {v['off.cold_step_ms']:.1f} ms with it off (it times every algorithm "
+        f"once), for a warm p50 of {v['on.step_p50_ms']:.3f} ms against {v['off.step_p50_ms']:.3f} ms."
+    )
+
+
+def _roofline(v: dict[str, Any]) -> str:
+    text = (
+        f"The best configuration, {v['best.config']}, reaches {v['best.achieved_gflops']:.1f} GFLOP/s, "
+        f"{v['best.pct_of_peak']:.1f}% of the measured GEMM peak ({v['best.peak_gflops']:.0f} GFLOP/s); at "
+        f"{v['best.intensity']:.1f} FLOP/byte against a ridge point of {v['best.ridge_intensity']:.1f} it sits "
+        f"under the {'memory' if v['memory_bound'] else 'compute'} roof."
+    )
+    if v["best.pct_of_peak"] > 100:
+        text += (
+            " Above 100%: the peak measurements were slowed by other work on the machine, so read "
+            "the percentages as lower bounds on that run's peak, not the hardware's."
+        )
+    return text
+
+
+def _slow_conv(v: dict[str, Any]) -> str:
+    text = (
+        f"On {v['at.config']}, the {v['at.slow_conv']} runs at {v['at.slow_conv_gflops']:.1f} GFLOP/s on oneDNN "
+        f"NCHW ({v['at.slow_conv_ms']:.1f} ms for {v['at.slow_conv_shape']}), against a median of "
+        f"{v['at.conv_median_gflops']:.1f} GFLOP/s for the other convolution kernels of the step (named below "
+        f"{100 * v['slow_rate_ratio']:.0f}%)."
+    )
+    if "at.slow_conv_best_path" in v:
+        text += (
+            f" The {v['at.slow_conv_best_path']} path computes it at {v['at.slow_conv_best_gflops']:.1f} GFLOP/s: "
+            "`--autotune` times both and keeps the faster."
+        )
+    return text
+
+
+WORDS = {
+    "sweep.overhead": _overhead,
+    "sweep.batch_gain": _batch_gain,
+    "sweep.conv_kernel_change": _conv_kernel_change,
+    "sweep.top_kernel": _top_kernel,
+    "sweep.memory_speed_kernels": _memory_speed_kernels,
+    "sweep.noisy": _noisy,
+    "sweep.cold_step": _cold_step,
+    "sweep.gpu_slower": _gpu_slower,
+    "sweep.gpu_faster": _gpu_faster,
+    "sweep.cudnn_benchmark": _cudnn_benchmark,
+    "sweep.roofline": _roofline,
+    "sweep.slow_conv": _slow_conv,
+}
+
+
+def shift_change(ranks: dict[str, int | None]) -> str:
+    """What the operator-shift table says of one kernel's ranks across configurations (None: absent)."""
+    present = [c for c, rank in ranks.items() if rank is not None]
+    absent = [c for c, rank in ranks.items() if rank is None]
+    if absent:
+        return f"only in {', '.join(present)}" if len(present) <= len(absent) else f"absent in {', '.join(absent)}"
+    values = [ranks[c] for c in present]
+    return "same rank" if len(set(values)) == 1 else f"rank {min(values)}–{max(values)}"
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     rows = section["rows"]
     settings = section["settings"]
@@ -150,7 +294,7 @@ def render(section: dict[str, Any]) -> list[Block]:
     ]
     configs = [r["config"] for r in rows]
     shift_rows = [
-        [s["operator"].removeprefix("aten::"), *(_fmt_rank(s["ranks"][c]) for c in configs), s["change"]]
+        [s["operator"].removeprefix("aten::"), *(_fmt_rank(s["ranks"][c]) for c in configs), shift_change(s["ranks"])]
         for s in section["shift"]
     ]
     peak_rows = [
@@ -173,7 +317,7 @@ def render(section: dict[str, Any]) -> list[Block]:
             "framework overhead — Python, dispatch, autograd, allocation. Step memory is the allocation "
             "peak of a step above what stays resident."
         ),
-        Findings([(f["level"], f["text"]) for f in section["findings"]]),
+        worded(section["findings"], WORDS),
         Table(
             ["config", "samples/s", "p50 ms", "p95 ms", "µs/sample", "cold ms", "cold ×"]
             + (["H2D pinned µs", "H2D pageable µs"] if has_cuda else []),
