@@ -5,6 +5,8 @@ import pytest
 
 from dlscope.errors import DlscopeError
 from dlscope.observe.distributed.analysis import scaling_table
+from dlscope.report.sections.scaling import WORDS
+from dlscope.report.wording import worded
 
 
 def test_speedup_and_efficiency_against_the_fewest_cores():
@@ -22,10 +24,13 @@ def test_speedup_and_efficiency_against_the_fewest_cores():
     assert (rows[(2, 1)]["speedup"], rows[(2, 1)]["ideal"], rows[(2, 1)]["efficiency_pct"]) == (1.5, 2.0, 75.0)
     assert rows[(4, 1)]["efficiency_pct"] == 100.0  # linear scaling
     # on 2 cores, one rank with two threads beat two ranks: the finding says so and cites the all-reduce share
-    [[_, text]] = table["findings"]
-    assert "1 rank(s) × 2 thread(s) run 1.20× the samples/s of 2 rank(s) × 1 thread(s)" in text
-    assert "18% of its step in exposed communication (mean profiled step 42.5 ms)" in text
-    assert "one rank's 2 threads reach 90% of ideal samples/s, and 95% of ideal on a GEMM" in text
+    [finding] = table["findings"]
+    values = finding["values"]
+    assert (finding["key"], values["cores"]) == ("scaling.same_cores", 2)
+    assert (values["fast.ranks"], values["fast.threads"], values["slow.ranks"], values["slow.threads"]) == (1, 2, 2, 1)
+    assert (values["multi.exposed_comm_pct"], values["multi.step_ms"]) == (18.0, 42.5)
+    assert (values["single.efficiency_pct"], values["single.gemm_efficiency_pct"]) == (90.0, 95.0)
+    assert "1.20×" in worded([finding], WORDS).items[0][1]  # the speed-up, from the cited samples/s
 
 
 def test_no_runs_is_an_error():

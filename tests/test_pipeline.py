@@ -38,6 +38,8 @@ from dlscope.data.pipeline.prepare import data_files, sample_file
 from dlscope.data.pipeline.stages import prefetch_thread
 from dlscope.data.pipeline.tfrecord import IOCounters
 from dlscope.errors import ConfigError, DatasetError
+from dlscope.report.sections.pipeline import WORDS, findings
+from dlscope.report.wording import worded
 
 N = 203  # not a multiple of any batch size or shard count used here
 
@@ -420,6 +422,11 @@ def test_sweep_command_writes_tables_verdicts_and_report(tmp_path):
     section = json.loads((out / "results.json").read_text())["sections"]["pipeline"]
     assert [t["key"] for t in section["tables"]] == ["batch", "shuffle", "read_buffer", "layout", "workers"]
     assert section["exactly_once"]
+    found = {f.key: f for f in findings(section)}  # worded into the report below
+    assert {"pipeline.batch", "pipeline.shuffle", "pipeline.read_buffer", "pipeline.files_vs_shards"} <= set(found)
+    assert found["pipeline.exactly_once"].values["deliveries"] == sum(
+        r["samples"] for t in section["tables"] for r in t["rows"]
+    )
     read_buffer = {r["read_buffer"]: r for r in section["tables"][2]["rows"]}
     assert {b: r["reads"] // r["opens"] for b, r in read_buffer.items()} == {275: 3, 550: 2, 262_144: 2}
     for row in (r for t in section["tables"] for r in t["rows"]):
@@ -429,5 +436,32 @@ def test_sweep_command_writes_tables_verdicts_and_report(tmp_path):
     rerun = run_cli("pipeline", "run", kept, "--format", "files", "--read-buffer", "275", "--compute-ms", "0")
     assert re.search(r"read calls\s+4,500\b", rerun.stdout), rerun.stdout + rerun.stderr
     report = (out / "report.md").read_text()
-    assert "## Input pipeline" in report and "Read buffer on small files" in report
+    assert "## Input pipeline" in report and "Read buffer on small files" in report and "exactly once" in report
     assert (out / "figures" / "pipeline_layout.png").is_file()
+
+
+def _workers_row(label: str, workers: int, prefetch: int, wall_s: float) -> dict:
+    return {
+        "label": label,
+        "workers": workers,
+        "prefetch": prefetch,
+        "wall_s": wall_s,
+        "wait_s": wall_s / 2,
+        "au": 0.5,
+        "verdict": "balanced",
+        "samples": 100,
+        "exactly_once": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("best_wall_s", "key", "level"), [(0.5, "workers_help", "good"), (0.97, "workers_no_help", "warn")]
+)
+def test_workers_finding_says_whether_workers_beat_neither(best_wall_s, key, level):
+    rows = [_workers_row("neither", 0, 0, 1.0), _workers_row("2 workers", 2, 2, best_wall_s)]
+    section = {"tables": [{"key": "workers", "title": "Workers", "rows": rows}], "thresholds": {}, "exactly_once": True}
+    found = {f.key: f for f in findings(section)}
+    workers = found[f"pipeline.{key}"]
+    assert workers.level == level and workers.values["best"]["label"] == "2 workers"
+    assert workers.values["neither"]["wall_s"] == 1.0
+    assert worded(found.values(), WORDS).items  # every key has its words

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscope.errors import DlscopeError
+from dlscope.findings import Finding
 from dlscope.observe.distributed.intervals import Intervals, clip, intersect, length, merge, subtract
 from dlscope.observe.distributed.kineto import RankTrace, read_rank
 
@@ -229,56 +230,39 @@ def _straggler(rows: list[dict[str, Any]], mean_step_ms: float) -> dict[str, Any
     }
 
 
-def findings(section: dict[str, Any]) -> list[list[str]]:
-    """Plain-language conclusions, each citing its numbers; [level, text] pairs."""
+def findings(section: dict[str, Any]) -> list[dict[str, Any]]:
+    """The section's findings (dlscope.findings, as JSON), each with the numbers it cites; worded in
+    report.sections.distributed."""
     out = []
     s = section["stragglers"]
     if s["straggler"]:
         g = s["straggler"]
-        out.append(
-            [
-                "bad",
-                f"Rank {g['rank']} is the straggler: it enqueued {g['last']} of {g['of']} collectives last, "
-                f"a median {g['median_gap_ms']:.1f} ms after the next-latest rank ({g['step_pct']:.0f}% of the "
-                f"{s['mean_step_ms']:.1f} ms mean step); the other ranks wait that long inside the all-reduce.",
-            ]
-        )
+        values = {k: g[k] for k in ("rank", "last", "of", "median_gap_ms", "step_pct")}
+        out.append(Finding("distributed.straggler", "bad", {**values, "mean_step_ms": s["mean_step_ms"]}))
     elif s["collectives"] and len(section["ranks"]) > 1:
-        counts = ", ".join(f"rank {r['rank']} {r['last']}" for r in s["by_rank"])
-        out.append(["good", f"No straggler: the last rank to arrive varies ({counts} of {len(s['collectives'])})."])
+        last = {str(r["rank"]): r["last"] for r in s["by_rank"]}
+        out.append(Finding("distributed.no_straggler", "good", {"last_by_rank": last, "of": len(s["collectives"])}))
     late = s["straggler"]["rank"] if s["straggler"] else None
     for r in section["ranks"]:
         share = r["exposed_comm_pct"]
         if share is not None and share >= COMM_HIGH_PCT:
-            overlap = f"{r['overlap_pct']:.0f}%" if r["overlap_pct"] is not None else "—"
-            why = f", waiting for the straggler, rank {late}" if late is not None and late != r["rank"] else ""
-            out.append(
-                [
-                    "warn",
-                    f"Rank {r['rank']} spends {share:.0f}% of its {r['step_ms']:.1f} ms step in communication that "
-                    f"nothing overlaps ({r['exposed_comm_ms']:.1f} ms{why}; overlap with compute {overlap}; ≥ "
-                    f"{COMM_HIGH_PCT:.0f}% is high).",
-                ]
-            )
+            values = {k: r[k] for k in ("rank", "exposed_comm_pct", "step_ms", "exposed_comm_ms", "overlap_pct")}
+            waits_for = late if late is not None and late != r["rank"] else None
+            values.update(straggler=waits_for, comm_high_pct=COMM_HIGH_PCT)
+            out.append(Finding("distributed.exposed_comm", "warn", values))
     if any(r["collectives_per_step"] and r["comm_bytes_per_step"] is None for r in section["ranks"]):
-        out.append(
-            [
-                "info",
-                "All-reduce bytes unknown: the traces record no tensor shapes (profile with record_shapes=True "
-                "to compare them with the gradients).",
-            ]
-        )
+        out.append(Finding("distributed.comm_bytes_unknown", "info"))
     ratios = [r.get("bytes_vs_grad") for r in section["ranks"] if r.get("bytes_vs_grad") is not None]
     if ratios and section["grad_bytes"]:
-        out.append(
-            [
-                "info",
-                f"All-reduce moves {section['ranks'][0]['comm_bytes_per_step']:,} B per step per rank, "
-                f"{ratios[0]:.2f}× the model's {section['grad_bytes']:,} B of gradients "
-                f"({section['ranks'][0]['collectives_per_step']:g} collectives per step).",
-            ]
-        )
-    return out
+        first = section["ranks"][0]
+        values = {
+            "comm_bytes_per_step": first["comm_bytes_per_step"],
+            "bytes_vs_grad": ratios[0],
+            "grad_bytes": section["grad_bytes"],
+            "collectives_per_step": first["collectives_per_step"],
+        }
+        out.append(Finding("distributed.comm_bytes", "info", values))
+    return [f.to_json() for f in out]
 
 
 def scaling_table(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -313,29 +297,22 @@ def scaling_table(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"baseline": baseline, "rows": rows, "findings": _same_cores(rows)}
 
 
-def _same_cores(rows: list[dict[str, Any]]) -> list[list[str]]:
-    """Ranks against threads on the same cores: which split is faster, and the communication it pays."""
+def _same_cores(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ranks against threads on the same cores: which split is faster, and the communication it pays
+    (findings as JSON, worded in report.sections.scaling)."""
     out = []
     for cores in sorted({r["cores"] for r in rows}):
         alike = sorted((r for r in rows if r["cores"] == cores), key=lambda r: -r["samples_per_s"])
         if len(alike) < 2 or alike[0]["ranks"] == alike[-1]["ranks"]:
             continue
         fast, slow = alike[0], alike[-1]
-        text = (
-            f"On {cores} cores, {fast['ranks']} rank(s) × {fast['threads']} thread(s) run "
-            f"{fast['samples_per_s'] / slow['samples_per_s']:.2f}× the samples/s of {slow['ranks']} rank(s) × "
-            f"{slow['threads']} thread(s)"
-        )
         multi, single = (fast, slow) if fast["ranks"] > slow["ranks"] else (slow, fast)
-        if multi["exposed_comm_pct"] is not None:
-            share = multi["exposed_comm_pct"]
-            text += f"; the {multi['ranks']}-rank run spends {share:.0f}% of its step in exposed communication"
-            if multi["step_ms"] is not None:
-                text += f" (mean profiled step {multi['step_ms']:.1f} ms)"
-        if single["gemm_efficiency_pct"] is not None:
-            text += (
-                f"; one rank's {single['threads']} threads reach {single['efficiency_pct']:.0f}% of ideal "
-                f"samples/s, and {single['gemm_efficiency_pct']:.0f}% of ideal on a GEMM"
-            )
-        out.append(["info", text + "."])
+        values = {
+            "cores": cores,
+            **{f"fast.{k}": fast[k] for k in ("ranks", "threads", "samples_per_s")},
+            **{f"slow.{k}": slow[k] for k in ("ranks", "threads", "samples_per_s")},
+            **{f"multi.{k}": multi[k] for k in ("ranks", "exposed_comm_pct", "step_ms")},
+            **{f"single.{k}": single[k] for k in ("threads", "efficiency_pct", "gemm_efficiency_pct")},
+        }
+        out.append(Finding("scaling.same_cores", "info", values).to_json())
     return out

@@ -7,7 +7,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from dlscope.report.blocks import Block, Figure, Findings, Para, Table
+from dlscope.report.blocks import Block, Figure, Para, Table
+from dlscope.report.wording import worded
 
 TITLE = "Distributed: ranks, communication, stragglers"
 PARTS = (
@@ -106,6 +107,52 @@ def left_out_note(left_out: list[dict[str, Any]]) -> list[Block]:
     return [Para(f"Left out, no collective launched (no training step): {listed}.")]
 
 
+def _straggler(v: dict[str, Any]) -> str:
+    return (
+        f"Rank {v['rank']} is the straggler: it enqueued {v['last']} of {v['of']} collectives last, "
+        f"a median {v['median_gap_ms']:.1f} ms after the next-latest rank ({v['step_pct']:.0f}% of the "
+        f"{v['mean_step_ms']:.1f} ms mean step); the other ranks wait that long inside the all-reduce."
+    )
+
+
+def _no_straggler(v: dict[str, Any]) -> str:
+    counts = ", ".join(f"rank {rank} {last}" for rank, last in v["last_by_rank"].items())
+    return f"No straggler: the last rank to arrive varies ({counts} of {v['of']})."
+
+
+def _exposed_comm(v: dict[str, Any]) -> str:
+    overlap = f"{v['overlap_pct']:.0f}%" if v["overlap_pct"] is not None else "—"
+    why = f", waiting for the straggler, rank {v['straggler']}" if v["straggler"] is not None else ""
+    return (
+        f"Rank {v['rank']} spends {v['exposed_comm_pct']:.0f}% of its {v['step_ms']:.1f} ms step in communication "
+        f"that nothing overlaps ({v['exposed_comm_ms']:.1f} ms{why}; overlap with compute {overlap}; ≥ "
+        f"{v['comm_high_pct']:.0f}% is high)."
+    )
+
+
+def _comm_bytes_unknown(v: dict[str, Any]) -> str:
+    return (
+        "All-reduce bytes unknown: the traces record no tensor shapes (profile with record_shapes=True "
+        "to compare them with the gradients)."
+    )
+
+
+def _comm_bytes(v: dict[str, Any]) -> str:
+    return (
+        f"All-reduce moves {v['comm_bytes_per_step']:,} B per step per rank, {v['bytes_vs_grad']:.2f}× the "
+        f"model's {v['grad_bytes']:,} B of gradients ({v['collectives_per_step']:g} collectives per step)."
+    )
+
+
+WORDS = {
+    "distributed.straggler": _straggler,
+    "distributed.no_straggler": _no_straggler,
+    "distributed.exposed_comm": _exposed_comm,
+    "distributed.comm_bytes_unknown": _comm_bytes_unknown,
+    "distributed.comm_bytes": _comm_bytes,
+}
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     if "ranks" not in section:
         return [Para(section["note"])]
@@ -118,7 +165,7 @@ def render(section: dict[str, Any]) -> list[Block]:
             f"({', '.join(section['traces'].values())}). Gradients: "
             f"{'—' if grad is None else f'{grad:,} B'} ({section.get('grad_bytes_source') or 'unknown'})."
         ),
-        Findings([(level, text) for level, text in section["findings"]]),
+        worded(section["findings"], WORDS),
         *left_out_note(section.get("left_out_steps", [])),
         rank_table(ranks),
         Figure("distributed_anatomy", partial(anatomy_chart, ranks), "Mean profiled step per rank"),

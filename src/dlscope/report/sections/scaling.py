@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscope.report.blocks import Block, Findings, Para, Table, fmt
+from dlscope.report.blocks import Block, Para, Table, fmt
+from dlscope.report.wording import worded
 
 TITLE = "Scaling: ranks against threads on this machine's cores"
 
@@ -48,6 +49,30 @@ def rounds_table(section: dict[str, Any]) -> Table:
     )
 
 
+def _same_cores(v: dict[str, Any]) -> str:
+    text = (
+        f"On {v['cores']} cores, {v['fast.ranks']} rank(s) × {v['fast.threads']} thread(s) run "
+        f"{v['fast.samples_per_s'] / v['slow.samples_per_s']:.2f}× the samples/s of {v['slow.ranks']} rank(s) × "
+        f"{v['slow.threads']} thread(s)"
+    )
+    if v["multi.exposed_comm_pct"] is not None:
+        text += (
+            f"; the {v['multi.ranks']}-rank run spends {v['multi.exposed_comm_pct']:.0f}% of its step in exposed "
+            "communication"
+        )
+        if v["multi.step_ms"] is not None:
+            text += f" (mean profiled step {v['multi.step_ms']:.1f} ms)"
+    if v["single.gemm_efficiency_pct"] is not None:
+        text += (
+            f"; one rank's {v['single.threads']} threads reach {v['single.efficiency_pct']:.0f}% of ideal "
+            f"samples/s, and {v['single.gemm_efficiency_pct']:.0f}% of ideal on a GEMM"
+        )
+    return text + "."
+
+
+WORDS = {"scaling.same_cores": _same_cores}
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     cost = section["cost"]
     return [
@@ -58,6 +83,6 @@ def render(section: dict[str, Any]) -> list[Block]:
             f"{cost['launches']} launches, {cost['train_seconds']:.1f} s of it training steps."
         ),
         scaling_table(section),
-        Findings([(level, text) for level, text in section["findings"]]),
+        worded(section["findings"], WORDS),
         rounds_table(section),
     ]
