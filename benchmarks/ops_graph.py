@@ -17,6 +17,7 @@ from dlscope.experiments.conv import ConvShape, loop_order_experiment, time_conv
 from dlscope.measure.peaks import measure_gemm_peak
 from dlscope.models import build_model
 from dlscope.observe.graph import compile_and_compare
+from dlscope.report.sections.ops import LOOP_ORDER_WORDS, PERF_WORDS, sampled_note
 
 
 def conv_table(shape: ConvShape, peak: float, repeats: int) -> list[str]:
@@ -27,7 +28,7 @@ def conv_table(shape: ConvShape, peak: float, repeats: int) -> list[str]:
         "|---|---:|---:|---:|---:|---|",
     ]
     for t in time_conv(shape, peak_gflops=peak, repeats=repeats, loops_budget_s=5.0):
-        note = f"extrapolated from {t.sampled}" if t.sampled else f"median of {t.repeats}"
+        note = sampled_note(t.to_dict())
         lines.append(
             f"| {t.impl} | {t.median_seconds * 1e3:,.3f} ms | {t.gflops:,.3g} | {t.pct_of_peak:.3g}% "
             f"| {t.max_abs_error:.1e} | {note} |"
@@ -51,11 +52,11 @@ def main() -> None:
     ):
         print("\n".join(conv_table(shape, peak.value, args.repeats)) + "\n")
     loops = loop_order_experiment(ConvShape(1, 8, 224, 224, 32, 3, 3, 1, 1), repeats=3)
-    print(f"loop order, compiled C, {loops['describe']} (perf: {loops['perf']})\n")
+    print(f"loop order, compiled C, {loops['describe']} (perf: {PERF_WORDS[loops['perf']]})\n")
     print("| order | loops | median | GFLOP/s | × seed |\n|---|---|---:|---:|---:|")
     for o in loops["orders"]:
         print(
-            f"| {o['order']} | {o['loops']} | {o['median_seconds'] * 1e3:.1f} ms | {o['gflops']:.2f} "
+            f"| {o['order']} | {LOOP_ORDER_WORDS[o['order']]} | {o['median_seconds'] * 1e3:.1f} ms | {o['gflops']:.2f} "
             f"| {o['slowdown']:.1f}× |"
         )
     if args.skip_compile:

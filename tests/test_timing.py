@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import statistics
 
+import pytest
 import torch
 
+from dlscope.measure.stats import percentile
 from dlscope.measure.timing import Contender, StepTimer, round_sizes, time_interleaved
 
 
@@ -84,3 +87,12 @@ def test_after_a_round_the_median_decides():
     time_interleaved(contenders, steps=6, rounds=3, warmup=1, drop_above=1.5)
     fast, slower = contenders
     assert slower.dropped_after == 1 and len(slower.times) == 2 and fast.dropped_after is None
+
+
+def test_percentile_interpolates_between_order_statistics():
+    sample = [7.0, 1.0, 3.0, 10.0, 4.0]
+    assert percentile(sample, 0) == 1.0 and percentile(sample, 100) == 10.0 and percentile(sample, 50) == 4.0
+    # statistics' "inclusive" method is the same linear interpolation (numpy's default)
+    deciles = statistics.quantiles(sample, n=10, method="inclusive")
+    assert [percentile(sample, p) for p in range(10, 100, 10)] == pytest.approx(deciles)
+    assert percentile([2.5], 90) == 2.5

@@ -38,16 +38,7 @@ from torch import nn
 from dlscope.errors import ConfigError
 
 IMPLS = ("loops", "numpy", "im2col", "torch")
-IMPL_DESCRIPTIONS = {
-    "loops": "the seed's seven nested loops, pure Python",
-    "numpy": "NumPy: the two filter loops in Python, the other five vectorised (einsum per tap)",
-    "im2col": "im2col (unfold into a patch matrix) + one GEMM (torch.mm)",
-    "torch": "torch.nn.functional.conv2d (oneDNN on CPU, cuDNN on GPU)",
-}
-LOOP_ORDERS = {
-    "seed": "n, k, c, oh, ow, r, s — innermost loops walk an input row (unit stride)",
-    "strided": "n, c, r, s, ow, oh, k — innermost loop jumps a whole output plane",
-}
+LOOP_ORDERS = ("seed", "strided")  # conv_orders.c's two nestings (report.sections.ops says which)
 
 
 @dataclass(frozen=True)
@@ -189,7 +180,7 @@ class ConvTiming:
     max_abs_error: float
     gflops: float
     pct_of_peak: float | None
-    sampled: str | None = None  # what part of the shape actually ran, when not all of it
+    sampled: dict[str, int] | None = None  # what part of the shape actually ran (images, filters), when not all
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -240,7 +231,11 @@ def time_loops(
     out = conv_loops(x[:n], w[:k], b[:k], shape.stride, shape.padding)
     seconds = (time.perf_counter() - start) * (shape.n * shape.k) / (n * k)
     error = float((out - reference[:n, :k]).abs().max())
-    sampled = None if (n, k) == (shape.n, shape.k) else f"{n} of {shape.n} images × {k} of {shape.k} filters"
+    sampled = (
+        None
+        if (n, k) == (shape.n, shape.k)
+        else {"images": n, "of_images": shape.n, "filters": k, "of_filters": shape.k}
+    )
     return ConvTiming("loops", seconds, 1, error, shape.flops / seconds / 1e9, None, sampled)
 
 
@@ -376,7 +371,7 @@ def loop_order_experiment(shape: ConvShape, repeats: int = 3) -> dict:
     orders = []
     with tempfile.TemporaryDirectory(prefix="dlscope-conv-") as tmp:
         binary = compile_conv_orders(Path(tmp))
-        for order, description in LOOP_ORDERS.items():
+        for order in LOOP_ORDERS:
             out_path = Path(tmp) / f"{order}.bin"
             args = [str(binary), order, *map(str, (shape.n, shape.c, shape.h, shape.w, shape.k, shape.r, shape.s))]
             args += [str(shape.stride), str(shape.padding), str(repeats), str(out_path)]
@@ -388,7 +383,6 @@ def loop_order_experiment(shape: ConvShape, repeats: int = 3) -> dict:
             orders.append(
                 {
                     "order": order,
-                    "loops": description,
                     "median_seconds": float(done.stdout.split()[-1]),
                     "max_abs_error": float((out - reference).abs().max()),
                     # the whole process: input set-up plus every repeat
@@ -404,7 +398,7 @@ def loop_order_experiment(shape: ConvShape, repeats: int = 3) -> dict:
         "shape": shape.to_dict(),
         "describe": shape.describe(),
         "repeats": repeats,
-        "perf": "counted" if supported else ("perf present, hardware counters not supported" if perf else "no perf"),
+        "perf": "counted" if supported else ("unsupported" if perf else "absent"),  # perf, its counters
         "orders": orders,
         "working_set_bytes": 4 * (shape.n * shape.c * shape.h * shape.w + shape.k * shape.c * shape.r * shape.s)
         + 4 * shape.n * shape.k * shape.out_h * shape.out_w,

@@ -40,6 +40,7 @@ from dlscope.findings import Finding, Level
 from dlscope.measure.memory import SOURCE as MEMORY_SOURCE
 from dlscope.measure.memory import allocation_peak, profile_allocation_peak
 from dlscope.measure.peaks import measure_copy_bandwidth, measure_gemm_peak
+from dlscope.measure.stats import percentile
 from dlscope.measure.timing import Contender, StepTimer, time_interleaved
 from dlscope.models import build_model
 from dlscope.observe.profiler import TopOpsTable, clone_for_profiling, quiet_native_stderr, table_from_events
@@ -187,15 +188,6 @@ def transfer_us(batch: torch.Tensor, device: torch.device, pinned: bool, repeats
     timer = StepTimer(device)
     times = timer.time_steps(lambda: host.to(device, non_blocking=pinned), repeats)
     return statistics.median(times) * 1e6
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    """Linear-interpolated percentile (numpy's default method)."""
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * pct / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def kernel_times_us(table: TopOpsTable, device: torch.device) -> dict[str, float]:

@@ -9,16 +9,17 @@ import statistics
 from typing import Any
 
 from dlscope.errors import DlscopeError
+from dlscope.measure.stats import percentile
 from dlscope.steps.base import Context, Step
 
 
 def step_ms(record: dict[str, Any]) -> tuple[float | None, float | None]:
-    """Median and 90th percentile of the rank's steps, in ms: its first and profiled steps left out."""
+    """Median and 90th percentile (measure.stats) of the rank's steps, in ms: its first and profiled steps left out."""
     skip = {0, *record["profiled_steps"]}
-    times = sorted(1000 * t for i, t in enumerate(record["step_seconds"]) if i not in skip)
+    times = [1000 * t for i, t in enumerate(record["step_seconds"]) if i not in skip]
     if not times:
         return None, None
-    return statistics.median(times), times[min(len(times) - 1, int(0.9 * len(times)))]
+    return statistics.median(times), percentile(times, 90)
 
 
 def rank_row(record: dict[str, Any], run_path: Any) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from dlscope.experiments.conv import (
-    IMPL_DESCRIPTIONS,
     IMPLS,
     ConvShape,
     extrapolate_to_layers,
@@ -57,7 +56,6 @@ def run_conv(ctx: Context, options: OpsOptions, section: dict[str, Any]) -> None
         "im2col_bytes": shape.im2col_bytes,
         "input_bytes": 4 * shape.n * shape.c * shape.h * shape.w,
         "timings": [t.to_dict() for t in timings],
-        "impl_descriptions": {impl: IMPL_DESCRIPTIONS[impl] for impl in options.impls},
         "model": ctx.config.model,
         "model_batch_size": ctx.config.batch_size,
         "model_layers": layers,

@@ -16,13 +16,6 @@ from pathlib import Path
 from dlscope.observe.bootstrap_env import with_bootstrap
 from dlscope.observe.iotrace.events import Event, make_event
 
-BLIND_TO = (
-    "individual read/write/lseek/close/stat/fsync calls and their latency (bytes per phase come "
-    "from /proc/self/io instead)",
-    "opens done in C code (extension modules, shared-library loading)",
-    "processes that are not Python",
-)
-
 
 def available() -> str | None:
     return None if Path("/proc/self/io").exists() else "/proc/self/io is missing (not Linux, or no procfs)"

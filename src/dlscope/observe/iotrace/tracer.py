@@ -122,9 +122,8 @@ def collect_proc(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
         raise TraceError(f"cannot start the command: {e.strerror}", argv[0]) from None
     returncode, interrupted = wait_command(child)
     seconds = time.perf_counter() - start
-    notes: dict[str, Any] = {"blind_to": list(proc.BLIND_TO)}
-    if not any(events_dir.glob("*.jsonl")):
-        notes["warning"] = "no Python process reported: the proc backend sees Python commands only"
+    # report.sections.iotrace says what the proc backend cannot see
+    notes: dict[str, Any] = {"python_processes": len(list(events_dir.glob("*.jsonl")))}
     return Collected(
         "proc", returncode, seconds, interrupted, lambda: proc.read_events(events_dir), notes=notes, scratch=events_dir
     )

@@ -8,6 +8,8 @@ from typing import Any
 from dlscope.report.blocks import Block, Code, Findings, Para, Svg, Table
 from dlscope.report.graphs import graph_svg
 
+CACHE_WORDS = {"cold": "cold: a fresh, empty Inductor cache", "warm": "warm allowed: the user's Inductor cache"}
+
 TITLE = "Framework life cycle: forward graph, autograd graph, generated code"
 
 
@@ -64,7 +66,7 @@ def render(section: dict[str, Any]) -> list[Block]:
             [
                 (
                     "info",
-                    f"Compiling took {compiled['compile_seconds']:.1f} s ({compiled['cache']}).",
+                    f"Compiling took {compiled['compile_seconds']:.1f} s ({CACHE_WORDS[compiled['cache']]}).",
                 ),
                 (
                     "good" if compiled["speedup"] > 1 else "warn",

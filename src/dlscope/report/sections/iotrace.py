@@ -24,6 +24,14 @@ def _phases(f: dict[str, Any]) -> str:
     return f["first_phase"] if f["first_phase"] == f["last_phase"] else f"{f['first_phase']} → {f['last_phase']}"
 
 
+PROC_BLIND_TO = (
+    "individual read/write/lseek/close/stat/fsync calls and their latency (bytes per phase come "
+    "from /proc/self/io instead)",
+    "opens done in C code (extension modules, shared-library loading)",
+    "processes that are not Python",
+)
+
+
 def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
     items: list[tuple[str, str]] = []
     for s in section["skipped_backends"]:
@@ -56,10 +64,10 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
                 "(closed before they could be read from /proc/PID/fd): they appear under the cut name.",
             )
         )
-    for blind in notes.get("blind_to", []):
-        items.append(("warn", f"The proc backend cannot see {blind}."))
-    if notes.get("warning"):
-        items.append(("warn", notes["warning"] + "."))
+    if "python_processes" in notes:  # the proc backend
+        items += [("warn", f"The proc backend cannot see {blind}.") for blind in PROC_BLIND_TO]
+        if not notes["python_processes"]:
+            items.append(("warn", "No Python process reported: the proc backend sees Python commands only."))
     if section["interrupted"]:
         by = section["interrupted"] if isinstance(section["interrupted"], str) else "Ctrl-C"
         items.append(

@@ -10,18 +10,6 @@ from dlscope.report.blocks import Block, Figure, Findings, Para, Table
 TITLE = "Operators and memory: a convolution from seven loops to oneDNN"
 
 
-def fmt_seconds(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:,.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} µs"
-
-
-def mib(n: float) -> str:
-    return f"{n / 2**20:.2f} MiB"
-
-
 def conv_chart(conv: dict, peak: dict) -> bytes:
     from dlscope.report import plots  # matplotlib: only when a report draws
 
@@ -55,6 +43,27 @@ def memory_chart(memory: dict) -> bytes:
     return plots.png(fig)
 
 
+IMPL_DESCRIPTIONS = {
+    "loops": "the seed's seven nested loops, pure Python",
+    "numpy": "NumPy: the two filter loops in Python, the other five vectorised (einsum per tap)",
+    "im2col": "im2col (unfold into a patch matrix) + one GEMM (torch.mm)",
+    "torch": "torch.nn.functional.conv2d (oneDNN on CPU, cuDNN on GPU)",
+}
+LOOP_ORDER_WORDS = {
+    "seed": "n, k, c, oh, ow, r, s — innermost loops walk an input row (unit stride)",
+    "strided": "n, c, r, s, ow, oh, k — innermost loop jumps a whole output plane",
+}
+PERF_WORDS = {"counted": "counted", "unsupported": "perf present, hardware counters not supported", "absent": "no perf"}
+
+
+def sampled_note(timing: dict[str, Any]) -> str:
+    """How a timing was taken: the median of its repeats, or extrapolated from part of the shape."""
+    s = timing["sampled"]
+    if not s:
+        return f"median of {timing['repeats']}"
+    return f"extrapolated from {s['images']} of {s['of_images']} images × {s['filters']} of {s['of_filters']} filters"
+
+
 def render_conv(section: dict[str, Any]) -> list[Block]:
     conv, peak = section["conv"], section["peak"]
     timings = conv["timings"]
@@ -62,12 +71,12 @@ def render_conv(section: dict[str, Any]) -> list[Block]:
     rows = [
         [
             t["impl"],
-            conv["impl_descriptions"][t["impl"]],
+            IMPL_DESCRIPTIONS[t["impl"]],
             t["median_seconds"] * 1e3,
             t["gflops"],
             t["pct_of_peak"],
             t["max_abs_error"],
-            f"extrapolated from {t['sampled']}" if t["sampled"] else f"median of {t['repeats']}",
+            sampled_note(t),
         ]
         for t in timings
     ]
@@ -148,7 +157,7 @@ def render_loop_order(result: dict[str, Any]) -> list[Block]:
     rows = [
         [
             o["order"],
-            o["loops"],
+            LOOP_ORDER_WORDS[o["order"]],
             o["median_seconds"] * 1e3,
             o["gflops"],
             o["slowdown"],
@@ -164,7 +173,7 @@ def render_loop_order(result: dict[str, Any]) -> list[Block]:
             f"Locality: the same seven-loop convolution compiled from C (gcc -O2), {result['describe']}, in two "
             f"loop orders — identical multiply-adds, only the nesting differs. Working set "
             f"{result['working_set_bytes'] / 2**20:.1f} MiB. Median of {result['repeats']} runs. "
-            f"Hardware counters: {result['perf']}."
+            f"Hardware counters: {PERF_WORDS[result['perf']]}."
         ),
         Findings(
             [

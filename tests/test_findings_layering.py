@@ -1,0 +1,120 @@
+"""Measuring code returns facts, report/ words them: no English sentence is built under steps/,
+observe/, experiments/ or measure/ and sent into results (issue 21). Read with `ast`, not run.
+
+A sentence: a str constant or f-string with ≥ 4 plain words, making up at least half its tokens (so
+code — a bpftrace program, a `python -c` line — is not one). Not counted: docstrings, exception
+messages (raise, *Error(...)), warnings filters, and console messages while measuring (say, task, update, print):
+they are shown once and never kept in results.json. Anything else can reach a result."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "dlscope"
+LAYERS = ("steps", "observe", "experiments", "measure")
+# observe/script (the `run` hooks, analysis and timeline) and observe/bootstrap belong to the
+# run-steps and run-store rework of issue 21, which moves their wording; checked once it lands.
+NOT_YET = ("observe/script", "observe/bootstrap")
+# Sentences that are not findings, each with why.
+EXEMPT = {
+    # fragments of torch's own stderr lines, matched to drop them, never shown
+    ("observe/profiler.py", "NATIVE_NOISE"),
+    # why a tracing backend cannot run here: an error message, raised as BackendUnavailable
+    ("observe/iotrace/ebpf.py", "available"),
+    ("observe/iotrace/strace.py", "available"),
+    ("observe/iotrace/proc.py", "available"),
+    ("observe/iotrace/tracer.py", "_last_error"),
+}
+UI_CALLS = {"say", "task", "update", "on_point", "on_row", "print", "warn"}
+MATCHERS = {"filterwarnings"}  # their text is matched against a library's own messages
+WORD = re.compile(r"^[(\"'“]?[A-Za-z][a-z]*[)\"'”,.:;!?]*$")
+
+
+def is_sentence(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        text = node.value
+    elif isinstance(node, ast.JoinedStr):
+        text = " ".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
+    else:
+        return False
+    tokens = text.split()
+    words = sum(bool(WORD.match(t)) for t in tokens)
+    return words >= 4 and words >= len(tokens) / 2  # code (a bpftrace program, python -c) is mostly symbols
+
+
+def _callee(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _strings(node: ast.AST | None) -> list[ast.AST]:
+    """Sentence nodes under `node`, not looking into exception messages or console messages."""
+    found: list[ast.AST] = []
+    stack = [node] if node is not None else []
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Call) and (
+            _callee(n).endswith(("Error", "Exception", "Unavailable")) or _callee(n) in UI_CALLS | MATCHERS
+        ):
+            continue
+        if is_sentence(n):
+            found.append(n)
+            continue
+        stack.extend(ast.iter_child_nodes(n))
+    return found
+
+
+def _owner(tree: ast.Module, node: ast.AST) -> str:
+    """The top-level function, class or constant a node sits in."""
+    for top in tree.body:
+        if top.lineno <= node.lineno <= (top.end_lineno or top.lineno):
+            if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                return top.name
+            if isinstance(top, (ast.Assign, ast.AnnAssign)):
+                target = top.targets[0] if isinstance(top, ast.Assign) else top.target
+                return target.id if isinstance(target, ast.Name) else ""
+    return ""
+
+
+def sentences(source: str) -> list[tuple[int, str]]:
+    """(line, top-level owner) of every sentence outside docstrings, errors and console messages."""
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and ast.get_docstring(node, clean=False) is not None
+    }
+    return sorted({(n.lineno, _owner(tree, n)) for n in _strings(tree) if id(n) not in docstrings})
+
+
+def test_no_sentence_is_built_in_measuring_code():
+    offenders, exempted = [], set()
+    for layer in LAYERS:
+        for path in sorted((SRC / layer).rglob("*.py")):
+            rel = path.relative_to(SRC).as_posix()
+            if rel.startswith(NOT_YET):
+                continue
+            for line, owner in sentences(path.read_text()):
+                if (rel, owner) in EXEMPT:
+                    exempted.add((rel, owner))
+                else:
+                    offenders.append(f"{rel}:{line} ({owner})")
+    assert not offenders, "word these in report/sections, return the facts:\n" + "\n".join(offenders)
+    assert exempted == EXEMPT, f"exemptions that match nothing any more: {EXEMPT - exempted}"
+
+
+def test_the_rule_catches_a_finding_and_spares_errors_and_docstrings():
+    caught = sentences(
+        "def f(x):\n"
+        '    """A docstring is not a finding at all."""\n'
+        "    if x < 0:\n"
+        '        raise ValueError(f"x is {x} but must not be negative here")\n'
+        '    say(f"measuring the thing now, {x} of them")\n'
+        '    return {"text": f"The step spends {x}% of its time waiting for data."}\n'
+    )
+    assert [line for line, _ in caught] == [6]
+    assert sentences('def g(out):\n    out.append(["warn", "the model did not converge in time"])\n') == [(2, "g")]
+    assert sentences('PROGRAM = "tracepoint:x { @a[tid] = 1; printf(\\"%d\\", tid); }"\n') == []
