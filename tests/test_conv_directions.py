@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from dlscope.experiments.batch_device import conv_findings, slowest_conv
 from dlscope.experiments.conv_directions import SLOW_RATE_RATIO, conv_directions, slow_kernels
-from dlscope.experiments.sweep import conv_findings, slowest_conv
 from dlscope.models import CONV_PATHS, build_model
 from dlscope.report.sections.sweep import WORDS
 from dlscope.report.wording import worded

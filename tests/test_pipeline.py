@@ -459,7 +459,7 @@ def _workers_row(label: str, workers: int, prefetch: int, wall_s: float) -> dict
 )
 def test_workers_finding_says_whether_workers_beat_neither(best_wall_s, key, level):
     rows = [_workers_row("neither", 0, 0, 1.0), _workers_row("2 workers", 2, 2, best_wall_s)]
-    section = {"tables": [{"key": "workers", "title": "Workers", "rows": rows}], "thresholds": {}, "exactly_once": True}
+    section = {"tables": [{"key": "workers", "rows": rows}], "thresholds": {}, "exactly_once": True}
     found = {f.key: f for f in findings(section)}
     workers = found[f"pipeline.{key}"]
     assert workers.level == level and workers.values["best"]["label"] == "2 workers"

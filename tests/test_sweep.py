@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dlscope.cli import main
 from dlscope.data.loaders import normalise
-from dlscope.experiments.sweep import (
+from dlscope.experiments.batch_device import (
     TABLE_FIELDS,
     ByteCounterMode,
     PointRun,
@@ -25,7 +25,7 @@ from dlscope.experiments.sweep import (
     diagnose,
     is_compute_kernel,
     operator_shift,
-    run_sweep,
+    run_batch_device_sweep,
     sweep_grid,
 )
 from dlscope.models import build_model
@@ -48,7 +48,7 @@ def sweep(batches):
     images, labels = batches
     points = sweep_grid([1, 64], ["cpu"], [1])
     phases = []
-    result = run_sweep(points, SETTINGS, images, labels, (512, 16), lambda p, phase: phases.append(phase))
+    result = run_batch_device_sweep(points, SETTINGS, images, labels, (512, 16), lambda p, phase: phases.append(phase))
     result["phases"] = phases
     return result
 
@@ -265,7 +265,7 @@ def test_grid_rejects_bad_configurations():
 def test_cuda_points_sync_with_events_and_report_allocator_memory(batches):
     images, labels = batches
     points = sweep_grid([1, 64], ["cpu", "cuda"], [1], [False, True])
-    result = run_sweep(points, SETTINGS, images, labels, (1024, 64))
+    result = run_batch_device_sweep(points, SETTINGS, images, labels, (1024, 64))
     gpu = [r for r in result["rows"] if r["device_type"] == "cuda"]
     assert [r["config"] for r in gpu] == [
         "cuda/bench-off/b1",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dlscope.cli import main
-from dlscope.experiments.sweep import count_step_bytes
+from dlscope.experiments.batch_device import count_step_bytes
 from dlscope.observe.profiler import profile_training
 from dlscope.train import TrainConfig, Trainer
 

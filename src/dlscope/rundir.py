@@ -33,7 +33,7 @@ from dlscope.errors import RunDirError, from_os_error, interrupt_signal
 from dlscope.fsutil import atomic_write_bytes, clean_stale_temps, json_text, make_dirs
 
 SCHEMA = "dlscope.results"
-SCHEMA_VERSION = 2  # 2: sections rendered by report/sections (dlscope 0.2)
+SCHEMA_VERSION = 3  # 2: sections rendered by report/sections (dlscope 0.2); 3: findings as facts (dlscope.findings)
 LOCK_NAME = ".dlscope-lock"
 # "<pid>:<run dir>": set for a child that writes into the run its parent holds (lab --trace-io)
 LOCK_HELD_FOR_CHILD = "DLSCOPE_RUN_LOCK_HELD_BY"

@@ -11,7 +11,7 @@ from dlscope.cli.common import (
     Parser,
     add_run_args,
     add_training_args,
-    run_steps,
+    run_builtin_command,
 )
 from dlscope.cli.lab import keras_seed_options
 from dlscope.errors import CheckpointError
@@ -71,7 +71,7 @@ def cmd_ckpt_seed003(args: argparse.Namespace) -> int:
         import_tensorflow()  # missing TF: one line before any run directory is made
 
     options = StepOptions(ckpt_anatomy=keras_seed_options(args))
-    return run_steps(args, "ckpt-seed003", ["environment", "dataset", "ckpt_anatomy"], step_options=options)
+    return run_builtin_command(args, "ckpt-seed003", ["environment", "dataset", "ckpt_anatomy"], step_options=options)
 
 
 WORST_FIRST = ("dangerous", "damaged", "safe", "skipped")

@@ -202,7 +202,7 @@ def run_options(args: argparse.Namespace) -> RunOptions:
     )
 
 
-def run_steps(
+def run_builtin_command(
     args: argparse.Namespace,
     command: str,
     steps: Sequence[str],

@@ -14,7 +14,7 @@ from dlscope.cli.common import (
     dist_options,
     int_list,
     profile_options,
-    run_steps,
+    run_builtin_command,
     switch_list,
 )
 from dlscope.errors import DlscopeError
@@ -100,22 +100,22 @@ def cmd_lab(args: argparse.Namespace) -> int:
         dist=dist_options(args),
         scaling=ScalingOptions(steps=args.scaling_steps, rounds=args.scaling_rounds),
     )
-    return run_steps(args, "lab", lab_steps(args.steps, options.dist), step_options=options)
+    return run_builtin_command(args, "lab", lab_steps(args.steps, options.dist), step_options=options)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     options = StepOptions(train=train_options(args), dist=dist_options(args))
-    return run_steps(args, "train", with_rank_steps(TRAIN_STEPS, options.dist), step_options=options)
+    return run_builtin_command(args, "train", with_rank_steps(TRAIN_STEPS, options.dist), step_options=options)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     options = StepOptions(profile=profile_options(args))
-    return run_steps(args, "profile", ["environment", "dataset", "model", "profile"], step_options=options)
+    return run_builtin_command(args, "profile", ["environment", "dataset", "model", "profile"], step_options=options)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from dlscope.config import TrainConfig
-    from dlscope.experiments.sweep import available_devices, sweep_grid
+    from dlscope.experiments.batch_device import available_devices, sweep_grid
 
     # the grid is checked before a run directory exists (cuda asked for on a CPU-only machine, …)
     sweep_grid(args.batch_sizes, args.devices or available_devices(), args.threads or [1], args.cudnn_benchmark)
@@ -134,7 +134,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     # the sweep trains nothing to completion: the config names the model and optimizer it times
     config = TrainConfig(model=args.model, optimizer=args.optimizer, lr=args.lr, seed=args.seed, target_acc=None)
     steps = ["environment", "dataset", "sweep"]
-    return run_steps(args, "sweep", steps, config=config, step_options=StepOptions(sweep=sweep))
+    return run_builtin_command(args, "sweep", steps, config=config, step_options=StepOptions(sweep=sweep))
 
 
 def ops_options(args: argparse.Namespace, parts: tuple[str, ...]):
@@ -171,17 +171,19 @@ def cmd_ops_conv(args: argparse.Namespace) -> int:
     if args.loops_budget <= 0:
         raise DlscopeError("--loops-budget must be > 0 seconds")
     options = StepOptions(ops=ops_options(args, ("conv", "loop_order")))
-    return run_steps(args, "ops-conv", ["environment", "ops"], step_options=options)
+    return run_builtin_command(args, "ops-conv", ["environment", "ops"], step_options=options)
 
 
 def cmd_ops_memory(args: argparse.Namespace) -> int:
     options = StepOptions(ops=ops_options(args, ("memory",)))
-    return run_steps(args, "ops-memory", ["environment", "ops"], step_options=options)
+    return run_builtin_command(args, "ops-memory", ["environment", "ops"], step_options=options)
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
     options = GraphOptions(compile=not args.no_compile, cold=not args.warm_cache, repeats=args.repeats)
-    return run_steps(args, "graph", ["environment", "dataset", "graph"], step_options=StepOptions(graph=options))
+    return run_builtin_command(
+        args, "graph", ["environment", "dataset", "graph"], step_options=StepOptions(graph=options)
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ import argparse
 
 from dlscope.cli.common import (
     Parser,
-    run_steps,
+    run_builtin_command,
 )
 
 
@@ -84,7 +84,7 @@ def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
     config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
     options = StepOptions(pipeline=PipelineOptions(plan, args.remove_data))
     steps = ["environment", "dataset", "pipeline"]
-    return run_steps(args, "pipeline-sweep", steps, config=config, step_options=options)
+    return run_builtin_command(args, "pipeline-sweep", steps, config=config, step_options=options)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

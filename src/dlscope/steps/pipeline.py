@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscope.data.pipeline.sweep import run_sweep
+from dlscope.data.pipeline.parameter_sweep import run_parameter_sweep
 from dlscope.steps.base import Context, Step
 
 
@@ -20,7 +20,9 @@ def run(ctx: Context) -> dict[str, Any]:
             task.update(description=description, total=total, advance=1 if finished else 0)
             finished += 1
 
-        return run_sweep(options.plan, ctx.run.sub("pipeline"), ctx.data, on_row, remove_data=options.remove_data)
+        return run_parameter_sweep(
+            options.plan, ctx.run.sub("pipeline"), ctx.data, on_row, remove_data=options.remove_data
+        )
 
 
 STEP = Step("pipeline", run, needs=("dataset",))

@@ -7,7 +7,14 @@ from typing import Any
 import torch
 
 from dlscope.data.loaders import normalise
-from dlscope.experiments.sweep import SweepPoint, SweepSettings, available_devices, rows_csv, run_sweep, sweep_grid
+from dlscope.experiments.batch_device import (
+    SweepPoint,
+    SweepSettings,
+    available_devices,
+    rows_csv,
+    run_batch_device_sweep,
+    sweep_grid,
+)
 from dlscope.steps.base import Context, Step
 
 SAMPLES = 1024  # training images the sweep slices its batches from (resident on each device)
@@ -39,7 +46,9 @@ def run(ctx: Context) -> dict[str, Any]:
         def on_phase(point: SweepPoint | None, phase: str) -> None:
             task.update(description=f"{phase} {point.key}" if point else phase, advance=1)
 
-        section = run_sweep(points, settings, images, labels, (options.gemm_n, options.copy_mbytes), on_phase)
+        section = run_batch_device_sweep(
+            points, settings, images, labels, (options.gemm_n, options.copy_mbytes), on_phase
+        )
     out = ctx.run.sub("sweep")
     (out / "sweep.csv").write_text(rows_csv(section["rows"]))
     section["csv"] = ctx.run.rel(out / "sweep.csv")

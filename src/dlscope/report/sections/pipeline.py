@@ -12,6 +12,35 @@ from dlscope.report.wording import worded
 TITLE = "Input pipeline"
 
 
+TABLE_TITLES = {
+    "batch": "Batch size",
+    "shuffle": "Shuffle buffer",
+    "read_buffer": "Read buffer on small files",
+    "layout": "Small files against shards, cold and warm",
+    "workers": "Workers and prefetch",
+}
+
+
+def table_note(section: dict[str, Any], table: dict[str, Any]) -> str:
+    """How a table maps to the seed, and what it holds fixed."""
+    plan, buffer, file_bytes = section["plan"], section["default_read_buffer"], table["file_bytes"]
+    batch, compute = plan["batch_size"], f"simulated compute {plan['compute_ms']:g} ms/batch"
+    return {
+        "batch": f"Seed table 1: TFRecord shards, read buffer {buffer:,} B, no shuffle, warm cache; the consumer is "
+        f"the real training step of `{plan['model']}`.",
+        "shuffle": f"Seed table 2: batch {batch}, TFRecord shards, warm cache, training consumer. A buffer as large "
+        "as the dataset is a full shuffle; 500 only shuffles locally.",
+        "read_buffer": f"Seed table 3: one {file_bytes}-byte file per sample, batch {batch}; read buffers of half a "
+        f"file, one file and {buffer:,} B, each cold (page cache evicted) and warm. No shuffle, so the rows differ "
+        f"only in the read calls; {compute}.",
+        "layout": "The same samples as one file each, as 8 TFRecord shards and as one memory-mapped array; read "
+        f"buffer {buffer:,} B, batch {batch}, {compute}.",
+        "workers": f"Small files, cold cache (reads wait on the disk, so readers can overlap), batch {batch}, "
+        "simulated compute. Workers are DataLoader processes, each reading its own files; without workers, "
+        "prefetch is a background thread.",
+    }[table["key"]]
+
+
 VERDICT_STYLE = {"input-bound": "bad", "balanced": "warn", "compute-bound": "good"}
 
 
@@ -31,7 +60,7 @@ def time_split_figure(table: dict[str, Any]) -> bytes:
         ax.annotate(f"AU {100 * row['au']:.0f}%", (i, row["wait_s"] + row["compute_s"]), ha="center", va="bottom")
     ax.set_xlabel(table["varied"])
     ax.set_ylabel("seconds per epoch")
-    ax.set_title(table["title"])
+    ax.set_title(TABLE_TITLES[table["key"]])
     ax.tick_params(axis="x", labelsize=7)
     ax.margins(y=0.12)  # room above the tallest bar for its AU label
     plots.legend_outside(ax, fontsize=7)
@@ -64,7 +93,7 @@ def render(section: dict[str, Any]) -> list[Block]:
     ]
     for table in section["tables"]:
         blocks += [
-            Para(f"{table['title']}. {table['note']}"),
+            Para(f"{TABLE_TITLES[table['key']]}. {table_note(section, table)}"),
             Table(
                 [table["varied"], *SHORT[1:]],
                 [row_cells(r) for r in own_rows(table)],
@@ -74,7 +103,7 @@ def render(section: dict[str, Any]) -> list[Block]:
             Figure(
                 f"pipeline_{table['key']}",
                 partial(time_split_figure, table),
-                f"{table['title']}: where the wall time went",
+                f"{TABLE_TITLES[table['key']]}: where the wall time went",
             ),
         ]
         if table_pairs(table):
@@ -82,8 +111,8 @@ def render(section: dict[str, Any]) -> list[Block]:
                 Table(
                     [table["varied"], *ENGINE_COLUMNS],
                     [[label, *engine_cells(dl, tf)] for label, dl, tf in table_pairs(table)],
-                    f"{table['title']}: dlscope / tf.data — the same rows through TFRecordDataset(buffer_size), "
-                    "interleave, shuffle, batch, parse_example and prefetch",
+                    f"{TABLE_TITLES[table['key']]}: dlscope / tf.data — the same rows through "
+                    "TFRecordDataset(buffer_size), interleave, shuffle, batch, parse_example and prefetch",
                     legend="1st batch: seconds until the first batch arrived (the pipeline's start-up)",
                 )
             )
@@ -191,7 +220,7 @@ def findings(section: dict[str, Any]) -> list[Finding]:
     items.extend(engine_findings(section["tables"]))
     input_bound = [
         {
-            "table": t["title"],
+            "table": t["key"],
             "input_bound": sum(r["verdict"] == "input-bound" for r in t["rows"]),
             "rows": len(t["rows"]),
         }
@@ -206,7 +235,7 @@ def findings(section: dict[str, Any]) -> list[Finding]:
         items.append(Finding("pipeline.exactly_once", "good", {"deliveries": samples}))
     else:
         bad = [
-            {"table": t["title"], "row": r["label"]}
+            {"table": t["key"], "row": r["label"]}
             for t in section["tables"]
             for r in t["rows"]
             if not r["exactly_once"]
@@ -387,7 +416,7 @@ def _workers_help_words(v: dict[str, Any]) -> str:
 
 
 def _input_bound_words(v: dict[str, Any]) -> str:
-    listed = "; ".join(f"{t['table'].lower()} ({t['input_bound']} of {t['rows']})" for t in v["tables"])
+    listed = "; ".join(f"{TABLE_TITLES[t['table']].lower()} ({t['input_bound']} of {t['rows']})" for t in v["tables"])
     return (
         f"Input-bound (≥ {100 * v['input_bound_wait']:.0f}% of the wall time waiting for data) in {listed}. "
         "Remedies, in the order the tables support them: shards instead of small files, a warm cache, workers "
@@ -400,7 +429,7 @@ def _exactly_once_words(v: dict[str, Any]) -> str:
 
 
 def _not_exactly_once_words(v: dict[str, Any]) -> str:
-    listed = "; ".join(f"{r['table']}: {r['row']}" for r in v["rows"])
+    listed = "; ".join(f"{TABLE_TITLES[r['table']]}: {r['row']}" for r in v["rows"])
     return f"Samples lost or duplicated in: {listed}."
 
 
@@ -425,7 +454,7 @@ def epoch_blocks(row: dict[str, Any], reader: Any, manifest: Any) -> list[Block]
 
 
 def base_label(row: dict[str, Any]) -> str:
-    """The row's label without the engine the sweep adds when it runs two (sweep.engine_label)."""
+    """The row's label without the engine the sweep adds when it runs two (parameter_sweep.engine_label)."""
     return row["label"].rsplit(" · ", 1)[0] if " · " in row["label"] else row["label"]
 
 
@@ -465,7 +494,9 @@ def engine_cells(dl: dict[str, Any] | None, tf: dict[str, Any]) -> list[str]:
 
 def engine_findings(tables: list[dict[str, Any]]) -> list[Finding]:
     """Where tf.data and dlscope's own stages differ on the same rows, and why."""
-    pairs = [(f"{t['title'].lower()}: {label}", dl, tf) for t in tables for label, dl, tf in table_pairs(t) if dl]
+    pairs = [
+        (f"{TABLE_TITLES[t['key']].lower()}: {label}", dl, tf) for t in tables for label, dl, tf in table_pairs(t) if dl
+    ]
     if not pairs:
         return []
     ratios = [(name, tf["wall_s"] / dl["wall_s"]) for name, dl, tf in pairs if dl["wall_s"]]

@@ -33,9 +33,7 @@ SEED_FILE_BYTES = 550  # seed 003: a million 550-byte files
 
 @dataclass
 class TableSpec:
-    key: str
-    title: str
-    note: str  # how it maps to the seed, and what is held fixed
+    key: str  # report.sections.pipeline titles it and says how it maps to the seed
     varied: str  # the column that changes
     dataset: str  # "mnist" or "small"
     consumer: str  # "train" or "simulated"
@@ -49,9 +47,6 @@ def plan_tables(plan: SweepPlan, file_bytes: int) -> list[TableSpec]:
         tables.append(
             TableSpec(
                 "batch",
-                "Batch size",
-                f"Seed table 1: TFRecord shards, read buffer {DEFAULT_READ_BUFFER:,} B, no shuffle, warm cache; "
-                f"the consumer is the real training step of `{plan.model}`.",
                 "batch size",
                 "mnist",
                 "train",
@@ -61,9 +56,6 @@ def plan_tables(plan: SweepPlan, file_bytes: int) -> list[TableSpec]:
         tables.append(
             TableSpec(
                 "shuffle",
-                "Shuffle buffer",
-                f"Seed table 2: batch {plan.batch_size}, TFRecord shards, warm cache, training consumer. "
-                "A buffer as large as the dataset is a full shuffle; 500 only shuffles locally.",
                 "shuffle buffer",
                 "mnist",
                 "train",
@@ -81,10 +73,6 @@ def plan_tables(plan: SweepPlan, file_bytes: int) -> list[TableSpec]:
     tables.append(
         TableSpec(
             "read_buffer",
-            "Read buffer on small files",
-            f"Seed table 3: one {file_bytes}-byte file per sample, batch {plan.batch_size}; read buffers of "
-            f"half a file, one file and {DEFAULT_READ_BUFFER:,} B, each cold (page cache evicted) and warm. "
-            f"No shuffle, so the rows differ only in the read calls; simulated compute {plan.compute_ms:g} ms/batch.",
             "read buffer (B)",
             small,
             "simulated",
@@ -102,10 +90,6 @@ def plan_tables(plan: SweepPlan, file_bytes: int) -> list[TableSpec]:
     tables.append(
         TableSpec(
             "layout",
-            "Small files against shards, cold and warm",
-            f"The same samples as one file each, as 8 TFRecord shards and as one memory-mapped array; "
-            f"read buffer {DEFAULT_READ_BUFFER:,} B, batch {plan.batch_size}, "
-            f"simulated compute {plan.compute_ms:g} ms/batch.",
             "layout",
             small,
             "simulated",
@@ -123,10 +107,6 @@ def plan_tables(plan: SweepPlan, file_bytes: int) -> list[TableSpec]:
     tables.append(
         TableSpec(
             "workers",
-            "Workers and prefetch",
-            "Small files, cold cache (reads wait on the disk, so readers can overlap), "
-            f"batch {plan.batch_size}, simulated compute. Workers are DataLoader processes, each reading its "
-            "own files; without workers, prefetch is a background thread.",
             "workers / prefetch",
             small,
             "simulated",
@@ -182,7 +162,7 @@ def prepare_sweep_data(workdir: Path, mnist: MNIST, plan: SweepPlan) -> dict[str
     return data
 
 
-def run_sweep(
+def run_parameter_sweep(
     plan: SweepPlan,
     workdir: Path,
     mnist: MNIST,
@@ -207,7 +187,7 @@ def run_sweep(
             for repeat in range(plan.repeats):  # interleaved, so a slow spell of a shared machine hits every row
                 for (label, reader, cold), row_runs in zip(table.rows, runs, strict=True):
                     if on_row is not None:
-                        on_row(f"{table.title}: {label} ({repeat + 1}/{plan.repeats})", total)
+                        on_row(f"{table.varied}: {label} ({repeat + 1}/{plan.repeats})", total)
                     consumer = (
                         TrainingCompute(plan.model, plan.device, manifest.sample_bytes, plan.seed, plan.threads)
                         if table.consumer == "train"
@@ -217,8 +197,6 @@ def run_sweep(
             out_tables.append(
                 {
                     "key": table.key,
-                    "title": table.title,
-                    "note": table.note,
                     "varied": table.varied,
                     "samples": manifest.samples,
                     "file_bytes": manifest.record_file_bytes,
@@ -237,6 +215,7 @@ def run_sweep(
         },
         "data_kept": None if remove_data else {key: str(root) for key, (root, _) in data.items()},
         "thresholds": {"input_bound_wait": INPUT_BOUND_WAIT, "compute_bound_wait": COMPUTE_BOUND_WAIT},
+        "default_read_buffer": DEFAULT_READ_BUFFER,
         "machine": {
             "cpus": os.cpu_count(),
             "load_average": [round(x, 2) for x in load_before],

@@ -596,7 +596,7 @@ def conv_findings(rows: Sequence[dict[str, Any]]) -> list[Finding]:
     return findings
 
 
-def run_sweep(
+def run_batch_device_sweep(
     points: Sequence[SweepPoint],
     settings: SweepSettings,
     images: torch.Tensor,
