@@ -58,10 +58,14 @@ def bpftrace_attach_detach(work: Path) -> tuple[float, float, int]:
         if counters.ready:
             break
     ready = time.perf_counter()
+    # bpftrace 0.17 can miss a SIGINT sent the instant it prints "ready" (seen once in three runs:
+    # it then waits for an event that never comes); dlscope's own SIGINT comes after the command
+    time.sleep(0.5)
+    stopping = time.perf_counter()
     tracer.send_signal(signal.SIGINT)
     tracer.stdout.read()
     tracer.wait()
-    return ready - start, time.perf_counter() - ready, counters.attached_probes
+    return ready - start, time.perf_counter() - stopping, counters.attached_probes
 
 
 def whole_process(variant: str, script: Path, steps: int, out: Path) -> float:
