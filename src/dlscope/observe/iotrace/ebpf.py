@@ -1,10 +1,14 @@
-"""The eBPF backend: bpftrace on syscall tracepoints (stable ABI), following the process tree
-through sched_process_fork, one JSON line per event streamed from its stdout.
+"""The eBPF backend: bpftrace on the two `raw_syscalls` tracepoints (stable ABI), picking the
+traced calls by syscall number in the kernel, following the process tree through
+sched_process_fork, one JSON line per event streamed from its stdout.
 
-What the kernel offers is read from tracefs: each `syscalls/sys_enter_<call>/format` names the
-arguments (so the script is generated to match this kernel), and the absence of
-`kprobe_events` means no kprobes. Paths are read at syscall exit from the pointer saved at
-entry (at entry the page may not be faulted in yet, and str() would return "").
+Two tracepoints instead of one pair per call: bpftrace attaches probes one at a time and the
+kernel detaches each with an RCU grace period, ~0.1 s a probe here, so ~70 per-call tracepoints
+cost ~7 s of start-up and shut-down, 7 probes under 1 s. What the kernel offers is read from
+tracefs: each `syscalls/sys_enter_<call>/format` gives the order of the call's arguments (so
+`args[i]` is read at the right position on this kernel), and the absence of `kprobe_events`
+means no kprobes. Paths are read at syscall exit from the pointer saved at entry (at entry the
+page may not be faulted in yet, and str() would return "").
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,69 +73,138 @@ def available() -> str | None:
         return "tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)"
     if not (root / "events" / "syscalls").is_dir():
         return "this kernel has no syscall tracepoints (CONFIG_FTRACE_SYSCALLS off)"
+    if os.uname().machine not in SYSCALL_NUMBERS:
+        return f"no syscall table for {os.uname().machine} here (x86_64 and aarch64 only)"
     if bpftrace_version() is None:
         return "bpftrace does not run (bpftrace --version failed)"
     return None
 
 
+# Syscall numbers of the traced calls (from the kernel's uapi unistd headers): the program hooks the
+# two raw_syscalls tracepoints and picks calls by number, so it attaches 5 probes instead of ~70
+# (bpftrace attaches, and detaches at exit, one tracepoint at a time: ~0.1 s each here)
+SYSCALL_NUMBERS: dict[str, dict[str, int]] = {
+    "x86_64": {
+        "open": 2, "openat": 257, "openat2": 437, "creat": 85, "close": 3, "read": 0, "pread64": 17,
+        "readv": 19, "preadv": 295, "preadv2": 327, "write": 1, "pwrite64": 18, "writev": 20,
+        "pwritev": 296, "pwritev2": 328, "lseek": 8, "fsync": 74, "fdatasync": 75, "rename": 82,
+        "renameat": 264, "renameat2": 316, "unlink": 87, "unlinkat": 263, "mkdir": 83, "mkdirat": 258,
+        "stat": 4, "lstat": 6, "fstat": 5, "newfstatat": 262, "statx": 332, "getdents64": 217,
+        "mmap": 9, "dup": 32, "dup2": 33, "dup3": 292, "fcntl": 72,
+    },
+    "aarch64": {  # the generic table: no open, creat, rename, unlink, mkdir, stat, lstat, dup2
+        "openat": 56, "openat2": 437, "close": 57, "read": 63, "pread64": 67, "readv": 65,
+        "preadv": 69, "preadv2": 286, "write": 64, "pwrite64": 68, "writev": 66, "pwritev": 70,
+        "pwritev2": 287, "lseek": 62, "fsync": 82, "fdatasync": 83, "renameat": 38, "renameat2": 276,
+        "unlinkat": 35, "mkdirat": 34, "fstat": 80, "newfstatat": 79, "statx": 291, "getdents64": 61,
+        "mmap": 222, "dup": 23, "dup3": 24, "fcntl": 25,
+    },
+}  # fmt: skip
+# the kernel names the tracepoint (whose format gives the argument order) after its own function
+TRACEPOINT_NAMES = {"stat": "newstat", "lstat": "newlstat", "fstat": "newfstat"}
+
+
 @dataclass
 class ScriptPlan:
     script: str
-    calls: list[str]
-    missing: list[str] = field(default_factory=list)  # traced syscalls without a tracepoint here
+    names: dict[int, str]  # syscall number → name, to read the program's lines
+    missing: list[str] = field(default_factory=list)  # traced syscalls this kernel cannot show
+
+
+@dataclass
+class CallArgs:
+    """Where a traced call keeps what the events need: argument positions (None: not taken)."""
+
+    number: int
+    path: int | None
+    target: int | None
+    fd: int | None
+    arg: int | None
+
+
+def call_args(root: Path, numbers: dict[str, int]) -> tuple[dict[str, CallArgs], list[str]]:
+    calls, missing = {}, []
+    for call in TRACED_SYSCALLS:
+        fields = syscall_fields(root, TRACEPOINT_NAMES.get(call, call))
+        if fields is None or call not in numbers:
+            missing.append(call)
+            continue
+
+        def position(names: tuple[str, ...], fields: list[str] = fields) -> int | None:
+            return next((fields.index(f) for f in names if f in fields), None)
+
+        calls[call] = CallArgs(
+            numbers[call], position(PATH_FIELDS), position(TARGET_FIELDS), position(FD_FIELDS), position(ARG_FIELDS)
+        )
+    return calls, missing
+
+
+def _any_of(calls: list[CallArgs]) -> str:
+    return " || ".join(f"$id == {c.number}" for c in calls) or "0"
 
 
 def build_script(root: Path, arrow: str) -> ScriptPlan:
-    """The bpftrace program for this kernel; `arrow` from `args_operator`."""
+    """The bpftrace program for this kernel and machine; `arrow` from `args_operator`."""
+    numbers = SYSCALL_NUMBERS[os.uname().machine]
+    calls, missing = call_args(root, numbers)
     # BEGIN runs once every probe is attached ("attached_probes" is printed before that); the
     # command is traced from its exec on, so the launcher's gate (a shell) stays out of the trace
     lines = [
         'BEGIN { @gated[$1] = 1; printf("ready\\n"); }',
         "tracepoint:sched:sched_process_exec /@gated[pid]/ { delete(@gated[pid]); @traced[pid] = 1; }",
-    ]
-    lines.append(
         "tracepoint:sched:sched_process_fork /@traced[pid]/ { @traced[args{a}child_pid] = 1; "
-        'printf("fork\\t%d\\t%d\\t%llu\\n", pid, args{a}child_pid, nsecs); }'.replace("{a}", arrow)
-    )
-    lines.append(
+        'printf("fork\\t%d\\t%d\\t%llu\\n", pid, args{a}child_pid, nsecs); }',
         "tracepoint:sched:sched_process_exit /@traced[pid] && pid == tid/ { delete(@traced[pid]); "
-        'printf("exit\\t%d\\t%d\\t%llu\\n", pid, tid, nsecs); }'
+        'printf("exit\\t%d\\t%d\\t%llu\\n", pid, tid, nsecs); }',
+    ]
+    # at entry: which call, when, and its arguments (by position; calls that keep them at the same
+    # positions share one branch, so the program stays small); the path is read at exit
+    layouts: dict[tuple[int | None, ...], list[CallArgs]] = {}
+    for c in calls.values():
+        layouts.setdefault((c.path, c.target, c.fd, c.arg), []).append(c)
+    enter = [
+        "tracepoint:raw_syscalls:sys_enter /@traced[pid]/ { $id = args{a}id;",
+        f"  if ({_any_of(list(calls.values()))}) {{",
+    ]
+    mmap = numbers.get("mmap")
+    for (path, target, fd, arg), same in layouts.items():
+        # int32: AT_FDCWD is -100; an mmap of anonymous memory (fd -1) is no file I/O
+        skip = f" && !($id == {mmap} && (int32)args{{a}}args[{fd}] < 0)" if any(c.number == mmap for c in same) else ""
+        saves = ["@nr[tid] = $id; @ts[tid] = nsecs;"]
+        saves += [f"@p1[tid] = args{{a}}args[{path}];"] if path is not None else []
+        saves += [f"@p2[tid] = args{{a}}args[{target}];"] if target is not None else []
+        saves += [f"@fd[tid] = (int32)args{{a}}args[{fd}];" if fd is not None else "@fd[tid] = -1;"]
+        saves += [f"@arg[tid] = (int64)args{{a}}args[{arg}];" if arg is not None else "@arg[tid] = -1;"]
+        enter.append(f"    if (({_any_of(same)}){skip}) {{ {' '.join(saves)} }}")
+    enter.append("  }\n}")
+    lines.append("\n".join(enter))
+    with_path = [c for c in calls.values() if c.path is not None]
+    with_target = [c for c in calls.values() if c.target is not None]
+    head = "%d\\t%d\\t%d\\t%llu\\t%llu\\t%lld\\t%lld\\t%lld"
+    values = "$id, pid, tid, @ts[tid], nsecs - @ts[tid], args{a}ret, @fd[tid], @arg[tid]"
+    # two path strings in one printf overflow the 512-byte BPF stack: the target goes first, alone
+    lines.append(
+        "tracepoint:raw_syscalls:sys_exit /@ts[tid]/ { $id = @nr[tid];\n"
+        f'  if ({_any_of(with_target)}) {{ printf("target\\t%d\\t%s\\n", tid, str(uptr(@p2[tid]))); }}\n'
+        f'  if ({_any_of(with_path)}) {{ printf("{head}\\t%s\\n", {values}, str(uptr(@p1[tid]))); }}\n'
+        f'  else {{ printf("{head}\\n", {values}); }}\n'
+        "  delete(@nr[tid]); delete(@ts[tid]); delete(@p1[tid]); delete(@p2[tid]); delete(@fd[tid]); "
+        "delete(@arg[tid]);\n}"
     )
-    calls, missing = [], []
-    for call in TRACED_SYSCALLS:
-        fields = syscall_fields(root, call)
-        if fields is None:
-            missing.append(call)
-            continue
-        calls.append(call)
-        path = next((f for f in PATH_FIELDS if f in fields), None)
-        target = next((f for f in TARGET_FIELDS if f in fields), None)
-        fd = next((f for f in FD_FIELDS if f in fields), None)
-        arg = next((f for f in ARG_FIELDS if f in fields), None)
-        guard = f" && (int32)args{arrow}{fd} >= 0" if call == "mmap" else ""  # anonymous memory: fd -1
-        saves = ["@ts[tid] = nsecs;"]
-        saves += [f"@p1[tid] = (uint64)args{arrow}{path};"] if path else []
-        saves += [f"@p2[tid] = (uint64)args{arrow}{target};"] if target else []
-        saves += [f"@fd[tid] = (int32)args{arrow}{fd};"] if fd else []  # int: AT_FDCWD is -100
-        saves += [f"@arg[tid] = (int64)args{arrow}{arg};"] if arg else []
-        lines.append(f"tracepoint:syscalls:sys_enter_{call} /@traced[pid]{guard}/ {{ {' '.join(saves)} }}")
-        fmt = ["%d", "%d", "%llu", "%llu", "%lld", "%lld", "%lld"]
-        values = ["pid", "tid", "@ts[tid]", "nsecs - @ts[tid]", f"args{arrow}ret"]
-        values += ["@fd[tid]" if fd else "-1", "@arg[tid]" if arg else "-1"]
-        if path:
-            fmt.append("%s")
-            values.append("str(@p1[tid])")
-        # two path strings in one printf overflow the 512-byte BPF stack: the target goes first, alone
-        before = 'printf("target\\t%d\\t%s\\n", tid, str(@p2[tid])); ' if target else ""
-        out = "\\t".join([call, *fmt])
-        saved = (("@p1", path), ("@p2", target), ("@fd", fd), ("@arg", arg))
-        clear = " ".join(f"delete({m}[tid]);" for m, on in saved if on)
-        lines.append(
-            f'tracepoint:syscalls:sys_exit_{call} /@ts[tid]/ {{ {before}printf("{out}\\n", {", ".join(values)}); '
-            f"delete(@ts[tid]); {clear} }}"
-        )
-    lines.append("END { clear(@gated); clear(@traced); clear(@ts); clear(@p1); clear(@p2); clear(@fd); clear(@arg); }")
-    return ScriptPlan("\n".join(lines) + "\n", calls, missing)
+    maps = ("@gated", "@traced", "@nr", "@ts", "@p1", "@p2", "@fd", "@arg")
+    lines.append(f"END {{ {' '.join(f'clear({m});' for m in maps)} }}")
+    script = "\n".join(lines).replace("{a}", arrow) + "\n"
+    return ScriptPlan(script, {c.number: call for call, c in calls.items()}, missing)
+
+
+def write_program(script: Path) -> tuple[ScriptPlan, tuple[int, int]]:
+    """Write the program for this kernel and bpftrace into `script`: (its plan, bpftrace's version)."""
+    root = tracefs()
+    assert root is not None, "available() checks tracefs first"
+    version = bpftrace_version() or (0, 0)
+    plan = build_script(root, args_operator(version))
+    script.write_text(plan.script)
+    return plan, version
 
 
 def command(script: Path, pid: int) -> list[str]:
@@ -152,8 +226,9 @@ class Counters:
     targets: dict[int, str] = field(default_factory=dict)  # tid → rename target printed just before
 
 
-def parse_line(line: str, counters: Counters) -> Event | None:
-    """One line of `bpftrace -f json` output into an event (or a fork/exit record)."""
+def parse_line(line: str, counters: Counters, names: Mapping[int, str]) -> Event | None:
+    """One line of `bpftrace -f json` output into an event (or a fork/exit record); `names` maps
+    the syscall numbers the program prints to names (`ScriptPlan.names`)."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError:
@@ -179,6 +254,9 @@ def parse_line(line: str, counters: Counters) -> Event | None:
         counters.truncated_paths += is_cut(target)
         counters.targets[int(parts[1])] = target
         return None
+    call = names.get(int(call)) if call.isdigit() else None
+    if call is None:
+        return None  # not a line of this program
     pid, tid, start, dur, ret, fd, arg = (int(p) for p in parts[1:8])
     path = "\t".join(parts[8:]) if len(parts) > 8 else None
     if path is not None and is_cut(path):

@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -133,15 +133,15 @@ class EbpfReader(threading.Thread):
     """Streams bpftrace's stdout into events on disk as it comes (nothing piles up in memory);
     `ready` is set once the probes are attached, or when bpftrace ends without attaching."""
 
-    def __init__(self, stream: IO[str], raw: Path, counters: ebpf.Counters) -> None:
+    def __init__(self, stream: IO[str], raw: Path, counters: ebpf.Counters, names: Mapping[int, str]) -> None:
         super().__init__(daemon=True)
-        self.stream, self.raw, self.counters = stream, raw, counters
+        self.stream, self.raw, self.counters, self.names = stream, raw, counters, names
         self.ready = threading.Event()
 
     def run(self) -> None:
         with open(self.raw, "w", encoding="utf-8") as out:
             for line in self.stream:
-                event = ebpf.parse_line(line, self.counters)
+                event = ebpf.parse_line(line, self.counters, self.names)
                 if self.counters.ready:
                     self.ready.set()
                 if event is not None:
@@ -153,12 +153,8 @@ def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
     reason = ebpf.available()
     if reason:
         raise BackendUnavailable(reason)
-    root = ebpf.tracefs()
-    assert root is not None
-    version = ebpf.bpftrace_version() or (0, 0)
-    plan = ebpf.build_script(root, ebpf.args_operator(version))
     script = work / "trace.bt"
-    script.write_text(plan.script)
+    plan, version = ebpf.write_program(script)
     raw = work / "ebpf-events.jsonl"
     log = work / "bpftrace.log"
     try:
@@ -178,7 +174,7 @@ def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
             process_group=0,  # a Ctrl-C at the terminal must not stop it before the command ends
         )
     counters = ebpf.Counters()
-    reader = EbpfReader(tracer.stdout, raw, counters)
+    reader = EbpfReader(tracer.stdout, raw, counters, plan.names)
     reader.start()
     try:
         reader.ready.wait(ATTACH_TIMEOUT_S)

@@ -47,7 +47,8 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         )
     notes = section["notes"]
     if notes.get("missing_tracepoints"):
-        items.append(("info", f"No tracepoint on this kernel for: {', '.join(notes['missing_tracepoints'])}."))
+        missing = ", ".join(notes["missing_tracepoints"])
+        items.append(("info", f"Not traced (no such system call or tracepoint on this kernel): {missing}."))
     if notes.get("lost_events"):
         items.append(("bad", f"{notes['lost_events']:,} events lost (perf buffer full): counts are lower bounds."))
     elif "lost_events" in notes:
