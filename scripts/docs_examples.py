@@ -121,6 +121,8 @@ EXAMPLES_TO_MAKE: list[Example] = [
             '.parent.rglob("train-images-idx3-ubyte.gz")))\')',
         ),
         setup=f"rm -rf runs/trace-demo; cat > train_io.py <<'EOF'\n{TRAIN_IO_SCRIPT}EOF",
+        views={"head": ("File data flow",)},  # the section's first tables; the whole is in the report
+        max_section_lines=60,
     ),
     Example(
         "ckpt-inspect",
