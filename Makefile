@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # make test installs TensorFlow (requirements-tf.txt) for the tests marked tf; `make test TF=0` skips it
 TF     ?= 1
 
-.PHONY: lab test lint clean
+.PHONY: lab test lint docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,5 +33,10 @@ lint: $(VENV)/.test-installed
 test: $(VENV)/.test-installed $(if $(filter 1,$(TF)),$(VENV)/.tf-installed) lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# the docs site into site/ (tests/test_docs.py builds it too, with warnings as errors); its example
+# outputs come from scripts/make-docs-examples, run by hand
+docs: $(VENV)/.test-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs site .pytest_cache .ruff_cache
