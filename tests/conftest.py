@@ -14,6 +14,8 @@ from dlscope.data.mnist import MNIST, load_mnist
 # Keras picks its backend once per process; with TensorFlow installed it would pick tensorflow.
 # The in-process Keras tests use torch; the TensorFlow backend is tested in subprocesses.
 os.environ.setdefault("KERAS_BACKEND", "torch")
+# A step field the row does not hold fails loudly in tests (in a user's job it is noted and kept).
+os.environ.setdefault("DLSCOPE_STRICT_RECORDS", "1")
 
 # A shell without job control starts `make test &` with SIGINT ignored, and an ignored signal stays
 # ignored across exec: every dlscope the tests start would then shrug off the Ctrl-C the interrupt

@@ -16,7 +16,7 @@ import pytest
 from dlscope.cli import main
 from dlscope.observe.iotrace import strace
 from dlscope.observe.script import timeline
-from dlscope.observe.script.records import clocks
+from dlscope.observe.script.records import StepFile, clocks
 from dlscope.observe.script.session import run_script
 from dlscope.options import ScriptOptions
 from dlscope.rundir import load_results
@@ -241,7 +241,7 @@ def test_ctrl_c_stops_the_command_and_still_leaves_a_report(tmp_path):
     dlscope = subprocess.Popen([*argv, "--", sys.executable, str(SCRIPTS / "endless.py")], stdout=subprocess.DEVNULL)
     records = out / "processes"
     deadline = time.monotonic() + 120
-    while not any('"k": "step"' in p.read_text() for p in records.glob("*.jsonl")):
+    while not any(StepFile(p).count for p in records.glob("*.steps")):
         assert time.monotonic() < deadline and dlscope.poll() is None, "no step recorded"
         time.sleep(0.2)
     dlscope.send_signal(signal.SIGINT)  # as the terminal does on Ctrl-C (the child gets it from dlscope)

@@ -330,24 +330,21 @@ class Observer:
                 self._switch("first_batch", "train_steps")
             self.profiler.after_step(index)  # prof.step(), and the trace export after the last active step
         resumed = time.time()
-        self.records.write(
-            {
-                "k": "step",
-                "src": src,
-                "i": index,
-                "start": step.start,
-                "end": now,
-                "data": step.loader if step.used_loader else max(gap, 0.0),
-                "data_source": "loader" if step.used_loader else "gap",
-                "forward": step.forward,
-                "backward": step.backward,
-                "optimizer": step.optimizer,
-                "peak_rss": peak_rss,
-                "peak_cuda": peak_cuda,
-                "profiled": profiled,
-                "profiler_seconds": resumed - now,  # spent by dlscope between this step and the next
-                "tid": threading.get_native_id(),
-            }
+        self.records.write_step(
+            src=src,
+            i=index,
+            start=step.start,
+            end=now,
+            data=step.loader if step.used_loader else max(gap, 0.0),
+            data_source="loader" if step.used_loader else "gap",
+            forward=step.forward,
+            backward=step.backward,
+            optimizer=step.optimizer,
+            peak_rss=peak_rss,
+            peak_cuda=peak_cuda,
+            profiled=profiled,
+            profiler_seconds=resumed - now,  # spent by dlscope between this step and the next
+            tid=threading.get_native_id(),
         )
         self.steps[src] = Step(resumed)
 

@@ -23,9 +23,9 @@ from dlscope.observe.iotrace.tracer import (
     trace_command,
     wait_command,
 )
-from dlscope.observe.script import analysis, timeline
+from dlscope.observe.script import analysis, steptable, timeline
 from dlscope.observe.script.hooks import PROFILE_ENV
-from dlscope.observe.script.records import clocks, read_records
+from dlscope.observe.script.records import clocks
 from dlscope.options import ScriptOptions
 from dlscope.rundir import RunDir
 
@@ -72,9 +72,10 @@ def run_script(options: ScriptOptions, say: Callable[[str], None] = print) -> tu
 def record_sections(
     run: RunDir, options: ScriptOptions, started: dict[str, int], ended: dict[str, int], iotrace: dict[str, Any] | None
 ) -> None:
-    records = read_records(run.path / "processes")
+    observed = analysis.Observed.read(run.path / "processes")
+    records = observed.records
     origin = started["realtime"] / 1e9
-    found = analysis.sections(records, origin, options.sort_by)
+    found = analysis.sections(observed, origin, options.sort_by)
     clock = timeline.ClockMap.sampled(started, ended)
     kineto = [Path(r["trace"]) for rs in records.values() for r in rs if r.get("k") == "profile"]
     syscalls = None
@@ -82,7 +83,7 @@ def record_sections(
         syscalls = read_jsonl(Path(iotrace["exports"]["events"]))
         iotrace["exports"] = {key: run.rel(path) for key, path in iotrace["exports"].items()}
     path = timeline.build(
-        records,
+        observed,
         [p for p in kineto if p.exists()],
         syscalls,
         iotrace["backend"] if iotrace else None,
@@ -103,6 +104,8 @@ def record_sections(
         },
         trace_io=options.trace_io,
     )
+    if found["steps"].get("file"):
+        found["steps"]["file"] = run.rel(found["steps"]["file"])
     if found["top10"].get("trace"):
         found["top10"]["trace"] = run.rel(found["top10"]["trace"])
     for name in ("run", "steps", "anatomy", "top10", "phases"):
@@ -112,8 +115,9 @@ def record_sections(
         run.record("distributed", distributed_section(ranked, run))
     if iotrace is not None:
         run.record("iotrace", iotrace)
-    if options.tensorboard:
-        write_tensorboard(run.sub("tensorboard"), found["steps"])
+    if options.tensorboard and found["steps"]["count"]:
+        main = found["steps"]["main_pid"]
+        write_tensorboard(run.sub("tensorboard"), observed.stream(main)[1], observed.steps[main].codes)
 
 
 def distributed_section(ranked: dict[int, Path], run: RunDir) -> dict[str, Any]:
@@ -137,12 +141,20 @@ def rank_traces(records: analysis.Records) -> dict[int, Path]:
     return ranked if len(ranked) > 1 else {}
 
 
-def write_tensorboard(directory: Path, steps: dict[str, Any]) -> None:
+TENSORBOARD_POINTS = 20_000  # per scalar: a longer run is written every k-th step (the step file has all)
+
+
+def write_tensorboard(directory: Path, table: Any, codes: dict[str, list[str | None]]) -> None:
     """Step time and its anatomy per step, as TensorBoard scalars."""
     from torch.utils.tensorboard import SummaryWriter
 
+    loader = codes["data_source"].index("loader")
+    positions = steptable.stride_positions(len(table), TENSORBOARD_POINTS)
     with SummaryWriter(str(directory)) as writer:
-        for row in steps["rows"]:
-            writer.add_scalar("step/ms", row["ms"], row["step"])
-            for part in analysis.PARTS:
-                writer.add_scalar(f"anatomy/{part}_ms", row[f"{part}_ms"], row["step"])
+        for first in range(0, len(positions), steptable.CHUNK):
+            chunk = table[positions[first : first + steptable.CHUNK]]
+            parts = steptable.part_seconds(chunk, loader)
+            for k, step in enumerate(chunk["i"].tolist()):
+                writer.add_scalar("step/ms", float(chunk["seconds"][k]) * 1e3, step)
+                for part in steptable.PARTS:
+                    writer.add_scalar(f"anatomy/{part}_ms", parts[part][k] * 1e3, step)
