@@ -26,6 +26,22 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 @pytest.fixture(scope="session")
+def observe_script():
+    """`dlscope run` through the runner, no terminal output: (results, the command's exit status)."""
+    from dlscope.options import RunOptions, ScriptOptions, StepOptions
+    from dlscope.runner import Plan, run_command
+
+    def observe(command: list[str], out, **script) -> tuple[dict, int]:
+        options = StepOptions(script=ScriptOptions(command, **script))
+        results = run_command(
+            Plan("run", ["run"], options=RunOptions(out=str(out)), step_options=options), render=False
+        )
+        return results, results["sections"]["run"]["exit_code"]
+
+    return observe
+
+
+@pytest.fixture(scope="session")
 def mnist() -> MNIST:
     return load_mnist()
 

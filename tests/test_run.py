@@ -17,8 +17,6 @@ from dlscope.cli import main
 from dlscope.observe.iotrace import strace
 from dlscope.observe.script import timeline
 from dlscope.observe.script.records import StepFile, clocks
-from dlscope.observe.script.session import run_script
-from dlscope.options import ScriptOptions
 from dlscope.rundir import load_results
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -169,7 +167,7 @@ def test_sigkill_still_leaves_steps_and_a_report(tmp_path):
     timeline.load(out / sections["run"]["timeline"])
 
 
-def test_bootstrap_chains_to_the_sitecustomize_it_shadows(tmp_path):
+def test_bootstrap_chains_to_the_sitecustomize_it_shadows(tmp_path, observe_script):
     site = tmp_path / "site"
     site.mkdir()
     flag = tmp_path / "site-ran"
@@ -180,17 +178,11 @@ def test_bootstrap_chains_to_the_sitecustomize_it_shadows(tmp_path):
         "for _ in range(3):\n    o.zero_grad(); m(torch.ones(2, 4)).sum().backward(); o.step()\n"
         "import sitecustomize, sys\nprint(sitecustomize.__file__)\n"
     )
-    out = tmp_path / "run"
-    options = ScriptOptions(
-        [sys.executable, str(script)],
-        out=str(out),
-        profile_steps=0,
-        extra_env={"PYTHONPATH": str(site), "RANK": "3", "WORLD_SIZE": "4"},
-    )
-    run, code = run_script(options)
+    env = {"PYTHONPATH": str(site), "RANK": "3", "WORLD_SIZE": "4"}
+    results, code = observe_script([sys.executable, str(script)], tmp_path / "run", profile_steps=0, extra_env=env)
     assert code == 0 and flag.read_text() == "yes"
-    assert run.results["sections"]["steps"]["count"] == 3
-    process = run.results["sections"]["run"]["processes"][0]
+    assert results["sections"]["steps"]["count"] == 3
+    process = results["sections"]["run"]["processes"][0]
     assert (process["rank"], process["world_size"]) == (3, 4)  # what torchrun sets, kept per process
 
 

@@ -10,27 +10,27 @@ from pathlib import Path
 
 import pytest
 
-from dlscope.observe.script.session import run_script
-from dlscope.options import ScriptOptions
 from dlscope.report.sections import anatomy as anatomy_words
 
 SCRIPT = Path(__file__).parent / "scripts" / "known_truth.py"
 TOLERANCE_PP = 3.0
 
 
-def observe(tmp_path: Path, *args: str) -> tuple[dict, dict]:
-    truth = tmp_path / "truth.json"
-    options = ScriptOptions(
-        [sys.executable, str(SCRIPT), str(truth), *args], out=str(tmp_path / "run"), profile_steps=0
-    )
-    run, code = run_script(options, say=lambda text: None)
-    assert code == 0
-    return run.results["sections"]["anatomy"], json.loads(truth.read_text())
+@pytest.fixture
+def observe(tmp_path, observe_script):
+    def run(*args: str) -> tuple[dict, dict]:
+        truth = tmp_path / "truth.json"
+        command = [sys.executable, str(SCRIPT), str(truth), *args]
+        results, code = observe_script(command, tmp_path / "run", profile_steps=0)
+        assert code == 0
+        return results["sections"]["anatomy"], json.loads(truth.read_text())
+
+    return run
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_decoding_dataloader_gets_its_measured_share(tmp_path, workers):
-    anatomy, truth = observe(tmp_path, "--loader", "decode", "--decode-ms", "2", "--workers", str(workers))
+def test_a_decoding_dataloader_gets_its_measured_share(observe, workers):
+    anatomy, truth = observe("--loader", "decode", "--decode-ms", "2", "--workers", str(workers))
     verdict = anatomy["verdict"]
     assert verdict["key"] == "input_bound" and anatomy["data_source"] == "loader"
     assert verdict["data_pct"] == pytest.approx(truth["data_pct"], abs=TOLERANCE_PP)
@@ -41,8 +41,8 @@ def test_a_decoding_dataloader_gets_its_measured_share(tmp_path, workers):
 
 
 @pytest.mark.parametrize("loader", ["none", "prefetched"])
-def test_no_data_source_is_never_called_input_bound(tmp_path, loader):
-    anatomy, truth = observe(tmp_path, "--loader", loader, "--decode-ms", "1")
+def test_no_data_source_is_never_called_input_bound(observe, loader):
+    anatomy, truth = observe("--loader", loader, "--decode-ms", "1")
     verdict = anatomy["verdict"]
     assert verdict["key"] == "no_data_source" and anatomy["percent"]["data"] == 0
     # the gap before the first forward: batch building in the loop (none), a list's next (prefetched)
@@ -51,8 +51,8 @@ def test_no_data_source_is_never_called_input_bound(tmp_path, loader):
     assert level == "info" and "input-bound" not in text
 
 
-def test_a_sleep_in_the_loop_body_is_other_not_data(tmp_path):
-    anatomy, truth = observe(tmp_path, "--loader", "decode", "--decode-ms", "0.2", "--sleep-ms", "6")
+def test_a_sleep_in_the_loop_body_is_other_not_data(observe):
+    anatomy, truth = observe("--loader", "decode", "--decode-ms", "0.2", "--sleep-ms", "6")
     assert anatomy["percent"]["data"] == pytest.approx(truth["data_pct"], abs=TOLERANCE_PP)
     assert anatomy["percent"]["other"] == pytest.approx(truth["other_pct"], abs=TOLERANCE_PP)
     assert truth["other_pct"] > 20  # the 6 ms sleep is most of it

@@ -403,6 +403,9 @@ class Observer:
         torch.nn.Module.train = _wrap(torch.nn.Module.train, self.module_train)
         torch.save = _wrap(torch.save, functools.partial(self._save, 1))
         torch.load = _wrap(torch.load, functools.partial(self._load, 0))
+        from dlscope.observe.script import calibrate  # dlscope's own cost per step, in this process
+
+        calibrate.record(self, torch)
 
     def attach_safetensors(self, module: Any) -> None:
         module.save_file = _wrap(module.save_file, functools.partial(self._save, 1))

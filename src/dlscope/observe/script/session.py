@@ -1,13 +1,15 @@
-"""`dlscope run`: start a command with the bootstrap in every Python process, let it run as it
-would (its stdout, stderr and exit status are its own), then turn what its processes recorded
-into results sections, a report and one timeline — also after a crash, a kill or Ctrl-C.
+"""`dlscope run`'s measuring: start a command with the bootstrap in every Python process, let it
+run as it would (its stdout, stderr and exit status are its own), then turn what its processes
+recorded into results sections and one timeline — also after a crash, a kill or Ctrl-C. The
+runner calls it through the `run` step (steps/script.py):
 
-    run, exit_code = run_script(ScriptOptions(["python", "train.py"]))
+    run_command(Plan("run", ["run"], step_options=StepOptions(script=ScriptOptions(["python", "train.py"]))))
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +19,6 @@ from dlscope.errors import ConfigError, DlscopeError
 from dlscope.observe.bootstrap_env import with_bootstrap
 from dlscope.observe.distributed.analysis import analyze_ranks
 from dlscope.observe.iotrace.tracer import (
-    check_command,
     exit_code,
     read_jsonl,
     trace_command,
@@ -40,38 +41,37 @@ def _run_plain(argv: list[str], env: dict[str, str]) -> tuple[int, int | None]:
     return wait_command(child)
 
 
-def run_script(options: ScriptOptions, say: Callable[[str], None] = print) -> tuple[RunDir, int]:
-    """Run the command under observation; the run directory and the command's exit status."""
-    check_command(options.command)
-    run = RunDir.create(options.out, "run")
+def observe_command(run: RunDir, options: ScriptOptions, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the command under observation into `run`; record the sections drawn from what its
+    processes left (steps, anatomy, top10, phases, distributed, iotrace) — also after a crash, a
+    kill or Ctrl-C — and return the "run" section: the command, its exit status, the signal that
+    interrupted it (a name, or None) and `run_status` (how the runner ends the run)."""
     records_dir = run.sub("processes")
     profile = f"{options.start_after}:{options.wait}:{options.warmup}:{options.profile_steps}"
     base = {**os.environ, **options.extra_env}  # the command's own PYTHONPATH stays, after the bootstrap
     env = with_bootstrap(base, DLSCOPE_RUN_DIR=str(records_dir.resolve()), **{PROFILE_ENV: profile})
     started = clocks()
     iotrace: dict[str, Any] | None = None
-    status = "failed"
+    code, interrupted = 1, None
     try:
         if options.trace_io:
             outcome = trace_command(options.command, options.trace_backend, run.sub("iotrace"), say, env)
             iotrace = outcome.section
-            code, interrupted = outcome.exit_code, iotrace["interrupted"] is not None
+            code, interrupted = outcome.exit_code, iotrace["interrupted"]
         else:
             returncode, signum = _run_plain(options.command, env)
-            code, interrupted = exit_code(returncode), signum is not None
-        status = "interrupted" if interrupted else ("ok" if code == 0 else "failed")
+            code, interrupted = exit_code(returncode), signal.Signals(signum).name if signum else None
     finally:
         ended = clocks()
-        record_sections(run, options, started, ended, iotrace)
-        run.finish(status)
-    run.results["sections"]["run"].update(exit_code=code, interrupted=interrupted)
-    run.save()
-    return run, code
+        section = record_sections(run, options, started, ended, iotrace)
+    section.update(exit_code=code, interrupted=interrupted, run_status="ok" if code == 0 else "failed")
+    return section
 
 
 def record_sections(
     run: RunDir, options: ScriptOptions, started: dict[str, int], ended: dict[str, int], iotrace: dict[str, Any] | None
-) -> None:
+) -> dict[str, Any]:
+    """Record every section but "run", which is returned (the runner records it)."""
     observed = analysis.Observed.read(run.path / "processes")
     records = observed.records
     origin = started["realtime"] / 1e9
@@ -108,7 +108,7 @@ def record_sections(
         found["steps"]["file"] = run.rel(found["steps"]["file"])
     if found["top10"].get("trace"):
         found["top10"]["trace"] = run.rel(found["top10"]["trace"])
-    for name in ("run", "steps", "anatomy", "top10", "phases"):
+    for name in ("steps", "anatomy", "top10", "phases"):
         run.record(name, found[name])
     ranked = rank_traces(records)
     if ranked:
@@ -118,6 +118,7 @@ def record_sections(
     if options.tensorboard and found["steps"]["count"]:
         main = found["steps"]["main_pid"]
         write_tensorboard(run.sub("tensorboard"), observed.stream(main)[1], observed.steps[main].codes)
+    return found["run"]
 
 
 def distributed_section(ranked: dict[int, Path], run: RunDir) -> dict[str, Any]:
