@@ -78,7 +78,7 @@ def test_mnist_basic_style_script(tmp_path, monkeypatch):
     workers = [p for p in sections["run"]["processes"] if p["forked"]]
     assert len(workers) >= 2  # a DataLoader worker per epoch, forked: the bootstrap followed them
     assert all(p["ppid"] == steps["main_pid"] for p in workers)
-    assert sections["anatomy"]["input_bound"] in ("highly", "moderately", "not")
+    assert sections["anatomy"]["verdict"]["level"] in ("highly", "moderately", "not")
     phases = phase_names(sections)
     assert {"startup", "first_batch", "train_steps"} <= set(phases)
     assert phases["eval"]["count"] == 2  # test() after each epoch
@@ -102,7 +102,8 @@ def test_memmap_loop_with_checkpoints_under_strace(tmp_path):
     )
     assert code == 0
     assert (sections["steps"]["source"], sections["steps"]["count"]) == ("optimizer", 12)
-    assert sections["anatomy"]["data_source"] == "gap"  # no DataLoader: data wait is the gap before forward
+    assert sections["anatomy"]["data_source"] == "none"  # no DataLoader: the gap before forward, not "data"
+    assert sections["anatomy"]["verdict"]["key"] == "no_data_source"
     phases = phase_names(sections)
     assert phases["checkpoint_save"]["count"] == 2 and phases["checkpoint_load"]["count"] == 1
     assert phases["checkpoint_save"]["files"] == [str(data / "ckpt.pt")]
