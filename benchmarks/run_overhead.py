@@ -127,7 +127,7 @@ for _ in range(steps):
     optimizer.zero_grad()
     model(x).sum().backward()
     optimizer.step()
-print(time.perf_counter() - start)
+open(sys.argv[2], "w").write(repr(time.perf_counter() - start))
 """
 LONG_LOOP = """
 import sys, time
@@ -147,19 +147,21 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, time.time(), co
 """
 
 
-def loop_seconds(argv: list[str]) -> float:
-    done = subprocess.run(argv, check=True, capture_output=True, text=True)
-    return float(done.stdout.strip().splitlines()[-1])
+def loop_seconds(argv: list[str], written: Path) -> float:
+    """Run `argv`; the loop's own seconds, as the tiny loop wrote them to `written`."""
+    subprocess.run(argv, check=True, capture_output=True)
+    return float(written.read_text())
 
 
 def tiny_steps(steps: int, pairs: int) -> None:
     bare, observed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(pairs):
-            bare.append(loop_seconds([sys.executable, "-c", TINY_LOOP, str(steps)]))
+            loop, written = [sys.executable, "-c", TINY_LOOP, str(steps)], Path(tmp) / f"seconds-{i}"
+            bare.append(loop_seconds([*loop, str(written)], written))
             out = Path(tmp) / f"tiny-{i}"
             dlscope = [sys.executable, "-m", "dlscope.cli", "run", "--out", str(out), "--profile-steps", "0"]
-            observed.append(loop_seconds([*dlscope, "--", sys.executable, "-c", TINY_LOOP, str(steps)]))
+            observed.append(loop_seconds([*dlscope, "--", *loop, str(written)], written))
             calibrated = json.loads((out / "results.json").read_text())["sections"]["anatomy"]["dlscope_us_per_step"]
             print(
                 f"pair {i + 1}: bare {bare[-1] / steps * 1e6:.1f} µs/step, under dlscope run "
