@@ -9,7 +9,15 @@ training steps inside the process (the handout's Net, batch 64), bare and under 
 with the profiler off, interleaved. And their cost per call, which noise hides least: a tiny
 module's forward and a tiny backward + optimizer step, timed in bursts, bare and hooked.
 
+With --tiny-steps N (issue 23's Done-when: 200,000): a tiny loop (Linear 16→4, batch 32, SGD,
+1 thread) bare and under `dlscope run --profile-steps 0`, in interleaved pairs; each run times its
+own loop, so (observed − bare) / N is the always-on cost per step.
+With --long-steps N (1,000,000): one `dlscope run` of N minimal steps (an optimizer step on one
+parameter); the run directory's size, results.json's size, dlscope's own peak RSS (its
+RUSAGE_SELF, the command not included) and the seconds from the job's last step to the report.
+
     .venv/bin/python benchmarks/run_overhead.py [--rounds 3] [--train 1920] [--epochs 1] [--skip-script]
+    .venv/bin/python benchmarks/run_overhead.py --skip-script --step-rounds 0 --tiny-steps 200000 --long-steps 1000000
 """
 
 from __future__ import annotations
@@ -106,6 +114,83 @@ def hook_cost(rounds: int, step_rounds: int) -> None:
     )
 
 
+TINY_LOOP = """
+import sys, time
+import torch
+torch.set_num_threads(1)
+model = torch.nn.Linear(16, 4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(32, 16)
+steps = int(sys.argv[1])
+start = time.perf_counter()
+for _ in range(steps):
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    optimizer.step()
+open(sys.argv[2], "w").write(repr(time.perf_counter() - start))
+"""
+LONG_LOOP = """
+import sys, time
+import torch
+p = torch.nn.Parameter(torch.zeros(1))
+optimizer = torch.optim.SGD([p], lr=0.0)
+for _ in range(int(sys.argv[1])):
+    optimizer.step()
+open(sys.argv[2], "w").write(repr(time.time()))
+"""
+# dlscope in this process (its RUSAGE_SELF peak is dlscope's alone), then the peak and the end time
+IN_PROCESS = """
+import resource, sys, time
+from dlscope.cli import main
+code = main(sys.argv[1:])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, time.time(), code)
+"""
+
+
+def loop_seconds(argv: list[str], written: Path) -> float:
+    """Run `argv`; the loop's own seconds, as the tiny loop wrote them to `written`."""
+    subprocess.run(argv, check=True, capture_output=True)
+    return float(written.read_text())
+
+
+def tiny_steps(steps: int, pairs: int) -> None:
+    bare, observed = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(pairs):
+            loop, written = [sys.executable, "-c", TINY_LOOP, str(steps)], Path(tmp) / f"seconds-{i}"
+            bare.append(loop_seconds([*loop, str(written)], written))
+            out = Path(tmp) / f"tiny-{i}"
+            dlscope = [sys.executable, "-m", "dlscope.cli", "run", "--out", str(out), "--profile-steps", "0"]
+            observed.append(loop_seconds([*dlscope, "--", *loop, str(written)], written))
+            calibrated = json.loads((out / "results.json").read_text())["sections"]["anatomy"]["dlscope_us_per_step"]
+            print(
+                f"pair {i + 1}: bare {bare[-1] / steps * 1e6:.1f} µs/step, under dlscope run "
+                f"{observed[-1] / steps * 1e6:.1f} µs/step (calibrated in the process: {calibrated} µs)"
+            )
+    median = statistics.median
+    extra = [(o - b) / steps * 1e6 for o, b in zip(observed, bare, strict=True)]
+    print(f"{steps} tiny steps: always-on cost {median(extra):.1f} µs/step (median of {pairs} pairs: {extra})")
+
+
+def long_run(steps: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        out, ended = Path(tmp) / "long", Path(tmp) / "ended"
+        command = [sys.executable, "-c", LONG_LOOP, str(steps), str(ended)]
+        argv = ["run", "--out", str(out), "--profile-steps", "0", "--", *command]
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", IN_PROCESS, *argv], check=True, capture_output=True, text=True)
+        wall = time.perf_counter() - started
+        peak, finished, _ = done.stdout.strip().splitlines()[-1].split()
+        size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+        results = (out / "results.json").stat().st_size
+        count = json.loads((out / "results.json").read_text())["sections"]["steps"]["count"]
+        after = float(finished) - float(ended.read_text())
+    print(
+        f"{count} steps in {wall:.0f} s: run directory {size / 1e6:.1f} MB, results.json {results / 1e6:.3f} MB, "
+        f"dlscope peak RSS {int(peak) / 2**20:.0f} MiB, report done {after:.1f} s after the job's last step"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -113,8 +198,16 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--step-rounds", type=int, default=3, help="rounds of the 50-step in-process timing")
     parser.add_argument("--skip-script", action="store_true", help="only the hooks' cost per step")
+    parser.add_argument("--tiny-steps", type=int, default=0, help="tiny steps per run of the interleaved pairs")
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved pairs of --tiny-steps runs")
+    parser.add_argument("--long-steps", type=int, default=0, help="steps of the long run (size, RSS, report time)")
     args = parser.parse_args()
-    hook_cost(args.rounds, args.step_rounds)
+    if args.tiny_steps:
+        tiny_steps(args.tiny_steps, args.pairs)
+    if args.long_steps:
+        long_run(args.long_steps)
+    if args.rounds:
+        hook_cost(args.rounds, args.step_rounds)
     if args.skip_script:
         return
     script = [sys.executable, str(SCRIPT), "--train", str(args.train), "--test", "500", "--epochs", str(args.epochs)]

@@ -14,6 +14,8 @@ from dlscope.data.mnist import MNIST, load_mnist
 # Keras picks its backend once per process; with TensorFlow installed it would pick tensorflow.
 # The in-process Keras tests use torch; the TensorFlow backend is tested in subprocesses.
 os.environ.setdefault("KERAS_BACKEND", "torch")
+# A step field the row does not hold fails loudly in tests (in a user's job it is noted and kept).
+os.environ.setdefault("DLSCOPE_STRICT_RECORDS", "1")
 
 # A shell without job control starts `make test &` with SIGINT ignored, and an ignored signal stays
 # ignored across exec: every dlscope the tests start would then shrug off the Ctrl-C the interrupt
@@ -21,6 +23,22 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 # Python's usual KeyboardInterrupt again.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(scope="session")
+def observe_script():
+    """`dlscope run` through the runner, no terminal output: (results, the command's exit status)."""
+    from dlscope.options import RunOptions, ScriptOptions, StepOptions
+    from dlscope.runner import Plan, run_command
+
+    def observe(command: list[str], out, **script) -> tuple[dict, int]:
+        options = StepOptions(script=ScriptOptions(command, **script))
+        results = run_command(
+            Plan("run", ["run"], options=RunOptions(out=str(out)), step_options=options), render=False
+        )
+        return results, results["sections"]["run"]["exit_code"]
+
+    return observe
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,6 @@ from dlscope.cli import main
 from dlscope.errors import DlscopeError
 from dlscope.observe.distributed.analysis import analyze_ranks
 from dlscope.observe.script import timeline
-from dlscope.observe.script.session import run_script
-from dlscope.options import ScriptOptions
 from dlscope.report.sections.distributed import WORDS
 from dlscope.report.wording import worded
 from dlscope.rundir import load_results
@@ -30,17 +28,13 @@ PROFILE = {"start_after": 1, "wait": 1, "warmup": 1, "profile_steps": 3}  # 8 st
 
 
 @pytest.fixture(scope="module")
-def slow_rank_1(tmp_path_factory) -> tuple[dict, Path]:
+def slow_rank_1(tmp_path_factory, observe_script) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("ddp") / "run"
     save = out.parent / "model.pt"  # rank 0 saves it with torch.save
-    options = ScriptOptions(
-        [*TORCHRUN, str(SCRIPT), "--train", "512", "--slow-rank", "1", "--slow-ms", str(SLEEP_MS), "--save", str(save)],
-        out=str(out),
-        **PROFILE,
-    )
-    run, code = run_script(options, say=lambda _: None)
+    command = [*TORCHRUN, str(SCRIPT), "--train", "512", "--slow-rank", "1", "--slow-ms", str(SLEEP_MS)]
+    results, code = observe_script([*command, "--save", str(save)], out, **PROFILE)
     assert code == 0
-    return run.results["sections"], out
+    return results["sections"], out
 
 
 def test_results_carry_world_size_and_each_rank(slow_rank_1):

@@ -16,9 +16,7 @@ import pytest
 from dlscope.cli import main
 from dlscope.observe.iotrace import strace
 from dlscope.observe.script import timeline
-from dlscope.observe.script.records import clocks
-from dlscope.observe.script.session import run_script
-from dlscope.options import ScriptOptions
+from dlscope.observe.script.records import StepFile, clocks
 from dlscope.rundir import load_results
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -80,7 +78,7 @@ def test_mnist_basic_style_script(tmp_path, monkeypatch):
     workers = [p for p in sections["run"]["processes"] if p["forked"]]
     assert len(workers) >= 2  # a DataLoader worker per epoch, forked: the bootstrap followed them
     assert all(p["ppid"] == steps["main_pid"] for p in workers)
-    assert sections["anatomy"]["input_bound"] in ("highly", "moderately", "not")
+    assert sections["anatomy"]["verdict"]["level"] in ("highly", "moderately", "not")
     phases = phase_names(sections)
     assert {"startup", "first_batch", "train_steps"} <= set(phases)
     assert phases["eval"]["count"] == 2  # test() after each epoch
@@ -104,7 +102,8 @@ def test_memmap_loop_with_checkpoints_under_strace(tmp_path):
     )
     assert code == 0
     assert (sections["steps"]["source"], sections["steps"]["count"]) == ("optimizer", 12)
-    assert sections["anatomy"]["data_source"] == "gap"  # no DataLoader: data wait is the gap before forward
+    assert sections["anatomy"]["data_source"] == "none"  # no DataLoader: the gap before forward, not "data"
+    assert sections["anatomy"]["verdict"]["key"] == "no_data_source"
     phases = phase_names(sections)
     assert phases["checkpoint_save"]["count"] == 2 and phases["checkpoint_load"]["count"] == 1
     assert phases["checkpoint_save"]["files"] == [str(data / "ckpt.pt")]
@@ -169,7 +168,7 @@ def test_sigkill_still_leaves_steps_and_a_report(tmp_path):
     timeline.load(out / sections["run"]["timeline"])
 
 
-def test_bootstrap_chains_to_the_sitecustomize_it_shadows(tmp_path):
+def test_bootstrap_chains_to_the_sitecustomize_it_shadows(tmp_path, observe_script):
     site = tmp_path / "site"
     site.mkdir()
     flag = tmp_path / "site-ran"
@@ -180,17 +179,11 @@ def test_bootstrap_chains_to_the_sitecustomize_it_shadows(tmp_path):
         "for _ in range(3):\n    o.zero_grad(); m(torch.ones(2, 4)).sum().backward(); o.step()\n"
         "import sitecustomize, sys\nprint(sitecustomize.__file__)\n"
     )
-    out = tmp_path / "run"
-    options = ScriptOptions(
-        [sys.executable, str(script)],
-        out=str(out),
-        profile_steps=0,
-        extra_env={"PYTHONPATH": str(site), "RANK": "3", "WORLD_SIZE": "4"},
-    )
-    run, code = run_script(options)
+    env = {"PYTHONPATH": str(site), "RANK": "3", "WORLD_SIZE": "4"}
+    results, code = observe_script([sys.executable, str(script)], tmp_path / "run", profile_steps=0, extra_env=env)
     assert code == 0 and flag.read_text() == "yes"
-    assert run.results["sections"]["steps"]["count"] == 3
-    process = run.results["sections"]["run"]["processes"][0]
+    assert results["sections"]["steps"]["count"] == 3
+    process = results["sections"]["run"]["processes"][0]
     assert (process["rank"], process["world_size"]) == (3, 4)  # what torchrun sets, kept per process
 
 
@@ -241,7 +234,7 @@ def test_ctrl_c_stops_the_command_and_still_leaves_a_report(tmp_path):
     dlscope = subprocess.Popen([*argv, "--", sys.executable, str(SCRIPTS / "endless.py")], stdout=subprocess.DEVNULL)
     records = out / "processes"
     deadline = time.monotonic() + 120
-    while not any('"k": "step"' in p.read_text() for p in records.glob("*.jsonl")):
+    while not any(StepFile(p).count for p in records.glob("*.steps")):
         assert time.monotonic() < deadline and dlscope.poll() is None, "no step recorded"
         time.sleep(0.2)
     dlscope.send_signal(signal.SIGINT)  # as the terminal does on Ctrl-C (the child gets it from dlscope)

@@ -223,6 +223,7 @@ class StepOptions:
     dist: DistOptions = field(default_factory=DistOptions)
     scaling: ScalingOptions = field(default_factory=ScalingOptions)
     ops: object | None = None  # a steps.ops.OpsOptions (it holds a ConvShape); None: the lab's
+    script: ScriptOptions | None = None  # `dlscope run`'s command and how to observe it
 
 
 @dataclass
@@ -230,7 +231,6 @@ class ScriptOptions:
     """`dlscope run`: the command to observe and how."""
 
     command: list[str]
-    out: str | None = None
     trace_io: bool = False
     trace_backend: str = "auto"
     profile_steps: int = 5  # active steps; 0: no profiler

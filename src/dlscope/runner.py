@@ -59,6 +59,10 @@ class Plan:
             if "trained" in STEPS_BY_NAME[name].needs and "train" not in self.steps[:i]:
                 raise ConfigError(f"step {name} needs the train step before it")
         self.step_options.dist.check(self.config.batch_size, self.config.autotune)
+        if "run" in self.steps:  # a command that cannot start: one line, and nothing created
+            from dlscope.observe.iotrace.tracer import check_command
+
+            check_command(self.step_options.script.command if self.step_options.script else [])
         self.check_inputs()
 
     def check_inputs(self) -> None:
@@ -69,8 +73,8 @@ class Plan:
             raise DatasetError("data directory does not exist", data_dir)
         if resume is not None and "train" in self.steps and not Path(resume).exists():
             raise CheckpointError("checkpoint to resume from not found", resume)
-        if not set(self.steps) - {"environment", "iotrace"}:
-            return  # nothing runs on a device: no torch needed
+        if not set(self.steps) - {"environment", "iotrace", "run"}:
+            return  # nothing runs on a device here: no torch needed
         from dlscope.train import resolve_device
 
         devices = [self.config.device]
@@ -115,7 +119,7 @@ def run_steps(plan: Plan, run: Any) -> None:
 
         torch.set_num_threads(plan.config.threads)
     ctx = Context(plan.config, run, plan.options, plan.step_options, task=progress_task(plan.options.progress), say=say)
-    status = "failed"
+    status, command_failed = "failed", False
     try:
         for name in plan.steps:
             step = STEPS_BY_NAME[name]
@@ -128,9 +132,13 @@ def run_steps(plan: Plan, run: Any) -> None:
             section["seconds"] = round(time.perf_counter() - start, 3)
             run.record(step.name, section)
             print_blocks(section_renderer.render(run.results["sections"][step.name]))
+            for name in (n for n in step.also if n in run.results["sections"]):  # what the step recorded itself
+                console.rule(f"[phase]{SECTIONS[name].TITLE}", align="left", style="dim")
+                print_blocks(SECTIONS[name].render(run.results["sections"][name]))
             if section.get("interrupted"):  # a traced command cut short by the user: recorded, now stop
                 raise Interrupted(signal.Signals[section["interrupted"]])
-        status = "ok"
+            command_failed |= section.get("run_status") == "failed"  # the user's command (dlscope run) failed
+        status = "failed" if command_failed else "ok"
     except KeyboardInterrupt as e:
         status = "interrupted"
         run.results["run"]["signal"] = interrupt_signal(e).name

@@ -7,21 +7,15 @@ import argparse
 from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
 
 SORT_KEYS = ["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"]
-SHOWN = ("steps", "anatomy", "top10", "phases", "distributed")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from dlscope.console import console
-    from dlscope.observe.script.session import run_script
-    from dlscope.options import ScriptOptions
-    from dlscope.report.sections import SECTIONS
-    from dlscope.report.terminal import print_blocks
-    from dlscope.runner import finish_report, say
+    from dlscope.options import RunOptions, ScriptOptions, StepOptions
+    from dlscope.runner import Plan, run_command
 
     command = args.command_argv[1:] if args.command_argv[:1] == ["--"] else args.command_argv
-    options = ScriptOptions(
+    script = ScriptOptions(
         command=command,
-        out=args.out,
         trace_io=args.trace_io,
         trace_backend=args.trace_backend,
         profile_steps=args.profile_steps,
@@ -31,12 +25,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         sort_by=args.sort_by,
         tensorboard=args.tensorboard,
     )
-    run, code = run_script(options, say=say)
-    for key in (k for k in SHOWN if k in run.results["sections"]):
-        console.rule(f"[phase]{SECTIONS[key].TITLE}", align="left", style="dim")
-        print_blocks(SECTIONS[key].render(run.results["sections"][key]))
-    finish_report(run)
-    return code
+    plan = Plan("run", ["run"], options=RunOptions(out=args.out), step_options=StepOptions(script=script))
+    return run_command(plan)["sections"]["run"]["exit_code"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

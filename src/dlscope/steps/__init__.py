@@ -15,6 +15,7 @@ from dlscope.steps import (
     pipeline,
     profile,
     scaling,
+    script,
     sweep,
     train,
 )
@@ -33,10 +34,12 @@ STEPS: list[Step] = [
     graph.STEP,
     pipeline.STEP,
 ]
-# iotrace runs around a command (dlscope trace, dlscope lab --trace-io), never inside the lab; ranks,
+# iotrace runs around a command (dlscope trace, dlscope lab --trace-io), never inside the lab; run
+# observes a user's command (dlscope run); ranks,
 # distributed and the lab's scaling follow train when it ran in several ranks (--nproc-per-node)
 STEPS_BY_NAME = {
-    step.name: step for step in [*STEPS, distributed_ranks.STEP, distributed.STEP, scaling.STEP, iotrace.STEP]
+    step.name: step
+    for step in [*STEPS, distributed_ranks.STEP, distributed.STEP, scaling.STEP, iotrace.STEP, script.STEP]
 }
 
 __all__ = ["STEPS", "STEPS_BY_NAME", "Context", "Step"]

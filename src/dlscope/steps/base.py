@@ -52,6 +52,7 @@ class Step:
     name: str  # the results.json section it writes
     run: Callable[[Context], dict[str, Any]]
     needs: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()  # further sections it records itself (ctx.run.record), shown after its own
 
 
 class _QuietTask:

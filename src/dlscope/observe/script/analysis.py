@@ -1,19 +1,55 @@
 """What the observed processes recorded (records.py), turned into results sections: steps,
-anatomy, phases, top-10 operators. Plain data in, plain dicts out; no torch import."""
+anatomy, phases, top-10 operators. Facts out (numbers, keys, levels): the words are in
+report/sections. No torch import; steps are read as numpy arrays (steptable.py)."""
 
 from __future__ import annotations
 
 import json
-import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-PARTS = ("data", "forward", "backward", "optimizer", "other")
+import numpy as np
+
+from dlscope.observe.script import steptable
+from dlscope.observe.script.records import StepFile, read_records, step_files
+
 # TensorFlow's input-pipeline analyser: a step is input-bound when ≥ 20% of it waits for input,
 # moderately between 5% and 20%.
 INPUT_BOUND_PCT, MODERATELY_PCT = 20.0, 5.0
 Records = dict[int, list[dict[str, Any]]]
+
+
+@dataclass
+class Observed:
+    """What the processes left in a run's processes/ directory: their JSON records, their steps."""
+
+    records: Records
+    steps: dict[int, StepFile]
+    streams: dict[int, tuple[str | None, np.ndarray]] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, directory: Path) -> Observed:
+        records, steps = read_records(directory), step_files(directory)
+        for pid in steps:
+            records.setdefault(pid, [])
+        return cls(records, steps)
+
+    def stream(self, pid: int) -> tuple[str | None, np.ndarray]:
+        """The steps that count in process `pid` (steptable.open_stream), opened once."""
+        if pid not in self.streams:
+            steps = self.steps.get(pid)
+            self.streams[pid] = steptable.open_stream(steps) if steps is not None else (None, np.zeros(0))
+        return self.streams[pid]
+
+    def last_step(self, pid: int) -> float:
+        """When the process's last recorded step ended (0.0: none)."""
+        steps = self.steps.get(pid)
+        if steps is None or not steps.count:
+            return 0.0
+        last = np.fromfile(steps.path, steps.dtype, 1, offset=steps.offset + (steps.count - 1) * steps.dtype.itemsize)
+        return float(last["start"][0]) + float(last["seconds"][0])
 
 
 def process_info(pid: int, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -30,56 +66,29 @@ def process_info(pid: int, records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def steps_of(records: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
-    """The process's steps: the optimizer's when it ever stepped, else one per backward()."""
-    by_source: dict[str, list[dict[str, Any]]] = {"optimizer": [], "backward": []}
-    for r in records:
-        if r.get("k") == "step":
-            by_source[r["src"]].append(r)
-    for source in ("optimizer", "backward"):
-        if by_source[source]:
-            return source, by_source[source]
-    return None, []
-
-
-def main_process(records: Records) -> int | None:
+def main_process(observed: Observed) -> int | None:
     """The process with the most steps (the training loop), ties to the first started."""
-    counts = {pid: len(steps_of(rs)[1]) for pid, rs in records.items()}
+    counts = {pid: len(observed.stream(pid)[1]) for pid in observed.records}
     best = max(counts.values(), default=0)
     return min(pid for pid, n in counts.items() if n == best) if best else None
 
 
-def step_row(step: dict[str, Any], origin: float) -> dict[str, Any]:
-    seconds = step["end"] - step["start"]
-    parts = {p: step[p] for p in PARTS[:-1]}
-    parts["other"] = max(seconds - sum(parts.values()), 0.0)
-    return {
-        "step": step["i"],
-        "start_s": round(step["start"] - origin, 6),
-        "ms": round(seconds * 1000, 3),
-        **{f"{p}_ms": round(v * 1000, 3) for p, v in parts.items()},
-        "data_source": step["data_source"],
-        "peak_rss_bytes": step.get("peak_rss"),
-        "peak_cuda_bytes": step.get("peak_cuda"),
-        "profiled": step.get("profiled"),
-        "profiler_ms": round(step.get("profiler_seconds", 0.0) * 1000, 3),
-    }
-
-
-def steps_section(records: Records, origin: float) -> dict[str, Any]:
-    main = main_process(records)
+def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] | None) -> dict[str, Any]:
     processes = []
-    for pid, rs in records.items():
-        source, steps = steps_of(rs)
-        processes.append({"pid": pid, "rank": process_info(pid, rs)["rank"], "source": source, "count": len(steps)})
-    source, steps = steps_of(records[main]) if main is not None else (None, [])
-    return {
-        "main_pid": main,
-        "source": source,
-        "count": len(steps),
-        "processes": processes,
-        "rows": [step_row(s, origin) for s in steps],
-    }
+    for pid, rs in observed.records.items():
+        source, table = observed.stream(pid)
+        processes.append({"pid": pid, "rank": process_info(pid, rs)["rank"], "source": source, "count": len(table)})
+    section: dict[str, Any] = {"main_pid": main, "source": None, "count": 0, "processes": processes}
+    if main is None or summary is None:
+        return section
+    steps = observed.steps[main]
+    section.update(
+        source=observed.stream(main)[0],
+        file=str(steps.path),
+        row_bytes=steps.dtype.itemsize,
+        **{k: v for k, v in summary.items() if k not in ("steady", "all", "profiler", "loader_steps")},
+    )
+    return section
 
 
 def classify(input_pct: float) -> str:
@@ -88,53 +97,61 @@ def classify(input_pct: float) -> str:
     return "moderately" if input_pct >= MODERATELY_PCT else "not"
 
 
-def anatomy_section(steps: dict[str, Any]) -> dict[str, Any]:
+def anatomy_section(section: dict[str, Any], summary: dict[str, Any] | None, own_us: float | None) -> dict[str, Any]:
     """Mean step anatomy over the steady steps: not the first (start-up, first batch), not the
-    profiler's warm-up and active steps (their recording cost is reported with the top-10)."""
-    rows = steps["rows"]
-    steady = [r for r in rows[1:] if r["profiled"] in (None, "wait")]
-    used = "steady steps (not the first, not profiled)"
-    if not steady:
-        steady, used = rows, "all steps (too few to leave out the first and the profiled ones)"
-    if not steady:
-        return {"steps_used": 0, "note": "no training step was seen"}
-    mean_ms = {p: statistics.fmean(r[f"{p}_ms"] for r in steady) for p in PARTS}
-    step_ms = statistics.fmean(r["ms"] for r in steady)
-    pct = {p: 100.0 * v / step_ms if step_ms else 0.0 for p, v in mean_ms.items()}
-    input_pct = pct["data"]
-    level = classify(input_pct)
-    source = "time inside DataLoader.__next__" if steady[-1]["data_source"] == "loader" else "the gap before forward"
-    verdict = (
-        f"{'Your program is ' + level.upper() if level != 'not' else 'Your program is NOT'} input-bound: "
-        f"{input_pct:.1f}% of the mean step ({step_ms:.1f} ms over {len(steady)} steps) waits for input "
-        f"({source}); thresholds ≥ {INPUT_BOUND_PCT:.0f}% highly, {MODERATELY_PCT:.0f}–{INPUT_BOUND_PCT:.0f}% "
-        "moderately (TensorFlow's input-pipeline analyser)."
-    )
-    if steps["source"] == "backward" and steady[-1]["data_source"] == "gap":
-        verdict += (
-            " An upper bound: with no torch optimizer a step ends at backward(), so the gap before the next "
-            "forward also holds the weight update (Keras's optimizer, a hand-written SGD)."
-        )
-    peaks = [r["peak_rss_bytes"] for r in rows if r["peak_rss_bytes"] is not None]
-    cuda = [r["peak_cuda_bytes"] for r in rows if r["peak_cuda_bytes"] is not None]
+    profiler's warm-up and active steps (their recording cost is reported with the top-10).
+    dlscope's own calibrated cost per step (`own_us`) is taken out of the step and out of
+    "other" before any share is computed. The verdict is facts: a key, a level, its numbers."""
+    if summary is None or not summary["count"]:
+        return {"steps_used": 0, "verdict": {"key": "no_steps"}}
+    used, sums = "steady", summary["steady"]
+    if not sums["count"]:
+        used, sums = "all", summary["all"]
+    count = sums["count"]
+    step_s = sums["seconds"] / count
+    mean_s = {p: v / count for p, v in sums["parts_seconds"].items()}
+    own_s = min((own_us or 0.0) / 1e6, step_s)
+    mean_s["other"] = max(mean_s["other"] - own_s, 0.0)
+    observed_s = step_s - own_s
+    pct = {p: 100.0 * v / observed_s if observed_s > 0 else 0.0 for p, v in mean_s.items()}
+    numbers = {"step_ms": round(step_s * 1e3, 3), "steps": count}
+    if summary["loader_steps"]:
+        level = classify(pct["data"])
+        verdict = {
+            "key": "input_bound",
+            "level": level,
+            **numbers,
+            "data_pct": round(pct["data"], 2),
+            "data_ms": round(mean_s["data"] * 1e3, 3),
+            "thresholds_pct": {"highly": INPUT_BOUND_PCT, "moderately": MODERATELY_PCT},
+            "loader_steps": summary["loader_steps"],
+        }
+    else:
+        verdict = {
+            "key": "no_data_source",
+            **numbers,
+            "gap_pct": round(pct["gap"], 2),
+            "gap_ms": round(mean_s["gap"] * 1e3, 3),
+            "gap_holds_update": section["source"] == "backward",
+        }
     return {
-        "steps_used": len(steady),
+        "steps_used": count,
         "used": used,
-        "mean_ms": {p: round(v, 3) for p, v in mean_ms.items()},
-        "step_ms": round(step_ms, 3),
+        "mean_ms": {p: round(v * 1e3, 4) for p, v in mean_s.items()},
+        "step_ms": round(step_s * 1e3, 4),
+        "dlscope_us_per_step": own_us,
         "percent": {p: round(v, 2) for p, v in pct.items()},
-        "input_bound_pct": round(input_pct, 2),
-        "input_bound": level,
-        "data_source": steady[-1]["data_source"],
+        "data_source": "loader" if summary["loader_steps"] else "none",
         "verdict": verdict,
-        "peak_rss_bytes": max(peaks, default=None),
-        "peak_cuda_bytes": max(cuda, default=None),
+        "peak_rss_bytes": summary["peak_rss_bytes"],
+        "peak_cuda_bytes": summary["peak_cuda_bytes"],
     }
 
 
-def phase_slices(pid: int, records: list[dict[str, Any]], origin: float) -> list[dict[str, Any]]:
-    """Begin/end records paired into slices; a phase a kill left open ends at the last record."""
-    last = max((r.get("end", r.get("ts", 0.0)) for r in records), default=origin)
+def phase_slices(pid: int, records: list[dict[str, Any]], origin: float, last_step: float = 0.0) -> list[dict]:
+    """Begin/end records paired into slices; a phase a kill left open ends at the last record
+    (or the end of the last step, `last_step`)."""
+    last = max(last_step, max((r.get("ts", 0.0) for r in records), default=origin))
     slices, open_ = [], []
     for r in records:
         if r.get("k") == "B":
@@ -161,8 +178,8 @@ def _slice(pid: int, begin: dict[str, Any], end: float, origin: float, depth: in
     }
 
 
-def phases_section(records: Records, origin: float) -> dict[str, Any]:
-    rows = [s for pid, rs in records.items() for s in phase_slices(pid, rs, origin)]
+def phases_section(observed: Observed, origin: float) -> dict[str, Any]:
+    rows = [s for pid, rs in observed.records.items() for s in phase_slices(pid, rs, origin, observed.last_step(pid))]
     totals: dict[str, dict[str, Any]] = {}
     for s in rows:
         t = totals.setdefault(s["phase"], {"phase": s["phase"], "count": 0, "seconds": 0.0, "files": []})
@@ -185,24 +202,17 @@ def ops_per_step(trace_path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def top10_section(records: Records, steps: dict[str, Any], sort_by: str) -> dict[str, Any]:
+def top10_section(records: Records, steps: dict[str, Any], profiler: dict[str, Any] | None, sort_by: str) -> dict:
     from dlscope.observe.profiler import table_from_events  # torch: only once the command is done
 
     main = steps["main_pid"]
     profile = next((r for r in records.get(main, []) if r.get("k") == "profile"), None) if main else None
-    if profile is None:
-        return {"rows": [], "note": _why_no_profile(steps)}
+    if profile is None or profiler is None:
+        return {"rows": [], "why_empty": "no_steps" if not steps["count"] else "unfinished", "steps": steps["count"]}
     events = [SimpleNamespace(**op) for op in profile["ops"]]
     active = sum(e.count for e in events if e.key.startswith("ProfilerStep"))  # one per recorded step
     table = table_from_events(events, active, sort_by)
-    profiled = [r["ms"] for r in steps["rows"] if r["profiled"] == "active"]
-    plain = [r["ms"] for r in steps["rows"][1:] if r["profiled"] is None]
-    cost = {
-        "active_step_ms": round(statistics.median(profiled), 3) if profiled else None,
-        "unprofiled_step_ms": round(statistics.median(plain), 3) if plain else None,
-        "export_seconds": profile["export_seconds"],
-        "between_steps_seconds": round(sum(r["profiler_ms"] for r in steps["rows"]) / 1000, 3),
-    }
+    cost = {**profiler, "export_seconds": profile["export_seconds"]}
     if cost["active_step_ms"] and cost["unprofiled_step_ms"]:
         cost["ratio"] = round(cost["active_step_ms"] / cost["unprofiled_step_ms"], 3)
     trace = Path(profile["trace"])
@@ -219,12 +229,6 @@ def top10_section(records: Records, steps: dict[str, Any], sort_by: str) -> dict
     }
 
 
-def _why_no_profile(steps: dict[str, Any]) -> str:
-    if not steps["count"]:
-        return "no training step was seen, so nothing was profiled"
-    return f"the profiler had not finished when the command ended ({steps['count']} steps seen)"
-
-
 def run_section(records: Records, main: int | None) -> dict[str, Any]:
     processes = [process_info(pid, rs) for pid, rs in sorted(records.items())]
     sizes = [p["world_size"] for p in processes if p["world_size"] is not None]
@@ -237,12 +241,23 @@ def run_section(records: Records, main: int | None) -> dict[str, Any]:
     }
 
 
-def sections(records: Records, origin: float, sort_by: str = "self_cpu") -> dict[str, dict[str, Any]]:
-    steps = steps_section(records, origin)
+def own_cost_us(records: list[dict[str, Any]]) -> float | None:
+    """dlscope's own cost per step in this process, as it calibrated it at attach."""
+    found = next((r for r in records if r.get("k") == "calibration"), None)
+    return found["per_step_us"] if found else None
+
+
+def sections(observed: Observed, origin: float, sort_by: str = "self_cpu") -> dict[str, dict[str, Any]]:
+    main = main_process(observed)
+    summary = None
+    if main is not None:
+        summary = steptable.summarise(observed.stream(main)[1], origin, observed.steps[main].codes)
+    steps = steps_section(observed, main, summary)
+    own = own_cost_us(observed.records.get(main, [])) if main is not None else None
     return {
-        "run": run_section(records, steps["main_pid"]),
+        "run": run_section(observed.records, main),
         "steps": steps,
-        "anatomy": anatomy_section(steps),
-        "top10": top10_section(records, steps, sort_by),
-        "phases": phases_section(records, origin),
+        "anatomy": anatomy_section(steps, summary, own),
+        "top10": top10_section(observed.records, steps, summary["profiler"] if summary else None, sort_by),
+        "phases": phases_section(observed, origin),
     }

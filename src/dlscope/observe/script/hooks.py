@@ -330,24 +330,21 @@ class Observer:
                 self._switch("first_batch", "train_steps")
             self.profiler.after_step(index)  # prof.step(), and the trace export after the last active step
         resumed = time.time()
-        self.records.write(
-            {
-                "k": "step",
-                "src": src,
-                "i": index,
-                "start": step.start,
-                "end": now,
-                "data": step.loader if step.used_loader else max(gap, 0.0),
-                "data_source": "loader" if step.used_loader else "gap",
-                "forward": step.forward,
-                "backward": step.backward,
-                "optimizer": step.optimizer,
-                "peak_rss": peak_rss,
-                "peak_cuda": peak_cuda,
-                "profiled": profiled,
-                "profiler_seconds": resumed - now,  # spent by dlscope between this step and the next
-                "tid": threading.get_native_id(),
-            }
+        self.records.write_step(
+            src=src,
+            i=index,
+            start=step.start,
+            end=now,
+            data=step.loader if step.used_loader else max(gap, 0.0),
+            data_source="loader" if step.used_loader else "gap",
+            forward=step.forward,
+            backward=step.backward,
+            optimizer=step.optimizer,
+            peak_rss=peak_rss,
+            peak_cuda=peak_cuda,
+            profiled=profiled,
+            profiler_seconds=resumed - now,  # spent by dlscope between this step and the next
+            tid=threading.get_native_id(),
         )
         self.steps[src] = Step(resumed)
 
@@ -406,6 +403,9 @@ class Observer:
         torch.nn.Module.train = _wrap(torch.nn.Module.train, self.module_train)
         torch.save = _wrap(torch.save, functools.partial(self._save, 1))
         torch.load = _wrap(torch.load, functools.partial(self._load, 0))
+        from dlscope.observe.script import calibrate  # dlscope's own cost per step, in this process
+
+        calibrate.record(self, torch)
 
     def attach_safetensors(self, module: Any) -> None:
         module.save_file = _wrap(module.save_file, functools.partial(self._save, 1))

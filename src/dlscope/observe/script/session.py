@@ -1,13 +1,15 @@
-"""`dlscope run`: start a command with the bootstrap in every Python process, let it run as it
-would (its stdout, stderr and exit status are its own), then turn what its processes recorded
-into results sections, a report and one timeline — also after a crash, a kill or Ctrl-C.
+"""`dlscope run`'s measuring: start a command with the bootstrap in every Python process, let it
+run as it would (its stdout, stderr and exit status are its own), then turn what its processes
+recorded into results sections and one timeline — also after a crash, a kill or Ctrl-C. The
+runner calls it through the `run` step (steps/script.py):
 
-    run, exit_code = run_script(ScriptOptions(["python", "train.py"]))
+    run_command(Plan("run", ["run"], step_options=StepOptions(script=ScriptOptions(["python", "train.py"]))))
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -17,15 +19,14 @@ from dlscope.errors import ConfigError, DlscopeError
 from dlscope.observe.bootstrap_env import with_bootstrap
 from dlscope.observe.distributed.analysis import analyze_ranks
 from dlscope.observe.iotrace.tracer import (
-    check_command,
     exit_code,
     read_jsonl,
     trace_command,
     wait_command,
 )
-from dlscope.observe.script import analysis, timeline
+from dlscope.observe.script import analysis, steptable, timeline
 from dlscope.observe.script.hooks import PROFILE_ENV
-from dlscope.observe.script.records import clocks, read_records
+from dlscope.observe.script.records import clocks
 from dlscope.options import ScriptOptions
 from dlscope.rundir import RunDir
 
@@ -40,41 +41,41 @@ def _run_plain(argv: list[str], env: dict[str, str]) -> tuple[int, int | None]:
     return wait_command(child)
 
 
-def run_script(options: ScriptOptions, say: Callable[[str], None] = print) -> tuple[RunDir, int]:
-    """Run the command under observation; the run directory and the command's exit status."""
-    check_command(options.command)
-    run = RunDir.create(options.out, "run")
+def observe_command(run: RunDir, options: ScriptOptions, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the command under observation into `run`; record the sections drawn from what its
+    processes left (steps, anatomy, top10, phases, distributed, iotrace) — also after a crash, a
+    kill or Ctrl-C — and return the "run" section: the command, its exit status, the signal that
+    interrupted it (a name, or None) and `run_status` (how the runner ends the run)."""
     records_dir = run.sub("processes")
     profile = f"{options.start_after}:{options.wait}:{options.warmup}:{options.profile_steps}"
     base = {**os.environ, **options.extra_env}  # the command's own PYTHONPATH stays, after the bootstrap
     env = with_bootstrap(base, DLSCOPE_RUN_DIR=str(records_dir.resolve()), **{PROFILE_ENV: profile})
     started = clocks()
     iotrace: dict[str, Any] | None = None
-    status = "failed"
+    code, interrupted = 1, None
     try:
         if options.trace_io:
             outcome = trace_command(options.command, options.trace_backend, run.sub("iotrace"), say, env)
             iotrace = outcome.section
-            code, interrupted = outcome.exit_code, iotrace["interrupted"] is not None
+            code, interrupted = outcome.exit_code, iotrace["interrupted"]
         else:
             returncode, signum = _run_plain(options.command, env)
-            code, interrupted = exit_code(returncode), signum is not None
-        status = "interrupted" if interrupted else ("ok" if code == 0 else "failed")
+            code, interrupted = exit_code(returncode), signal.Signals(signum).name if signum else None
     finally:
         ended = clocks()
-        record_sections(run, options, started, ended, iotrace)
-        run.finish(status)
-    run.results["sections"]["run"].update(exit_code=code, interrupted=interrupted)
-    run.save()
-    return run, code
+        section = record_sections(run, options, started, ended, iotrace)
+    section.update(exit_code=code, interrupted=interrupted, run_status="ok" if code == 0 else "failed")
+    return section
 
 
 def record_sections(
     run: RunDir, options: ScriptOptions, started: dict[str, int], ended: dict[str, int], iotrace: dict[str, Any] | None
-) -> None:
-    records = read_records(run.path / "processes")
+) -> dict[str, Any]:
+    """Record every section but "run", which is returned (the runner records it)."""
+    observed = analysis.Observed.read(run.path / "processes")
+    records = observed.records
     origin = started["realtime"] / 1e9
-    found = analysis.sections(records, origin, options.sort_by)
+    found = analysis.sections(observed, origin, options.sort_by)
     clock = timeline.ClockMap.sampled(started, ended)
     kineto = [Path(r["trace"]) for rs in records.values() for r in rs if r.get("k") == "profile"]
     syscalls = None
@@ -82,7 +83,7 @@ def record_sections(
         syscalls = read_jsonl(Path(iotrace["exports"]["events"]))
         iotrace["exports"] = {key: run.rel(path) for key, path in iotrace["exports"].items()}
     path = timeline.build(
-        records,
+        observed,
         [p for p in kineto if p.exists()],
         syscalls,
         iotrace["backend"] if iotrace else None,
@@ -103,17 +104,21 @@ def record_sections(
         },
         trace_io=options.trace_io,
     )
+    if found["steps"].get("file"):
+        found["steps"]["file"] = run.rel(found["steps"]["file"])
     if found["top10"].get("trace"):
         found["top10"]["trace"] = run.rel(found["top10"]["trace"])
-    for name in ("run", "steps", "anatomy", "top10", "phases"):
+    for name in ("steps", "anatomy", "top10", "phases"):
         run.record(name, found[name])
     ranked = rank_traces(records)
     if ranked:
         run.record("distributed", distributed_section(ranked, run))
     if iotrace is not None:
         run.record("iotrace", iotrace)
-    if options.tensorboard:
-        write_tensorboard(run.sub("tensorboard"), found["steps"])
+    if options.tensorboard and found["steps"]["count"]:
+        main = found["steps"]["main_pid"]
+        write_tensorboard(run.sub("tensorboard"), observed.stream(main)[1], observed.steps[main].codes)
+    return found["run"]
 
 
 def distributed_section(ranked: dict[int, Path], run: RunDir) -> dict[str, Any]:
@@ -137,12 +142,20 @@ def rank_traces(records: analysis.Records) -> dict[int, Path]:
     return ranked if len(ranked) > 1 else {}
 
 
-def write_tensorboard(directory: Path, steps: dict[str, Any]) -> None:
+TENSORBOARD_POINTS = 20_000  # per scalar: a longer run is written every k-th step (the step file has all)
+
+
+def write_tensorboard(directory: Path, table: Any, codes: dict[str, list[str | None]]) -> None:
     """Step time and its anatomy per step, as TensorBoard scalars."""
     from torch.utils.tensorboard import SummaryWriter
 
+    loader = codes["data_source"].index("loader")
+    positions = steptable.stride_positions(len(table), TENSORBOARD_POINTS)
     with SummaryWriter(str(directory)) as writer:
-        for row in steps["rows"]:
-            writer.add_scalar("step/ms", row["ms"], row["step"])
-            for part in analysis.PARTS:
-                writer.add_scalar(f"anatomy/{part}_ms", row[f"{part}_ms"], row["step"])
+        for first in range(0, len(positions), steptable.CHUNK):
+            chunk = table[positions[first : first + steptable.CHUNK]]
+            parts = steptable.part_seconds(chunk, loader)
+            for k, step in enumerate(chunk["i"].tolist()):
+                writer.add_scalar("step/ms", float(chunk["seconds"][k]) * 1e3, step)
+                for part in steptable.PARTS:
+                    writer.add_scalar(f"anatomy/{part}_ms", parts[part][k] * 1e3, step)

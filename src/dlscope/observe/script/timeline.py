@@ -3,7 +3,9 @@
 A process per OS process; per process, tracks for its threads' profiler operators (Kineto's own
 tids), a "steps" track, a "phases" track, a "profiler steps" track (ProfilerStep#N), and with
 --trace-io one "syscalls" track per thread (their own tracks, so µs clock skew cannot break
-nesting with the operators). Every time is mapped
+nesting with the operators). A long run's "steps" track holds TIMELINE_STEPS of its steps (the
+first and last, the profiled and the slowest; steptable.timeline_positions): the step file holds
+them all. Every time is mapped
 to one clock, CLOCK_REALTIME, in µs from the run's start:
   - our records and strace -ttt / the proc backend stamp CLOCK_REALTIME seconds;
   - Kineto's `ts` is µs from `baseTimeNanoseconds` (CLOCK_REALTIME) when that key is there,
@@ -21,7 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscope.observe.script.analysis import Records, phase_slices, steps_of
+import numpy as np
+
+from dlscope.observe.script import steptable
+from dlscope.observe.script.analysis import Observed, phase_slices
 
 STEPS_TID, PHASES_TID, PROFILER_STEPS_TID = 1_000_000_001, 1_000_000_002, 1_000_000_003
 SYSCALL_TID_BASE = 1_100_000_000
@@ -81,27 +86,33 @@ class TimelineWriter:
             sort = {"sort_index": rank}
             self.events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": sort})
 
-    def add_records(self, pid: int, records: list[dict[str, Any]]) -> None:
-        origin_s = self.clock.origin_ns / 1e9
-        _, steps = steps_of(records)
-        if steps:
-            self.track(pid, STEPS_TID, "steps", 0)
-        for s in steps:
-            args = {p: round(s[p] * 1e3, 3) for p in ("data", "forward", "backward", "optimizer")}
-            args.update(source=s["src"], profiled=s.get("profiled"))
+    def add_steps(self, pid: int, table: np.ndarray, codes: dict[str, list[str | None]]) -> None:
+        if not len(table):
+            return
+        self.track(pid, STEPS_TID, "steps", 0)
+        unprofiled = codes["profiled"].index(None)
+        src, profiled = codes["src"], codes["profiled"]
+        for k in steptable.timeline_positions(table, unprofiled):
+            s = table[k]
+            args = {p: round(float(s[p]) * 1e3, 3) for p in ("data", "forward", "backward", "optimizer")}
+            args.update(source=src[int(s["src"])], profiled=profiled[int(s["profiled"])])
+            start = self.clock.realtime_s(float(s["start"]))
             self.events.append(
                 {
                     "ph": "X",
                     "cat": "step",
-                    "name": f"step {s['i']}",
+                    "name": f"step {int(s['i'])}",
                     "pid": pid,
                     "tid": STEPS_TID,
-                    "ts": self.clock.realtime_s(s["start"]),
-                    "dur": self.clock.realtime_s(s["end"]) - self.clock.realtime_s(s["start"]),
+                    "ts": start,
+                    "dur": self.clock.realtime_s(float(s["start"]) + float(s["seconds"])) - start,
                     "args": args,
                 }
             )
-        slices = phase_slices(pid, records, origin_s)
+
+    def add_phases(self, pid: int, records: list[dict[str, Any]], last_step: float) -> None:
+        origin_s = self.clock.origin_ns / 1e9
+        slices = phase_slices(pid, records, origin_s, last_step)
         if slices:
             self.track(pid, PHASES_TID, "phases", 1)
         for p in slices:
@@ -185,7 +196,7 @@ class TimelineWriter:
 
 
 def build(
-    records: Records,
+    observed: Observed,
     kineto: list[Path],
     syscalls: Iterator[dict[str, Any]] | None,
     backend: str | None,
@@ -196,8 +207,10 @@ def build(
     writer = TimelineWriter(clock)
     for info in processes:
         writer.process(info["pid"], info)
-    for pid, rs in records.items():
-        writer.add_records(pid, rs)
+    for pid, rs in observed.records.items():
+        if pid in observed.steps:
+            writer.add_steps(pid, observed.stream(pid)[1], observed.steps[pid].codes)
+        writer.add_phases(pid, rs, observed.last_step(pid))
     for path in kineto:
         writer.add_kineto(path)
     if syscalls is not None and backend is not None:

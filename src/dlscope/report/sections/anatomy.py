@@ -1,5 +1,6 @@
-"""Section anatomy (`dlscope run`): the mean step split into data, forward, backward, optimizer and
-other, and the input-bound verdict."""
+"""Section anatomy (`dlscope run`): the mean step split into data, gap, forward, backward,
+optimizer and other, and the verdict on input — worded here from the facts the analysis measured
+(a key, a level, the numbers and the thresholds it used)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,65 @@ from dlscope.report.blocks import Block, Findings, Para, Table
 from dlscope.report.sections.steps import PARTS, mebibytes
 
 TITLE = "Step anatomy"
+LEVEL_STYLE = {"highly": "bad", "moderately": "warn", "not": "good"}
+PART_NAMES = {
+    "data": "data (inside a data source)",
+    "gap": "gap (before the first forward)",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "other": "other",
+}
+
+
+def verdict(v: dict[str, Any]) -> tuple[str, str]:
+    """The finding for the analysis's verdict facts: its level and its sentence, numbers shown."""
+    over = f"{v['step_ms']:.3g} ms mean step over {v['steps']} steps, dlscope's own cost taken out"
+    if v["key"] == "input_bound":
+        t = v["thresholds_pct"]
+        level = v["level"]
+        said = {"highly": "HIGHLY input-bound", "moderately": "MODERATELY input-bound", "not": "NOT input-bound"}
+        return LEVEL_STYLE[level], (
+            f"Your program is {said[level]}: {v['data_pct']:.1f}% of the step ({v['data_ms']:.3g} ms; {over}) "
+            f"is spent inside DataLoader.__next__, waiting for a batch. Thresholds: ≥ {t['highly']:.0f}% highly, "
+            f"{t['moderately']:.0f}–{t['highly']:.0f}% moderately (TensorFlow's input-pipeline analyser)."
+        )
+    text = (
+        f"No data source was seen (no DataLoader iterated), so nothing is said about input: the loop may "
+        f"prefetch, build its batches in the loop body or read no data at all. The gap between a step's start "
+        f"and its first forward is {v['gap_pct']:.1f}% of the step ({v['gap_ms']:.3g} ms; {over}); it holds "
+        "whatever the loop does there (zero_grad, moving a batch, Python work)"
+    )
+    if v["gap_holds_update"]:
+        text += (
+            ", and, with no torch optimizer (a step ends at backward()), the weight update as well (Keras's "
+            "optimizer, a hand-written SGD)"
+        )
+    return "info", text + "."
 
 
 def render(section: dict[str, Any]) -> list[Block]:
     if not section.get("steps_used"):
-        return [Para(section.get("note", "No steps."))]
-    level = {"highly": "bad", "moderately": "warn", "not": "good"}[section["input_bound"]]
-    rows = [[p, section["mean_ms"][p], section["percent"][p]] for p in PARTS]
+        return [Para("No training step was seen, so there is no step anatomy.")]
+    loader = section["data_source"] == "loader"
+    parts = [p for p in PARTS if p not in ("data", "gap") or section["mean_ms"][p] or (p == "data" and loader)]
+    rows = [[PART_NAMES[p], section["mean_ms"][p], section["percent"][p]] for p in parts]
+    used = {
+        "steady": "the steady steps (not the first, not the profiler's warm-up and active ones)",
+        "all": "all steps (too few to leave out the first and the profiled ones)",
+    }[section["used"]]
+    own = section.get("dlscope_us_per_step")
+    cost = (
+        f"dlscope's own cost, calibrated in the process at start: {own:.1f} µs a step, taken out of the step "
+        'and of "other" before the shares.'
+        if own is not None
+        else "dlscope's own cost per step was not calibrated in this process: the shares include it."
+    )
     memory = f"Peak RSS in a step: {mebibytes(section['peak_rss_bytes'])} MB."
     if section.get("peak_cuda_bytes") is not None:
         memory += f" Peak CUDA memory: {mebibytes(section['peak_cuda_bytes'])} MB."
     return [
-        Findings([(level, section["verdict"])]),
-        Table(["part", "mean ms", "% of step"], rows, f"Mean step anatomy over {section['used']}"),
-        Para(memory),
+        Findings([verdict(section["verdict"])]),
+        Table(["part", "mean ms", "% of step"], rows, f"Mean step anatomy over {used}"),
+        Para(f"{cost} {memory}"),
     ]

@@ -1,36 +1,92 @@
-"""Section steps: every training step of the script `dlscope run` observed, its anatomy in ms."""
+"""Section steps (`dlscope run`): the training steps of the observed script, summarised from its
+step file — percentiles, percentiles over the run's windows, when the step time changed, the
+slowest steps, the first and last ones."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from dlscope.report.blocks import Block, Para, Table
+from dlscope.report.blocks import Block, Figure, Findings, Para, Table
 
 TITLE = "Training steps"
-PARTS = ("data", "forward", "backward", "optimizer", "other")
+PARTS = ("data", "gap", "forward", "backward", "optimizer", "other")
+SHORT = {"data": "data", "gap": "gap", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
 
 
 def mebibytes(value: int | None) -> float | None:
     return None if value is None else round(value / 2**20, 1)
 
 
+def step_rows(rows: list[dict[str, Any]], parts: tuple[str, ...]) -> list[list[Any]]:
+    return [
+        [r["step"], r["ms"], *(r[f"{p}_ms"] for p in parts), mebibytes(r["peak_rss_bytes"]), r["profiled"] or ""]
+        for r in rows
+    ]
+
+
+def shown_parts(section: dict[str, Any]) -> tuple[str, ...]:
+    """The parts that hold time in this run (gap only when some step had no data source)."""
+    rows = section.get("edge_rows", []) + section.get("slowest", [])
+    return tuple(p for p in PARTS if p not in ("data", "gap") or any(r[f"{p}_ms"] for r in rows))
+
+
+def windows_chart(windows: list[dict[str, Any]], changes: list[dict[str, Any]]) -> bytes:
+    from dlscope.report import plots  # matplotlib: only when a report draws
+
+    fig, axes = plots.subplots(1, width=6.5, height=2.8)
+    ax = axes[0][0]
+    steps = [w["first"] for w in windows]
+    for key, label in (("p50_ms", "median"), ("p90_ms", "p90"), ("max_ms", "max")):
+        ax.plot(steps, [w[key] for w in windows], label=label, drawstyle="steps-post")
+    for c in changes:
+        ax.axvline(c["step"], color="grey", linestyle=":", linewidth=1)
+    ax.set_yscale("log")
+    ax.set(xlabel="step", ylabel="step time (ms)", title="Step time per window of the run (dotted: a change)")
+    plots.legend_outside(ax)
+    return plots.png(fig)
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     source = {"optimizer": "optimizer steps (torch.optim step hooks)", "backward": "backward() calls (no optimizer)"}
-    per_process = ", ".join(f"pid {p['pid']}: {p['count']}" for p in section["processes"] if p["count"])
-    rows = [
-        [r["step"], r["ms"], *(r[f"{p}_ms"] for p in PARTS), mebibytes(r["peak_rss_bytes"]), r["profiled"] or ""]
-        for r in section["rows"]
-    ]
-    shown = rows if len(rows) <= 20 else [*rows[:10], *rows[-10:]]
-    caption = "Per step (ms; data = DataLoader wait or the gap before forward; MB = peak RSS in the step)"
-    if len(rows) > 20:
-        caption += f"; first and last 10 of {len(rows)}"
-    if not rows:
+    if not section.get("count"):
         return [Para("No training step was seen: no process ran a backward() or an optimizer step.")]
-    return [
+    per_process = ", ".join(f"pid {p['pid']}: {p['count']}" for p in section["processes"] if p["count"])
+    parts = shown_parts(section)
+    header = ["step", "ms", *(SHORT[p] for p in parts), "MB", "profiler"]
+    q = section["percentiles_ms"]
+    changes = [
+        (
+            "warn" if c["after_ms"] > c["before_ms"] else "good",
+            f"From step {c['step']} ({c['start_s']:.1f} s into the run) the median step went from "
+            f"{c['before_ms']:.3g} ms to {c['after_ms']:.3g} ms ({c['after_ms'] / c['before_ms']:.3g}×).",
+        )
+        for c in section["change_points"]
+    ]
+    blocks: list[Block] = [
         Para(
             f"{section['count']} steps in the training process (pid {section['main_pid']}), counted from "
-            f"{source[section['source']]}. All processes with steps: {per_process}."
+            f"{source[section['source']]}. All processes with steps: {per_process}. Every step is kept in "
+            f"{section['file']} ({section['row_bytes']} bytes a step; StepFile in dlscope.observe.script.records "
+            "reads it, or numpy/pandas with the dtype in its header)."
         ),
-        Table(["step", "ms", "data", "fwd", "bwd", "opt", "other", "MB", "profiler"], shown, caption),
+        Table(
+            ["min", "median", "p90", "p99", "max", "mean"],
+            [[q["min_ms"], q["p50_ms"], q["p90_ms"], q["p99_ms"], q["max_ms"], q["mean_ms"]]],
+            "Step time (ms) over all steps",
+        ),
+        Findings(changes or [("good", "The step time did not change for good at any point of the run.")]),
     ]
+    if len(section["windows"]) >= 4:
+        chart = partial(windows_chart, section["windows"], section["change_points"])
+        blocks.append(Figure("steps_over_time", chart, "Step time over the run (windows)"))
+    blocks += [
+        Table(header, step_rows(section["slowest"], parts), f"The {len(section['slowest'])} slowest steps (ms)"),
+        Table(
+            header,
+            step_rows(section["edge_rows"], parts),
+            "First and last steps (ms; data = inside a DataLoader, gap = before the first forward when no data "
+            "source was seen; MB = peak RSS in the step)",
+        ),
+    ]
+    return blocks

@@ -11,7 +11,11 @@ TITLE = "Top-10 operators of the script"
 
 def render(section: dict[str, Any]) -> list[Block]:
     if not section.get("rows"):
-        return [Para(f"No operator profile: {section.get('note', 'nothing recorded')}.")]
+        why = {
+            "no_steps": "no training step was seen, so nothing was profiled",
+            "unfinished": f"the profiler had not finished when the command ended ({section.get('steps')} steps seen)",
+        }
+        return [Para(f"No operator profile: {why.get(section.get('why_empty', ''), 'nothing recorded')}.")]
     rows = [
         [r["name"], r["calls"], round(r["self_cpu_us"] / 1000, 3), r["self_cpu_pct"], round(r["us_per_call"], 1)]
         for r in section["rows"]

@@ -1,0 +1,59 @@
+"""`dlscope run`'s verdicts against scripts that know their own truth (tests/scripts/known_truth.py
+times itself): each share within ±3 percentage points of the truth, and no script without a data
+source called input-bound. Each run is a few seconds: 40 steps of ~10 ms."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlscope.report.sections import anatomy as anatomy_words
+
+SCRIPT = Path(__file__).parent / "scripts" / "known_truth.py"
+TOLERANCE_PP = 3.0
+
+
+@pytest.fixture
+def observe(tmp_path, observe_script):
+    def run(*args: str) -> tuple[dict, dict]:
+        truth = tmp_path / "truth.json"
+        command = [sys.executable, str(SCRIPT), str(truth), *args]
+        results, code = observe_script(command, tmp_path / "run", profile_steps=0)
+        assert code == 0
+        return results["sections"]["anatomy"], json.loads(truth.read_text())
+
+    return run
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_decoding_dataloader_gets_its_measured_share(observe, workers):
+    anatomy, truth = observe("--loader", "decode", "--decode-ms", "2", "--workers", str(workers))
+    verdict = anatomy["verdict"]
+    assert verdict["key"] == "input_bound" and anatomy["data_source"] == "loader"
+    assert verdict["data_pct"] == pytest.approx(truth["data_pct"], abs=TOLERANCE_PP)
+    if workers == 0:  # 8 ms of decoding against a 4 ms forward: input-bound by any measure
+        assert verdict["level"] == "highly"
+    level, text = anatomy_words.verdict(verdict)
+    assert f"{verdict['data_pct']:.1f}%" in text and level == anatomy_words.LEVEL_STYLE[verdict["level"]]
+
+
+@pytest.mark.parametrize("loader", ["none", "prefetched"])
+def test_no_data_source_is_never_called_input_bound(observe, loader):
+    anatomy, truth = observe("--loader", loader, "--decode-ms", "1")
+    verdict = anatomy["verdict"]
+    assert verdict["key"] == "no_data_source" and anatomy["percent"]["data"] == 0
+    # the gap before the first forward: batch building in the loop (none), a list's next (prefetched)
+    assert verdict["gap_pct"] == pytest.approx(truth["before_forward_pct"], abs=TOLERANCE_PP)
+    level, text = anatomy_words.verdict(verdict)
+    assert level == "info" and "input-bound" not in text
+
+
+def test_a_sleep_in_the_loop_body_is_other_not_data(observe):
+    anatomy, truth = observe("--loader", "decode", "--decode-ms", "0.2", "--sleep-ms", "6")
+    assert anatomy["percent"]["data"] == pytest.approx(truth["data_pct"], abs=TOLERANCE_PP)
+    assert anatomy["percent"]["other"] == pytest.approx(truth["other_pct"], abs=TOLERANCE_PP)
+    assert truth["other_pct"] > 20  # the 6 ms sleep is most of it
+    assert anatomy["verdict"]["level"] != "highly"
