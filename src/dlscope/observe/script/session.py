@@ -16,6 +16,7 @@ from typing import Any
 from dlscope.errors import ConfigError, DlscopeError
 from dlscope.observe.bootstrap_env import with_bootstrap
 from dlscope.observe.distributed.analysis import analyze_ranks
+from dlscope.observe.hang.watchdog import Watchdog  # hang
 from dlscope.observe.iotrace.tracer import (
     check_command,
     exit_code,
@@ -26,17 +27,18 @@ from dlscope.observe.iotrace.tracer import (
 from dlscope.observe.script import analysis, timeline
 from dlscope.observe.script.hooks import PROFILE_ENV
 from dlscope.observe.script.records import clocks, read_records
-from dlscope.options import ScriptOptions
+from dlscope.options import HANG_EXIT_CODE, ScriptOptions  # hang: HANG_EXIT_CODE
 from dlscope.rundir import RunDir
 
 
-def _run_plain(argv: list[str], env: dict[str, str]) -> tuple[int, int | None]:
+def _run_plain(argv: list[str], env: dict[str, str], started: Callable[[int], None]) -> tuple[int, int | None]:
     """Return code and the signal that interrupted dlscope meanwhile (handed on to the command's
     process group, as the tracers do)."""
     try:
         child = subprocess.Popen(argv, env=env, process_group=0)
     except OSError as e:
         raise ConfigError(f"cannot start the command: {e.strerror}", argv[0]) from None
+    started(child.pid)  # hang: the watchdog follows the job from its first process
     return wait_command(child)
 
 
@@ -51,18 +53,24 @@ def run_script(options: ScriptOptions, say: Callable[[str], None] = print) -> tu
     started = clocks()
     iotrace: dict[str, Any] | None = None
     status = "failed"
+    watchdog = Watchdog(records_dir, run.path, options.hang, say)  # hang
     try:
         if options.trace_io:
+            watchdog.start(None)  # hang: no root pid here; the live files name the processes
             outcome = trace_command(options.command, options.trace_backend, run.sub("iotrace"), say, env)
             iotrace = outcome.section
             code, interrupted = outcome.exit_code, iotrace["interrupted"] is not None
         else:
-            returncode, signum = _run_plain(options.command, env)
+            returncode, signum = _run_plain(options.command, env, watchdog.start)  # hang
             code, interrupted = exit_code(returncode), signum is not None
         status = "interrupted" if interrupted else ("ok" if code == 0 else "failed")
+        code, status = (HANG_EXIT_CODE, "hung") if watchdog.ended else (code, status)  # hang
     finally:
+        watchdog.stop()  # hang
         ended = clocks()
         record_sections(run, options, started, ended, iotrace)
+        if watchdog.section() is not None:  # hang
+            run.record("hang", watchdog.section())  # hang
         run.finish(status)
     run.results["sections"]["run"].update(exit_code=code, interrupted=interrupted)
     run.save()
