@@ -133,3 +133,51 @@ def test_on_hang_wait_leaves_the_job_running_and_the_capture_whole_on_disk(tmp_p
     assert (blocked["syscall"], blocked["path"]) == ("openat", str(fifo))  # blocked opening: no writer yet
     taken = json.loads((out / section["captures"][0]["file"]).read_text())
     assert all(p["threads"] and p["python_source"] == "faulthandler" for p in taken["processes"] if p["alive"])
+
+
+def wait_for(condition, what: str, limit_s: float = 180.0):
+    """Poll until `condition()` is truthy; a guard against a test that would never end, not a timing check."""
+    deadline = time.monotonic() + limit_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+    return value
+
+
+def test_stacks_on_demand_of_a_run_and_of_a_process_without_dlscope(tmp_path, capsys):
+    from dlscope.cli import main
+    from dlscope.observe.hang.live import read_all
+
+    fifo, out = tmp_path / "samples.fifo", tmp_path / "run"
+    os.mkfifo(fifo)
+    held = os.open(fifo, os.O_RDWR)
+    command = [sys.executable, str(SCRIPTS / "hang_loader.py"), "--fifo", str(fifo)]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "dlscope.cli", "run", "--out", str(out), "--hang-after", "off", "--", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    plain = subprocess.Popen(["sleep", "600"])
+    try:
+        wait_for(
+            lambda: (out / "processes").is_dir() and any(v.forked for v in read_all(out / "processes")), "a worker"
+        )
+        worker = next(v.pid for v in read_all(out / "processes") if v.forked)
+
+        def blocked() -> list:
+            capsys.readouterr()
+            assert main(["stacks", str(out), "--json"]) == 0
+            return json.loads(capsys.readouterr().out)["verdict"]["blocked_io"]
+
+        [io] = wait_for(blocked, "the worker blocked in its read")
+        assert (io["pid"], io["syscall"], io["path"]) == (worker, "read", str(fifo))
+        assert main(["stacks", str(plain.pid), "--json"]) == 0
+        [alone] = json.loads(capsys.readouterr().out)["processes"]
+        assert alone["python"] is None and alone["threads"][0]["syscall"]["name"] in ("clock_nanosleep", "nanosleep")
+        assert main(["stacks", str(tmp_path / "nothing")]) == 2
+    finally:
+        plain.kill()
+        job.terminate()
+        job.wait()
+        os.close(held)
+    assert not [v.pid for v in read_all(out / "processes") if alive(v.pid)]

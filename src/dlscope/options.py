@@ -230,6 +230,14 @@ HANG_EXIT_CODE = 124  # `dlscope run` ended a hung job (as timeout(1) does)
 
 
 @dataclass
+class StacksOptions:
+    """`dlscope stacks`: a run directory or a PID."""
+
+    target: str
+    as_json: bool = False
+
+
+@dataclass
 class HangOptions:
     """The watchdog of `dlscope run`: hung when no step ends for max(hang_factor × the median
     step, hang_after seconds); None turns it off."""

@@ -33,9 +33,14 @@ POLL_S = 1.0
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when the job is ended
 
 
-def capture_job(directory: Path, root: int | None, idle_seconds: float | None) -> dict[str, Any]:
-    """Every process of the job now: those with a live file, and those below `root`."""
-    views = {v.pid: v for v in read_all(directory)}
+def capture_job(
+    directory: Path | None, root: int | None, idle_seconds: float | None, running_only: bool = False
+) -> dict[str, Any]:
+    """Every process of the job now: those with a live file in `directory`, and those below `root`
+    (`running_only`: not those with a live file that are gone)."""
+    views = {v.pid: v for v in read_all(directory)} if directory is not None else {}
+    if running_only:
+        views = {pid: v for pid, v in views.items() if alive(pid)}
     pids = sorted(set(views) | set(descendants(root) if root is not None else []))
     processes = [capture(pid, directory, views.get(pid)) for pid in pids]
     return {"time": time.time(), "processes": processes, "verdict": verdict(processes, idle_seconds)}

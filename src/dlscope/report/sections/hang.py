@@ -49,13 +49,15 @@ def exit_of(dead: dict[str, Any]) -> str:
     return f"with exit status {status['code']}"
 
 
-def verdict_findings(v: dict[str, Any]) -> list[tuple[str, str]]:
+def verdict_findings(v: dict[str, Any], hung: bool = True) -> list[tuple[str, str]]:
+    """The verdict in words; `hung` False: a capture on demand of a job that may well be moving."""
     items = []
+    level, stopped = ("bad", "stopped in") if hung else ("info", "is in")
     for p in v["stopped"]:
         items.append(
             (
-                "bad",
-                f"{who(p)} stopped in {line_of(p['where'])} at step {p['steps']} "
+                level,
+                f"{who(p)} {stopped} {line_of(p['where'])} at step {p['steps']} "
                 f"(phase {p['phase'] or 'none'}; kernel: {kernel_of(p)})",
             )
         )
@@ -63,14 +65,14 @@ def verdict_findings(v: dict[str, Any]) -> list[tuple[str, str]]:
         missing = ", ".join(f"rank {r}" for r in c["missing_ranks"])
         never = f", which {missing} never entered" if missing else " (every rank entered it)"
         wait = f" ({c['syscall']} wait" + (f" in {c['wchan']})" if c["wchan"] not in (None, "0") else ")")
-        items.append(("bad", f"rank {c['rank']} (pid {c['pid']}) waits in {c['op']} #{c['seq']}{never}"
+        items.append((level, f"rank {c['rank']} (pid {c['pid']}) waits in {c['op']} #{c['seq']}{never}"
                       + (wait if c["syscall"] else "")))  # fmt: skip
     for io in v["blocked_io"]:
-        items.append(("bad", f"{who(io)} is blocked in {io['syscall']} on {io['path']} at {line_of(io['where'])}"))
+        items.append((level, f"{who(io)} is blocked in {io['syscall']} on {io['path']} at {line_of(io['where'])}"))
     for d in v["died"]:
         items.append(("bad", f"{who(d)} died after step {d['steps']} {exit_of(d)}, while the others wait"))
     if not items:
-        items.append(("warn", "no process stands out: every process's state is in the table below"))
+        items.append((level, "no process stands out: every process's state is in the table below"))
     return items
 
 
@@ -81,7 +83,7 @@ def process_table(processes: list[dict[str, Any]]) -> Table:
             p["steps"] if p["steps"] is not None else "",
             p["phase"] or "",
             f"{p['collectives_entered']}/{p['collectives_finished']}",
-            line_of(p["where"]),
+            line_of(p["where"]) if p["where"] else f"({p['python_source']})",
             kernel_of(p),
         ]
         for p in processes
@@ -111,7 +113,7 @@ def render(section: dict[str, Any]) -> list[Block]:
                     f"{settings['hang_after']:g} s)."
                 )
             )
-        blocks += [Findings(verdict_findings(v)), process_table(v["processes"])]
+        blocks += [Findings(verdict_findings(v, hung=settings is not None)), process_table(v["processes"])]
     if settings:
         ended = section["ended_job"]
         left = [pid for c in section["captures"] for pid in c.get("left_behind", [])]
