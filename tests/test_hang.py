@@ -59,6 +59,23 @@ def test_a_rank_that_stops_is_named_with_its_line_and_the_collective_the_other_w
     assert_none_left(tmp_path / "run")
 
 
+def test_a_rank_that_died_is_named_with_its_exit_status_while_the_other_waits(tmp_path):
+    """A launcher that reaps rank 0 first (rank 1 stays a zombie, its status readable) and a rank 0
+    that polls for the shard file rank 1 would have written: gloo never sees the death."""
+    never = tmp_path / "rank1.shard"
+    command = [sys.executable, str(SCRIPTS / "hang_launcher.py"), "--exit-rank", "1", "--wait-for", str(never)]
+    sections, code = run_job(tmp_path / "run", command, END_AFTER_2S)
+    assert code == HANG_EXIT_CODE
+    verdict = sections["hang"]["captures"][0]["verdict"]
+    [dead] = verdict["died"]
+    assert (dead["rank"], dead["steps"], dead["exit"], dead["exited_python"]) == (1, 5, {"code": 3}, False)
+    [stopped] = verdict["stopped"]
+    assert stopped["rank"] == 0 and stopped["where"]["line"] == line_of(SCRIPTS / "hang_ddp.py", "time.sleep(0.05)")
+    words = [text for _, text in hang_section.verdict_findings(verdict)]
+    assert any(w.startswith("rank 1") and "died after step 5 with exit status 3" in w for w in words)
+    assert_none_left(tmp_path / "run")
+
+
 def test_a_dataloader_worker_blocked_reading_a_fifo_is_named_with_the_path(tmp_path):
     fifo = tmp_path / "samples.fifo"
     os.mkfifo(fifo)

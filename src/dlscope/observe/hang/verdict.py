@@ -82,18 +82,22 @@ def verdict(processes: list[dict[str, Any]], idle_seconds: float | None) -> dict
     """The facts: every process described; the ranks waiting in a collective and the ranks that
     never entered it; the ranks or processes that stopped outside one; the dead; blocked I/O."""
     described = [_describe(p) for p in processes if p["alive"]]
-    died = [
+    ranks = [d for d in described if d["rank"] is not None and d["role"] == "process"]
+    running = {r["rank"] for r in ranks}
+    died = [  # a rank gone while no process of its rank runs (not one torchrun has restarted)
         {
             "pid": p["pid"],
             "rank": p["live"]["rank"],
             "steps": p["live"]["steps"],
-            "role": "worker" if p["live"]["forked"] else "process",
+            "role": "process",
+            "exited_python": p["live"]["exited"],
+            "collectives_entered": p["live"]["collectives_entered"],
             "exit": p.get("exit"),
         }
         for p in processes
-        if not p["alive"] and p.get("live") and not p["live"]["exited"]
+        if not p["alive"] and p.get("live") and not p["live"]["forked"]
+        if p["live"]["rank"] is not None and p["live"]["rank"] not in running
     ]
-    ranks = [d for d in described if d["rank"] is not None and d["role"] == "process"]
     waiting = [r for r in ranks if r["collectives_entered"] > r["collectives_finished"]]
     furthest = max((r["collectives_entered"] for r in ranks), default=0)
     collectives = [
@@ -102,7 +106,9 @@ def verdict(processes: list[dict[str, Any]], idle_seconds: float | None) -> dict
             "pid": r["pid"],
             "seq": r["collectives_entered"],
             "op": r["last_collective"],
-            "missing_ranks": sorted(o["rank"] for o in ranks if o["collectives_entered"] < r["collectives_entered"]),
+            "missing_ranks": sorted(
+                o["rank"] for o in ranks + died if o["collectives_entered"] < r["collectives_entered"]
+            ),
             "syscall": (r["syscall"] or {}).get("name"),
             "wchan": r["wchan"],
         }

@@ -42,8 +42,11 @@ def kernel_of(p: dict[str, Any]) -> str:
 
 def exit_of(dead: dict[str, Any]) -> str:
     status = dead.get("exit")
-    if status is None:
-        return "without exiting Python (killed, os._exit or a crash; its exit status went to its parent)"
+    if status is None:  # reaped by its parent before the capture: its status went there
+        how = (
+            "through Python's exit" if dead["exited_python"] else "without Python's exit (a signal, os._exit, a crash)"
+        )
+        return f"{how}; its exit status went to its parent"
     if "signal" in status:
         return f"killed by signal {status['signal']}"
     return f"with exit status {status['code']}"
