@@ -111,8 +111,8 @@ def render(section: dict[str, Any]) -> list[Block]:
             rule = f"max({settings['hang_factor']:g} × the median step" + (f" {median:.3g} s" if median else "")
             blocks.append(
                 Para(
-                    f"Capture {n} ({capture['file']}): no step ended for {v['idle_seconds']:.0f} s, over the "
-                    f"threshold of {capture['threshold_seconds']:.0f} s = {rule}, --hang-after "
+                    f"Capture {n} ({capture['file']}): no step ended for {v['idle_seconds']:.1f} s, over the "
+                    f"threshold of {capture['threshold_seconds']:.1f} s = {rule}, --hang-after "
                     f"{settings['hang_after']:g} s)."
                 )
             )
