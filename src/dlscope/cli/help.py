@@ -62,6 +62,11 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("dlscope run --trace-io --out runs/mine -- python train.py --epochs 1", "and its file I/O"),
         ("dlscope run -- torchrun --nproc-per-node 2 train.py", "every rank: comm, overlap, stragglers"),
     ],
+    "stacks": [
+        ("dlscope stacks runs/run-20261124-190000", "where every process of a running `dlscope run` is now"),
+        ("dlscope stacks 4242", "a process and its children, from /proc (Python stacks under dlscope run)"),
+        ("dlscope stacks runs/mine --json", "the whole capture: threads, system calls, stacks"),
+    ],
     "report": [
         ("dlscope report runs/lab-20261123-021500", "re-render report.html and report.md"),
         ("dlscope report runs/x/results.json", "the same, naming the file"),

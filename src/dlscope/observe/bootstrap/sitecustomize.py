@@ -35,6 +35,7 @@ def _install_observers() -> None:
         if trace_dir:
             importlib.import_module("dlscope.observe.iotrace.audit").install(trace_dir)
         if run_dir:
+            importlib.import_module("dlscope.observe.hang.agent").install(run_dir)  # hang: live file, stacks
             importlib.import_module("dlscope.observe.script.hooks").install(run_dir)
     finally:
         sys.path[:] = saved

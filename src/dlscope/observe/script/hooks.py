@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dlscope import phases
+from dlscope.observe.hang import agent as hang  # hang: the live status file
 from dlscope.observe.script.records import RecordFile, clocks
 
 PROFILE_ENV = "DLSCOPE_RUN_PROFILE"  # "start_after:wait:warmup:active"; active 0 turns the profiler off
@@ -205,12 +206,14 @@ class Observer:
         self.records.write(record)
         phases.mark_begin(name)  # after the timestamp: the marker's syscall falls inside the slice
         self.stack.append(name)
+        hang.phase(name)  # hang
 
     def end(self, name: str) -> None:
         while self.stack:
             top = self.stack.pop()
             phases.mark_end(top)
             self.records.write({"k": "E", "name": top, "ts": time.time(), "tid": threading.get_native_id()})
+            hang.phase(self.stack[-1] if self.stack else "")  # hang
             if top == name:
                 return
 
@@ -326,6 +329,7 @@ class Observer:
         gap = (step.first_forward if step.first_forward is not None else now) - step.start
         profiled = self.profiler.state_of(index) if primary else None
         if primary:
+            hang.step_ended(index + 1, now)  # hang
             if index == 0:
                 self._switch("first_batch", "train_steps")
             self.profiler.after_step(index)  # prof.step(), and the trace export after the last active step

@@ -18,6 +18,7 @@ from typing import Any
 from dlscope.errors import ConfigError, DlscopeError
 from dlscope.observe.bootstrap_env import with_bootstrap
 from dlscope.observe.distributed.analysis import analyze_ranks
+from dlscope.observe.hang.watchdog import Watchdog
 from dlscope.observe.iotrace.tracer import (
     exit_code,
     read_jsonl,
@@ -27,17 +28,18 @@ from dlscope.observe.iotrace.tracer import (
 from dlscope.observe.script import analysis, steptable, timeline
 from dlscope.observe.script.hooks import PROFILE_ENV
 from dlscope.observe.script.records import clocks
-from dlscope.options import ScriptOptions
+from dlscope.options import HANG_EXIT_CODE, ScriptOptions
 from dlscope.rundir import RunDir
 
 
-def _run_plain(argv: list[str], env: dict[str, str]) -> tuple[int, int | None]:
+def _run_plain(argv: list[str], env: dict[str, str], started: Callable[[int], None]) -> tuple[int, int | None]:
     """Return code and the signal that interrupted dlscope meanwhile (handed on to the command's
     process group, as the tracers do)."""
     try:
         child = subprocess.Popen(argv, env=env, process_group=0)
     except OSError as e:
         raise ConfigError(f"cannot start the command: {e.strerror}", argv[0]) from None
+    started(child.pid)  # the watchdog follows the job from its first process
     return wait_command(child)
 
 
@@ -53,17 +55,25 @@ def observe_command(run: RunDir, options: ScriptOptions, say: Callable[[str], No
     started = clocks()
     iotrace: dict[str, Any] | None = None
     code, interrupted = 1, None
+    watchdog = Watchdog(records_dir, run.path, options.hang, say)
     try:
         if options.trace_io:
+            watchdog.start(None)  # no root pid here: the live files name the processes
             outcome = trace_command(options.command, options.trace_backend, run.sub("iotrace"), say, env)
             iotrace = outcome.section
             code, interrupted = outcome.exit_code, iotrace["interrupted"]
         else:
-            returncode, signum = _run_plain(options.command, env)
+            returncode, signum = _run_plain(options.command, env, watchdog.start)
             code, interrupted = exit_code(returncode), signal.Signals(signum).name if signum else None
+        if watchdog.ended:
+            code = HANG_EXIT_CODE  # the watchdog ended a hung job (documented exit status)
     finally:
+        watchdog.stop()
         ended = clocks()
         section = record_sections(run, options, started, ended, iotrace)
+        hang = watchdog.section()
+        if hang is not None:
+            run.record("hang", hang)
     section.update(exit_code=code, interrupted=interrupted, run_status="ok" if code == 0 else "failed")
     return section
 

@@ -13,6 +13,7 @@ from dlscope.report.sections import (
     distributed,
     environment,
     graph,
+    hang,
     iotrace,
     model,
     ops,
@@ -51,5 +52,6 @@ SECTIONS: dict[str, ModuleType] = {
         distributed,
         scaling,
         iotrace,
+        hang,
     )
 }

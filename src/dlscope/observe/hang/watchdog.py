@@ -1,0 +1,149 @@
+"""The watchdog of `dlscope run`: a thread of the parent that reads the live status files of
+the job's processes once a second (the job pays nothing for it) and, when no step has ended in
+any of them for max(FACTOR × the median step, HANG_AFTER seconds), captures every process of
+the job (hang/capture.py), derives the verdict's facts (hang/verdict.py), writes them to
+`hang-<n>.json` in the run directory, and then keeps waiting or ends the job, as asked.
+
+Armed at the first step end: start-up (downloads, compilation, rendezvous) has no step to
+measure against. A job whose steps resume after a capture re-arms it. The median step is
+measured from outside: between two reads, the time the newest step end moved over the number
+of steps that ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dlscope.observe.hang.capture import alive, capture, descendants
+from dlscope.observe.hang.live import LiveView, read_all
+from dlscope.observe.hang.verdict import verdict
+from dlscope.options import HangOptions
+
+POLL_S = 1.0
+GRACE_S = 5.0  # between SIGTERM and SIGKILL when the job is ended
+
+
+def capture_job(
+    directory: Path | None, root: int | None, idle_seconds: float | None, running_only: bool = False
+) -> dict[str, Any]:
+    """Every process of the job now: those with a live file in `directory`, and those below `root`
+    (`running_only`: not those with a live file that are gone)."""
+    views = {v.pid: v for v in read_all(directory)} if directory is not None else {}
+    if running_only:
+        views = {pid: v for pid, v in views.items() if alive(pid)}
+    pids = sorted(set(views) | set(descendants(root) if root is not None else []))
+    processes = [capture(pid, directory, views.get(pid)) for pid in pids]
+    return {"time": time.time(), "processes": processes, "verdict": verdict(processes, idle_seconds)}
+
+
+def end_job(pids: list[int], grace: float = GRACE_S) -> list[int]:
+    """SIGTERM each process, SIGKILL what is left after `grace`; the pids still there after that."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            if alive(pid):
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(alive(p) for p in pids):
+            time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+class Watchdog:
+    def __init__(self, directory: Path, run_dir: Path, options: HangOptions, say: Callable[[str], None]) -> None:
+        self.directory, self.run_dir, self.options, self.say = directory, run_dir, options, say
+        self.root: int | None = None
+        self.steps = deque(maxlen=512)  # measured step seconds, newest last
+        self.seen: dict[int, tuple[int, float]] = {}  # pid -> (steps, last step end) at the last read
+        self.captures: list[dict[str, Any]] = []
+        self.ended = False
+        self.fired_at: float | None = None  # the last step end a capture was taken after
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dlscope-watchdog", daemon=True)
+
+    def start(self, root: int | None) -> None:
+        """Watch the job whose first process is `root` (None: the live files alone)."""
+        self.root = root
+        if self.options.hang_after is not None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def threshold(self) -> float:
+        median = statistics.median(self.steps) if self.steps else 0.0
+        return max(self.options.hang_factor * median, self.options.hang_after or 0.0)
+
+    def observe(self, views: list[LiveView]) -> float | None:
+        """Learn step times from the live files; the newest step end (None: no step yet)."""
+        newest = None
+        for v in views:
+            if v.last_step_end is None:
+                continue
+            steps, last = self.seen.get(v.pid, (0, v.started))
+            if v.steps > steps and v.last_step_end > last and steps > 0:
+                self.steps.append((v.last_step_end - last) / (v.steps - steps))
+            self.seen[v.pid] = (v.steps, v.last_step_end)
+            newest = max(newest or 0.0, v.last_step_end)
+        return newest
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            newest = self.observe(read_all(self.directory))
+            if newest is None or newest == self.fired_at:
+                continue
+            idle, limit = time.time() - newest, self.threshold()
+            if idle > limit:
+                self.fired_at = newest
+                self._fire(idle, limit)
+
+    def _fire(self, idle: float, limit: float) -> None:
+        taken = capture_job(self.directory, self.root, round(idle, 1))
+        number = len(self.captures) + 1
+        path = self.run_dir / f"hang-{number}.json"
+        path.write_text(json.dumps(taken, indent=1))
+        median = statistics.median(self.steps) if self.steps else None
+        self.captures.append(
+            {
+                "file": path.name,
+                "time": taken["time"],
+                "threshold_seconds": round(limit, 1),
+                "median_step_seconds": median,
+                "verdict": taken["verdict"],
+            }
+        )
+        self.say(f"dlscope: no step ended for {idle:.0f} s (threshold {limit:.0f} s): every process captured in {path}")
+        if self.options.on_hang == "end":
+            pids = [p["pid"] for p in taken["processes"] if p["alive"]]
+            if self.root is not None:
+                pids = sorted(set(pids) | set(descendants(self.root)))
+            self.say("dlscope: ending the job (--on-hang end)")
+            self.ended = True
+            self.captures[-1]["left_behind"] = end_job(pids)
+            self._stop.set()
+
+    def section(self) -> dict[str, Any] | None:
+        """The `hang` results section; None when the watchdog never fired."""
+        if not self.captures:
+            return None
+        return {
+            "settings": {
+                "hang_after": self.options.hang_after,
+                "hang_factor": self.options.hang_factor,
+                "on_hang": self.options.on_hang,
+            },
+            "ended_job": self.ended,
+            "captures": self.captures,
+        }

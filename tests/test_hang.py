@@ -1,0 +1,200 @@
+"""The watchdog of `dlscope run` on real hung jobs, with short --hang-after values: a 2-rank gloo
+job whose rank 1 sleeps at step 5 (the verdict names rank 1, its line and rank 0's pending
+collective), a DataLoader worker blocked reading a FIFO (named with its path), a job that only
+slows down 3× (never called hung); no process is left behind. And the stack capture itself on a
+process blocked in C with the GIL held."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dlscope.observe.bootstrap_env import with_bootstrap
+from dlscope.observe.hang.capture import alive, capture
+from dlscope.observe.hang.live import live_path, read_live
+from dlscope.observe.script.session import run_script
+from dlscope.options import HANG_EXIT_CODE, HangOptions, ScriptOptions
+from dlscope.report.sections import hang as hang_section
+
+SCRIPTS = Path(__file__).parent / "scripts"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+END_AFTER_2S = HangOptions(hang_after=2.0, on_hang="end")
+
+
+def line_of(script: Path, text: str) -> int:
+    return next(n for n, line in enumerate(script.read_text().splitlines(), 1) if text in line)
+
+
+def run_job(out: Path, command: list[str], hang: HangOptions) -> tuple[dict, int]:
+    run, code = run_script(ScriptOptions(command, out=str(out), profile_steps=0, hang=hang), say=lambda _: None)
+    return run.results["sections"], code
+
+
+def assert_none_left(out: Path) -> None:
+    pids = [int(p.stem.split("-")[1]) for p in (out / "processes").glob("live-*.bin")]
+    assert pids and not [pid for pid in pids if alive(pid)]
+
+
+def test_a_rank_that_stops_is_named_with_its_line_and_the_collective_the_other_waits_in(tmp_path):
+    script = SCRIPTS / "hang_ddp.py"
+    sections, code = run_job(tmp_path / "run", [*TORCHRUN, str(script), "--stop-rank", "1"], END_AFTER_2S)
+    assert code == HANG_EXIT_CODE
+    section = sections["hang"]
+    assert section["ended_job"] and len(section["captures"]) == 1
+    verdict = section["captures"][0]["verdict"]
+    [stopped] = verdict["stopped"]
+    assert (stopped["rank"], stopped["steps"]) == (1, 5)
+    where = stopped["where"]
+    assert Path(where["file"]).name == "hang_ddp.py" and where["line"] == line_of(script, "time.sleep(3600)")
+    [pending] = verdict["collectives"]
+    # 5 steps × (DDP's bucket all-reduce + the script's all_reduce) finished; #11 is the DDP all-reduce of step 6
+    assert (pending["rank"], pending["op"], pending["seq"], pending["missing_ranks"]) == (0, "all_reduce", 11, [1])
+    words = [text for _, text in hang_section.verdict_findings(verdict)]
+    assert any("rank 1" in w and f"hang_ddp.py:{where['line']}" in w for w in words)
+    assert any(w.startswith("rank 0") and "all_reduce #11, which rank 1 never entered" in w for w in words)
+    assert_none_left(tmp_path / "run")
+
+
+def test_a_rank_that_died_is_named_with_its_exit_status_while_the_other_waits(tmp_path):
+    """A launcher that reaps rank 0 first (rank 1 stays a zombie, its status readable) and a rank 0
+    that polls for the shard file rank 1 would have written: gloo never sees the death."""
+    never = tmp_path / "rank1.shard"
+    command = [sys.executable, str(SCRIPTS / "hang_launcher.py"), "--exit-rank", "1", "--wait-for", str(never)]
+    sections, code = run_job(tmp_path / "run", command, END_AFTER_2S)
+    assert code == HANG_EXIT_CODE
+    verdict = sections["hang"]["captures"][0]["verdict"]
+    [dead] = verdict["died"]
+    assert (dead["rank"], dead["steps"], dead["exit"], dead["exited_python"]) == (1, 5, {"code": 3}, False)
+    [stopped] = verdict["stopped"]
+    assert stopped["rank"] == 0 and stopped["where"]["line"] == line_of(SCRIPTS / "hang_ddp.py", "time.sleep(0.05)")
+    words = [text for _, text in hang_section.verdict_findings(verdict)]
+    assert any(w.startswith("rank 1") and "died after step 5 with exit status 3" in w for w in words)
+    assert_none_left(tmp_path / "run")
+
+
+def test_a_dataloader_worker_blocked_reading_a_fifo_is_named_with_the_path(tmp_path):
+    fifo = tmp_path / "samples.fifo"
+    os.mkfifo(fifo)
+    held = os.open(fifo, os.O_RDWR)  # a writer that never writes: the worker's open succeeds, its read blocks
+    try:
+        command = [sys.executable, str(SCRIPTS / "hang_loader.py"), "--fifo", str(fifo)]
+        sections, code = run_job(tmp_path / "run", command, END_AFTER_2S)
+    finally:
+        os.close(held)
+    assert code == HANG_EXIT_CODE
+    [blocked] = sections["hang"]["captures"][0]["verdict"]["blocked_io"]
+    assert (blocked["role"], blocked["syscall"], blocked["path"]) == ("worker", "read", str(fifo))
+    assert blocked["where"]["line"] == line_of(SCRIPTS / "hang_loader.py", "f.read(64)")
+    assert_none_left(tmp_path / "run")
+
+
+def test_a_job_that_slows_down_3x_is_not_hung(tmp_path):
+    """Steps of 0.2 s, then 0.6 s: longer than --hang-after 0.5, far inside 20 × the median step."""
+    command = [sys.executable, str(SCRIPTS / "hang_loader.py"), "--steps", "20", "--step-ms", "200"]
+    sections, code = run_job(tmp_path / "run", [*command, "--slow-after", "8"], HangOptions(hang_after=0.5))
+    assert code == 0 and "hang" not in sections
+    ms = [row["ms"] for row in sections["steps"]["rows"]]
+    assert min(ms[10:]) > 2.5 * 200  # it did slow down, past --hang-after
+
+
+def test_stacks_come_from_a_process_blocked_in_c_with_the_gil_held(tmp_path):
+    code = (
+        "import ctypes, os\nr, w = os.pipe()\n"
+        "ctypes.PyDLL(None).read(r, ctypes.create_string_buffer(1), 1)  # libc read, called with the GIL held\n"
+    )
+    script = tmp_path / "gil.py"
+    script.write_text(code)
+    env = with_bootstrap(DLSCOPE_RUN_DIR=str(tmp_path))
+    child = subprocess.Popen([sys.executable, str(script)], env=env)
+    try:
+        live = None
+        while live is None or not (tmp_path / f"stacks-{child.pid}.txt").exists():
+            assert child.poll() is None
+            time.sleep(0.05)
+            live = read_live(live_path(tmp_path, child.pid))
+        time.sleep(0.5)  # into the sleep
+        taken = capture(child.pid, tmp_path, live)
+        assert taken["python_source"] == "faulthandler"
+        frames = [f for thread in taken["python"] for f in thread["frames"]]
+        assert {"file": str(script), "line": 3, "function": "<module>"} in frames
+        main = next(t for t in taken["threads"] if t["tid"] == child.pid)
+        assert main["syscall"]["name"] == "read" and main["syscall"]["target"].startswith("pipe:")
+        time.sleep(0.2)
+        assert child.poll() is None  # the dump did not end it: the read goes on
+        again = capture(child.pid, tmp_path, live)  # and it answers a second time
+        assert again["python"] and next(t for t in again["threads"] if t["tid"] == child.pid)["syscall"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_on_hang_wait_leaves_the_job_running_and_the_capture_whole_on_disk(tmp_path):
+    """--on-hang wait: hang-1.json holds every process's threads and stacks; once it is there a writer
+    opens the FIFO (the worker's blocked open returns, its read gets end-of-file) and the job ends well."""
+    fifo, out = tmp_path / "late.fifo", tmp_path / "run"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f'while [ ! -e "{out}/hang-1.json" ]; do sleep 0.1; done; : > "{fifo}"'])
+    try:
+        command = [sys.executable, str(SCRIPTS / "hang_loader.py"), "--fifo", str(fifo)]
+        sections, code = run_job(out, command, HangOptions(hang_after=1.0, on_hang="wait"))
+    finally:
+        writer.kill()
+        writer.wait()
+    section = sections["hang"]
+    assert code == 0 and not section["ended_job"] and sections["steps"]["rows"][-1]["step"] > 8
+    [blocked] = section["captures"][0]["verdict"]["blocked_io"]
+    assert (blocked["syscall"], blocked["path"]) == ("openat", str(fifo))  # blocked opening: no writer yet
+    taken = json.loads((out / section["captures"][0]["file"]).read_text())
+    assert all(p["threads"] and p["python_source"] == "faulthandler" for p in taken["processes"] if p["alive"])
+
+
+def wait_for(condition, what: str, limit_s: float = 180.0):
+    """Poll until `condition()` is truthy; a guard against a test that would never end, not a timing check."""
+    deadline = time.monotonic() + limit_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+    return value
+
+
+def test_stacks_on_demand_of_a_run_and_of_a_process_without_dlscope(tmp_path, capsys):
+    from dlscope.cli import main
+    from dlscope.observe.hang.live import read_all
+
+    fifo, out = tmp_path / "samples.fifo", tmp_path / "run"
+    os.mkfifo(fifo)
+    held = os.open(fifo, os.O_RDWR)
+    command = [sys.executable, str(SCRIPTS / "hang_loader.py"), "--fifo", str(fifo)]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "dlscope.cli", "run", "--out", str(out), "--hang-after", "off", "--", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    plain = subprocess.Popen(["sleep", "600"])
+    try:
+        wait_for(
+            lambda: (out / "processes").is_dir() and any(v.forked for v in read_all(out / "processes")), "a worker"
+        )
+        worker = next(v.pid for v in read_all(out / "processes") if v.forked)
+
+        def blocked() -> list:
+            capsys.readouterr()
+            assert main(["stacks", str(out), "--json"]) == 0
+            return json.loads(capsys.readouterr().out)["verdict"]["blocked_io"]
+
+        [io] = wait_for(blocked, "the worker blocked in its read")
+        assert (io["pid"], io["syscall"], io["path"]) == (worker, "read", str(fifo))
+        assert main(["stacks", str(plain.pid), "--json"]) == 0
+        [alone] = json.loads(capsys.readouterr().out)["processes"]
+        assert alone["python"] is None and alone["threads"][0]["syscall"]["name"] in ("clock_nanosleep", "nanosleep")
+        assert main(["stacks", str(tmp_path / "nothing")]) == 2
+    finally:
+        plain.kill()
+        job.terminate()
+        job.wait()
+        os.close(held)
+    assert not [v.pid for v in read_all(out / "processes") if alive(v.pid)]
