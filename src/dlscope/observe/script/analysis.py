@@ -62,6 +62,7 @@ def step_row(step: dict[str, Any], origin: float) -> dict[str, Any]:
         "peak_rss_bytes": step.get("peak_rss"),
         "peak_cuda_bytes": step.get("peak_cuda"),
         "profiled": step.get("profiled"),
+        "profiler_step": step.get("profiler_step"),
         "profiler_ms": round(step.get("profiler_seconds", 0.0) * 1000, 3),
     }
 

@@ -52,6 +52,10 @@ class RecordFile:
         with self.lock:
             os.write(self.fd, line)
 
+    def write_step(self, **fields: Any) -> None:
+        """One finished step (the step machine's fields, see stepmachine.StepMachine.end_step)."""
+        self.write({"k": "step", **fields})
+
 
 def read_records(directory: Path) -> dict[int, list[dict[str, Any]]]:
     """pid → its records in the order written; a line cut by a kill is skipped."""

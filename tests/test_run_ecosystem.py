@@ -1,0 +1,77 @@
+"""`dlscope run` on the ways the ecosystem drives a step — LBFGS closures, `optimizer.step(closure)`,
+accelerate's wrapped optimizer, the Hugging Face Trainer, Lightning — each checked against the
+truth the script itself prints (tests/scripts/). Tiny models, a few steps each."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlscope.cli import main
+from dlscope.rundir import load_results
+
+SCRIPTS = Path(__file__).parent / "scripts"
+FAST_PROFILE = ["--profile-steps", "2", "--wait", "1", "--warmup", "1"]
+
+
+def observe(tmp_path: Path, capfd: pytest.CaptureFixture, argv: list[str]) -> tuple[dict, dict[str, str]]:
+    """Run `argv` under `dlscope run`; its sections and the `TRUTH k=v ...` line it printed."""
+    out = tmp_path / "run"
+    code = main(["run", "--out", str(out), *FAST_PROFILE, "--", *argv])
+    printed = capfd.readouterr().out
+    assert code == 0, printed[-3000:]
+    truth = dict(re.findall(r"(\w+)=(\S+)", next(line for line in printed.splitlines() if line.startswith("TRUTH"))))
+    return load_results(out)["sections"], truth
+
+
+def check_anatomy(sections: dict) -> None:
+    """Parts never overlap: measured parts add up to no more than the step, in every step."""
+    rows = sections["steps"]["rows"]
+    assert rows
+    for r in rows:
+        measured = r["data_ms"] + r["forward_ms"] + r["backward_ms"] + r["optimizer_ms"]
+        assert measured <= 1.01 * r["ms"] + 0.01, r
+    anatomy = sections["anatomy"]
+    assert 99.0 <= sum(anatomy["percent"].values()) <= 101.0
+
+
+def check_profiler_labels(sections: dict) -> None:
+    """The steps labelled active are the ones the profiler recorded as ProfilerStep#N."""
+    active = {str(r["profiler_step"]) for r in sections["steps"]["rows"] if r["profiled"] == "active"}
+    recorded = {s["step"] for s in sections["top10"]["ops_per_step"] if s["ops"] > 0}
+    assert active and active <= recorded
+
+
+def phase_totals(sections: dict) -> dict[str, dict]:
+    return {t["phase"]: t for t in sections["phases"]["totals"]}
+
+
+@pytest.mark.slow
+def test_lbfgs_one_step_per_optimizer_step_however_many_closures(tmp_path, capfd):
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "lbfgs_closure.py"), "--steps", "5"])
+    steps = sections["steps"]
+    assert (steps["source"], steps["count"]) == ("optimizer", int(truth["steps"]))  # hooks attached after find_spec
+    check_anatomy(sections)
+    for r in steps["rows"]:  # the closures' forward and backward are not optimizer time
+        assert r["optimizer_ms"] < r["forward_ms"] + r["backward_ms"]
+    check_profiler_labels(sections)
+
+
+@pytest.mark.slow
+def test_closure_step_with_a_loader_a_checkpoint_and_a_warning(tmp_path, capfd):
+    data = tmp_path / "data"
+    data.mkdir()
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "closure_step.py"), str(data)])
+    steps = sections["steps"]
+    assert (steps["source"], steps["count"]) == ("optimizer", int(truth["steps"]))
+    assert sections["anatomy"]["data_source"] == "loader"
+    check_anatomy(sections)
+    check_profiler_labels(sections)
+    phases = phase_totals(sections)
+    assert phases["checkpoint_save"]["count"] == int(truth["saves"])
+    assert phases["checkpoint_save"]["files"] == [str(data / "model.pt")]
+    assert phases["checkpoint_load"]["count"] == int(truth["loads"])
+    assert truth["warnings_at"] == truth["warning_line"]  # torch.load's warning names the user's line
