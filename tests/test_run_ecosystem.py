@@ -45,6 +45,15 @@ def check_profiler_labels(sections: dict) -> None:
     assert active and active <= recorded
 
 
+def check_fed_steps(sections: dict, truth: dict[str, str]) -> None:
+    """The exact step count, fed by a DataLoader, parts adding up, profiler windows labelled right."""
+    steps = sections["steps"]
+    assert (steps["source"], steps["count"]) == ("optimizer", int(truth["steps"]))
+    assert sections["anatomy"]["data_source"] == "loader"
+    check_anatomy(sections)
+    check_profiler_labels(sections)
+
+
 def phase_totals(sections: dict) -> dict[str, dict]:
     return {t["phase"]: t for t in sections["phases"]["totals"]}
 
@@ -65,13 +74,34 @@ def test_closure_step_with_a_loader_a_checkpoint_and_a_warning(tmp_path, capfd):
     data = tmp_path / "data"
     data.mkdir()
     sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "closure_step.py"), str(data)])
-    steps = sections["steps"]
-    assert (steps["source"], steps["count"]) == ("optimizer", int(truth["steps"]))
-    assert sections["anatomy"]["data_source"] == "loader"
-    check_anatomy(sections)
-    check_profiler_labels(sections)
+    check_fed_steps(sections, truth)
     phases = phase_totals(sections)
     assert phases["checkpoint_save"]["count"] == int(truth["saves"])
     assert phases["checkpoint_save"]["files"] == [str(data / "model.pt")]
     assert phases["checkpoint_load"]["count"] == int(truth["loads"])
     assert truth["warnings_at"] == truth["warning_line"]  # torch.load's warning names the user's line
+
+
+def check_trainer_run(sections: dict, truth: dict[str, str]) -> None:
+    """Steps, anatomy, data from the loader, evaluations and checkpoints as the trainer says."""
+    check_fed_steps(sections, truth)
+    phases = phase_totals(sections)
+    assert phases["eval"]["count"] == int(truth["evaluations"])
+    assert phases["checkpoint_save"]["count"] == int(truth["saves"])
+    assert set(truth["files"].split(",")) <= set(phases["checkpoint_save"]["files"])
+
+
+@pytest.mark.slow
+def test_lightning_fit_with_validation_and_checkpoints(tmp_path, capfd):
+    ckpt = tmp_path / "ckpt"
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "lightning_fit.py"), str(ckpt)])
+    check_trainer_run(sections, truth)
+    for r in sections["steps"]["rows"]:  # backward runs inside optimizer.step's closure: counted once
+        assert r["backward_ms"] > 0 and r["forward_ms"] > 0
+
+
+@pytest.mark.slow
+def test_hf_trainer_through_accelerate_with_eval_and_checkpoints(tmp_path, capfd):
+    out = tmp_path / "trainer"
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "hf_trainer.py"), str(out)])
+    check_trainer_run(sections, truth)

@@ -189,13 +189,17 @@ def test_eval_forwards_are_an_eval_phase_and_leave_the_step_untouched():
     assert second["start"] == t + 10 and second["forward"] == 2  # eval time belongs to no step
 
 
-def test_checkpoint_inside_a_trainer_save_is_one_phase_with_the_outer_file():
+def test_checkpoint_inside_a_trainer_save_is_one_phase_listing_its_files():
     m, r = machine()
     assert m.checkpoint_begin(1.0, "checkpoint_save", "last.ckpt")
-    assert not m.checkpoint_begin(1.1, "checkpoint_save", None)  # torch.save into memory inside it
+    assert not m.checkpoint_begin(1.1, "checkpoint_save", None)  # Lightning's torch.save into memory
     m.checkpoint_end(2.0, "checkpoint_save")
-    saves = [x for x in r.other if x.get("name") == "checkpoint_save" and x["k"] == "B"]
-    assert len(saves) == 1 and saves[0]["file"] == "last.ckpt"
+    assert m.checkpoint_begin(3.0, "checkpoint_save", None)  # the HF Trainer's _save_checkpoint
+    for name in ("model.safetensors", "optimizer.pt"):
+        assert not m.checkpoint_begin(3.1, "checkpoint_save", name)
+    m.checkpoint_end(4.0, "checkpoint_save")
+    ends = [x for x in r.other if x.get("name") == "checkpoint_save" and x["k"] == "E"]
+    assert [e["files"] for e in ends] == [["last.ckpt"], ["model.safetensors", "optimizer.pt"]]
 
 
 def test_activation_checkpoint_recompute_is_forward_not_backward_twice():

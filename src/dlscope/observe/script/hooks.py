@@ -36,7 +36,7 @@ from dlscope.observe.script.records import RecordFile, clocks
 from dlscope.observe.script.stepmachine import StepMachine
 
 PROFILE_ENV = "DLSCOPE_RUN_PROFILE"  # "start_after:wait:warmup:active"; active 0 turns the profiler off
-PROFILE_BUDGET_S = 5.0  # a recording window stops at the first step end past this (an LBFGS step can be huge)
+PROFILE_BUDGET_S = 5.0  # active recording stops at the first step end past this (an LBFGS step can be huge)
 LIGHTNING_TRAINERS = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
 
 
@@ -54,7 +54,7 @@ class LateProfiler:
         self.records = records
         self.start_after, self.wait, self.warmup, self.active = start_after, wait, warmup, active
         self.prof: Any = None
-        self.window_start: float | None = None  # when the profiler first recorded (warm-up or active)
+        self.window_start: float | None = None  # when the first active step started
         self.done = active == 0
 
     def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
@@ -67,11 +67,9 @@ class LateProfiler:
         else:
             with _quiet():
                 self.prof.step()
-                if not self.done and self._over_budget(now):
-                    self.prof.stop()  # delivers the steps recorded so far
+                if self.done or self._over_budget(now):
+                    self.prof.stop()  # over budget: delivers the active steps recorded so far
                     self.done = True
-                if self.done:
-                    self.prof.stop()
         return self._label()
 
     def _label(self) -> tuple[str | None, int | None]:
@@ -80,7 +78,7 @@ class LateProfiler:
         if self.done:
             return None, None
         action = self.prof.current_action
-        if action != ProfilerAction.NONE and self.window_start is None:
+        if action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE) and self.window_start is None:
             self.window_start = time.time()
         label = {ProfilerAction.NONE: "wait", ProfilerAction.WARMUP: "warmup"}.get(action, "active")
         return label, int(self.prof.step_num)
@@ -306,6 +304,13 @@ class TorchHooks:
         module.save_file = _wrap(module.save_file, functools.partial(self.checkpoint, "checkpoint_save", 1))
         module.load_file = _wrap(module.load_file, functools.partial(self.checkpoint, "checkpoint_load", 0))
 
+    def attach_transformers(self, module: Any) -> None:
+        """`Trainer._save_checkpoint`: one phase per checkpoint, listing the files written in it
+        (model.safetensors, optimizer.pt, scheduler.pt, rng_state.pth, ...)."""
+        trainer = module.Trainer
+        save = functools.partial(self.checkpoint, "checkpoint_save", len(("self", "model", "trial")))
+        trainer._save_checkpoint = _wrap(trainer._save_checkpoint, save)
+
     def attach_lightning(self, module: Any) -> None:
         """`Trainer.save_checkpoint(filepath)`: Lightning pickles into memory, then writes the file
         itself; the phase spans both and names the file."""
@@ -427,6 +432,7 @@ def install(directory: str) -> None:
 
     callbacks = {"torch": hooks.attach_torch, "safetensors.torch": hooks.attach_safetensors}
     callbacks.update(dict.fromkeys(LIGHTNING_TRAINERS, hooks.attach_lightning))
+    callbacks["transformers.trainer"] = hooks.attach_transformers
     sys.meta_path.insert(0, AfterImport(callbacks, on_error))
     atexit.register(hooks.finish)
     os.register_at_fork(after_in_child=hooks.after_fork)

@@ -104,6 +104,7 @@ class StepMachine:
         self.has_optimizer = False
         self.stack: list[str] = []  # open phases
         self.last_end = float("-inf")
+        self.checkpoint_files: list[str] = []  # of the open checkpoint phase
         self.in_eval = False
         self.parts: list[list[Any]] = []  # open parts: [name, start, seconds of parts nested inside]
         self.optimizer_depth = 0
@@ -121,13 +122,15 @@ class StepMachine:
             self.marker[0](name)  # after the timestamp: the marker's syscall falls inside the slice
         self.stack.append(name)
 
-    def end(self, name: str, now: float) -> None:
+    def end(self, name: str, now: float, **facts: Any) -> None:
+        """Close `name` (and what a lost event left open inside it); `facts` go on its end record."""
         while self.stack:
             top = self.stack.pop()
             if self.marker:
                 self.marker[1](top)
                 now = max(now, self.clock())  # stamped after the marker: it falls inside the slice
-            self.sink.write({"k": "E", "name": top, "ts": now, "tid": self.thread_id()})
+            record = {"k": "E", "name": top, "ts": now, "tid": self.thread_id()}
+            self.sink.write({**record, **facts} if top == name else record)
             self.last_end = now
             if top == name:
                 return
@@ -252,16 +255,20 @@ class StepMachine:
 
     # checkpoints -----------------------------------------------------------------------------
     def checkpoint_begin(self, now: float, name: str, file: str | None) -> bool:
-        """False when a checkpoint phase is already open (a trainer's save wraps torch.save):
-        the outer phase, with its file, holds the inner write."""
+        """False when a checkpoint phase is already open (a trainer's save around its torch.save
+        and safetensors writes): the outer phase holds the inner writes, and lists their files."""
         if any(p.startswith("checkpoint_") for p in self.stack):
+            if file is not None and file not in self.checkpoint_files:
+                self.checkpoint_files.append(file)
             return False
         self.eval_end(now)
         self.begin(name, now, file)
+        self.checkpoint_files = [file] if file is not None else []
         return True
 
     def checkpoint_end(self, now: float, name: str) -> None:
-        self.end(name, now)
+        self.end(name, now, files=self.checkpoint_files)
+        self.checkpoint_files = []
         self._restart_fresh(now)
 
     # steps -----------------------------------------------------------------------------------
