@@ -15,16 +15,23 @@ from dlscope.rundir import load_results
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FAST_PROFILE = ["--profile-steps", "2", "--wait", "1", "--warmup", "1"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
-def observe(tmp_path: Path, capfd: pytest.CaptureFixture, argv: list[str]) -> tuple[dict, dict[str, str]]:
-    """Run `argv` under `dlscope run`; its sections and the `TRUTH k=v ...` line it printed."""
+def observe_ranks(tmp_path: Path, capfd: pytest.CaptureFixture, argv: list[str]) -> tuple[dict, list[dict[str, str]]]:
+    """Run `argv` under `dlscope run`; its sections and the `TRUTH k=v ...` lines it printed."""
     out = tmp_path / "run"
     code = main(["run", "--out", str(out), *FAST_PROFILE, "--", *argv])
     printed = capfd.readouterr().out
     assert code == 0, printed[-3000:]
-    truth = dict(re.findall(r"(\w+)=(\S+)", next(line for line in printed.splitlines() if line.startswith("TRUTH"))))
-    return load_results(out)["sections"], truth
+    truths = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in printed.splitlines() if line.startswith("TRUTH")]
+    assert truths, printed[-3000:]
+    return load_results(out)["sections"], truths
+
+
+def observe(tmp_path: Path, capfd: pytest.CaptureFixture, argv: list[str]) -> tuple[dict, dict[str, str]]:
+    sections, (truth,) = observe_ranks(tmp_path, capfd, argv)
+    return sections, truth
 
 
 def check_anatomy(sections: dict) -> None:
@@ -105,3 +112,46 @@ def test_hf_trainer_through_accelerate_with_eval_and_checkpoints(tmp_path, capfd
     out = tmp_path / "trainer"
     sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "hf_trainer.py"), str(out)])
     check_trainer_run(sections, truth)
+
+
+@pytest.mark.slow
+def test_accelerate_wrapped_optimizer_with_gradient_accumulation(tmp_path, capfd):
+    sections, truth = observe(
+        tmp_path, capfd, [sys.executable, str(SCRIPTS / "accelerate_loop.py"), "--accumulate", "2"]
+    )
+    check_fed_steps(sections, truth)  # one step per real optimizer step, two micro-batches each
+
+
+def check_ranks(sections: dict, truths: list[dict[str, str]]) -> None:
+    """Every rank seen with its own steps; DataLoader workers are no ranks; phases summed over ranks."""
+    by_rank = {p["rank"]: p for p in sections["steps"]["processes"] if p["rank"] is not None}
+    assert sorted(by_rank) == sorted(int(t["rank"]) for t in truths) == sections["run"]["ranks"]
+    for t in truths:
+        assert (by_rank[int(t["rank"])]["source"], by_rank[int(t["rank"])]["count"]) == ("optimizer", int(t["steps"]))
+    check_anatomy(sections)
+    phases = phase_totals(sections)
+    assert phases["eval"]["count"] == sum(int(t["evaluations"]) for t in truths)
+    assert phases["checkpoint_save"]["count"] == sum(int(t["saves"]) for t in truths)
+    files = {f for t in truths for f in t["files"].split(",") if f}
+    assert files and files <= set(phases["checkpoint_save"]["files"])
+    distributed = sections["distributed"]
+    assert distributed["world_size"] == 2 and distributed["ranks_traced"] == [0, 1]
+    for rank in distributed["ranks"]:  # DDP all-reduces every gradient byte once per step
+        assert 0.99 <= rank["bytes_vs_grad"] <= 1.1
+
+
+@pytest.mark.slow
+def test_lightning_ddp_under_torchrun(tmp_path, capfd):
+    script = [str(SCRIPTS / "lightning_fit.py"), str(tmp_path / "ckpt"), "--devices", "2"]
+    sections, truths = observe_ranks(tmp_path, capfd, [*TORCHRUN, *script])
+    check_ranks(sections, truths)
+
+
+@pytest.mark.slow
+def test_hf_trainer_under_torchrun_with_loader_workers(tmp_path, capfd):
+    script = [str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "trainer"), "--workers", "1"]
+    sections, truths = observe_ranks(tmp_path, capfd, [*TORCHRUN, *script])
+    check_ranks(sections, truths)
+    assert sections["anatomy"]["data_source"] == "loader"
+    workers = [p for p in sections["run"]["processes"] if p["forked"] or "--multiprocessing-fork" in p["argv"]]
+    assert workers and all(p["rank"] is None for p in workers)

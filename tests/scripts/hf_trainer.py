@@ -74,7 +74,7 @@ def main() -> None:
                 files += [os.path.join(args.out, d, f) for f in ("model.safetensors", "optimizer.pt")]
     print(
         f"TRUTH rank={rank} steps={trainer.state.global_step} evaluations={truth.evaluations} "
-        f"saves={truth.saves if trainer.is_world_process_zero() else 0} files={','.join(files)}",
+        f"saves={truth.saves} files={','.join(files)}",  # every rank saves (its own RNG state at least)
         flush=True,
     )
 

@@ -10,7 +10,7 @@ What feeds the machine: the global optimizer step hooks (torch.optim, GradScaler
 optimizer wrapped by accelerate or Lightning alike), the global module forward hooks (the outermost
 call only: one integer compare per submodule), `torch.autograd.backward`, DataLoader iterators'
 `__next__`, `Module.train`, and the checkpoint writers and readers (`torch.save`/`torch.load`,
-`safetensors.torch`, Lightning's `Trainer.save_checkpoint`).
+`safetensors.torch`, Lightning's TorchCheckpointIO, the HF Trainer's `_save_checkpoint`).
 
 A forward is an evaluation forward when grad is off, or when the module run is in eval mode —
 a wrapper (DistributedDataParallel) left in eval mode around a module in train mode runs a
@@ -37,7 +37,8 @@ from dlscope.observe.script.stepmachine import StepMachine
 
 PROFILE_ENV = "DLSCOPE_RUN_PROFILE"  # "start_after:wait:warmup:active"; active 0 turns the profiler off
 PROFILE_BUDGET_S = 5.0  # active recording stops at the first step end past this (an LBFGS step can be huge)
-LIGHTNING_TRAINERS = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
+LIGHTNING_CHECKPOINT_IO = ("lightning.fabric.plugins.io.torch_io", "lightning_fabric.plugins.io.torch_io")
+FILE_KEYWORDS = ("f", "filename", "path", "filepath")  # how the wrapped writers and readers name their file
 
 
 class LateProfiler:
@@ -253,9 +254,7 @@ class TorchHooks:
             self.train_depth -= 1
 
     def checkpoint(self, name: str, position: int, call: Callable, *args: Any, **kwargs: Any) -> Any:
-        file = (
-            args[position] if len(args) > position else kwargs.get("f", kwargs.get("filename", kwargs.get("filepath")))
-        )
+        file = args[position] if len(args) > position else next((kwargs[k] for k in FILE_KEYWORDS if k in kwargs), None)
         opened = self.machine.checkpoint_begin(time.time(), name, _file_name(file))
         try:
             with _warnings_at_caller():
@@ -312,12 +311,11 @@ class TorchHooks:
         trainer._save_checkpoint = _wrap(trainer._save_checkpoint, save)
 
     def attach_lightning(self, module: Any) -> None:
-        """`Trainer.save_checkpoint(filepath)`: Lightning pickles into memory, then writes the file
-        itself; the phase spans both and names the file."""
-        trainer = module.Trainer
-        trainer.save_checkpoint = _wrap(
-            trainer.save_checkpoint, functools.partial(self.checkpoint, "checkpoint_save", 1)
-        )
+        """Lightning's TorchCheckpointIO (called on the rank that writes): it pickles into memory,
+        then writes the file itself; the phase spans both and names the file."""
+        io = module.TorchCheckpointIO
+        io.save_checkpoint = _wrap(io.save_checkpoint, functools.partial(self.checkpoint, "checkpoint_save", 2))
+        io.load_checkpoint = _wrap(io.load_checkpoint, functools.partial(self.checkpoint, "checkpoint_load", 1))
 
 
 @contextlib.contextmanager
@@ -431,7 +429,7 @@ def install(directory: str) -> None:
         records.write({"k": "error", "where": where, "error": f"{type(error).__name__}: {error}"})
 
     callbacks = {"torch": hooks.attach_torch, "safetensors.torch": hooks.attach_safetensors}
-    callbacks.update(dict.fromkeys(LIGHTNING_TRAINERS, hooks.attach_lightning))
+    callbacks.update(dict.fromkeys(LIGHTNING_CHECKPOINT_IO, hooks.attach_lightning))
     callbacks["transformers.trainer"] = hooks.attach_transformers
     sys.meta_path.insert(0, AfterImport(callbacks, on_error))
     atexit.register(hooks.finish)
