@@ -6,9 +6,13 @@ Record kinds (`k`), every time a CLOCK_REALTIME float in seconds:
     process   pid, ppid, argv, rank, world_size, clocks (start)
     B / E     a phase begins / ends: name, ts, file (checkpoints)
     step      src (optimizer|backward), i, start, end, data, forward, backward, optimizer,
-              data_source (loader|gap), peak_rss, peak_cuda, profiled (wait|warmup|active|null),
-              profiler_seconds (dlscope's own time after the step: prof.step(), trace export)
+              data_source (loader|gap), backwards (backward() calls in the step), peak_rss,
+              peak_cuda (null when not sampled), profiled (wait|warmup|active|null),
+              profiler_step (N of the profiler's ProfilerStep#N), profiler_seconds (dlscope's
+              own time after the step: prof.step(), trace export)
+    E         of a checkpoint phase: files (every file written inside it)
     profile   trace, ops (key_averages rows), export_seconds
+    observed  torch_attached, optimizer_steps, backward_steps, torch_optimizer (at exit)
     end       clocks (at exit)
 """
 
