@@ -169,10 +169,12 @@ def parse_faulthandler(text: str) -> list[dict[str, Any]]:
 
 
 def python_stacks(pid: int, directory: Path | None) -> tuple[list[dict[str, Any]] | None, str]:
-    """Every thread's Python stack and how it was had; None with the reason when it was not."""
+    """Every thread's Python stack and how it was had ("faulthandler"); None with why it was not
+    ("no_bootstrap": the process has no dlscope stack handler; "no_answer": the dump did not come
+    within STACK_WAIT_S)."""
     stacks = directory / f"{STACKS_PREFIX}{pid}.txt" if directory is not None else None
     if stacks is None or not stacks.exists() or not catches(pid, STACK_SIGNAL):
-        return None, "no dlscope bootstrap in this process"
+        return None, "no_bootstrap"
     before = stacks.stat().st_size
     os.kill(pid, STACK_SIGNAL)
     deadline, size = time.monotonic() + STACK_WAIT_S, before
@@ -186,7 +188,7 @@ def python_stacks(pid: int, directory: Path | None) -> tuple[list[dict[str, Any]
         f.seek(before)
         text = f.read().decode(errors="replace")
     if not text:
-        return None, f"no answer to signal {STACK_SIGNAL} within {STACK_WAIT_S:.0f} s"
+        return None, "no_answer"
     return parse_faulthandler(text), "faulthandler"
 
 

@@ -157,13 +157,17 @@ def phase_slices(pid: int, records: list[dict[str, Any]], origin: float, last_st
         if r.get("k") == "B":
             open_.append(r)
         elif r.get("k") == "E" and open_:
-            slices.append(_slice(pid, open_.pop(), r["ts"], origin, len(open_), closed=True))
+            begin = open_.pop()
+            slices.append(_slice(pid, begin, r["ts"], origin, len(open_), closed=True, files=r.get("files")))
     while open_:
         slices.append(_slice(pid, open_.pop(), last, origin, len(open_), closed=False))
     return sorted(slices, key=lambda s: (s["start_s"], s["depth"]))
 
 
-def _slice(pid: int, begin: dict[str, Any], end: float, origin: float, depth: int, closed: bool) -> dict[str, Any]:
+def _slice(
+    pid: int, begin: dict[str, Any], end: float, origin: float, depth: int, closed: bool, files: list[str] | None = None
+) -> dict[str, Any]:
+    """`files`: on a checkpoint phase's end, every file written inside it (a trainer's save)."""
     return {
         "pid": pid,
         "tid": begin.get("tid", pid),
@@ -172,6 +176,7 @@ def _slice(pid: int, begin: dict[str, Any], end: float, origin: float, depth: in
         "seconds": round(end - begin["ts"], 6),
         "depth": depth,
         "file": begin.get("file"),
+        "files": files or ([begin["file"]] if begin.get("file") else []),
         "closed": closed,
         "begin_ts": begin["ts"],
         "end_ts": end,
@@ -185,8 +190,7 @@ def phases_section(observed: Observed, origin: float) -> dict[str, Any]:
         t = totals.setdefault(s["phase"], {"phase": s["phase"], "count": 0, "seconds": 0.0, "files": []})
         t["count"] += 1
         t["seconds"] = round(t["seconds"] + s["seconds"], 6)
-        if s["file"] and s["file"] not in t["files"]:
-            t["files"].append(s["file"])
+        t["files"] += [f for f in s["files"] if f not in t["files"]]
     return {"rows": rows, "totals": list(totals.values())}
 
 

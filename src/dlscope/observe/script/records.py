@@ -1,7 +1,7 @@
 """The files through which an observed process talks to `dlscope run` — never the command's
 stdout. Written by the observed process with the stdlib only; read back by `dlscope run`.
 
-`<run dir>/<pid>.steps`: every finished training step as one fixed-size binary row (52 bytes;
+`<run dir>/<pid>.steps`: every finished training step as one fixed-size binary row (58 bytes;
 a row is never more than 64), appended with one unbuffered write (a SIGKILL loses at most the
 step being written; a row cut short is ignored when read). The file starts with a header that
 describes the rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code to decode it:
@@ -13,8 +13,10 @@ describes the rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code
             seconds float32 (end − start), data / forward / backward / optimizer float32 (s),
             profiler_seconds float32 (dlscope's own time after the step, outside it),
             peak_rss_kib / peak_cuda_kib uint32 (0xFFFFFFFF: not measured),
-            src uint8 (optimizer|backward), data_source uint8 (gap|loader), profiled uint8
-            (none|wait|warmup|active), flags uint8 (reserved, 0)
+            profiler_step uint32 (N of the profiler's ProfilerStep#N; 0xFFFFFFFF: none),
+            backwards uint16 (backward() calls in the step), src uint8 (optimizer|backward),
+            data_source uint8 (gap|loader), profiled uint8 (none|wait|warmup|active),
+            flags uint8 (reserved, 0)
 
     import numpy as np, pandas as pd
     from dlscope.observe.script.records import StepFile
@@ -23,7 +25,9 @@ describes the rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code
 `<run dir>/<pid>.jsonl`: everything else, one JSON line per record (a handful per process):
     process   pid, ppid, argv, rank, world_size, clocks (start)
     B / E     a phase begins / ends: name, ts, file (checkpoints)
+    E         of a checkpoint phase: files (every file written inside it)
     profile   trace, ops (key_averages rows), export_seconds
+    observed  torch_attached, optimizer_steps, backward_steps, torch_optimizer (at exit)
     error     where, error (an observer that could not attach, step fields it did not know)
     end       clocks (at exit)
 """
@@ -57,6 +61,8 @@ STEP_ROW = (
     ("profiler_seconds", "f", "<f4"),
     ("peak_rss_kib", "I", "<u4"),
     ("peak_cuda_kib", "I", "<u4"),
+    ("profiler_step", "I", "<u4"),
+    ("backwards", "H", "<u2"),
     ("src", "B", "u1"),
     ("data_source", "B", "u1"),
     ("profiled", "B", "u1"),
@@ -85,6 +91,8 @@ STEP_FIELDS = frozenset(
         "peak_cuda",
         "profiled",
         "profiler_seconds",
+        "profiler_step",
+        "backwards",
         "tid",
     )
 )
@@ -135,6 +143,8 @@ def pack_step(fields: dict[str, Any]) -> bytes:
         get("profiler_seconds") or 0.0,
         _kib(get("peak_rss")),
         _kib(get("peak_cuda")),
+        NONE_U4 if get("profiler_step") is None else fields["profiler_step"],
+        min(get("backwards") or 0, 0xFFFF),
         _CODE_OF["src"][fields["src"]],
         _CODE_OF["data_source"][fields["data_source"]],
         _CODE_OF["profiled"][get("profiled")],

@@ -70,6 +70,7 @@ def row(step: Any, origin: float, codes: dict[str, list[str | None]], loader: in
         "peak_rss_bytes": _bytes(int(step["peak_rss_kib"])),
         "peak_cuda_bytes": _bytes(int(step["peak_cuda_kib"])),
         "profiled": codes["profiled"][int(step["profiled"])],
+        "profiler_step": None if int(step["profiler_step"]) == NONE_U4 else int(step["profiler_step"]),
         "profiler_ms": round(float(step["profiler_seconds"]) * 1e3, 3),
     }
 

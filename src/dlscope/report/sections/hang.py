@@ -10,6 +10,10 @@ from typing import Any
 from dlscope.report.blocks import Block, Findings, Para, Table
 
 TITLE = "Hung job: where each process stopped"
+NO_STACK = {  # why a process's Python stack is missing (observe/hang/capture.python_stacks)
+    "no_bootstrap": "no dlscope bootstrap in this process",
+    "no_answer": "no answer to the stack signal within 2 s",
+}
 
 
 def who(p: dict[str, Any]) -> str:
@@ -86,7 +90,7 @@ def process_table(processes: list[dict[str, Any]]) -> Table:
             p["steps"] if p["steps"] is not None else "",
             p["phase"] or "",
             f"{p['collectives_entered']}/{p['collectives_finished']}",
-            line_of(p["where"]) if p["where"] else f"({p['python_source']})",
+            line_of(p["where"]) if p["where"] else f"({NO_STACK.get(p['python_source'], p['python_source'])})",
             kernel_of(p),
         ]
         for p in processes

@@ -1,0 +1,333 @@
+"""What a training step is and what its parts are, from a stream of events — no torch here, so
+every rule below is tested on recorded event sequences (tests/test_stepmachine.py).
+
+The torch layer (observe/script/hooks.py) turns torch's extension points into these events, each
+stamped with CLOCK_REALTIME seconds by the caller:
+
+    loader_next(start, end)          a batch drawn from a DataLoader (training only)
+    forward_begin(now, training)     the outermost module call starts; `training` is False for
+    forward_end(now)                 an evaluation forward (no grad, or the module run in eval mode)
+    backward_begin(now) / backward_end(now)
+    optimizer_begin(now) / optimizer_end(now)   torch.optim's step hooks (nested calls: the outer)
+    optimizer_created()              a torch optimizer exists in this process
+    train_mode(now, mode)            Module.train(mode) on an outermost call
+    checkpoint_begin(now, name, file) / checkpoint_end(now)
+
+Steps. A step ends when an optimizer steps: one step however many closures `optimizer.step(closure)`
+calls (LBFGS) and however many micro-batches it accumulates. A loop with no torch optimizer at all
+(Keras 3 on torch, hand-written SGD) ends a step at each `backward()` outside an optimizer call.
+Both streams are recorded until an optimizer has stepped; only the primary one (the optimizer's
+when a torch optimizer exists) drives the profiler and samples memory.
+
+Parts never overlap: an interval opened inside another (a closure's forward and backward inside
+`optimizer.step`, an activation-checkpoint recompute's forward inside backward) is that inner
+part's time and is taken out of the outer one. So data + forward + backward + optimizer ≤ the
+step, and "other" is the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+PARTS = ("data", "forward", "backward", "optimizer")
+MEMORY_INTERVAL_S = 0.1  # peak memory read at most this often: a /proc read costs ~10 µs
+
+
+class Sink(Protocol):
+    """Where the machine's facts go (records.RecordFile)."""
+
+    def write(self, record: dict[str, Any]) -> None: ...
+
+    def write_step(self, **fields: Any) -> None: ...
+
+
+class StepProfiler(Protocol):
+    """Driven at each primary step end; says how the step that starts next is profiled."""
+
+    def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
+        """(label: wait|warmup|active|None, the profiler's own step number: ProfilerStep#N)."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+class NoProfiler:
+    def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
+        return None, None
+
+    def stop(self) -> None:
+        pass
+
+
+class StepParts:
+    """The step being accumulated: its start, seconds per part, what fed it."""
+
+    __slots__ = ("backward", "backwards", "data", "first_work", "forward", "fresh", "optimizer", "start", "used_loader")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.data = self.forward = self.backward = self.optimizer = 0.0
+        self.first_work: float | None = None  # when its first part opened: the gap ends there
+        self.used_loader = False
+        self.backwards = 0
+        self.fresh = True  # no training work yet: an eval or checkpoint before it moves its start
+
+
+class StepMachine:
+    """One per process: events in, step records and phase begin/end records out."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        profiler: StepProfiler | None = None,
+        memory: Callable[[], tuple[int | None, int | None]] | None = None,
+        marker: tuple[Callable[[str], None], Callable[[str], None]] | None = None,
+        clock: Callable[[], float] = time.time,
+        thread_id: Callable[[], int] = threading.get_native_id,
+        on_step: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self.sink = sink
+        self.on_step = on_step  # (steps so far, when the last ended) after each counted step: the live file
+        self.clock = clock
+        self.memory = memory
+        self.marker = marker  # (mark_begin, mark_end): phase markers the I/O tracers see
+        self.thread_id = thread_id
+        self.reset(profiler or NoProfiler())
+
+    def reset(self, profiler: StepProfiler) -> None:
+        self.profiler = profiler
+        self.steps: dict[str, StepParts | None] = {"optimizer": None, "backward": None}
+        self.counts = {"optimizer": 0, "backward": 0}
+        self.optimizer_stepped = False
+        self.has_optimizer = False
+        self.stack: list[str] = []  # open phases
+        self.last_end = float("-inf")
+        self.checkpoint_files: list[str] = []  # of the open checkpoint phase
+        self.in_eval = False
+        self.parts: list[list[Any]] = []  # open parts: [name, start, seconds of parts nested inside]
+        self.optimizer_depth = 0
+        self.next_profiled: tuple[str | None, int | None] = (None, None)
+        self.last_memory = float("-inf")
+
+    # phases ----------------------------------------------------------------------------------
+    def begin(self, name: str, now: float, file: str | None = None) -> None:
+        now = max(now, self.last_end)  # never before the end of the phase just closed
+        record: dict[str, Any] = {"k": "B", "name": name, "ts": now, "tid": self.thread_id()}
+        if file is not None:
+            record["file"] = file
+        self.sink.write(record)
+        if self.marker:
+            self.marker[0](name)  # after the timestamp: the marker's syscall falls inside the slice
+        self.stack.append(name)
+
+    def end(self, name: str, now: float, **facts: Any) -> None:
+        """Close `name` (and what a lost event left open inside it); `facts` go on its end record."""
+        while self.stack:
+            top = self.stack.pop()
+            if self.marker:
+                self.marker[1](top)
+                now = max(now, self.clock())  # stamped after the marker: it falls inside the slice
+            record = {"k": "E", "name": top, "ts": now, "tid": self.thread_id()}
+            self.sink.write({**record, **facts} if top == name else record)
+            self.last_end = now
+            if top == name:
+                return
+
+    def _switch(self, old: str, new: str, now: float) -> None:
+        if old in self.stack:
+            self.end(old, now)
+            self.begin(new, now)
+
+    def eval_begin(self, now: float) -> None:
+        if not self.in_eval:
+            self.begin("eval", now)
+            self.in_eval = True
+
+    def eval_end(self, now: float) -> None:
+        if not self.in_eval:
+            return
+        self.end("eval", now)
+        self.in_eval = False
+        self._restart_fresh(now)
+
+    def _restart_fresh(self, now: float) -> None:
+        """Time spent in eval or a checkpoint between two steps belongs to neither."""
+        for src, step in self.steps.items():
+            if step is not None and step.fresh:
+                self.steps[src] = StepParts(now)
+
+    # parts -----------------------------------------------------------------------------------
+    def _open(self, name: str, now: float) -> None:
+        self.parts.append([name, now, 0.0])
+        for step in self.steps.values():
+            if step is not None and step.first_work is None:
+                step.first_work = now
+
+    def _close(self, name: str, now: float) -> None:
+        """Close the innermost open `name` (and anything a lost event left open inside it)."""
+        while self.parts:
+            part, start, inner = self.parts.pop()
+            spent = now - start
+            if self.parts:
+                self.parts[-1][2] += spent
+            own = max(spent - inner, 0.0)
+            for step in self.steps.values():
+                if step is not None:
+                    setattr(step, part, getattr(step, part) + own)
+            if part == name:
+                return
+
+    # training activity -----------------------------------------------------------------------
+    def activity(self, now: float) -> None:
+        """Training work starts (a batch is drawn, a forward runs in train mode, a backward)."""
+        if self.steps["optimizer"] is None:
+            self.steps = {"optimizer": StepParts(now), "backward": StepParts(now)}
+            self._switch("startup", "first_batch", now)
+        for step in self.steps.values():
+            if step is not None:
+                step.fresh = False
+
+    def loader_next(self, start: float, end: float) -> None:
+        if self.in_eval:
+            return
+        self.activity(start)
+        if self.parts:
+            self.parts[-1][2] += end - start
+        for step in self.steps.values():
+            if step is not None:
+                step.data += end - start
+                step.used_loader = True
+
+    def forward_begin(self, now: float, training: bool) -> None:
+        if not training:
+            self.eval_begin(now)
+            return
+        self.eval_end(now)
+        self.activity(now)
+        self._open("forward", now)
+
+    def forward_end(self, now: float) -> None:
+        if self.parts and any(p[0] == "forward" for p in self.parts):
+            self._close("forward", now)
+
+    def backward_begin(self, now: float) -> None:
+        self.eval_end(now)
+        self.activity(now)
+        self._open("backward", now)
+
+    def backward_end(self, now: float) -> None:
+        self._close("backward", now)
+        for step in self.steps.values():
+            if step is not None:
+                step.backwards += 1
+        # a closure's backward inside optimizer.step is part of that optimizer's step
+        if self.optimizer_depth == 0 and not self.optimizer_stepped:
+            self.end_step("backward", now)
+
+    def optimizer_created(self) -> None:
+        self.has_optimizer = True
+
+    def optimizer_begin(self, now: float) -> None:
+        self.optimizer_depth += 1
+        if self.optimizer_depth == 1:  # a wrapped optimizer's step calls the inner one: time the outer
+            self.eval_end(now)
+            self.activity(now)
+            self._open("optimizer", now)
+
+    def optimizer_end(self, now: float) -> None:
+        if self.optimizer_depth == 0:
+            return
+        self.optimizer_depth -= 1
+        if self.optimizer_depth:
+            return
+        self._close("optimizer", now)
+        self.has_optimizer = self.optimizer_stepped = True
+        self.steps["backward"] = None  # the backward stream stops: the optimizer's steps are the steps
+        self.end_step("optimizer", now)
+
+    def train_mode(self, now: float, mode: bool) -> None:
+        if mode:
+            self.eval_end(now)
+        else:
+            self.eval_begin(now)
+
+    # checkpoints -----------------------------------------------------------------------------
+    def checkpoint_begin(self, now: float, name: str, file: str | None) -> bool:
+        """False when a checkpoint phase is already open (a trainer's save around its torch.save
+        and safetensors writes): the outer phase holds the inner writes, and lists their files."""
+        if any(p.startswith("checkpoint_") for p in self.stack):
+            if file is not None and file not in self.checkpoint_files:
+                self.checkpoint_files.append(file)
+            return False
+        self.eval_end(now)
+        self.begin(name, now, file)
+        self.checkpoint_files = [file] if file is not None else []
+        return True
+
+    def checkpoint_end(self, now: float, name: str) -> None:
+        self.end(name, now, files=self.checkpoint_files)
+        self.checkpoint_files = []
+        self._restart_fresh(now)
+
+    # steps -----------------------------------------------------------------------------------
+    def end_step(self, src: str, now: float) -> None:
+        step = self.steps[src]
+        if step is None:
+            return
+        primary = src == "optimizer" or not self.has_optimizer
+        index = self.counts[src]
+        self.counts[src] += 1
+        peak_rss = peak_cuda = None
+        if primary and self.memory is not None and now - self.last_memory >= MEMORY_INTERVAL_S:
+            peak_rss, peak_cuda = self.memory()
+            self.last_memory = now
+        gap = (step.first_work if step.first_work is not None else now) - step.start
+        profiled, profiler_step = self.next_profiled if primary else (None, None)
+        if primary:
+            if index == 0:
+                self._switch("first_batch", "train_steps", now)
+            self.next_profiled = self.profiler.after_step(index, now)
+            if self.on_step is not None:
+                self.on_step(index + 1, now)
+        resumed = max(self.clock(), now) if primary else now  # after dlscope's own work at this step end
+        self.sink.write_step(
+            i=index,
+            src=src,
+            start=step.start,
+            end=now,
+            data=step.data if step.used_loader else max(gap, 0.0),
+            data_source="loader" if step.used_loader else "gap",
+            forward=step.forward,
+            backward=step.backward,
+            optimizer=step.optimizer,
+            backwards=step.backwards,
+            peak_rss=peak_rss,
+            peak_cuda=peak_cuda,
+            profiled=profiled,
+            profiler_step=profiler_step,
+            profiler_seconds=resumed - now,
+            tid=self.thread_id(),
+        )
+        self.steps[src] = StepParts(resumed)
+
+    def finish(self, now: float, torch_attached: bool) -> None:
+        """At exit: the facts a report needs to say whether the steps were observed at all."""
+        try:
+            self.profiler.stop()
+        finally:
+            while self.stack:
+                self.end(self.stack[-1], now)
+            self.sink.write(
+                {
+                    "k": "observed",
+                    "torch_attached": torch_attached,
+                    "optimizer_steps": self.counts["optimizer"],
+                    "backward_steps": self.counts["backward"],
+                    "torch_optimizer": self.has_optimizer,
+                    "pid": os.getpid(),
+                }
+            )

@@ -1,0 +1,166 @@
+"""`dlscope run` on the ways the ecosystem drives a step — LBFGS closures, `optimizer.step(closure)`,
+accelerate's wrapped optimizer, the Hugging Face Trainer, Lightning — each checked against the
+truth the script itself prints (tests/scripts/). Tiny models, a few steps each."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlscope.cli import main
+from dlscope.observe.script.records import StepFile
+from dlscope.observe.script.steptable import open_stream, row
+from dlscope.rundir import load_results
+
+SCRIPTS = Path(__file__).parent / "scripts"
+FAST_PROFILE = ["--profile-steps", "2", "--wait", "1", "--warmup", "1"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def observe_ranks(tmp_path: Path, capfd: pytest.CaptureFixture, argv: list[str]) -> tuple[dict, list[dict[str, str]]]:
+    """Run `argv` under `dlscope run`; its sections and the `TRUTH k=v ...` lines it printed."""
+    out = tmp_path / "run"
+    code = main(["run", "--out", str(out), *FAST_PROFILE, "--", *argv])
+    printed = capfd.readouterr().out
+    assert code == 0, printed[-3000:]
+    truths = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in printed.splitlines() if line.startswith("TRUTH")]
+    assert truths, printed[-3000:]
+    return load_results(out)["sections"], truths
+
+
+def observe(tmp_path: Path, capfd: pytest.CaptureFixture, argv: list[str]) -> tuple[dict, dict[str, str]]:
+    sections, (truth,) = observe_ranks(tmp_path, capfd, argv)
+    return sections, truth
+
+
+def step_rows(sections: dict) -> list[dict]:
+    """Every counted step of the training process, read back from its step file."""
+    steps = StepFile(sections["steps"]["file"])
+    loader = steps.codes["data_source"].index("loader")
+    return [row(step, 0.0, steps.codes, loader) for step in open_stream(steps)[1]]
+
+
+def check_anatomy(sections: dict) -> None:
+    """Parts never overlap: measured parts add up to no more than the step, in every step."""
+    rows = step_rows(sections)
+    assert rows
+    for r in rows:
+        measured = r["data_ms"] + r["forward_ms"] + r["backward_ms"] + r["optimizer_ms"]
+        assert measured <= 1.01 * r["ms"] + 0.01, r
+    anatomy = sections["anatomy"]
+    assert 99.0 <= sum(anatomy["percent"].values()) <= 101.0
+
+
+def check_profiler_labels(sections: dict) -> None:
+    """The steps labelled active are the ones the profiler recorded as ProfilerStep#N."""
+    active = {str(r["profiler_step"]) for r in step_rows(sections) if r["profiled"] == "active"}
+    recorded = {s["step"] for s in sections["top10"]["ops_per_step"] if s["ops"] > 0}
+    assert active and active <= recorded
+
+
+def check_fed_steps(sections: dict, truth: dict[str, str]) -> None:
+    """The exact step count, fed by a DataLoader, parts adding up, profiler windows labelled right."""
+    steps = sections["steps"]
+    assert (steps["source"], steps["count"]) == ("optimizer", int(truth["steps"]))
+    assert sections["anatomy"]["data_source"] == "loader"
+    check_anatomy(sections)
+    check_profiler_labels(sections)
+
+
+def phase_totals(sections: dict) -> dict[str, dict]:
+    return {t["phase"]: t for t in sections["phases"]["totals"]}
+
+
+@pytest.mark.slow
+def test_lbfgs_one_step_per_optimizer_step_however_many_closures(tmp_path, capfd):
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "lbfgs_closure.py"), "--steps", "5"])
+    steps = sections["steps"]
+    assert (steps["source"], steps["count"]) == ("optimizer", int(truth["steps"]))  # hooks attached after find_spec
+    check_anatomy(sections)
+    for r in step_rows(sections):  # the closures' forward and backward are not optimizer time
+        assert r["optimizer_ms"] < r["forward_ms"] + r["backward_ms"]
+    check_profiler_labels(sections)
+
+
+@pytest.mark.slow
+def test_closure_step_with_a_loader_a_checkpoint_and_a_warning(tmp_path, capfd):
+    data = tmp_path / "data"
+    data.mkdir()
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "closure_step.py"), str(data)])
+    check_fed_steps(sections, truth)
+    phases = phase_totals(sections)
+    assert phases["checkpoint_save"]["count"] == int(truth["saves"])
+    assert phases["checkpoint_save"]["files"] == [str(data / "model.pt")]
+    assert phases["checkpoint_load"]["count"] == int(truth["loads"])
+    assert truth["warnings_at"] == truth["warning_line"]  # torch.load's warning names the user's line
+
+
+def check_trainer_run(sections: dict, truth: dict[str, str]) -> None:
+    """Steps, anatomy, data from the loader, evaluations and checkpoints as the trainer says."""
+    check_fed_steps(sections, truth)
+    phases = phase_totals(sections)
+    assert phases["eval"]["count"] == int(truth["evaluations"])
+    assert phases["checkpoint_save"]["count"] == int(truth["saves"])
+    assert set(truth["files"].split(",")) <= set(phases["checkpoint_save"]["files"])
+
+
+@pytest.mark.slow
+def test_lightning_fit_with_validation_and_checkpoints(tmp_path, capfd):
+    ckpt = tmp_path / "ckpt"
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "lightning_fit.py"), str(ckpt)])
+    check_trainer_run(sections, truth)
+    for r in step_rows(sections):  # backward runs inside optimizer.step's closure: counted once
+        assert r["backward_ms"] > 0 and r["forward_ms"] > 0
+
+
+@pytest.mark.slow
+def test_hf_trainer_through_accelerate_with_eval_and_checkpoints(tmp_path, capfd):
+    out = tmp_path / "trainer"
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "hf_trainer.py"), str(out)])
+    check_trainer_run(sections, truth)
+
+
+@pytest.mark.slow
+def test_accelerate_wrapped_optimizer_with_gradient_accumulation(tmp_path, capfd):
+    sections, truth = observe(
+        tmp_path, capfd, [sys.executable, str(SCRIPTS / "accelerate_loop.py"), "--accumulate", "2"]
+    )
+    check_fed_steps(sections, truth)  # one step per real optimizer step, two micro-batches each
+
+
+def check_ranks(sections: dict, truths: list[dict[str, str]]) -> None:
+    """Every rank seen with its own steps; DataLoader workers are no ranks; phases summed over ranks."""
+    by_rank = {p["rank"]: p for p in sections["steps"]["processes"] if p["rank"] is not None}
+    assert sorted(by_rank) == sorted(int(t["rank"]) for t in truths) == sections["run"]["ranks"]
+    for t in truths:
+        assert (by_rank[int(t["rank"])]["source"], by_rank[int(t["rank"])]["count"]) == ("optimizer", int(t["steps"]))
+    check_anatomy(sections)
+    phases = phase_totals(sections)
+    assert phases["eval"]["count"] == sum(int(t["evaluations"]) for t in truths)
+    assert phases["checkpoint_save"]["count"] == sum(int(t["saves"]) for t in truths)
+    files = {f for t in truths for f in t["files"].split(",") if f}
+    assert files and files <= set(phases["checkpoint_save"]["files"])
+    distributed = sections["distributed"]
+    assert distributed["world_size"] == 2 and distributed["ranks_traced"] == [0, 1]
+    for rank in distributed["ranks"]:  # DDP all-reduces every gradient byte once per step
+        assert 0.99 <= rank["bytes_vs_grad"] <= 1.1
+
+
+@pytest.mark.slow
+def test_lightning_ddp_under_torchrun(tmp_path, capfd):
+    script = [str(SCRIPTS / "lightning_fit.py"), str(tmp_path / "ckpt"), "--devices", "2"]
+    sections, truths = observe_ranks(tmp_path, capfd, [*TORCHRUN, *script])
+    check_ranks(sections, truths)
+
+
+@pytest.mark.slow
+def test_hf_trainer_under_torchrun_with_loader_workers(tmp_path, capfd):
+    script = [str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "trainer"), "--workers", "1"]
+    sections, truths = observe_ranks(tmp_path, capfd, [*TORCHRUN, *script])
+    check_ranks(sections, truths)
+    assert sections["anatomy"]["data_source"] == "loader"
+    workers = [p for p in sections["run"]["processes"] if p["forked"] or "--multiprocessing-fork" in p["argv"]]
+    assert workers and all(p["rank"] is None for p in workers)

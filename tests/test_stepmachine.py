@@ -1,0 +1,241 @@
+"""The step machine on recorded event sequences: no torch, no process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dlscope.observe.script.stepmachine import StepMachine
+
+
+class Records:
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+        self.other: list[dict[str, Any]] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.other.append(record)
+
+    def write_step(self, **fields: Any) -> None:
+        self.steps.append(fields)
+
+    def phases(self) -> list[tuple[str, str]]:
+        return [(r["k"], r["name"]) for r in self.other if r["k"] in "BE"]
+
+
+class Profiler:
+    """Labels the next step as torch's schedule would: wait 0, warmup 1, active 2, from step 1."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
+        self.calls.append(index)
+        n = len(self.calls) - 1  # the profiler's own step number for the step that starts next
+        return ({0: "warmup", 1: "active", 2: "active"}.get(n), n if n < 3 else None)
+
+    def stop(self) -> None:
+        pass
+
+
+def machine(profiler: Any = None, memory: Any = None) -> tuple[StepMachine, Records]:
+    records = Records()
+    clock = [0.0]
+    m = StepMachine(records, profiler, memory, clock=lambda: clock[0], thread_id=lambda: 1)
+    m.begin("startup", 0.0)
+    m.clock_cell = clock  # type: ignore[attr-defined]
+    return m, records
+
+
+def forward_backward(m: StepMachine, start: float, forward_end: float, backward_end: float) -> None:
+    m.forward_begin(start, training=True)
+    m.forward_end(forward_end)
+    m.backward_begin(forward_end)
+    m.backward_end(backward_end)
+
+
+def plain_step(m: StepMachine, t: float, closure_calls: int = 0) -> float:
+    """loader 1, forward 2, backward 3, optimizer 1 (with closures: each a forward 2 + backward 3)."""
+    m.loader_next(t, t + 1)
+    forward_backward(m, t + 1, t + 3, t + 6)
+    t += 6
+    m.optimizer_begin(t)
+    for _ in range(closure_calls):
+        forward_backward(m, t, t + 2, t + 5)
+        t += 5
+    m.clock_cell[0] = t + 1  # type: ignore[attr-defined]
+    m.optimizer_end(t + 1)
+    return t + 1
+
+
+def parts_sum(step: dict[str, Any]) -> float:
+    return step["data"] + step["forward"] + step["backward"] + step["optimizer"]
+
+
+def test_plain_loop_one_step_per_optimizer_step_parts_add_up():
+    m, r = machine()
+    m.optimizer_created()
+    t = 0.0
+    for _ in range(3):
+        t = plain_step(m, t)
+    opt = [s for s in r.steps if s["src"] == "optimizer"]
+    assert [s["i"] for s in opt] == [0, 1, 2]
+    assert all((s["data"], s["forward"], s["backward"], s["optimizer"]) == (1, 2, 3, 1) for s in opt)
+    assert all(parts_sum(s) == s["end"] - s["start"] for s in opt)
+    assert r.phases()[:4] == [("B", "startup"), ("E", "startup"), ("B", "first_batch"), ("E", "first_batch")]
+
+
+def test_closure_time_is_forward_and_backward_not_optimizer_and_one_step():
+    m, r = machine()
+    m.optimizer_created()
+    t = 0.0
+    for _ in range(2):
+        t = plain_step(m, t, closure_calls=20)  # LBFGS: ~20 closure calls per step
+    steps = r.steps
+    assert [s["src"] for s in steps] == ["backward", "optimizer", "optimizer"]  # one backward before the first step
+    opt = steps[1:]
+    for s in opt:
+        assert s["optimizer"] == pytest.approx(1.0)
+        assert s["forward"] == pytest.approx(2 + 20 * 2)
+        assert s["backward"] == pytest.approx(3 + 20 * 3)
+        assert s["backwards"] == 21
+        assert parts_sum(s) == pytest.approx(s["end"] - s["start"])
+
+
+def test_closures_before_the_first_step_do_not_end_steps():
+    """LBFGS with the closure doing all the work: no backward outside optimizer.step."""
+    m, r = machine(Profiler())
+    m.optimizer_created()
+    t = 0.0
+    for _ in range(3):
+        m.optimizer_begin(t)
+        for _ in range(5):
+            forward_backward(m, t, t + 1, t + 2)
+            t += 2
+        m.optimizer_end(t)
+    assert [(s["src"], s["i"]) for s in r.steps] == [("optimizer", 0), ("optimizer", 1), ("optimizer", 2)]
+
+
+def test_profiler_driven_by_optimizer_steps_only_and_labels_from_it():
+    """The first backward() must not start the profiler inside step 0 (off by one before)."""
+    profiler = Profiler()
+    m, r = machine(profiler)
+    m.optimizer_created()
+    t = 0.0
+    for _ in range(5):
+        t = plain_step(m, t)
+    assert profiler.calls == [0, 1, 2, 3, 4]
+    opt = [s for s in r.steps if s["src"] == "optimizer"]
+    assert [(s["profiled"], s["profiler_step"]) for s in opt] == [
+        (None, None),
+        ("warmup", 0),
+        ("active", 1),
+        ("active", 2),
+        (None, None),
+    ]
+
+
+def test_no_optimizer_steps_end_at_backward_and_drive_the_profiler():
+    profiler = Profiler()
+    m, r = machine(profiler)
+    for k in range(3):
+        forward_backward(m, k * 4.0, k * 4.0 + 2, k * 4.0 + 3)
+    assert [(s["src"], s["i"]) for s in r.steps] == [("backward", 0), ("backward", 1), ("backward", 2)]
+    assert profiler.calls == [0, 1, 2]
+    # the gap from a backward's end to the next forward
+    assert r.steps[1]["data_source"] == "gap" and r.steps[1]["data"] == pytest.approx(1.0)
+
+
+def test_wrapped_optimizer_nested_step_is_one_step():
+    m, r = machine()
+    m.optimizer_created()
+    forward_backward(m, 0, 1, 2)
+    m.optimizer_begin(2)  # accelerate's AcceleratedOptimizer.step
+    m.optimizer_begin(2.5)  # the torch optimizer inside it
+    m.optimizer_end(3)
+    m.optimizer_end(3.5)
+    opt = [s for s in r.steps if s["src"] == "optimizer"]
+    assert len(opt) == 1 and opt[0]["optimizer"] == pytest.approx(1.5)
+
+
+def test_gradient_accumulation_is_one_step_with_its_micro_batches():
+    m, r = machine()
+    m.optimizer_created()
+    t = 0.0
+    for _ in range(4):
+        m.loader_next(t, t + 1)
+        forward_backward(m, t + 1, t + 2, t + 3)
+        t += 3
+    m.optimizer_begin(t)
+    m.optimizer_end(t + 1)
+    opt = [s for s in r.steps if s["src"] == "optimizer"]
+    assert len(opt) == 1
+    assert (opt[0]["data"], opt[0]["forward"], opt[0]["backward"], opt[0]["backwards"]) == (4, 4, 4, 4)
+
+
+def test_eval_forwards_are_an_eval_phase_and_leave_the_step_untouched():
+    m, r = machine()
+    m.optimizer_created()
+    t = plain_step(m, 0.0)
+    m.train_mode(t, False)
+    for k in range(3):
+        m.forward_begin(t + k, training=False)
+        m.forward_end(t + k + 1)
+    m.train_mode(t + 10, True)
+    plain_step(m, t + 10)
+    assert [p for p in r.phases() if p[1] == "eval"] == [("B", "eval"), ("E", "eval")]
+    second = [s for s in r.steps if s["src"] == "optimizer"][1]
+    assert second["start"] == t + 10 and second["forward"] == 2  # eval time belongs to no step
+
+
+def test_checkpoint_inside_a_trainer_save_is_one_phase_listing_its_files():
+    m, r = machine()
+    assert m.checkpoint_begin(1.0, "checkpoint_save", "last.ckpt")
+    assert not m.checkpoint_begin(1.1, "checkpoint_save", None)  # Lightning's torch.save into memory
+    m.checkpoint_end(2.0, "checkpoint_save")
+    assert m.checkpoint_begin(3.0, "checkpoint_save", None)  # the HF Trainer's _save_checkpoint
+    for name in ("model.safetensors", "optimizer.pt"):
+        assert not m.checkpoint_begin(3.1, "checkpoint_save", name)
+    m.checkpoint_end(4.0, "checkpoint_save")
+    ends = [x for x in r.other if x.get("name") == "checkpoint_save" and x["k"] == "E"]
+    assert [e["files"] for e in ends] == [["last.ckpt"], ["model.safetensors", "optimizer.pt"]]
+
+
+def test_activation_checkpoint_recompute_is_forward_not_backward_twice():
+    m, r = machine()
+    m.optimizer_created()
+    m.forward_begin(0, True)
+    m.forward_end(2)
+    m.backward_begin(2)
+    m.forward_begin(3, True)  # recompute inside backward
+    m.forward_end(4)
+    m.backward_end(6)
+    m.optimizer_begin(6)
+    m.optimizer_end(7)
+    s = next(s for s in r.steps if s["src"] == "optimizer")
+    assert (s["forward"], s["backward"], s["optimizer"]) == (3, 3, 1)
+
+
+def test_memory_is_sampled_at_a_bounded_rate():
+    reads: list[int] = []
+
+    def memory() -> tuple[int, None]:
+        reads.append(1)
+        return 100, None
+
+    m, r = machine(memory=memory)
+    m.optimizer_created()
+    for k in range(100):  # 100 steps within 0.5 s
+        m.optimizer_begin(k * 0.005)
+        m.optimizer_end(k * 0.005 + 0.001)
+    assert len(reads) == 5
+    assert sum(s["peak_rss"] is not None for s in r.steps) == 5
+
+
+def test_finish_records_whether_steps_were_observed():
+    m, r = machine()
+    m.finish(1.0, torch_attached=True)
+    observed = r.other[-1]
+    assert observed["k"] == "observed" and observed["optimizer_steps"] == 0 and observed["backward_steps"] == 0
+    assert r.phases()[-1] == ("E", "startup")
