@@ -34,6 +34,7 @@ class Example:
     setup: str = ""  # hidden shell run first (files the commands need)
     views: dict[str, tuple[str, ...]] = field(default_factory=dict)  # view name -> section titles kept
     max_section_lines: int = 0  # 0: whole sections; else each kept section is cut after this many lines
+    views_only: bool = False  # only the views are written: the whole output holds the job's own long lines
 
 
 def keep_sections(text: str, titles: tuple[str, ...], max_lines: int) -> str:
@@ -182,6 +183,16 @@ EXAMPLES_TO_MAKE: list[Example] = [
             "--workers 1 --save-model",
         ),
         setup=f"rm -rf runs/mnist; cp {ROOT}/tests/scripts/mnist_basic.py .",
+    ),
+    Example(
+        "run-hang",
+        (
+            "dlscope run --out runs/hang --profile-steps 0 --hang-after 3 --on-hang end -- "
+            "torchrun --standalone --nproc-per-node 2 hang_ddp.py --stop-rank 1",
+        ),
+        setup=f"rm -rf runs/hang; cp {ROOT}/tests/scripts/hang_ddp.py .",
+        views={"verdict": ("Hung job",)},
+        views_only=True,  # torchrun's own log lines and traceback (it is SIGTERMed) are wider than 80
     ),
     Example(
         "lab",
@@ -406,7 +417,10 @@ def main() -> int:
             text = (EXAMPLES / f"{example.name}.txt").read_text()
         else:
             text = run_example(example, env)
-            write(example.name, text)
+            if example.views_only:
+                (EXAMPLES / f"{example.name}.txt").unlink(missing_ok=True)
+            else:
+                write(example.name, text)
         for view, titles in example.views.items():
             write(f"{example.name}-{view}", keep_sections(text, titles, example.max_section_lines))
     update_readme()

@@ -16,9 +16,9 @@ from pathlib import Path
 from dlscope.observe.bootstrap_env import with_bootstrap
 from dlscope.observe.hang.capture import alive, capture
 from dlscope.observe.hang.live import live_path, read_live
-from dlscope.observe.script.session import run_script
-from dlscope.options import HANG_EXIT_CODE, HangOptions, ScriptOptions
+from dlscope.options import HANG_EXIT_CODE, HangOptions, RunOptions, ScriptOptions, StepOptions
 from dlscope.report.sections import hang as hang_section
+from dlscope.runner import Plan, run_command
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -30,8 +30,10 @@ def line_of(script: Path, text: str) -> int:
 
 
 def run_job(out: Path, command: list[str], hang: HangOptions) -> tuple[dict, int]:
-    run, code = run_script(ScriptOptions(command, out=str(out), profile_steps=0, hang=hang), say=lambda _: None)
-    return run.results["sections"], code
+    script = ScriptOptions(command, profile_steps=0, hang=hang)
+    plan = Plan("run", ["run"], options=RunOptions(out=str(out)), step_options=StepOptions(script=script))
+    sections = run_command(plan, render=False)["sections"]
+    return sections, sections["run"]["exit_code"]
 
 
 def assert_none_left(out: Path) -> None:
