@@ -33,12 +33,6 @@ def seed_listing(model_config: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def kib(n: int | None) -> str:
-    if n is None:
-        return "—"
-    return f"{n:,} B" if n < 10 * 1024 else f"{n / 1024:,.1f} KiB" if n < 10 << 20 else f"{n / (1 << 20):,.1f} MiB"
-
-
 def _more(total: int, limit: int | None) -> str:
     return f" — {total - limit:,} more not shown (--limit N, or --json for all)" if limit and total > limit else ""
 
@@ -135,11 +129,6 @@ def layout_blocks(a: dict[str, Any], limit: int | None) -> list[Block]:
         caption = f"HDF5 {h5['where']}: {len(h5['groups'])} groups; root attributes {', '.join(h5['root_attributes'])}"
         blocks.append(Table(["group", "attributes"], rows, caption + _more(len(h5["groups"]), len(groups))))
     return blocks
-
-
-def short_key(name: str) -> str:
-    """A TF checkpoint key without the suffix every variable's key carries."""
-    return name.removesuffix("/.ATTRIBUTES/VARIABLE_VALUE")
 
 
 def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = None) -> list[Block]:

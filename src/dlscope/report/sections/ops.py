@@ -10,18 +10,6 @@ from dlscope.report.blocks import Block, Figure, Findings, Para, Table
 TITLE = "Operators and memory: a convolution from seven loops to oneDNN"
 
 
-def fmt_seconds(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:,.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} µs"
-
-
-def mib(n: float) -> str:
-    return f"{n / 2**20:.2f} MiB"
-
-
 def conv_chart(conv: dict, peak: dict) -> bytes:
     from dlscope.report import plots  # matplotlib: only when a report draws
 
