@@ -18,15 +18,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from dlscope.ckpt.dcp_fmt import checked, is_dcp_dir
 from dlscope.ckpt.sniff import PICKLE_PROTO, sniff
 from dlscope.errors import CheckpointError
 from dlscope.models import Layout, TunableCNN, build_model
 
 TRAINER_FILE = "trainer.pt"  # in a DCP directory: what is not a model or optimizer tensor
-
-
-def is_dcp_dir(path: str | Path) -> bool:
-    return (Path(path) / ".metadata").is_file()
 
 
 @contextlib.contextmanager
@@ -84,7 +81,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """Load with `weights_only=True` (no arbitrary code); faults become one-line errors. A DCP
     directory (--ckpt-format dcp) gives its trainer state, its tensors named by "dcp"."""
     path = Path(path)
-    if path.is_dir() and (path / ".metadata").exists():
+    if is_dcp_dir(path):
         return load_dcp(path)
     check_torch_file(path)
     try:
@@ -103,8 +100,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 def load_dcp(path: str | Path) -> dict[str, Any]:
     """A DCP checkpoint's non-tensor state, with "dcp" naming the directory its tensors stay in
     (they are read into a model and optimizer of any world size by `in_memory`)."""
-    from dlscope.ckpt.dcp_fmt import checked
-
     path = Path(path)
     if not is_dcp_dir(path):
         raise CheckpointError("a directory without .metadata: not a torch.distributed.checkpoint", path)
