@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from dlscope.autotune import autotune
 from dlscope.data.mnist import load_mnist
 from dlscope.train import StopAtAccuracy, TrainConfig, Trainer
 
@@ -29,7 +30,7 @@ def time_to_target(recipe: str, seed: int, threads: int | None) -> dict:
     start, cpu_start = time.perf_counter(), time.process_time()
     data = load_mnist()
     config = TrainConfig.from_recipe(recipe, seed=seed, threads=threads, target_acc=TARGET)
-    result = Trainer(config, data, [StopAtAccuracy(TARGET)]).fit()
+    result = Trainer(config, data, [StopAtAccuracy(TARGET)], tuner=autotune if config.autotune else None).fit()
     seconds = time.perf_counter() - start
     torch.set_num_threads(threads_before)
     tune = result.autotune or {}

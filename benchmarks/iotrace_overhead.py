@@ -22,7 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dlscope.observe.iotrace.tracer import BACKENDS, availability, timed_run
+from dlscope.observe.iotrace.tracer import availability, timed_run
+from dlscope.options import TRACE_BACKENDS as BACKENDS
 
 
 def main() -> None:

@@ -6,12 +6,13 @@ import pytest
 import torch
 
 import dlscope.autotune
-from dlscope.autotune import DROP_ABOVE, MARGIN, MAX_SHARE, compile_bound, stages
-from dlscope.checkpoint import CheckpointObserver, load_checkpoint, verify_checkpoint
+from dlscope.autotune import DROP_ABOVE, MARGIN, MAX_SHARE, autotune, compile_bound, stages
+from dlscope.checkpoint import CheckpointObserver, verify_checkpoint
 from dlscope.data.loaders import normalise
 from dlscope.measure.timing import StepTimer
 from dlscope.models import build_model
 from dlscope.report.sections.train import autotune_blocks
+from dlscope.restore import load_checkpoint
 from dlscope.train import StopAtAccuracy, TrainConfig, Trainer, make_optimizer, train_step
 
 # 200 steps of batch 16: enough for every candidate of the cnn (threads, conv1, conv2, op order, optimizer)
@@ -20,7 +21,7 @@ TUNED = dict(model="cnn", epochs=1, batch_size=16, train_subset=3200, test_subse
 
 def test_the_fastest_candidate_trains_the_rest_of_the_run(mnist, tmp_path):
     checkpoints = CheckpointObserver(tmp_path)
-    trainer = Trainer(TrainConfig(**TUNED), mnist, [checkpoints])
+    trainer = Trainer(TrainConfig(**TUNED), mnist, [checkpoints], tuner=autotune)
     result = trainer.fit()
     tune = result.autotune
     assert [s["stage"] for s in tune["stages"]] == ["threads", "conv1", "conv2", "op order", "optimizer"]
@@ -67,7 +68,7 @@ def test_explicit_threads_are_not_tuned():
 
 def test_too_short_a_run_keeps_the_default_and_says_why(mnist):
     config = TrainConfig(**{**TUNED, "train_subset": 320})
-    result = Trainer(config, mnist).fit()
+    result = Trainer(config, mnist, tuner=autotune).fit()
     assert "too few" in result.autotune["skipped"] and result.steps == 20
 
 
@@ -98,7 +99,9 @@ class FakeTimer(StepTimer):
 
 def tuned(mnist, monkeypatch, seconds_for):
     # the timings are given, so the steps may be as small as they come: 200 steps of batch 8
-    trainer = Trainer(TrainConfig(**{**TUNED, "threads": 1, "batch_size": 8, "train_subset": 1600}), mnist)
+    trainer = Trainer(
+        TrainConfig(**{**TUNED, "threads": 1, "batch_size": 8, "train_subset": 1600}), mnist, tuner=autotune
+    )
     monkeypatch.setattr(dlscope.autotune, "StepTimer", lambda device: FakeTimer(trainer, seconds_for))
     return trainer, trainer.fit().autotune
 
@@ -156,7 +159,7 @@ def test_scheduled_evaluation_stops_inside_the_epoch(mnist):
 @pytest.mark.slow
 def test_a_compile_that_could_pay_back_is_measured_and_kept_only_if_it_does(mnist, monkeypatch):
     monkeypatch.setattr(dlscope.autotune, "COMPILE_MIN_STEPS", 0)  # as if any run could pay a compile back
-    trainer = Trainer(TrainConfig(**{**TUNED, "threads": 1}), mnist)
+    trainer = Trainer(TrainConfig(**{**TUNED, "threads": 1}), mnist, tuner=autotune)
     result = trainer.fit()
     trial = result.autotune["compile"]
     assert trial["tried"] and trial["compile_s"] > 0 and trial["steps"] > 0

@@ -11,10 +11,11 @@ import time
 import pytest
 import torch
 
-from dlscope.checkpoint import load_checkpoint, save_checkpoint, verify_checkpoint
+from dlscope.checkpoint import save_checkpoint, verify_checkpoint
 from dlscope.data.loaders import normalise
 from dlscope.errors import CheckpointError
 from dlscope.fsutil import TEMP_MARK
+from dlscope.restore import load_checkpoint
 from dlscope.train import TrainConfig, Trainer
 
 WRITER = """

@@ -11,9 +11,10 @@ import torch
 from dlscope.checkpoint import save_checkpoint
 from dlscope.models import build_model
 from dlscope.options import AnatomyOptions, RunOptions, StepOptions
+from dlscope.plan import Plan
 from dlscope.report.render import render_report
 from dlscope.rundir import RunDir, load_results
-from dlscope.runner import Plan, run_command
+from dlscope.runner import run_command
 from dlscope.train import TrainConfig, rng_state
 
 

@@ -43,7 +43,7 @@ def test_lab_end_to_end_writes_every_section(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "where everything is" in proc.stdout and "report.html" in proc.stdout
     results = json.loads((run / "results.json").read_text())
-    from dlscope.steps import STEPS
+    from dlscope.steps.registry import STEPS
 
     expected = [step.name for step in STEPS]
     assert results["steps"] == expected and results["run"]["status"] == "ok"

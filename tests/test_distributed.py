@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlscope.checkpoint import load_checkpoint
 from dlscope.cli import main
 from dlscope.data.loaders import ResidentBatches, TorchLoaderBatches
 from dlscope.distributed.dcp import save_dcp
 from dlscope.distributed.iorank import rank_pids
 from dlscope.distributed.launch import WORKER_MODULE
 from dlscope.distributed.worker import KILL_HOOK
-from dlscope.train import Observer, TrainConfig, Trainer
+from dlscope.events import TrainingObserver
+from dlscope.restore import in_memory, load_checkpoint
+from dlscope.train import TrainConfig, Trainer
 
 STEPS_PER_EPOCH = 8  # 512 samples, global batch 64
 JOB = ["--model", "small", "--epochs", "2", "--batch-size", "64", "--train-subset", "512", "--test-subset", "200"]
@@ -31,7 +32,7 @@ CONFIG = TrainConfig(
 )
 
 
-class EpochOneWeights(Observer):
+class EpochOneWeights(TrainingObserver):
     """The reference run's state at the end of epoch 1 (and a DCP checkpoint of it, when asked)."""
 
     def __init__(self, dcp_dir: Path | None = None) -> None:
@@ -116,7 +117,7 @@ def test_a_killed_rank_ends_the_job_and_its_dcp_checkpoint_resumes_on_one_proces
     saved = load_checkpoint(run / "checkpoints" / "last.dcp")  # intact: epoch 1, written by both ranks
     assert saved["epoch"] == 1 and saved["global_step"] == STEPS_PER_EPOCH
     two_ranks = Trainer(CONFIG, mnist)
-    two_ranks.load_state_dict(saved)
+    two_ranks.load_state_dict(in_memory(saved, two_ranks.model, two_ranks.optimizer))
     assert_same_weights(two_ranks.model.state_dict(), one_process["epoch1"])
     assert main(["ckpt", "verify", str(run / "checkpoints" / "last.dcp")]) == 0  # its fingerprint holds
 

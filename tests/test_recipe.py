@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dlscope.autotune import autotune
 from dlscope.cli import build_parser
 from dlscope.cli.common import train_config
 from dlscope.data.loaders import normalise
@@ -101,6 +102,6 @@ SEED_3 = pytest.param(3, marks=pytest.mark.xfail(reason="thin margin: the tuner'
 @pytest.mark.parametrize("seed", [1, SEED_3])
 def test_fast_recipe_reaches_99_percent(mnist, seed):
     config = TrainConfig.from_recipe("fast", seed=seed, target_acc=99.0)
-    result = Trainer(config, mnist, [StopAtAccuracy(99.0)]).fit()
+    result = Trainer(config, mnist, [StopAtAccuracy(99.0)], tuner=autotune).fit()
     assert result.target_reached_step is not None, [e.test_acc for e in result.evaluations]
     assert result.evaluations[-1].test_acc >= 99.0

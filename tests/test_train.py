@@ -9,15 +9,17 @@ import sys
 import pytest
 import torch
 
-from dlscope.checkpoint import CheckpointObserver, load_checkpoint
+from dlscope.checkpoint import CheckpointObserver
 from dlscope.errors import ConfigError
+from dlscope.events import EpochResult, LogPoint, TrainingObserver
 from dlscope.observe.tensorboard import RUN_TAGS, TensorBoardObserver, read_tags
-from dlscope.train import EpochResult, LogPoint, Observer, StopAtAccuracy, TrainConfig, Trainer
+from dlscope.restore import load_checkpoint
+from dlscope.train import StopAtAccuracy, TrainConfig, Trainer
 
 SMALL = dict(train_subset=6000, test_subset=2000, batch_size=64, log_every=20)
 
 
-class Recorder(Observer):
+class Recorder(TrainingObserver):
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.points: list[LogPoint] = []
@@ -55,7 +57,7 @@ def test_window_means_are_sample_weighted(mnist):
     )
     losses: list[float] = []
 
-    class Capture(Observer):
+    class Capture(TrainingObserver):
         def on_step_end(self, trainer, loss, batch_size):
             losses.append(loss.item())
 
@@ -105,7 +107,7 @@ def test_tensorboard_puts_train_and_test_on_one_chart_per_metric(mnist, tmp_path
     assert chance < 30 and 90 < acc <= 100
 
 
-class StopAfterEpoch(Observer):
+class StopAfterEpoch(TrainingObserver):
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
 

@@ -5,11 +5,12 @@ when the command did not set one), so no step reads an argparse Namespace or an 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from dlscope.errors import ConfigError
 
 PIPELINE_FORMATS = ("files", "tfrecord", "array")  # how `dlscope pipeline prepare` lays samples out
+TRACE_BACKENDS = ("ebpf", "strace", "proc")  # what `--trace-io` and `dlscope trace` can trace with, best first
 
 
 @dataclass
@@ -209,6 +210,112 @@ class TraceOptions:
             raise ConfigError("--repeats must be ≥ 1")
 
 
+IMPLS = ("loops", "numpy", "im2col", "torch")  # the convolution implementations `ops conv` times
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A 2-D convolution: input N×C×H×W, K filters of C×R×S, square stride and zero padding."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    r: int
+    s: int
+    stride: int = 1
+    padding: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.n, self.c, self.h, self.w, self.k, self.r, self.s, self.stride) < 1 or self.padding < 0:
+            raise ConfigError(f"convolution sizes must be ≥ 1 and padding ≥ 0: {self.describe()}")
+        if self.out_h < 1 or self.out_w < 1:
+            raise ConfigError(f"the {self.r}×{self.s} filter does not fit the padded {self.h}×{self.w} input")
+
+    @property
+    def out_h(self) -> int:
+        return (self.h + 2 * self.padding - self.r) // self.stride + 1
+
+    @property
+    def out_w(self) -> int:
+        return (self.w + 2 * self.padding - self.s) // self.stride + 1
+
+    @property
+    def macs(self) -> int:
+        """Multiply-adds: one per (output element, input channel, filter tap)."""
+        return self.n * self.k * self.out_h * self.out_w * self.c * self.r * self.s
+
+    @property
+    def flops(self) -> int:
+        """Forward FLOPs as FlopCounterMode counts them: 2 per multiply-add, bias not counted."""
+        return 2 * self.macs
+
+    def backward_flops(self, input_grad: bool = True) -> int:
+        """Backward FLOPs: the weight gradient, plus the input gradient unless it is the first layer."""
+        return self.flops * (2 if input_grad else 1)
+
+    @property
+    def im2col_bytes(self) -> int:
+        """The float32 patch matrix im2col builds: (N·OH·OW) rows × (C·R·S) columns."""
+        return 4 * self.n * self.out_h * self.out_w * self.c * self.r * self.s
+
+    def describe(self) -> str:
+        return (
+            f"{self.n}×{self.c}×{self.h}×{self.w} * {self.k}×{self.c}×{self.r}×{self.s}"
+            f" stride {self.stride} pad {self.padding}"
+        )
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "out_h": self.out_h, "out_w": self.out_w, "macs": self.macs, "flops": self.flops}
+
+
+@dataclass
+class OpsOptions:
+    parts: tuple[str, ...] = ("conv", "loop_order", "memory")
+    shape: ConvShape = field(default_factory=lambda: ConvShape(1, 16, 14, 14, 32, 5, 5, 1, 2))  # cnn's conv2, 1 image
+    impls: tuple[str, ...] = IMPLS
+    repeats: int = 5
+    loops_budget_s: float = 2.0
+    loop_order_shape: ConvShape = field(default_factory=lambda: ConvShape(1, 8, 112, 112, 32, 3, 3, 1, 1))
+    memory_batch_sizes: list[int] = field(default_factory=lambda: [16, 64])
+    gemm_n: int = 1024  # GEMM n for the peak: 1024³ keeps the lab short, `ops conv` uses 2048³
+
+
+@dataclass
+class FileOptions:
+    """`ckpt verify|inspect|scan|diff`, `env`: commands that answer on the terminal, no run directory."""
+
+    paths: list[str] = field(default_factory=list)  # diff: the two to compare
+    data_dir: str | None = None  # verify: the MNIST test set
+    allow: list[str] = field(default_factory=list)  # scan: globals trusted beyond torch's
+    stats: bool = False  # inspect: read every tensor
+    json: bool = False
+    limit: int = 40  # rows per table
+
+
+@dataclass
+class PipelineRunOptions:
+    """`pipeline run`: one epoch of one reader configuration, consumed by simulated or real training."""
+
+    data: str
+    fmt: str = "tfrecord"
+    read_buffer: int = 262_144
+    shuffle_buffer: int = 0
+    batch_size: int = 500
+    workers: int = 0
+    prefetch: int = 2
+    seed: int = 0
+    engine: str = "dlscope"
+    warm: bool = False
+    compute_ms: float = 5.0
+    train: str | None = None  # a model name: train it instead of simulating
+    device: str = "auto"
+    threads: int | None = None
+    epoch: int = 0
+    json: bool = False
+
+
 @dataclass
 class StepOptions:
     """Every step's options for one command; a command sets those it changes."""
@@ -222,7 +329,7 @@ class StepOptions:
     iotrace: TraceOptions = field(default_factory=TraceOptions)
     dist: DistOptions = field(default_factory=DistOptions)
     scaling: ScalingOptions = field(default_factory=ScalingOptions)
-    ops: object | None = None  # a steps.ops.OpsOptions (it holds a ConvShape); None: the lab's
+    ops: OpsOptions | None = None  # None: the lab's short defaults
     script: ScriptOptions | None = None  # `dlscope run`'s command and how to observe it
 
 
@@ -235,7 +342,7 @@ class StacksOptions:
     """`dlscope stacks`: a run directory or a PID."""
 
     target: str
-    as_json: bool = False
+    json: bool = False
 
 
 @dataclass

@@ -199,3 +199,33 @@ def load_results(run: str | Path) -> dict[str, Any]:
     if not isinstance(results.get("sections"), dict):
         raise RunDirError("results.json has no 'sections' object", path)
     return results
+
+
+# --- the layout of a run directory's multi-rank part: the one place that spells it -----------------
+# ranks/launch.log (torchrun's output), ranks/train.json (rank 0's train section), and one folder per
+# rank: rank.json (its record), trace.json (its profiler trace), pid (its processes, one a restart)
+
+RANKS = "ranks"
+
+
+def ranks_dir(run: Path) -> Path:
+    return run / RANKS
+
+
+def rank_dir(run: Path, rank: int) -> Path:
+    return run / RANKS / f"rank{rank}"
+
+
+def ranks_section(run: Path) -> Path:
+    """The train section rank 0 writes for the launcher."""
+    return run / RANKS / "train.json"
+
+
+def rank_files(run: Path, name: str) -> dict[int, Path]:
+    """rank → its file `name`, for every rank folder that holds one."""
+    return {int(p.parent.name.removeprefix("rank")): p for p in sorted((run / RANKS).glob(f"rank*/{name}"))}
+
+
+def last_checkpoint(run: Path, ckpt_format: str) -> Path:
+    """Where the ranks' per-epoch checkpoint is: the one a failed job keeps and a restart resumes."""
+    return run / "checkpoints" / ("last.dcp" if ckpt_format == "dcp" else "last.pt")

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscope.config import TrainConfig
 from dlscope.errors import (
     CheckpointError,
     ConfigError,
@@ -31,57 +30,62 @@ from dlscope.errors import (
     interrupt_signal,
     os_faults_named,
 )
-from dlscope.options import RunOptions, StepOptions
 from dlscope.phases import phase
+from dlscope.plan import Plan, plan_from_json, plan_to_json
 
 
-@dataclass
-class Plan:
-    command: str
-    steps: list[str]
-    config: TrainConfig = field(default_factory=TrainConfig)
-    options: RunOptions = field(default_factory=RunOptions)
-    step_options: StepOptions = field(default_factory=StepOptions)
-    argv: list[str] = field(default_factory=lambda: sys.argv[1:])
+def check_plan(plan: Plan) -> None:
+    """Refuse a plan that cannot run, before anything is created."""
+    from dlscope.steps.registry import STEPS_BY_NAME
 
-    def check(self) -> None:
-        """Refuse a plan that cannot run, before anything is created."""
-        from dlscope.steps import STEPS_BY_NAME
+    if "train" in plan.steps and plan.step_options.train.resume:
+        from dlscope.restore import load_checkpoint
 
-        if "train" in self.steps and self.step_options.train.resume:
-            from dlscope.checkpoint import load_checkpoint
+        load_checkpoint(plan.step_options.train.resume)  # a bad file: one line, and nothing created
+    unknown = [s for s in plan.steps if s not in STEPS_BY_NAME]
+    if unknown:
+        raise ConfigError(f"unknown step {', '.join(unknown)}; choose from {', '.join(STEPS_BY_NAME)}")
+    for i, name in enumerate(plan.steps):
+        if "trained" in STEPS_BY_NAME[name].needs and "train" not in plan.steps[:i]:
+            raise ConfigError(f"step {name} needs the train step before it")
+    plan.step_options.dist.check(plan.config.batch_size, plan.config.autotune)
+    keras_on_tf = "ckpt_anatomy" in plan.steps and plan.step_options.ckpt_anatomy.keras_backend == "tensorflow"
+    if keras_on_tf or ("pipeline" in plan.steps and "tfdata" in plan.step_options.pipeline.plan.engines):
+        from dlscope.data.pipeline.tfdata import import_tensorflow
 
-            load_checkpoint(self.step_options.train.resume)  # a bad file: one line, and nothing created
-        unknown = [s for s in self.steps if s not in STEPS_BY_NAME]
-        if unknown:
-            raise ConfigError(f"unknown step {', '.join(unknown)}; choose from {', '.join(STEPS_BY_NAME)}")
-        for i, name in enumerate(self.steps):
-            if "trained" in STEPS_BY_NAME[name].needs and "train" not in self.steps[:i]:
-                raise ConfigError(f"step {name} needs the train step before it")
-        self.step_options.dist.check(self.config.batch_size, self.config.autotune)
-        if "run" in self.steps:  # a command that cannot start: one line, and nothing created
-            from dlscope.observe.iotrace.tracer import check_command
+        import_tensorflow()  # missing TF: one line before any run directory is made
+    if "iotrace" in plan.steps:  # `dlscope trace -- CMD`
+        from dlscope.observe.iotrace.tracer import check_command
 
-            check_command(self.step_options.script.command if self.step_options.script else [])
-        self.check_inputs()
+        check_command(plan.step_options.iotrace.command)
+    if "run" in plan.steps:  # `dlscope run -- CMD`: a command that cannot start, one line and nothing created
+        from dlscope.observe.iotrace.tracer import check_command
 
-    def check_inputs(self) -> None:
-        """The data, checkpoint and devices the plan names exist here: a run that cannot work fails
-        before it prints its environment and dataset, not once it reaches them."""
-        data_dir, resume = self.options.data_dir, self.step_options.train.resume
-        if data_dir is not None and not Path(data_dir).expanduser().is_dir():
-            raise DatasetError("data directory does not exist", data_dir)
-        if resume is not None and "train" in self.steps and not Path(resume).exists():
-            raise CheckpointError("checkpoint to resume from not found", resume)
-        if not set(self.steps) - {"environment", "iotrace", "run"}:
-            return  # nothing runs on a device here: no torch needed
-        from dlscope.train import resolve_device
+        check_command(plan.step_options.script.command if plan.step_options.script else [])
+    if "sweep" in plan.steps:
+        from dlscope.steps.sweep import grid
 
-        devices = [self.config.device]
-        if "sweep" in self.steps:
-            devices += self.step_options.sweep.devices or []
-        for device in devices:
-            resolve_device(device)
+        grid(plan.step_options.sweep)
+    check_inputs(plan)
+
+
+def check_inputs(plan: Plan) -> None:
+    """The data, checkpoint and devices the plan names exist here: a run that cannot work fails
+    before it prints its environment and dataset, not once it reaches them."""
+    data_dir, resume = plan.options.data_dir, plan.step_options.train.resume
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        raise DatasetError("data directory does not exist", data_dir)
+    if resume is not None and "train" in plan.steps and not Path(resume).exists():
+        raise CheckpointError("checkpoint to resume from not found", resume)
+    if not set(plan.steps) - {"environment", "iotrace", "run"}:
+        return  # nothing runs on a device here: no torch needed
+    from dlscope.train import resolve_device
+
+    devices = [plan.config.device]
+    if "sweep" in plan.steps:
+        devices += plan.step_options.sweep.devices or []
+    for device in devices:
+        resolve_device(device)
 
 
 def run_command(plan: Plan, render: bool = True) -> dict[str, Any]:
@@ -89,7 +93,7 @@ def run_command(plan: Plan, render: bool = True) -> dict[str, Any]:
     from dlscope.console import console
     from dlscope.rundir import RunDir
 
-    plan.check()
+    check_plan(plan)
     run = RunDir.create(plan.options.out, plan.command, argv=plan.argv)
     try:
         if render:
@@ -111,8 +115,8 @@ def run_steps(plan: Plan, run: Any) -> None:
     from dlscope.console import console
     from dlscope.report.sections import SECTIONS
     from dlscope.report.terminal import print_blocks
-    from dlscope.steps import STEPS_BY_NAME
     from dlscope.steps.base import Context
+    from dlscope.steps.registry import STEPS_BY_NAME
 
     if plan.config.threads:  # once, for every step (the Trainer applies it again for API users)
         import torch
@@ -163,9 +167,11 @@ def provide(ctx: Any, needs: tuple[str, ...]) -> None:
 
         ctx.data = load_mnist(ctx.options.data_dir)
     if "trainer" in needs and ctx.trainer is None:
+        from dlscope.autotune import autotune
         from dlscope.train import Trainer
 
-        ctx.trainer = Trainer(ctx.config, ctx.data)  # alone (`dlscope profile`): a fresh model
+        tuner = autotune if ctx.config.autotune else None
+        ctx.trainer = Trainer(ctx.config, ctx.data, tuner=tuner)  # alone (`dlscope profile`): a fresh model
 
 
 def progress_task(enabled: bool):
@@ -247,39 +253,44 @@ def print_locations(run: Any, html: Path, md: Path) -> None:
     console.print(f"[{style}]{info['status']}[/] in {info.get('wall_seconds', 0):.1f}s")
 
 
+# --- commands that answer on the terminal: no run directory ------------------------------------
+
+# command → its step (dlscope.steps.answers) and renderer (dlscope.report.sections); named, not
+# imported, so that `--json` never loads rich or the report
+ANSWERS = {
+    name: (f"dlscope.steps.answers:{function}", f"dlscope.report.sections.{renderer}:{function}")
+    for name, function, renderer in [
+        ("ckpt-verify", "ckpt_verify", "answers"),
+        ("ckpt-inspect", "ckpt_inspect", "answers"),
+        ("ckpt-scan", "ckpt_scan", "answers"),
+        ("ckpt-diff", "ckpt_diff", "answers"),
+        ("env", "environment", "answers"),
+        ("pipeline-run", "pipeline_run", "pipeline"),
+        ("stacks", "stacks", "answers"),
+    ]
+}
+
+
+def answer(command: str, options: Any) -> int:
+    """Run the command's step; print its section as JSON (--json) or render it; its exit status."""
+    import importlib
+
+    def named(where: str) -> Any:
+        module, _, function = where.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+    step, renderer = ANSWERS[command]
+    section, status = named(step)(options)
+    if getattr(options, "json", False):
+        print(json.dumps(section, indent=1, default=str))
+    else:
+        from dlscope.report.terminal import print_blocks
+
+        print_blocks(named(renderer)(section, options))
+    return status
+
+
 # --- --trace-io: the same plan in a traced child -------------------------------------------------
-
-SERIALISED_STEP_OPTIONS = ("train", "profile", "sweep", "graph", "ckpt_anatomy", "dist", "scaling")
-
-
-def plan_to_json(plan: Plan, out: str) -> str:
-    steps = {name: dataclasses.asdict(getattr(plan.step_options, name)) for name in SERIALISED_STEP_OPTIONS}
-    return json.dumps(
-        {
-            "command": plan.command,
-            "steps": plan.steps,
-            "config": plan.config.to_dict(),
-            "options": {**dataclasses.asdict(plan.options), "out": out},
-            "step_options": steps,
-            "argv": plan.argv,
-        }
-    )
-
-
-def plan_from_json(text: str) -> Plan:
-    data = json.loads(text)
-    defaults = StepOptions()  # each step's options class, from the defaults' own types
-    step_options = StepOptions(
-        **{name: type(getattr(defaults, name))(**values) for name, values in data["step_options"].items()}
-    )
-    return Plan(
-        data["command"],
-        data["steps"],
-        TrainConfig.from_dict(data["config"]),
-        RunOptions(**data["options"]),
-        step_options,
-        data["argv"],
-    )
 
 
 def run_traced(plan: Plan, backend: str) -> int:
@@ -287,7 +298,7 @@ def run_traced(plan: Plan, backend: str) -> int:
     from dlscope.rundir import RunDir
     from dlscope.steps import iotrace
 
-    plan.check()
+    check_plan(plan)
     run = RunDir.create(plan.options.out, plan.command, argv=plan.argv)
     child = [sys.executable, "-m", "dlscope.runner", plan_to_json(plan, str(run.path))]
     trace = dataclasses.replace(plan.step_options.iotrace, command=child, backend=backend)
@@ -320,10 +331,20 @@ def run_traced(plan: Plan, backend: str) -> int:
 
 
 def child_main(argv: list[str]) -> int:
-    """`python -m dlscope.runner PLAN_JSON`: run a plan into an existing run dir, no report."""
+    """`python -m dlscope.runner PLAN_JSON` (--trace-io's traced child): run a plan into an existing
+    run dir, no report. `… --rank PLAN_JSON`: one of torchrun's ranks trains the plan's train step."""
     from dlscope.console import console
     from dlscope.errors import DlscopeError, raise_interrupted
 
+    if argv[0] == "--rank":
+        from dlscope.distributed.worker import train_rank
+
+        try:
+            train_rank(plan_from_json(argv[1]))
+        except DlscopeError as e:
+            print(f"dlscope: error: rank {os.environ.get('RANK')}: {e}", file=sys.stderr, flush=True)
+            return 2
+        return 0
     signal.signal(signal.SIGTERM, raise_interrupted)  # the parent forwards the user's signal
     try:
         run_command(plan_from_json(argv[0]), render=False)

@@ -1,6 +1,6 @@
-"""The training engine. The loop stays plain; everything that watches it is an `Observer`.
+"""The training engine. The loop stays plain; everything that watches it is a `TrainingObserver`.
 
-autotune (config.autotune): the first steps of epoch 1 time candidate layouts (dlscope.autotune)
+tuner (given with config.autotune): the first steps of epoch 1 time candidate layouts (dlscope.autotune)
 for epoch:
     for x, y in batches:
         loss, logits = train_step(model, optimizer, x, y, scheduler)   # forward, backward, step
@@ -18,8 +18,8 @@ import hashlib
 import math
 import random
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from dlscope.config import DEFAULT_LR, LOADERS, OPTIMIZERS, RECIPES, SCHEDULES, 
 from dlscope.data.loaders import ResidentBatches, make_batches, normalise
 from dlscope.data.mnist import MNIST
 from dlscope.errors import ConfigError
+from dlscope.events import EpochResult, Evaluation, LogPoint, TrainingObserver, TrainResult
 from dlscope.models import Layout, TunableCNN, build_model
 
 # Scheduled evaluations wait until the training accuracy (last logging window) is this close to the
@@ -131,17 +132,22 @@ def annotate(name: str) -> contextlib.AbstractContextManager:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 1000) -> dict[str, Any]:
-    """Mean loss, accuracy (%) and the predicted classes over a whole normalised split."""
+def evaluate(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 1000, keep_logits: bool = False
+) -> dict[str, Any]:
+    """Mean loss, accuracy (%) and the predicted classes over a whole normalised split, in eval mode;
+    with `keep_logits`, the logits too (on CPU: checkpoint verification compares them)."""
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=images.device)
-    predictions = []
+    predictions, logits = [], []
     for i in range(0, len(labels), batch_size):
         x, y = images[i : i + batch_size], labels[i : i + batch_size]
         out = model(x)
         loss_sum += F.cross_entropy(out, y, reduction="sum").double()
         predictions.append(out.argmax(1))
+        if keep_logits:
+            logits.append(out.cpu())
     model.train(was_training)
     predicted = torch.cat(predictions)
     n = len(labels)
@@ -149,6 +155,7 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch
         "loss": loss_sum.item() / n,
         "accuracy": 100.0 * (predicted == labels).sum().item() / n,
         "predictions": predicted.cpu(),
+        **({"logits": torch.cat(logits)} if keep_logits else {}),
     }
 
 
@@ -160,6 +167,10 @@ def fingerprint(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, An
         "predictions_sha256": hashlib.sha256(predictions.numpy().tobytes()).hexdigest(),
         "accuracy": 100.0 * (predictions == labels.cpu()).double().mean().item(),
     }
+
+
+# measures candidate layouts on the first steps of epoch 1, applies the fastest, returns the evidence
+Tuner = Callable[["Trainer", Iterator[tuple[torch.Tensor, torch.Tensor]], int], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -181,98 +192,6 @@ def summed_across_ranks(*values: torch.Tensor | int) -> list[float]:
     return totals.tolist()
 
 
-@dataclass
-class LogPoint:
-    """Training metrics averaged over the samples of the last `log_every` steps."""
-
-    step: int
-    epoch: int
-    loss: float
-    accuracy: float
-    lr: float
-    samples_per_s: float
-    samples: int
-
-
-@dataclass
-class Evaluation:
-    """One evaluation of the test set: at an epoch's end, or inside it every `eval_every` steps."""
-
-    step: int
-    epoch: float  # epochs of training done (fractional inside an epoch)
-    test_loss: float
-    test_acc: float
-    seconds: float
-
-
-@dataclass
-class EpochResult:
-    epoch: int  # 1-based
-    train_loss: float
-    train_acc: float
-    test_loss: float
-    test_acc: float
-    lr: float
-    train_seconds: float
-    eval_seconds: float
-    samples_per_s: float
-    steps: int
-
-
-@dataclass
-class TrainResult:
-    config: dict[str, Any]
-    device: str
-    epochs: list[EpochResult] = field(default_factory=list)
-    steps: int = 0
-    train_seconds: float = 0.0  # training steps only
-    wall_seconds: float = 0.0  # training and evaluation
-    evaluations: list[Evaluation] = field(default_factory=list)
-    target_reached_epoch: int | None = None
-    target_reached_step: int | None = None
-    time_to_target_s: float | None = None
-    autotune: dict[str, Any] | None = None  # the decision and its evidence (dlscope.autotune)
-    stopped_early: bool = False
-    interrupted: bool = False
-    resumed_from_epoch: int | None = None
-
-    @property
-    def final(self) -> EpochResult | None:
-        return self.epochs[-1] if self.epochs else None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        final = self.final
-        out["final_test_acc"] = final.test_acc if final else None
-        out["final_test_loss"] = final.test_loss if final else None
-        out["samples_per_s"] = (
-            sum(e.samples_per_s * e.train_seconds for e in self.epochs) / self.train_seconds
-            if self.train_seconds
-            else None
-        )
-        return out
-
-
-class Observer:
-    """Hooks into a training run. Override what you need; set `trainer.should_stop` to stop."""
-
-    def on_train_begin(self, trainer: Trainer) -> None: ...
-
-    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...
-
-    def on_evaluate_begin(self, trainer: Trainer, epoch: int) -> None: ...
-
-    def on_step_end(self, trainer: Trainer, loss: torch.Tensor, batch_size: int) -> None: ...
-
-    def on_log(self, trainer: Trainer, point: LogPoint) -> None: ...
-
-    def on_eval(self, trainer: Trainer, evaluation: Evaluation) -> None: ...
-
-    def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None: ...
-
-    def on_train_end(self, trainer: Trainer, result: TrainResult) -> None: ...
-
-
 class Trainer:
     """Trains one model on MNIST according to a `TrainConfig`, telling its observers."""
 
@@ -280,10 +199,14 @@ class Trainer:
         self,
         config: TrainConfig,
         data: MNIST,
-        observers: Sequence[Observer] = (),
+        observers: Sequence[TrainingObserver] = (),
         parallel: DataParallel | None = None,
+        tuner: Tuner | None = None,
     ) -> None:
+        if config.autotune and tuner is None:  # the engine does not import its tuner (dlscope.autotune)
+            raise ConfigError("autotune is on but no tuner was given: Trainer(..., tuner=dlscope.autotune.autotune)")
         self.config = config
+        self.tuner = tuner
         self.parallel = parallel
         self.device = resolve_device(config.device)
         if config.threads:
@@ -363,13 +286,9 @@ class Trainer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "dcp" in state:  # a torch.distributed.checkpoint directory, from any world size
-            from dlscope.distributed.dcp import restore_weights
-
-            restore_weights(state["dcp"], self.model, self.optimizer)
-        else:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+        """Resume from an in-memory state (a file or a DCP directory is read by dlscope.restore)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
         if "layout" in state and isinstance(self.model, TunableCNN):
             self.model.set_layout(Layout.from_dict(state["layout"]))
         self.start_epoch = int(state["epoch"])
@@ -502,10 +421,8 @@ class Trainer:
         start = self._window_start = time.perf_counter()
         first_step = self.global_step
         batches = iter(self.batches)
-        if self.config.autotune and self.result.autotune is None:
-            from dlscope.autotune import autotune
-
-            self.result.autotune = autotune(self, batches, epoch)
+        if self.tuner is not None and self.result.autotune is None:
+            self.result.autotune = self.tuner(self, batches, epoch)
         eval_every = self.config.eval_every
         for x, y in batches:
             self.train_batch(x, y, epoch)
@@ -534,7 +451,7 @@ class Trainer:
         }
 
 
-class StopAtAccuracy(Observer):
+class StopAtAccuracy(TrainingObserver):
     """`--target-acc`: stop at the first evaluation (epoch end or scheduled) that reaches the target."""
 
     def __init__(self, target_percent: float) -> None:

@@ -17,31 +17,13 @@ from typing import BinaryIO
 from dlscope.ckpt import dcp_fmt, keras_fmt, safetensors_fmt, torchfmt
 from dlscope.ckpt.anatomy import Anatomy
 from dlscope.ckpt.hdf5_probe import probe_hdf5
-from dlscope.ckpt.scan import LEGACY_PREFIX
-from dlscope.ckpt.tf_fmt import SHARD_NAME, TABLE_MAGIC, index_path_for, inspect_tf
+from dlscope.ckpt.sniff import sniff
+from dlscope.ckpt.tf_fmt import SHARD_NAME, index_path_for, inspect_tf
 from dlscope.ckpt.zipdir import open_zip
 from dlscope.errors import CheckpointError
 
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
-# first bytes of a protocol 0/1 pickle: MARK, GLOBAL, EMPTY_DICT/LIST/TUPLE, INT, STRING, UNICODE …
-PICKLE_0_STARTS = set(b"(c}])IFLSVNJKMGXTU")
 NATIVE_STATS_DTYPES = ("float64", "float32", "int64", "int32")  # torch has fast kernels for these
 CHUNK = 1 << 24  # elements per step when computing statistics (bounded extra memory)
-
-
-def detect_format(path: Path, head: bytes, file_bytes: int) -> str:
-    if head[:4] in ZIP_MAGIC:
-        return "zip"
-    if head[:8] == HDF5_MAGIC:
-        return "hdf5"
-    if head.startswith(LEGACY_PREFIX):
-        return "torch-legacy"
-    if len(head) >= 9 and head[8:9] == b"{":
-        return "safetensors"
-    if (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5) or (head and head[0] in PICKLE_0_STARTS):
-        return "pickle"
-    return "unknown"
 
 
 def _tail(path: Path, file_bytes: int) -> bytes:
@@ -69,7 +51,7 @@ def inspect_checkpoint(path: str | Path, stats: bool = False) -> Anatomy:
         raise CheckpointError("empty file", path)
     with open(path, "rb") as f:
         head = f.read(16)
-        kind = detect_format(path, head, file_bytes)
+        kind = sniff(head, _tail(path, file_bytes))
         f.seek(0)
         try:
             anatomy = _inspect(path, f, kind, head, file_bytes, stats)
@@ -114,7 +96,7 @@ def _inspect(path: Path, f: BinaryIO, kind: str, head: bytes, file_bytes: int, s
         anatomy = torchfmt.inspect_legacy(path, f, file_bytes)
     elif kind == "safetensors":
         anatomy = safetensors_fmt.inspect_safetensors(path, f, file_bytes)
-    elif _tail(path, file_bytes) == TABLE_MAGIC:
+    elif kind == "tf-index":
         anatomy = inspect_tf(path, f, file_bytes, check=stats)
     elif kind == "pickle":
         anatomy = torchfmt.inspect_bare_pickle(path, f, file_bytes)

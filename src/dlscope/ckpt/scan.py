@@ -34,17 +34,12 @@ from dlscope.ckpt import zipdir
 from dlscope.ckpt.allowlist import DCP_METADATA, NUMPY_ARRAY, TORCH_WEIGHTS_ONLY
 from dlscope.ckpt.pickle_scan import scan_pickle
 from dlscope.ckpt.pickle_values import PickleScan, StorageRef, TensorRef
+from dlscope.ckpt.sniff import NPY_MAGIC, sniff
 from dlscope.errors import CheckpointError
 
 EXIT_CODES = {"safe": 0, "dangerous": 1, "damaged": 2, "skipped": 0}
 MAX_PICKLE_BYTES = 256 << 20  # a state dict's pickle is kilobytes to a few MB; more is scanned up to here
-LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
-LEGACY_PREFIX = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
-NPY_MAGIC = b"\x93NUMPY"
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-TF_TABLE_MAGIC = bytes.fromhex("57fb808b247547db")
 NPY_MAX_HEADER = 10_000  # numpy's own max_header_size
-PICKLE_0_STARTS = set(b"(c}])IFLSVNJKMGXTUdlt")
 SAFETENSORS_MAX_HEADER = 100 << 20
 # a walked file with one of these names is a model file even when it is broken: damaged, never skipped
 MODEL_SUFFIXES = {".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".model", ".tar", ".safetensors"}
@@ -213,22 +208,23 @@ class Scanner:
             self.bad("empty file: not a checkpoint")
             return
         head = f.read(16)
+        kind = sniff(head, self.tail(8))
         f.seek(0)
-        if head.startswith(NPY_MAGIC):
+        if kind == "npy":
             report.format = "numpy .npy"
             self.npy(self.read_all(), "array")
-        elif head[:4] in (b"PK\x03\x04", b"PK\x05\x06") or (head[:1] in (b"\x80", b"(") and zipfile.is_zipfile(f)):
+        elif kind == "zip" or (head[:1] in (b"\x80", b"(") and zipfile.is_zipfile(f)):
             self.zip(head)
-        elif head.startswith(LEGACY_PREFIX):
+        elif kind == "torch-legacy":
             report.format = "legacy torch.save (< 1.6)"
             self.legacy(self.read_all())
-        elif head.startswith(HDF5_MAGIC):
+        elif kind == "hdf5":
             report.format = "HDF5 (Keras .h5)"
-        elif len(head) >= 9 and head[8:9] == b"{":
+        elif kind == "safetensors":
             self.safetensors(head)
-        elif self.tail(8) == TF_TABLE_MAGIC:
+        elif kind == "tf-index":
             report.format = "TensorFlow checkpoint index"
-        elif (head[:1] == b"\x80" and 2 <= head[1] <= 5) or (head[:1] and head[0] in PICKLE_0_STARTS):
+        elif kind == "pickle" or head[0] in b"dlt":  # DICT, LIST, TUPLE: a malformed protocol 0 pickle
             report.format = "pickle"
             self.stream(self.read_all(), 0, "pickle", joblib=True)
         else:

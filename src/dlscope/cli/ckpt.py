@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
-from pathlib import Path
 
 from dlscope.cli.common import (
     Parser,
@@ -14,133 +12,37 @@ from dlscope.cli.common import (
     run_builtin_command,
 )
 from dlscope.cli.lab import keras_seed_options
-from dlscope.errors import CheckpointError
+from dlscope.options import FileOptions
+from dlscope.runner import answer
+
+
+def file_options(args: argparse.Namespace, *paths: str) -> FileOptions:
+    keys = ("data_dir", "allow", "stats", "json", "limit")
+    return FileOptions(list(paths), **{k: getattr(args, k) for k in keys if hasattr(args, k)})
 
 
 def cmd_ckpt_verify(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from dlscope.checkpoint import verify_checkpoint
-    from dlscope.ckpt.tf_fmt import bundle_index
-    from dlscope.console import console
-    from dlscope.data.loaders import normalise
-    from dlscope.data.mnist import load_mnist
-
-    index = bundle_index(Path(args.path))
-    if index is not None:
-        return verify_tf_bundle(index)
-    data = load_mnist(args.data_dir)
-    result = verify_checkpoint(args.path, normalise(data.test_images), data.test_labels)
-    if result.ok:
-        console.print(
-            f"[good]ok[/] {args.path}: identical predictions on {result.samples:,} test images "
-            f"({result.accuracy_loaded:.2f}%)",
-            soft_wrap=True,  # one line however long the path: scripts and tests grep it
-        )
-        return 0
-    console.print(
-        f"[bad]MISMATCH[/] {args.path}: predictions differ from the saved fingerprint "
-        f"(saved {result.accuracy_saved:.2f}%, now {result.accuracy_loaded:.2f}%)",
-        soft_wrap=True,
-    )
-    return 1
-
-
-def verify_tf_bundle(index) -> int:
-    """A TF checkpoint or SavedModel: every tensor's CRC32C, as TF checks them on restore."""
-    from dlscope.ckpt.tf_fmt import verify_bundle
-    from dlscope.console import console, safe
-
-    anatomy = verify_bundle(index)
-    bad = [f for f in anatomy.findings if f.level == "bad"]
-    for f in bad:
-        console.print(f"[bad]MISMATCH[/] {safe(f.where)}: {safe(f.what)}")
-    if bad:
-        return 1
-    console.print(f"[good]ok[/] {safe(index)}: the CRC32C of all {len(anatomy.tensors):,} tensors match")
-    return 0
+    return answer("ckpt-verify", file_options(args, args.path))
 
 
 def cmd_ckpt_seed003(args: argparse.Namespace) -> int:
     from dlscope.options import StepOptions
 
     os.environ["KERAS_BACKEND"] = args.backend  # the flag wins over the environment; keras reads it at import
-    if args.backend == "tensorflow":
-        from dlscope.data.pipeline.tfdata import import_tensorflow
-
-        import_tensorflow()  # missing TF: one line before any run directory is made
-
     options = StepOptions(ckpt_anatomy=keras_seed_options(args))
     return run_builtin_command(args, "ckpt-seed003", ["environment", "dataset", "ckpt_anatomy"], step_options=options)
 
 
-WORST_FIRST = ("dangerous", "damaged", "safe", "skipped")
-
-
 def cmd_ckpt_scan(args: argparse.Namespace) -> int:
-    from dlscope.ckpt.scan import EXIT_CODES, scan_paths
-
-    reports = [r.to_dict() for r in scan_paths(args.paths, frozenset(args.allow))]
-    if not reports:
-        raise CheckpointError("no files to scan", args.paths[0])
-    worst = min((r["verdict"] for r in reports), key=WORST_FIRST.index)
-    if args.json:  # CI's form: no rich, no report modules to import
-        print(json.dumps({"verdict": worst, "exit_code": EXIT_CODES[worst], "files": reports}, indent=1))
-    else:
-        from dlscope.report.sections.ckpt_scan import render_scan
-        from dlscope.report.terminal import print_blocks
-
-        print_blocks(render_scan(reports, limit=args.limit))
-    return EXIT_CODES[worst]
+    return answer("ckpt-scan", file_options(args, *args.paths))
 
 
 def cmd_ckpt_inspect(args: argparse.Namespace) -> int:
-    from dlscope.ckpt.inspect import inspect_checkpoint
-    from dlscope.ckpt.scan import scan_file
-    from dlscope.report.blocks import Findings
-    from dlscope.report.sections.ckpt_anatomy import render_anatomy
-    from dlscope.report.sections.ckpt_scan import VERDICT_LEVEL, render_scan
-    from dlscope.report.terminal import print_blocks
-
-    # the scanner's verdict decides the exit status; a TF prefix or shard is no single file it knows
-    scan = scan_file(args.path, crc=args.stats) if Path(args.path).is_file() else None
-    scan = scan if scan is not None and scan.format != "unknown" else None
-    try:
-        anatomy = inspect_checkpoint(args.path, stats=args.stats)
-    except CheckpointError:
-        if scan is None or scan.verdict != "dangerous":
-            raise
-        # no anatomy, but what loading it would run is known: report the attack, not a corrupt file
-        if args.json:
-            print(json.dumps(scan.to_dict(), indent=1))
-        else:
-            print_blocks(render_scan([scan.to_dict()], limit=args.limit))
-        return scan.exit_code
-    if scan is not None and scan.verdict == "dangerous":
-        anatomy.safe_to_load = False  # e.g. a second pickle after the one torch.load reads
-    if args.json:
-        verdict = {"verdict": scan.verdict, "exit_code": scan.exit_code, "summary": scan.summary()} if scan else {}
-        print(json.dumps({**anatomy.to_dict(), **verdict}, indent=1, default=str))
-    else:
-        print_blocks(render_anatomy(anatomy.to_dict(), stats_columns=args.stats, limit=args.limit))
-        if scan is not None:
-            print_blocks([Findings([(VERDICT_LEVEL[scan.verdict], scan.summary())])])
-    if scan is not None and scan.verdict != "safe":
-        return scan.exit_code  # dangerous 1, damaged 2
-    return 0 if anatomy.safe_to_load and not anatomy.corrupt else 1  # a CRC mismatch (--stats) is 1
+    return answer("ckpt-inspect", file_options(args, args.path))
 
 
 def cmd_ckpt_diff(args: argparse.Namespace) -> int:
-    from dlscope.ckpt.diff import diff_checkpoints
-    from dlscope.report.sections.ckpt_anatomy import render_diff
-    from dlscope.report.terminal import print_blocks
-
-    result = diff_checkpoints(args.a, args.b)
-    if args.json:
-        print(json.dumps(result, indent=1, default=str))
-    else:
-        print_blocks(render_diff(result, limit=args.limit))
-    return 0 if result["identical"] else 1
+    return answer("ckpt-diff", file_options(args, args.a, args.b))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

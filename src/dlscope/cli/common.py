@@ -212,7 +212,8 @@ def run_builtin_command(
 ) -> int:
     """Run `steps` of the built-in job through the runner (every training command ends here)."""
     from dlscope.options import StepOptions
-    from dlscope.runner import Plan, run_command, run_traced
+    from dlscope.plan import Plan
+    from dlscope.runner import run_command, run_traced
 
     plan = Plan(
         command,

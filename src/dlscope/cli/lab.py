@@ -17,9 +17,9 @@ from dlscope.cli.common import (
     run_builtin_command,
     switch_list,
 )
-from dlscope.errors import DlscopeError
-from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
+from dlscope.errors import ConfigError, DlscopeError
 from dlscope.options import (
+    TRACE_BACKENDS,
     AnatomyOptions,
     DistOptions,
     GraphOptions,
@@ -115,10 +115,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from dlscope.config import TrainConfig
-    from dlscope.experiments.batch_device import available_devices, sweep_grid
 
-    # the grid is checked before a run directory exists (cuda asked for on a CPU-only machine, …)
-    sweep_grid(args.batch_sizes, args.devices or available_devices(), args.threads or [1], args.cudnn_benchmark)
     sweep = SweepOptions(
         batch_sizes=args.batch_sizes,
         devices=args.devices,
@@ -138,8 +135,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def ops_options(args: argparse.Namespace, parts: tuple[str, ...]):
-    from dlscope.experiments.conv import IMPLS, ConvShape, parse_ints
-    from dlscope.steps.ops import OpsOptions
+    from dlscope.options import IMPLS, ConvShape, OpsOptions
 
     options = OpsOptions(parts=parts, gemm_n=2048)
     if "conv" in parts:
@@ -313,3 +309,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_training_args(p)
     add_run_args(p)
     p.set_defaults(func=cmd_graph)
+
+
+def parse_ints(text: str, count: int, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"{what} must be {count} comma-separated integers, got {text!r}") from None
+    if len(values) != count:
+        raise ConfigError(f"{what} must be {count} comma-separated integers, got {text!r}")
+    return values

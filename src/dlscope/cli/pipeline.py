@@ -8,6 +8,7 @@ from dlscope.cli.common import (
     Parser,
     run_builtin_command,
 )
+from dlscope.runner import answer
 
 
 def cmd_pipeline_prepare(args: argparse.Namespace) -> int:
@@ -37,29 +38,10 @@ def cmd_pipeline_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_pipeline_run(args: argparse.Namespace) -> int:
-    from dlscope.data.pipeline import ReaderConfig, SimulatedCompute, TrainingCompute, load_manifest, measure_epoch
-    from dlscope.report.sections.pipeline import epoch_blocks
-    from dlscope.report.terminal import print_blocks
+    from dlscope.options import PipelineRunOptions
 
-    manifest = load_manifest(args.data, args.format)
-    reader = ReaderConfig(
-        args.format,
-        args.read_buffer,
-        args.shuffle_buffer,
-        args.batch_size,
-        args.workers,
-        args.prefetch,
-        args.seed,
-        args.engine,
-    )
-    consumer = (
-        TrainingCompute(args.train, args.device, manifest.sample_bytes, args.seed, args.threads)
-        if args.train
-        else SimulatedCompute(args.compute_ms / 1000)
-    )
-    m = measure_epoch(args.data, manifest, reader, consumer, cold=not args.warm, epoch=args.epoch)
-    print_blocks(epoch_blocks({"label": args.format, **m.to_dict()}, reader, manifest))
-    return 0 if m.exactly_once else 1
+    keys = [f for f in PipelineRunOptions.__dataclass_fields__ if f not in ("fmt", "json")]
+    return answer("pipeline-run", PipelineRunOptions(fmt=args.format, **{k: getattr(args, k) for k in keys}))
 
 
 def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
@@ -77,10 +59,6 @@ def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         engines=tuple(e.strip() for e in args.engines.split(",")),
     )
-    if "tfdata" in plan.engines:
-        from dlscope.data.pipeline.tfdata import import_tensorflow
-
-        import_tensorflow()  # missing TF: one line before any run directory is made
     config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
     options = StepOptions(pipeline=PipelineOptions(plan, args.remove_data))
     steps = ["environment", "dataset", "pipeline"]

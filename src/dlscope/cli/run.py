@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
+from dlscope.options import TRACE_BACKENDS
 
 SORT_KEYS = ["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"]
 

@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 
 def cmd_stacks(args: argparse.Namespace) -> int:
-    from dlscope.observe.hang.ondemand import capture_target
     from dlscope.options import StacksOptions
-    from dlscope.report.sections import hang
-    from dlscope.report.terminal import print_blocks
+    from dlscope.runner import answer
 
-    options = StacksOptions(target=args.target, as_json=args.json)
-    taken = capture_target(options.target)
-    if options.as_json:
-        print(json.dumps(taken, indent=1))
-    else:
-        print_blocks(hang.render({"captures": [{"verdict": taken["verdict"]}]}))
-    return 0
+    return answer("stacks", StacksOptions(target=args.target, json=args.json))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

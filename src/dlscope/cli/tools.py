@@ -47,12 +47,10 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from dlscope.observe.environment import collect_environment
-    from dlscope.report.sections import environment
-    from dlscope.report.terminal import print_blocks
+    from dlscope.options import FileOptions
+    from dlscope.runner import answer
 
-    print_blocks(environment.render(collect_environment()))
-    return 0
+    return answer("env", FileOptions())
 
 
 def cmd_models(args: argparse.Namespace) -> int:

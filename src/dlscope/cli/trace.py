@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from dlscope.observe.iotrace.tracer import BACKENDS as TRACE_BACKENDS  # stdlib only: cheap
-from dlscope.observe.iotrace.tracer import check_command
+from dlscope.options import TRACE_BACKENDS
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
     from dlscope.options import RunOptions, StepOptions, TraceOptions
-    from dlscope.runner import Plan, run_command
+    from dlscope.plan import Plan
+    from dlscope.runner import run_command
 
     command = args.command_argv[1:] if args.command_argv[:1] == ["--"] else args.command_argv
-    check_command(command)
     trace = TraceOptions(command, args.backend, args.measure_overhead, args.repeats)
     plan = Plan("trace", ["iotrace"], options=RunOptions(out=args.out), step_options=StepOptions(iotrace=trace))
     plan.argv = args.raw_argv

@@ -13,40 +13,23 @@ A rank killed mid-save leaves last.dcp pointing at the previous epoch, whole.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import time
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from dlscope.checkpoint import SaveInfo, restore_rng, save_checkpoint
-from dlscope.ckpt.dcp_fmt import checked
-from dlscope.errors import CheckpointError
+from dlscope.checkpoint import SaveInfo, save_checkpoint
+from dlscope.events import EpochResult, TrainingObserver
 from dlscope.fsutil import fsync_dir
 from dlscope.phases import phase
-from dlscope.train import EpochResult, Observer, Trainer
+from dlscope.restore import TRAINER_FILE, one_process_is_intended
+from dlscope.train import Trainer
 
-TRAINER_FILE = "trainer.pt"
 LAST = "last.dcp"
-
-
-def is_dcp_dir(path: str | Path) -> bool:
-    return (Path(path) / ".metadata").is_file()
 
 
 def coordinator() -> bool:
@@ -56,14 +39,6 @@ def coordinator() -> bool:
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-@contextlib.contextmanager
-def one_process_is_intended() -> Iterator[None]:
-    """Without a process group DCP warns that it assumes one process: that is what we mean."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        yield
 
 
 def save_dcp(checkpoints: Path, trainer: Trainer) -> SaveInfo:
@@ -97,51 +72,7 @@ def point_last_at(checkpoints: Path, target: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def load_dcp(path: str | Path) -> dict[str, Any]:
-    """A DCP checkpoint's non-tensor state, with "dcp" naming the directory its tensors stay in
-    (they are read into a model and optimizer of any world size by restore_weights)."""
-    path = Path(path)
-    if not is_dcp_dir(path):
-        raise CheckpointError("a directory without .metadata: not a torch.distributed.checkpoint", path)
-    checked(path)  # torch's reader would fail deep inside a collective, with a traceback per rank
-    trainer_file = path / TRAINER_FILE
-    if not trainer_file.is_file():
-        raise CheckpointError(f"a DCP checkpoint without {TRAINER_FILE}: not written by dlscope", path)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            state = torch.load(trainer_file, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{TRAINER_FILE} is not loadable ({type(e).__name__})", path) from None
-    if not isinstance(state, dict) or "config" not in state or "epoch" not in state:
-        raise CheckpointError(f"{TRAINER_FILE} has no 'config' and 'epoch' entries", path)
-    if "rng" in state:
-        state["rng"] = restore_rng(state["rng"])
-    state["dcp"] = str(path.resolve())
-    return state
-
-
-def restore_weights(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Read model (and optimizer) tensors in place: every rank reads what it needs (collective when
-    a process group exists), whichever world size saved them."""
-    if optimizer is None:  # the weights alone (ckpt verify)
-        state = {"model": get_model_state_dict(model)}
-    else:
-        model_state, optimizer_state = get_state_dict(model, optimizer)  # the templates DCP fills
-        state = {"model": model_state, "optimizer": optimizer_state}
-    try:
-        with one_process_is_intended():
-            dcp.load(state, checkpoint_id=Path(path))
-    except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
-        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"its tensors do not load into this model: {first}", path) from None
-    if optimizer is None:
-        set_model_state_dict(model, state["model"])
-    else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-
-
-class DcpCheckpointObserver(Observer):
+class DcpCheckpointObserver(TrainingObserver):
     """Saves checkpoints/last.dcp at every epoch end; attached on every rank (the save is collective)."""
 
     def __init__(self, directory: str | Path) -> None:

@@ -1,7 +1,7 @@
 """`--trace-io` of a torchrun job: the traced file I/O attributed to ranks, phase by phase.
 
-The workers write their pids (one line per torchrun attempt) to ranks/rank<k>/pid; every event of
-those processes is that rank's, its phase markers included (a rank's start-up, before its first
+The workers write their pids (one line per torchrun attempt) to their rank folder's pid file;
+every event of those processes is that rank's, its phase markers included (a rank's start-up, before its first
 marker, is its imports)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscope.observe.iotrace.analysis import Analysis
+from dlscope.rundir import rank_files
 
 PID_FILE = "pid"
 
@@ -18,8 +19,7 @@ PID_FILE = "pid"
 def rank_pids(run: Path) -> dict[int, int]:
     """pid → rank, for every worker process of the run's job (restarts included)."""
     pids = {}
-    for pid_file in run.glob(f"ranks/rank*/{PID_FILE}"):
-        rank = int(pid_file.parent.name.removeprefix("rank"))
+    for rank, pid_file in rank_files(run, PID_FILE).items():
         pids.update({int(line): rank for line in pid_file.read_text().split()})
     return pids
 

@@ -1,18 +1,15 @@
 """The train step in several ranks: torchrun (`python -m torch.distributed.run`) starts the workers.
 
-    python -m torch.distributed.run --standalone --nproc-per-node N -m dlscope.distributed.worker PLAN_JSON
+    python -m torch.distributed.run --standalone --nproc-per-node N -m dlscope.runner --rank PLAN_JSON
     (several nodes: --nnodes M --node-rank R --rdzv-backend c10d --rdzv-endpoint HOST:PORT instead of --standalone)
 
 torchrun's own output goes to ranks/launch.log; the workers' one-line messages reach the terminal.
 A failed rank becomes one line naming the rank and how it ended; no worker outlives the launch.
-After the ranks finish, this process loads the last checkpoint, so the steps after train (profile,
-checkpoint, …) see the trained model as they do in one process.
+(What the train step makes of the ranks' records: dlscope.steps.train.train_in_ranks.)
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import re
 import shutil
@@ -21,19 +18,18 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from dlscope.distributed.iorank import rank_pids
-from dlscope.errors import DlscopeError
 from dlscope.fsutil import make_dirs
 from dlscope.options import DistOptions
-from dlscope.steps.base import Context
+from dlscope.rundir import ranks_dir
 
 if TYPE_CHECKING:
-    from dlscope.runner import Plan
+    from dlscope.plan import Plan
 
 LOG = "launch.log"
-WORKER_MODULE = "dlscope.distributed.worker"
+WORKER_MODULE = "dlscope.runner"  # its rank mode (dlscope.distributed.worker)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -51,7 +47,7 @@ def torchrun_command(options: DistOptions, plan_json: str) -> list[str]:
         assert options.rdzv_endpoint is not None  # DistOptions checked it
         command += ["--nnodes", str(options.nnodes), "--node-rank", str(options.node_rank)]
         command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", options.rdzv_endpoint, "--rdzv-id", "dlscope"]
-    return [*command, "-m", WORKER_MODULE, plan_json]
+    return [*command, "-m", WORKER_MODULE, "--rank", plan_json]
 
 
 def worker_env(options: DistOptions, threads: int) -> dict[str, str]:
@@ -107,24 +103,14 @@ def end_leftover_workers(ranks: Path) -> list[int]:
     return ended
 
 
-def launch(ctx: Context) -> int:
-    """Run the train step in the ranks; torchrun's exit status."""
-    from dlscope.runner import Plan
-
-    threads = threads_per_rank(ctx.config.threads, ctx.steps.dist.nproc_per_node)
-    config = dataclasses.replace(ctx.config, threads=threads)
-    plan = Plan(ctx.run.results["run"]["command"], ["train"], config, ctx.options, ctx.steps, argv=[])
-    return run_torchrun(plan, ctx.run.path)
-
-
 def run_torchrun(plan: Plan, run: Path, echo: bool = True) -> int:
     """The plan's train step in torchrun's workers, writing into the run directory `run` (ranks/ and
     what rank 0 writes); plan.config.threads per rank. torchrun's exit status."""
-    from dlscope.runner import plan_to_json
+    from dlscope.plan import plan_to_json
 
     options = plan.step_options.dist
-    shutil.rmtree(run / "ranks", ignore_errors=True)  # an --out used before: none of its records
-    ranks = make_dirs(run / "ranks")
+    shutil.rmtree(ranks_dir(run), ignore_errors=True)  # an --out used before: none of its records
+    ranks = make_dirs(ranks_dir(run))
     assert plan.config.threads is not None  # the launcher always sets the threads per rank
     command = torchrun_command(options, plan_to_json(plan, str(run)))
     with open(ranks / LOG, "wb") as log:
@@ -148,45 +134,3 @@ def run_torchrun(plan: Plan, run: Path, echo: bool = True) -> int:
             reader.join()
             end_leftover_workers(ranks)
     return status
-
-
-def train_in_ranks(ctx: Context) -> dict[str, Any]:
-    """The train step's section from the ranks' records; ctx.trainer holds the trained model."""
-    from dlscope.checkpoint import load_checkpoint
-    from dlscope.data.mnist import load_mnist
-    from dlscope.train import TrainConfig, Trainer, evaluate
-
-    options = ctx.steps.dist
-    with ctx.task(f"training in {options.world_size} ranks (torchrun)"):
-        status = launch(ctx)
-    ranks = ctx.run.path / "ranks"
-    if status != 0:
-        last = last_checkpoint(ctx.run.path, options.ckpt_format)
-        kept = f"; the last checkpoint is intact: {last.relative_to(ctx.run.path)}" if last.exists() else ""
-        cause = failure_line((ranks / LOG).read_text(errors="replace"), status)
-        raise DlscopeError(f"{cause}; torchrun stopped the job (log: {ctx.run.rel(ranks / LOG)}){kept}", ctx.run.path)
-    section_file = ranks / "train.json"
-    if not section_file.is_file():
-        raise DlscopeError("the ranks finished but no rank wrote ranks/train.json", ctx.run.path)
-    section = json.loads(section_file.read_text())
-    section["launch"] = {
-        **dataclasses.asdict(options),
-        "world_size": options.world_size,
-        "threads_per_rank": threads_per_rank(ctx.config.threads, options.nproc_per_node),
-        "command": "torchrun " + " ".join(torchrun_command(options, "PLAN_JSON")[3:]),
-        "log": ctx.run.rel(ranks / LOG),
-    }
-    # the steps after this one see the trained model, read back from the ranks' last checkpoint
-    # (with this process's threads: the later steps have the machine to themselves)
-    config = ctx.config = dataclasses.replace(TrainConfig.from_dict(section["config"]), threads=ctx.config.threads)
-    if ctx.data is None:
-        ctx.data = load_mnist(ctx.options.data_dir)
-    trainer = ctx.trainer = Trainer(config, ctx.data)
-    trainer.load_state_dict(load_checkpoint(last_checkpoint(ctx.run.path, options.ckpt_format)))
-    trainer.last_predictions = evaluate(trainer.model, trainer.test_images, trainer.test_labels)["predictions"]
-    return section
-
-
-def last_checkpoint(run: Path, ckpt_format: str) -> Path:
-    """Where the ranks' per-epoch checkpoint is: the one a failed job keeps and a restart resumes."""
-    return run / "checkpoints" / ("last.dcp" if ckpt_format == "dcp" else "last.pt")

@@ -1,7 +1,7 @@
-"""One rank of the built-in job: `python -m dlscope.distributed.worker PLAN_JSON`, started by torchrun.
+"""One rank of the built-in job: `python -m dlscope.runner --rank PLAN_JSON`, started by torchrun.
 
-Every rank trains its shard under DistributedDataParallel and writes ranks/rank<k>/: rank.json (its
-pid, threads, step times, samples) and trace.json (a Kineto trace of a few real steps, with torch's
+Every rank trains its shard under DistributedDataParallel and writes its folder (dlscope.rundir.rank_dir):
+rank.json (its pid, threads, step times, samples) and trace.json (a Kineto trace of a few real steps, with torch's
 distributedInfo). Local rank 0 of each node also writes TensorBoard, the torch checkpoint and
 ranks/train.json, the train section the launcher records. On a torchrun restart
 (TORCHELASTIC_RESTART_COUNT > 0) the ranks resume from the run's last checkpoint.
@@ -24,16 +24,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dlscope.checkpoint import load_checkpoint
 from dlscope.data.mnist import load_mnist
 from dlscope.distributed.iorank import PID_FILE
-from dlscope.distributed.launch import last_checkpoint
-from dlscope.errors import DlscopeError
+from dlscope.events import EpochResult, TrainingObserver, TrainResult
 from dlscope.fsutil import atomic_write_bytes, json_text, make_dirs
-from dlscope.rundir import to_jsonable
-from dlscope.runner import Plan, plan_from_json
+from dlscope.plan import Plan
+from dlscope.restore import in_memory, load_checkpoint
+from dlscope.rundir import last_checkpoint, rank_dir, ranks_section, to_jsonable
 from dlscope.steps.train import resumed_config, train_section, watchers
-from dlscope.train import DataParallel, EpochResult, Observer, Trainer, TrainResult, resolve_device
+from dlscope.train import DataParallel, Trainer, resolve_device
 
 KILL_HOOK = "DLSCOPE_TEST_KILL_RANK"
 PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # steps 2–4 of the run: past start-up, real steps
@@ -47,11 +46,7 @@ def profile_schedule(steps: int) -> dict[str, int]:
     return {"wait": 0, "warmup": 0, "active": max(steps, 1)}
 
 
-def rank_dir(run: Path, rank: int) -> Path:
-    return run / "ranks" / f"rank{rank}"
-
-
-class RankRecorder(Observer):
+class RankRecorder(TrainingObserver):
     """What one rank did: each step's time and samples, and a profiler trace of a few steps."""
 
     def __init__(self, directory: Path, info: dict[str, Any]) -> None:
@@ -116,7 +111,7 @@ class RankRecorder(Observer):
         atomic_write_bytes(self.directory / "rank.json", json_text(record, indent=1).encode())
 
 
-class EpochLine(Observer):
+class EpochLine(TrainingObserver):
     """One line per epoch on stderr, which the launcher shows (the ranks have no progress bar)."""
 
     def on_epoch_end(self, trainer: Trainer, epoch: EpochResult) -> None:
@@ -128,7 +123,7 @@ class EpochLine(Observer):
         )
 
 
-class KillHook(Observer):
+class KillHook(TrainingObserver):
     """The test hook: SIGKILL this rank after a given global step, on the first attempt only."""
 
     def __init__(self, step: int) -> None:
@@ -195,23 +190,10 @@ def train_rank(plan: Plan) -> None:
         parallel = DataParallel(rank, world_size, plan.step_options.dist.bucket_cap_mb)
         trainer = Trainer(config, data, observers, parallel)
         if state is not None:
-            trainer.load_state_dict(state)
+            trainer.load_state_dict(in_memory(state, trainer.model, trainer.optimizer))
         trainer.fit()
         if writer:
             section = to_jsonable(train_section(trainer, watched, state, run, plan.options.tensorboard))
-            atomic_write_bytes(run / "ranks" / "train.json", json_text(section, indent=1).encode())
+            atomic_write_bytes(ranks_section(run), json_text(section, indent=1).encode())
     finally:
         dist.destroy_process_group()
-
-
-def main(argv: list[str]) -> int:
-    try:
-        train_rank(plan_from_json(argv[0]))
-    except DlscopeError as e:
-        print(f"dlscope: error: rank {os.environ.get('RANK')}: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -36,76 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlscope.errors import ConfigError
+from dlscope.measure.timing import StepTimer
+from dlscope.options import IMPLS, ConvShape
 
-IMPLS = ("loops", "numpy", "im2col", "torch")
 LOOP_ORDERS = ("seed", "strided")  # conv_orders.c's two nestings (report.sections.ops says which)
-
-
-@dataclass(frozen=True)
-class ConvShape:
-    """A 2-D convolution: input N×C×H×W, K filters of C×R×S, square stride and zero padding."""
-
-    n: int
-    c: int
-    h: int
-    w: int
-    k: int
-    r: int
-    s: int
-    stride: int = 1
-    padding: int = 0
-
-    def __post_init__(self) -> None:
-        if min(self.n, self.c, self.h, self.w, self.k, self.r, self.s, self.stride) < 1 or self.padding < 0:
-            raise ConfigError(f"convolution sizes must be ≥ 1 and padding ≥ 0: {self.describe()}")
-        if self.out_h < 1 or self.out_w < 1:
-            raise ConfigError(f"the {self.r}×{self.s} filter does not fit the padded {self.h}×{self.w} input")
-
-    @property
-    def out_h(self) -> int:
-        return (self.h + 2 * self.padding - self.r) // self.stride + 1
-
-    @property
-    def out_w(self) -> int:
-        return (self.w + 2 * self.padding - self.s) // self.stride + 1
-
-    @property
-    def macs(self) -> int:
-        """Multiply-adds: one per (output element, input channel, filter tap)."""
-        return self.n * self.k * self.out_h * self.out_w * self.c * self.r * self.s
-
-    @property
-    def flops(self) -> int:
-        """Forward FLOPs as FlopCounterMode counts them: 2 per multiply-add, bias not counted."""
-        return 2 * self.macs
-
-    def backward_flops(self, input_grad: bool = True) -> int:
-        """Backward FLOPs: the weight gradient, plus the input gradient unless it is the first layer."""
-        return self.flops * (2 if input_grad else 1)
-
-    @property
-    def im2col_bytes(self) -> int:
-        """The float32 patch matrix im2col builds: (N·OH·OW) rows × (C·R·S) columns."""
-        return 4 * self.n * self.out_h * self.out_w * self.c * self.r * self.s
-
-    def describe(self) -> str:
-        return (
-            f"{self.n}×{self.c}×{self.h}×{self.w} * {self.k}×{self.c}×{self.r}×{self.s}"
-            f" stride {self.stride} pad {self.padding}"
-        )
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "out_h": self.out_h, "out_w": self.out_w, "macs": self.macs, "flops": self.flops}
-
-
-def parse_ints(text: str, count: int, what: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"{what} must be {count} comma-separated integers, got {text!r}") from None
-    if len(values) != count:
-        raise ConfigError(f"{what} must be {count} comma-separated integers, got {text!r}")
-    return values
 
 
 def conv_loops(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, stride: int, padding: int) -> torch.Tensor:
@@ -186,17 +120,6 @@ class ConvTiming:
         return asdict(self)
 
 
-def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def random_conv(shape: ConvShape, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape.n, shape.c, shape.h, shape.w, generator=g)
@@ -209,7 +132,10 @@ def python_seconds_per_mac(repeats: int = 3) -> float:
     """Calibrate the pure-Python loops on a tiny convolution (~20k multiply-adds)."""
     tiny = ConvShape(1, 4, 12, 12, 4, 5, 5)
     x, w, b = random_conv(tiny)
-    return median_seconds(lambda: conv_loops(x, w, b, 1, 0), repeats, warmup=0) / tiny.macs
+    return (
+        statistics.median(StepTimer(torch.device("cpu")).time_steps(lambda: conv_loops(x, w, b, 1, 0), repeats))
+        / tiny.macs
+    )
 
 
 def time_loops(
@@ -264,19 +190,12 @@ def time_conv(
         args = on_device if impl in ("im2col", "torch") else (x, w, b)
         return CONV_IMPLS[impl](*args, shape.stride, shape.padding)
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     errors = {impl: float((call(impl).cpu() - reference).abs().max()) for impl in fast}  # also the warm-up
     times: dict[str, list[float]] = {impl: [] for impl in fast}
+    timer = StepTimer(device)  # CUDA events around each call on a GPU
     for _ in range(repeats):
         for impl in fast:
-            sync()
-            start = time.perf_counter()
-            call(impl)
-            sync()
-            times[impl].append(time.perf_counter() - start)
+            times[impl] += timer.time_steps(lambda impl=impl: call(impl), 1)
     timings = []
     for impl in impls:
         if impl == "loops":

@@ -13,10 +13,11 @@ from rich.progress import (
 )
 
 from dlscope.console import err_console
-from dlscope.train import EpochResult, LogPoint, Observer, Trainer, TrainResult
+from dlscope.events import EpochResult, LogPoint, TrainingObserver, TrainResult
+from dlscope.train import Trainer
 
 
-class ProgressObserver(Observer):
+class ProgressObserver(TrainingObserver):
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.progress: Progress | None = None

@@ -19,7 +19,8 @@ import warnings
 from pathlib import Path
 
 from dlscope.data.mnist import MEAN, STD
-from dlscope.train import EpochResult, LogPoint, Observer, Trainer, TrainResult, evaluate
+from dlscope.events import EpochResult, LogPoint, TrainingObserver, TrainResult
+from dlscope.train import Trainer, evaluate
 
 # TensorBoard's writer imports all of TensorFlow when it is installed (the `tf` extra): ~8 s, and
 # absl's log lines on stderr. Its "notf" marker module makes it use its own stub, which is all
@@ -33,7 +34,7 @@ RUN_TAGS = {
 }
 
 
-class TensorBoardObserver(Observer):
+class TensorBoardObserver(TrainingObserver):
     def __init__(self, log_dir: str | Path, graph: bool = True, images: int = 64) -> None:
         self.log_dir = Path(log_dir)
         self.graph = graph

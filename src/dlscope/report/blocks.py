@@ -60,7 +60,16 @@ class Findings:
     items: list[tuple[str, str]] = field(default_factory=list)
 
 
-Block = Para | Table | Figure | Svg | Code | Findings
+@dataclass
+class Verdict:
+    """A command's one-line answer, `word` styled by its level (good or bad): "ok path: …"."""
+
+    word: str
+    level: str
+    text: str
+
+
+Block = Para | Table | Figure | Svg | Code | Findings | Verdict
 
 
 @dataclass

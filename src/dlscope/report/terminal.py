@@ -14,7 +14,7 @@ from rich.table import Table as RichTable
 
 from dlscope.console import console as default_console
 from dlscope.console import safe
-from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Svg, Table, fmt
+from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Svg, Table, Verdict, fmt
 
 FINDING_STYLE = {"good": ("✔", "good"), "info": ("•", "metric"), "warn": ("⚠", "warn"), "bad": ("✘", "bad")}
 GAP = 2  # spaces between columns
@@ -45,6 +45,9 @@ def print_blocks(blocks: Iterable[Block], console: Console | None = None) -> Non
             console.print(safe(block.text), style="dim", overflow="fold")
         elif isinstance(block, Figure | Svg):
             continue  # drawings live in report.html and report.md
+        elif isinstance(block, Verdict):  # one line however long: scripts and tests grep it
+            console.print(f"[{block.level}]{block.word}[/] {safe(block.text)}", soft_wrap=True)
+            continue
         else:
             raise TypeError(f"unknown block {block!r}")
         console.print()

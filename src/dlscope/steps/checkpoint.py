@@ -5,13 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dlscope.checkpoint import (
-    load_checkpoint,
-    save_checkpoint,
-    verify_checkpoint,
-    verify_dict,
-)
+from dlscope.checkpoint import save_checkpoint, verify_checkpoint, verify_dict
 from dlscope.phases import phase
+from dlscope.restore import load_checkpoint
 from dlscope.steps.base import Context, Step
 
 

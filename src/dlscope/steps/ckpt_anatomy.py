@@ -8,10 +8,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dlscope.checkpoint import load_checkpoint, save_checkpoint
+from dlscope.checkpoint import save_checkpoint
 from dlscope.ckpt.anatomy import Anatomy
 from dlscope.ckpt.diff import diff_checkpoints
 from dlscope.ckpt.inspect import inspect_checkpoint
+from dlscope.restore import load_checkpoint
 from dlscope.steps.base import Context, Step
 
 MEMBER_ROWS = 12  # zip members listed in the report; the rest are data/N storages like them

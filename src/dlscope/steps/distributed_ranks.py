@@ -1,15 +1,17 @@
 """Step: what each rank of a torchrun job did — its process, threads, steps, samples and step times.
 
-Reads ranks/rank<k>/rank.json as the workers wrote them (dlscope.distributed.worker)."""
+Reads each rank's rank.json as the workers wrote them (dlscope.distributed.worker)."""
 
 from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 from typing import Any
 
 from dlscope.errors import DlscopeError
 from dlscope.measure.stats import percentile
+from dlscope.rundir import rank_dir, rank_files
 from dlscope.steps.base import Context, Step
 
 
@@ -24,7 +26,7 @@ def step_ms(record: dict[str, Any]) -> tuple[float | None, float | None]:
 
 def rank_row(record: dict[str, Any], run_path: Any) -> dict[str, Any]:
     median, p90 = step_ms(record)
-    directory = f"ranks/rank{record['rank']}"
+    directory = rank_dir(Path(), record["rank"]).as_posix()  # relative to the run
     return {
         **{k: record[k] for k in ("rank", "local_rank", "node_rank", "host", "pid", "restart", "threads", "device")},
         **{k: record[k] for k in ("status", "steps", "samples", "train_seconds", "samples_per_s")},
@@ -40,7 +42,7 @@ def run(ctx: Context) -> dict[str, Any]:
     if launch is None:
         raise DlscopeError("the ranks step follows a train step run in several ranks (--nproc-per-node)")
     records = []
-    for path in (ctx.run.path / "ranks").glob("rank*/rank.json"):
+    for path in rank_files(ctx.run.path, "rank.json").values():
         try:
             records.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError) as e:

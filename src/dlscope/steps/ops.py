@@ -8,14 +8,11 @@ defaults, `dlscope ops conv` / `dlscope ops memory` the part asked for at the si
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from dlscope.experiments.conv import (
-    IMPLS,
-    ConvShape,
     extrapolate_to_layers,
     loop_order_experiment,
     model_conv_shapes,
@@ -24,20 +21,9 @@ from dlscope.experiments.conv import (
 from dlscope.measure.peaks import measure_gemm_peak
 from dlscope.models import build_model
 from dlscope.observe.memory import memory_anatomy
+from dlscope.options import OpsOptions
 from dlscope.steps.base import Context, Step
 from dlscope.train import make_optimizer, resolve_device
-
-
-@dataclass
-class OpsOptions:
-    parts: tuple[str, ...] = ("conv", "loop_order", "memory")
-    shape: ConvShape = field(default_factory=lambda: ConvShape(1, 16, 14, 14, 32, 5, 5, 1, 2))  # cnn's conv2, 1 image
-    impls: tuple[str, ...] = IMPLS
-    repeats: int = 5
-    loops_budget_s: float = 2.0
-    loop_order_shape: ConvShape = field(default_factory=lambda: ConvShape(1, 8, 112, 112, 32, 3, 3, 1, 1))
-    memory_batch_sizes: list[int] = field(default_factory=lambda: [16, 64])
-    gemm_n: int = 1024  # GEMM n for the peak: 1024³ keeps the lab short, `ops conv` uses 2048³
 
 
 def run_conv(ctx: Context, options: OpsOptions, section: dict[str, Any]) -> None:

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from dlscope.config import TrainConfig
+from dlscope.distributed.launch import LOG, failure_line, run_torchrun, threads_per_rank
 from dlscope.errors import DlscopeError
 from dlscope.observe.distributed.analysis import analyze_ranks, scaling_table
 from dlscope.options import DistOptions, RunOptions, StepOptions
+from dlscope.rundir import rank_files, ranks_dir, ranks_section
 from dlscope.steps.base import Context, Step
 
 MNIST_TRAIN = 60_000
@@ -50,8 +52,7 @@ def short_config(config: TrainConfig, steps: int, threads: int) -> TrainConfig:
 
 def communication(directory: Path) -> dict[str, float]:
     """Mean over the ranks of their profiled steps: step time, compute, communication, exposed share."""
-    traces = {int(p.parent.name.removeprefix("rank")): p for p in (directory / "ranks").glob("rank*/trace.json")}
-    ranks = analyze_ranks(traces)["ranks"]
+    ranks = analyze_ranks(rank_files(directory, "trace.json"))["ranks"]
     return {
         "step_ms": statistics.fmean(r["step_ms"] for r in ranks),
         "compute_ms": statistics.fmean(r["compute_ms"] for r in ranks),
@@ -67,8 +68,7 @@ def measure(config: TrainConfig, options: RunOptions, dist: DistOptions, directo
     """One short training of `config` in dist.nproc_per_node ranks × config.threads threads on this
     machine, launched as the job is, in `directory` (removed once read; kept with its log if the run
     fails): its samples/s and, with several ranks, their communication from their traces."""
-    from dlscope.distributed.launch import LOG, failure_line, run_torchrun
-    from dlscope.runner import Plan
+    from dlscope.plan import Plan
 
     local = dataclasses.replace(dist, nnodes=1, node_rank=0, rdzv_endpoint=None, max_restarts=0, ckpt_format="torch")
     quiet = dataclasses.replace(options, out=str(directory), tensorboard=False, progress=False)
@@ -76,12 +76,12 @@ def measure(config: TrainConfig, options: RunOptions, dist: DistOptions, directo
     start = time.perf_counter()
     status = run_torchrun(plan, directory, echo=False)
     wall = time.perf_counter() - start
-    log = directory / "ranks" / LOG
+    log = ranks_dir(directory) / LOG
     if status != 0:
         cause = failure_line(log.read_text(errors="replace"), status)
         what = f"{local.nproc_per_node} rank(s) × {config.threads} thread(s)"
         raise DlscopeError(f"the scaling run of {what} failed: {cause} (log: {log})", directory)
-    train = json.loads((directory / "ranks" / "train.json").read_text())
+    train = json.loads(ranks_section(directory).read_text())
     measured = {"samples_per_s": train["samples_per_s"], "train_seconds": train["train_seconds"], "wall_seconds": wall}
     if local.nproc_per_node > 1:
         measured |= communication(directory)
@@ -104,7 +104,6 @@ def gemm_gflops(threads: int) -> float:
 
 
 def run(ctx: Context) -> dict[str, Any]:
-    from dlscope.distributed.launch import threads_per_rank  # it imports the steps: not at module level
 
     dist, scaling = ctx.steps.dist, ctx.steps.scaling
     if dist.nproc_per_node < 2:

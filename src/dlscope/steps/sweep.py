@@ -15,17 +15,23 @@ from dlscope.experiments.batch_device import (
     run_batch_device_sweep,
     sweep_grid,
 )
+from dlscope.options import SweepOptions
 from dlscope.steps.base import Context, Step
 
 SAMPLES = 1024  # training images the sweep slices its batches from (resident on each device)
 
 
+def grid(options: SweepOptions) -> tuple[list[str], list[int], list[SweepPoint]]:
+    """Devices, threads and the points to time; a grid that cannot run here (cuda asked for on a
+    CPU-only machine, …) is refused."""
+    devices, threads = options.devices or available_devices(), options.threads or [torch.get_num_threads()]
+    return devices, threads, sweep_grid(options.batch_sizes, devices, threads, options.cudnn_benchmark)
+
+
 def run(ctx: Context) -> dict[str, Any]:
     assert ctx.data is not None
     options = ctx.steps.sweep
-    devices = options.devices or available_devices()
-    threads = options.threads or [torch.get_num_threads()]
-    points = sweep_grid(options.batch_sizes, devices, threads, options.cudnn_benchmark)
+    devices, threads, points = grid(options)
     settings = SweepSettings(
         model=ctx.config.model,
         steps=options.steps,

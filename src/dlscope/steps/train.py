@@ -3,24 +3,32 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlscope.checkpoint import CheckpointObserver, load_checkpoint
+from dlscope.autotune import autotune
+from dlscope.checkpoint import CheckpointObserver
+from dlscope.distributed.launch import LOG, failure_line, run_torchrun, threads_per_rank, torchrun_command
+from dlscope.errors import DlscopeError
+from dlscope.events import EpochResult, LogPoint, TrainingObserver
 from dlscope.fsutil import make_dirs
 from dlscope.observe.progress import ProgressObserver
 from dlscope.observe.tensorboard import TensorBoardObserver
 from dlscope.options import RunOptions
 from dlscope.phases import mark_begin, mark_end
+from dlscope.plan import Plan
+from dlscope.restore import in_memory, load_checkpoint, resume
+from dlscope.rundir import last_checkpoint, ranks_dir, ranks_section
 from dlscope.steps.base import Context, Step
-from dlscope.train import EpochResult, LogPoint, Observer, StopAtAccuracy, TrainConfig, Trainer, evaluate
+from dlscope.train import StopAtAccuracy, TrainConfig, Trainer, evaluate
 
 if TYPE_CHECKING:
     from dlscope.distributed.dcp import DcpCheckpointObserver
 
 
-class PhaseMarker(Observer):
+class PhaseMarker(TrainingObserver):
     """Phase markers per epoch: train-epoch-N, then evaluate-epoch-N (see dlscope.phases)."""
 
     def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
@@ -34,7 +42,7 @@ class PhaseMarker(Observer):
         mark_end(f"evaluate-epoch-{epoch.epoch}")
 
 
-class LogRecorder(Observer):
+class LogRecorder(TrainingObserver):
     """Keeps the logged training points for results.json (the report's curves)."""
 
     def __init__(self) -> None:
@@ -57,7 +65,7 @@ def resumed_config(state: dict[str, Any], epochs: int | None, threads: int | Non
 class Watchers:
     """What watches a training run, and the two whose findings go into the section."""
 
-    observers: list[Observer]
+    observers: list[TrainingObserver]
     recorder: LogRecorder
     checkpoints: CheckpointObserver | DcpCheckpointObserver
 
@@ -68,7 +76,7 @@ def watchers(config: TrainConfig, run_path: Path, options: RunOptions, ckpt_form
     recorder = LogRecorder()
     # PhaseMarker first (every rank: --trace-io shows each one's epochs): its evaluate phase ends
     # before other observers write checkpoints and logs
-    observers: list[Observer] = [PhaseMarker()]
+    observers: list[TrainingObserver] = [PhaseMarker()]
     if writer:
         observers += [recorder, ProgressObserver(options.progress)]
     if writer and options.tensorboard:
@@ -108,8 +116,6 @@ def train_section(
 
 def run(ctx: Context) -> dict[str, Any]:
     if ctx.steps.dist.launched:
-        from dlscope.distributed.launch import train_in_ranks
-
         return train_in_ranks(ctx)
     assert ctx.data is not None
     config = ctx.config
@@ -119,9 +125,10 @@ def run(ctx: Context) -> dict[str, Any]:
         resume_state = load_checkpoint(resume)
         config = ctx.config = resumed_config(resume_state, ctx.steps.train.epochs, ctx.config.threads)
     watched = watchers(config, ctx.run.path, ctx.options, ctx.steps.dist.ckpt_format, writer=True)
-    trainer = ctx.trainer = Trainer(config, ctx.data, watched.observers)
+    tuner = autotune if config.autotune else None
+    trainer = ctx.trainer = Trainer(config, ctx.data, watched.observers, tuner=tuner)
     if resume_state is not None:
-        trainer.load_state_dict(resume_state)
+        trainer.load_state_dict(in_memory(resume_state, trainer.model, trainer.optimizer))
     trainer.fit()
     section = train_section(trainer, watched, resume_state, ctx.run.path, ctx.options.tensorboard)
     if section["already_finished"]:
@@ -132,6 +139,52 @@ def run(ctx: Context) -> dict[str, Any]:
             f"the checkpoint is already at epoch {resume_state['epoch']} of {config.epochs}: recorded test "
             f"accuracy {section['final_test_acc']:.2f}%; nothing to train (raise --epochs to train more)"
         )
+    return section
+
+
+def launch(ctx: Context) -> int:
+    """Run the train step in the ranks; torchrun's exit status."""
+    threads = threads_per_rank(ctx.config.threads, ctx.steps.dist.nproc_per_node)
+    config = dataclasses.replace(ctx.config, threads=threads)
+    plan = Plan(ctx.run.results["run"]["command"], ["train"], config, ctx.options, ctx.steps, argv=[])
+    return run_torchrun(plan, ctx.run.path)
+
+
+def train_in_ranks(ctx: Context) -> dict[str, Any]:
+    """The train step's section from the ranks' records; ctx.trainer holds the trained model."""
+    from dlscope.data.mnist import load_mnist
+
+    options = ctx.steps.dist
+    with ctx.task(f"training in {options.world_size} ranks (torchrun)"):
+        status = launch(ctx)
+    ranks = ranks_dir(ctx.run.path)
+    if status != 0:
+        last = last_checkpoint(ctx.run.path, options.ckpt_format)
+        cause = failure_line((ranks / LOG).read_text(errors="replace"), status)
+        raise DlscopeError(
+            f"{cause}; torchrun stopped the job (log: {ctx.run.rel(ranks / LOG)})"
+            + (f"; the last checkpoint is intact: {last.relative_to(ctx.run.path)}" if last.exists() else ""),
+            ctx.run.path,
+        )
+    section_file = ranks_section(ctx.run.path)
+    if not section_file.is_file():
+        raise DlscopeError(f"the ranks finished but no rank wrote {ctx.run.rel(section_file)}", ctx.run.path)
+    section = json.loads(section_file.read_text())
+    section["launch"] = {
+        **dataclasses.asdict(options),
+        "world_size": options.world_size,
+        "threads_per_rank": threads_per_rank(ctx.config.threads, options.nproc_per_node),
+        "command": "torchrun " + " ".join(torchrun_command(options, "PLAN_JSON")[3:]),
+        "log": ctx.run.rel(ranks / LOG),
+    }
+    # the steps after this one see the trained model, read back from the ranks' last checkpoint
+    # (with this process's threads: the later steps have the machine to themselves)
+    config = ctx.config = dataclasses.replace(TrainConfig.from_dict(section["config"]), threads=ctx.config.threads)
+    if ctx.data is None:
+        ctx.data = load_mnist(ctx.options.data_dir)
+    trainer = ctx.trainer = Trainer(config, ctx.data)
+    resume(trainer, last_checkpoint(ctx.run.path, options.ckpt_format))
+    trainer.last_predictions = evaluate(trainer.model, trainer.test_images, trainer.test_labels)["predictions"]
     return section
 
 

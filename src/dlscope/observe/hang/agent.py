@@ -72,7 +72,7 @@ def install(directory: str) -> None:
     _register_stacks(directory)
     os.register_at_fork(after_in_child=_after_fork)
     atexit.register(_live.exited)
-    from dlscope.observe.script.hooks import AfterImport
+    from dlscope.observe.script.after_import import AfterImport
 
     callbacks = {"torch.distributed.distributed_c10d": attach_c10d, "torch.nn.parallel.distributed": attach_ddp}
     sys.meta_path.insert(0, AfterImport(callbacks, _attach_failed))

@@ -32,8 +32,8 @@ from dlscope.observe.iotrace.events import TRACED_SYSCALLS, Event, FdTables, reo
 from dlscope.observe.iotrace.exports import FILE_COLUMNS, PHASE_COLUMNS, EventWriters, write_csv
 from dlscope.observe.iotrace.hookpoints import hook_map, kernel_offers
 from dlscope.observe.iotrace.launch import GatedProcess, die_with_parent, exit_code, signal_group, stop
+from dlscope.options import TRACE_BACKENDS
 
-BACKENDS = ("ebpf", "strace", "proc")
 ATTACH_TIMEOUT_S = 90.0
 GRACE_S = 10.0  # after the user's signal, how long the command may take to exit before SIGKILL
 Say = Callable[[str], None]
@@ -229,7 +229,7 @@ def collect(
 ) -> tuple[Collected, list[dict[str, str]]]:
     """Run the command under `backend` (or the next one that works); also what was skipped and why."""
     check_command(argv)
-    order = list(BACKENDS) if backend == "auto" else [backend, *(b for b in BACKENDS if b != backend)]
+    order = list(TRACE_BACKENDS) if backend == "auto" else [backend, *(b for b in TRACE_BACKENDS if b != backend)]
     skipped = []
     for name in order:
         try:

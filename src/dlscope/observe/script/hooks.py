@@ -22,8 +22,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import importlib.abc
-import importlib.util
 import os
 import sys
 import time
@@ -34,6 +32,7 @@ from typing import Any
 from dlscope import phases
 from dlscope.observe.hang import agent as hang
 from dlscope.observe.script import calibrate
+from dlscope.observe.script.after_import import AfterImport
 from dlscope.observe.script.records import RecordFile, clocks
 from dlscope.observe.script.stepmachine import StepMachine
 
@@ -398,44 +397,6 @@ def _open_memory_files() -> tuple[int | None, int | None]:
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name, "")
     return int(value) if value.isdigit() else None
-
-
-class AfterImport(importlib.abc.MetaPathFinder):
-    """Calls `callback(module)` right after a module is first executed (a post-import hook).
-
-    The callback is spent when the module runs, not when its spec is found: a bare
-    `importlib.util.find_spec("torch")` (the `datasets` package asks before importing) finds a
-    spec whose loader never runs, and the real import that follows is hooked all the same."""
-
-    def __init__(self, callbacks: dict[str, Callable[[Any], None]], on_error: Callable[[str, Exception], None]):
-        self.callbacks = callbacks
-        self.on_error = on_error
-        self.busy: set[str] = set()
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in self.callbacks or fullname in self.busy:
-            return None
-        self.busy.add(fullname)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self.busy.discard(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_attach(module: Any) -> None:
-            exec_module(module)
-            callback = self.callbacks.pop(fullname, None)
-            if callback is None:
-                return
-            try:
-                callback(module)
-            except Exception as e:  # never break the user's program: the report says what failed
-                self.on_error(fullname, e)
-
-        spec.loader.exec_module = exec_then_attach
-        return spec
 
 
 def install(directory: str) -> None:

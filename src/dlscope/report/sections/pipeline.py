@@ -433,8 +433,9 @@ def _not_exactly_once_words(v: dict[str, Any]) -> str:
     return f"Samples lost or duplicated in: {listed}."
 
 
-def epoch_blocks(row: dict[str, Any], reader: Any, manifest: Any) -> list[Block]:
-    """`dlscope pipeline run`: one measured epoch of one configuration."""
+def pipeline_run(row: dict[str, Any], options: Any) -> list[Block]:
+    """`dlscope pipeline run`: one measured epoch of one configuration (its reader and manifest in it)."""
+    reader, manifest = row["reader"], row["manifest"]
     cells = row_cells(row)
     rows = [[column, cell] for column, cell in zip(COLUMNS[1:], cells[1:], strict=True)]
     rows += [
@@ -443,12 +444,12 @@ def epoch_blocks(row: dict[str, Any], reader: Any, manifest: Any) -> list[Block]
         ["exactly once", "yes" if row["exactly_once"] else "NO"],
         ["order digest", row["order_digest"]],
     ]
-    engine = "tf.data" if reader.engine == "tfdata" else "dlscope"
+    engine = "tf.data" if reader["engine"] == "tfdata" else "dlscope"
     caption = (
-        f"{reader.fmt} through {engine} · read buffer {reader.read_buffer:,} B · "
-        f"shuffle buffer {reader.shuffle_buffer:,} · "
-        f"batch {reader.batch_size} · workers {reader.workers} · prefetch {reader.prefetch} · "
-        f"{manifest.samples:,} samples of {manifest.sample_bytes} B"
+        f"{reader['fmt']} through {engine} · read buffer {reader['read_buffer']:,} B · "
+        f"shuffle buffer {reader['shuffle_buffer']:,} · "
+        f"batch {reader['batch_size']} · workers {reader['workers']} · prefetch {reader['prefetch']} · "
+        f"{manifest['samples']:,} samples of {manifest['sample_bytes']} B"
     )
     return [Table(["measure", "value"], rows, caption)]
 
