@@ -184,3 +184,15 @@ def test_a_run_that_sees_no_step_is_a_failed_observation(tmp_path, capfd):
     run = results["sections"]["run"]
     assert (run["steps_seen"], run["torch_attached"], results["run"]["status"]) == (0, True, "failed")
     assert "No training step was observed" in (out / "report.md").read_text()
+
+
+def test_the_phases_table_names_every_file_of_a_trainer_checkpoint():
+    """A Trainer checkpoint writes five files in one phase: the table names each, none cut short."""
+    from dlscope.report.sections import phases
+
+    folder = "out/checkpoint-10"
+    names = ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"]
+    totals = [{"phase": "checkpoint_save", "count": 1, "seconds": 0.1, "files": [f"{folder}/{n}" for n in names]}]
+    [_, table] = phases.render({"totals": totals, "rows": []})
+    cell = table.rows[0][3]
+    assert cell.startswith(folder) and all(n in cell for n in names)
