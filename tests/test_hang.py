@@ -19,6 +19,7 @@ from dlscope.observe.hang.live import live_path, read_live
 from dlscope.options import HANG_EXIT_CODE, HangOptions, RunOptions, ScriptOptions, StepOptions
 from dlscope.report.sections import hang as hang_section
 from dlscope.runner import Plan, run_command
+from test_run_ecosystem import step_rows
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -33,6 +34,7 @@ def run_job(out: Path, command: list[str], hang: HangOptions) -> tuple[dict, int
     script = ScriptOptions(command, profile_steps=0, hang=hang)
     plan = Plan("run", ["run"], options=RunOptions(out=str(out)), step_options=StepOptions(script=script))
     sections = run_command(plan, render=False)["sections"]
+    sections["steps"]["file"] = str(out / sections["steps"]["file"])  # recorded relative to the run directory
     return sections, sections["run"]["exit_code"]
 
 
@@ -99,7 +101,7 @@ def test_a_job_that_slows_down_3x_is_not_hung(tmp_path):
     command = [sys.executable, str(SCRIPTS / "hang_loader.py"), "--steps", "20", "--step-ms", "200"]
     sections, code = run_job(tmp_path / "run", [*command, "--slow-after", "8"], HangOptions(hang_after=0.5))
     assert code == 0 and "hang" not in sections
-    ms = [row["ms"] for row in sections["steps"]["rows"]]
+    ms = [row["ms"] for row in step_rows(sections)]
     assert min(ms[10:]) > 2.5 * 200  # it did slow down, past --hang-after
 
 
@@ -147,7 +149,7 @@ def test_on_hang_wait_leaves_the_job_running_and_the_capture_whole_on_disk(tmp_p
         writer.kill()
         writer.wait()
     section = sections["hang"]
-    assert code == 0 and not section["ended_job"] and sections["steps"]["rows"][-1]["step"] > 8
+    assert code == 0 and not section["ended_job"] and step_rows(sections)[-1]["step"] > 8
     [blocked] = section["captures"][0]["verdict"]["blocked_io"]
     assert (blocked["syscall"], blocked["path"]) == ("openat", str(fifo))  # blocked opening: no writer yet
     taken = json.loads((out / section["captures"][0]["file"]).read_text())

@@ -28,7 +28,9 @@ def observe_ranks(tmp_path: Path, capfd: pytest.CaptureFixture, argv: list[str])
     assert code == 0, printed[-3000:]
     truths = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in printed.splitlines() if line.startswith("TRUTH")]
     assert truths, printed[-3000:]
-    return load_results(out)["sections"], truths
+    sections = load_results(out)["sections"]
+    sections["steps"]["file"] = str(out / sections["steps"]["file"])  # recorded relative to the run directory
+    return sections, truths
 
 
 def observe(tmp_path: Path, capfd: pytest.CaptureFixture, argv: list[str]) -> tuple[dict, dict[str, str]]:
@@ -80,8 +82,10 @@ def test_lbfgs_one_step_per_optimizer_step_however_many_closures(tmp_path, capfd
     steps = sections["steps"]
     assert (steps["source"], steps["count"]) == ("optimizer", int(truth["steps"]))  # hooks attached after find_spec
     check_anatomy(sections)
-    for r in step_rows(sections):  # the closures' forward and backward are not optimizer time
-        assert r["optimizer_ms"] < r["forward_ms"] + r["backward_ms"]
+    # the closures' time is forward and backward: optimizer is only what LBFGS spends outside them
+    # (a margin for the hooks' own calls: 20% and 1 ms over 5 steps)
+    optimizer_ms = sum(r["optimizer_ms"] for r in step_rows(sections))
+    assert optimizer_ms <= 1.2 * float(truth["optimizer_own_ms"]) + 1.0
     check_profiler_labels(sections)
 
 
@@ -164,3 +168,31 @@ def test_hf_trainer_under_torchrun_with_loader_workers(tmp_path, capfd):
     assert sections["anatomy"]["data_source"] == "loader"
     workers = [p for p in sections["run"]["processes"] if p["forked"] or "--multiprocessing-fork" in p["argv"]]
     assert workers and all(p["rank"] is None for p in workers)
+
+
+def test_a_run_that_sees_no_step_is_a_failed_observation(tmp_path, capfd):
+    """Inference only: torch imported (after a find_spec), no optimizer, no backward. The command's
+    status passes through; the run is not "ok", and the report says why."""
+    script = tmp_path / "infer.py"
+    script.write_text(
+        "import importlib.util\nimportlib.util.find_spec('torch')\nimport torch\n"
+        "with torch.no_grad():\n    torch.nn.Linear(4, 2)(torch.ones(3, 4))\n"
+    )
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), "--", sys.executable, str(script)]) == 0
+    results = load_results(out)
+    run = results["sections"]["run"]
+    assert (run["steps_seen"], run["torch_attached"], results["run"]["status"]) == (0, True, "failed")
+    assert "No training step was observed" in (out / "report.md").read_text()
+
+
+def test_the_phases_table_names_every_file_of_a_trainer_checkpoint():
+    """A Trainer checkpoint writes five files in one phase: the table names each, none cut short."""
+    from dlscope.report.sections import phases
+
+    folder = "out/checkpoint-10"
+    names = ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"]
+    totals = [{"phase": "checkpoint_save", "count": 1, "seconds": 0.1, "files": [f"{folder}/{n}" for n in names]}]
+    [_, table] = phases.render({"totals": totals, "rows": []})
+    cell = table.rows[0][3]
+    assert cell.startswith(folder) and all(n in cell for n in names)

@@ -239,3 +239,17 @@ def test_finish_records_whether_steps_were_observed():
     observed = r.other[-1]
     assert observed["k"] == "observed" and observed["optimizer_steps"] == 0 and observed["backward_steps"] == 0
     assert r.phases()[-1] == ("E", "startup")
+
+
+def test_a_closure_is_forward_and_backward_never_optimizer():
+    """optimizer.step(closure): the closure's own time (the loss, zero_grad) is forward, its module
+    forward and backward are theirs; optimizer is only what the step spends outside the closure."""
+    m, records = machine()
+    m.optimizer_created()
+    m.optimizer_begin(0.0)
+    m.closure_begin(1.0)
+    forward_backward(m, 2.0, 3.0, 5.0)  # module forward 1, backward 2
+    m.closure_end(6.0)  # 2 of the closure's own
+    m.optimizer_end(8.0)
+    [step] = records.steps
+    assert (step["forward"], step["backward"], step["optimizer"]) == (3.0, 2.0, 3.0)

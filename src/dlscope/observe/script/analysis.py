@@ -233,15 +233,20 @@ def top10_section(records: Records, steps: dict[str, Any], profiler: dict[str, A
     }
 
 
-def run_section(records: Records, main: int | None) -> dict[str, Any]:
+def run_section(records: Records, main: int | None, steps_seen: int) -> dict[str, Any]:
+    """The processes, and whether anything was observed: `steps_seen` 0 is a failure of
+    observation (`torch_attached` says whether the hooks ever reached torch)."""
     processes = [process_info(pid, rs) for pid, rs in sorted(records.items())]
     sizes = [p["world_size"] for p in processes if p["world_size"] is not None]
+    attached = [r["torch_attached"] for rs in records.values() for r in rs if r.get("k") == "observed"]
     return {
         "processes": processes,
         "main_pid": main,
         "world_size": max(sizes, default=None),
         "ranks": sorted(p["rank"] for p in processes if p["rank"] is not None),
         "hook_errors": [e for p in processes for e in p["errors"]],
+        "steps_seen": steps_seen,
+        "torch_attached": any(attached) if attached else None,
     }
 
 
@@ -259,7 +264,7 @@ def sections(observed: Observed, origin: float, sort_by: str = "self_cpu") -> di
     steps = steps_section(observed, main, summary)
     own = own_cost_us(observed.records.get(main, [])) if main is not None else None
     return {
-        "run": run_section(observed.records, main),
+        "run": run_section(observed.records, main, steps["count"]),
         "steps": steps,
         "anatomy": anatomy_section(steps, summary, own),
         "top10": top10_section(observed.records, steps, summary["profiler"] if summary else None, sort_by),

@@ -251,8 +251,28 @@ class TorchHooks:
         finally:
             self.machine.backward_end(time.time())
 
-    def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """The step begins; its closure (LBFGS, Lightning) is handed on timed, so the time inside
+        it is forward and backward, not optimizer. `args` holds the optimizer first."""
         self.machine.optimizer_begin(time.time())
+        if callable(kwargs.get("closure")):
+            return args, {**kwargs, "closure": self._timed_closure(kwargs["closure"])}
+        if len(args) > 1 and callable(args[1]):
+            return (args[0], self._timed_closure(args[1]), *args[2:]), kwargs
+        return None
+
+    def _timed_closure(self, closure: Callable) -> Callable:
+        machine = self.machine
+
+        @functools.wraps(closure)
+        def timed(*a: Any, **k: Any) -> Any:
+            machine.closure_begin(time.time())
+            try:
+                return closure(*a, **k)
+            finally:
+                machine.closure_end(time.time())
+
+        return timed
 
     def optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.machine.optimizer_end(time.time())

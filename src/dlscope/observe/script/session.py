@@ -74,7 +74,9 @@ def observe_command(run: RunDir, options: ScriptOptions, say: Callable[[str], No
         hang = watchdog.section()
         if hang is not None:
             run.record("hang", hang)
-    section.update(exit_code=code, interrupted=interrupted, run_status="ok" if code == 0 else "failed")
+    # a run in which no training step was seen is a failed observation, whatever the command's status
+    observed = section["steps_seen"] > 0
+    section.update(exit_code=code, interrupted=interrupted, run_status="ok" if code == 0 and observed else "failed")
     return section
 
 

@@ -238,6 +238,14 @@ class StepMachine:
             self.activity(now)
             self._open("optimizer", now)
 
+    def closure_begin(self, now: float) -> None:
+        """optimizer.step's closure starts: its time is the step's forward (the loss, zero_grad)
+        and backward, never optimizer (module forwards and backward nest inside it)."""
+        self._open("forward", now)
+
+    def closure_end(self, now: float) -> None:
+        self._close("forward", now)
+
     def optimizer_end(self, now: float) -> None:
         if self.optimizer_depth == 0:
             return

@@ -7,6 +7,15 @@ from typing import Any
 from dlscope.report.blocks import Block, Findings, Para, Table
 
 TITLE = "The observed command"
+NOT_OBSERVED = {  # no training step was seen: why, from the processes' own records
+    True: "No training step was observed: torch was imported, but no optimizer stepped and no "
+    "backward() ran in any process (an inference-only script, or steps dlscope cannot see). "
+    "The run is marked failed: there is nothing to explain.",
+    False: "No training step was observed: no process imported torch (dlscope's hooks wait for "
+    "torch's import). The run is marked failed: there is nothing to explain.",
+    None: "No training step was observed, and no process reported what it saw (killed before "
+    "exit, or no Python process reached). The run is marked failed.",
+}
 
 
 def render(section: dict[str, Any]) -> list[Block]:
@@ -17,6 +26,8 @@ def render(section: dict[str, Any]) -> list[Block]:
         items.append(("warn", "Interrupted (Ctrl-C): the sections show what was recorded until then."))
     if code not in (0, None):
         items.append(("bad", f"The command exited with status {code}; the report covers its run."))
+    if section.get("steps_seen") == 0:
+        items.append(("bad", NOT_OBSERVED[section.get("torch_attached")]))
     for error in section.get("hook_errors", []):
         items.append(("bad", f"An observer could not attach: {error}."))
     killed = [p["pid"] for p in section["processes"] if not p["clean_exit"] and not p["forked"]]
