@@ -266,6 +266,10 @@ ANSWERS = {
         ("ckpt-diff", "ckpt_diff", "answers"),
         ("env", "environment", "answers"),
         ("pipeline-run", "pipeline_run", "pipeline"),
+        ("pipeline-prepare", "pipeline_prepare", "pipeline"),
+        ("models", "models", "answers"),
+        ("data-fetch", "data_fetch", "answers"),
+        ("data-verify", "data_verify", "answers"),
         ("stacks", "stacks", "answers"),
     ]
 }
@@ -288,6 +292,16 @@ def answer(command: str, options: Any) -> int:
 
         print_blocks(named(renderer)(section, options))
     return status
+
+
+def report(run_dir: str) -> int:
+    """`dlscope report RUN`: the last stage alone, on a run directory from results.json."""
+    from dlscope.console import console
+    from dlscope.report.render import render_report
+
+    html, md = render_report(run_dir)
+    console.print(f"wrote [path]{html}[/] and [path]{md}[/]")
+    return 0
 
 
 # --- --trace-io: the same plan in a traced child -------------------------------------------------

@@ -4,37 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from dlscope.cli.common import (
-    Parser,
-    run_builtin_command,
-)
+from dlscope.cli.common import Parser, run_builtin_command
 from dlscope.runner import answer
 
 
 def cmd_pipeline_prepare(args: argparse.Namespace) -> int:
-    from dlscope.console import console
-    from dlscope.data.pipeline import prepare_dataset, synthetic_samples
-    from dlscope.errors import ConfigError
+    from dlscope.options import PipelinePrepareOptions
 
     formats = tuple(f.strip() for f in args.formats.split(","))
-    if args.samples < 1 or args.sample_bytes < 1:
-        raise ConfigError("--samples and --sample-bytes must be ≥ 1")
-    if args.source == "mnist":
-        from dlscope.data.mnist import load_mnist
-
-        mnist = load_mnist(args.data_dir)
-        n = min(args.samples, len(mnist.train_labels))
-        labels = mnist.train_labels[:n].numpy().astype("uint8")
-        samples = mnist.train_images[:n].reshape(n, -1).numpy()
-    else:
-        labels, samples = synthetic_samples(args.samples, args.sample_bytes, args.seed)
-    manifest = prepare_dataset(args.out, labels, samples, args.source, args.shards, formats)
-    console.print(
-        f"[good]wrote[/] {manifest.samples:,} samples of {manifest.sample_bytes} B into [path]{args.out}[/]: "
-        + ", ".join(f"{fmt} ({manifest.data_bytes(fmt) / 1e6:.1f} MB)" for fmt in manifest.formats)
-        + f"; one file per sample is {manifest.record_file_bytes} B"
-    )
-    return 0
+    keys = [f for f in PipelinePrepareOptions.__dataclass_fields__ if f != "formats"]
+    return answer("pipeline-prepare", PipelinePrepareOptions(formats=formats, **{k: getattr(args, k) for k in keys}))
 
 
 def cmd_pipeline_run(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""The terminal answers of `ckpt verify|inspect|scan|diff` and `env` (dlscope.steps.answers)."""
+"""The terminal answers of `ckpt verify|inspect|scan|diff`, `env`, `models`, `data fetch|verify` and `stacks`
+(dlscope.steps.answers)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,21 @@ def environment(section: dict[str, Any], options: Any) -> list[Block]:
 
 def stacks(section: dict[str, Any], options: Any) -> list[Block]:
     return hang.render({"captures": [{"verdict": section["verdict"]}]})
+
+
+def models(section: dict[str, Any], options: Any) -> list[Block]:
+    return [
+        Verdict(f"{m['name']:6}", "metric", f"{m['params']:>9,} params  {m['description']}", wrap=True)
+        for m in section["zoo"]
+    ]
+
+
+def data_fetch(section: dict[str, Any], options: Any) -> list[Block]:
+    text = f"the four MNIST files into {section['raw']}; use them with --data-dir {section['data_dir']}"
+    return [Verdict("verified", "good", text, wrap=True)]
+
+
+def data_verify(section: dict[str, Any], options: Any) -> list[Block]:
+    files = [Verdict("ok", "good", f"{key:13} {path}", wrap=True) for key, path in section["files"].items()]
+    total = f"{section['train']:,} train + {section['test']:,} test images, checksums verified in {section['s']:.2f}s"
+    return [*files, Verdict("", "", total, wrap=True)]
