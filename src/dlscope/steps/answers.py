@@ -26,7 +26,7 @@ def ckpt_verify(options: FileOptions) -> Answer:
         from dlscope.ckpt.tf_fmt import verify_bundle
 
         anatomy = verify_bundle(index)
-        bad = [{"where": f.where, "what": f.what} for f in anatomy.findings if f.level == "bad"]
+        bad = [f.to_json() for f in anatomy.findings if f.level == "bad"]
         return {"path": str(index), "format": "tf", "mismatches": bad, "tensors": len(anatomy.tensors)}, int(bool(bad))
     from dlscope.checkpoint import verify_checkpoint, verify_dict
     from dlscope.data.loaders import normalise
@@ -65,7 +65,7 @@ def ckpt_inspect(options: FileOptions) -> Answer:
         return scan.to_dict(), scan.exit_code
     if scan is not None and scan.verdict == "dangerous":
         anatomy.safe_to_load = False  # e.g. a second pickle after the one torch.load reads
-    verdict = {"verdict": scan.verdict, "exit_code": scan.exit_code, "summary": scan.summary()} if scan else {}
+    verdict = {"verdict": scan.verdict, "exit_code": scan.exit_code, "evidence": scan.evidence()} if scan else {}
     if scan is not None and scan.verdict != "safe":
         status = scan.exit_code  # dangerous 1, damaged 2
     else:

@@ -8,14 +8,16 @@ from typing import Any
 from dlscope.report.blocks import Block, Findings, Verdict
 from dlscope.report.sections import environment as environment_section
 from dlscope.report.sections import hang
-from dlscope.report.sections.ckpt_anatomy import render_anatomy, render_diff
-from dlscope.report.sections.ckpt_scan import VERDICT_LEVEL, render_scan
+from dlscope.report.sections.ckpt_anatomy import WORDS, render_anatomy, render_diff
+from dlscope.report.sections.ckpt_scan import VERDICT_LEVEL, render_scan, summary
+from dlscope.report.wording import sentence
 
 
 def ckpt_verify(section: dict[str, Any], options: Any) -> list[Block]:
     path = section["path"]
     if section["format"] == "tf":
-        bad = [Verdict("MISMATCH", "bad", f"{m['where']}: {m['what']}") for m in section["mismatches"]]
+        mismatches = section["mismatches"]
+        bad = [Verdict("MISMATCH", "bad", f"{m['values']['where']}: {sentence(m, WORDS)[1]}") for m in mismatches]
         return bad or [Verdict("ok", "good", f"{path}: the CRC32C of all {section['tensors']:,} tensors match")]
     if section["ok"]:
         text = (
@@ -41,7 +43,7 @@ def ckpt_inspect(section: dict[str, Any], options: Any) -> list[Block]:
         return render_scan([section], limit=options.limit)
     blocks = render_anatomy(section, stats_columns=options.stats, limit=options.limit)
     if "verdict" in section:
-        blocks.append(Findings([(VERDICT_LEVEL[section["verdict"]], section["summary"])]))
+        blocks.append(Findings([(VERDICT_LEVEL[section["verdict"]], summary(section["evidence"]))]))
     return blocks
 
 
