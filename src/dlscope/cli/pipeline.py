@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dlscope.cli.common import Parser, run_builtin_command
+from dlscope.cli.common import Parser, from_flags, run_builtin_command
 from dlscope.runner import answer
 
 
@@ -12,32 +12,21 @@ def cmd_pipeline_prepare(args: argparse.Namespace) -> int:
     from dlscope.options import PipelinePrepareOptions
 
     formats = tuple(f.strip() for f in args.formats.split(","))
-    keys = [f for f in PipelinePrepareOptions.__dataclass_fields__ if f != "formats"]
-    return answer("pipeline-prepare", PipelinePrepareOptions(formats=formats, **{k: getattr(args, k) for k in keys}))
+    return answer("pipeline-prepare", from_flags(PipelinePrepareOptions, args, formats=formats))
 
 
 def cmd_pipeline_run(args: argparse.Namespace) -> int:
     from dlscope.options import PipelineRunOptions
 
-    keys = [f for f in PipelineRunOptions.__dataclass_fields__ if f not in ("fmt", "json")]
-    return answer("pipeline-run", PipelineRunOptions(fmt=args.format, **{k: getattr(args, k) for k in keys}))
+    return answer("pipeline-run", from_flags(PipelineRunOptions, args, fmt=args.format))
 
 
 def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
     from dlscope.config import TrainConfig
     from dlscope.options import PipelineOptions, StepOptions, SweepPlan
 
-    plan = SweepPlan(
-        mnist_samples=args.samples,
-        small_files=args.small_files,
-        compute_ms=args.compute_ms,
-        model=args.model,
-        device=args.device,
-        threads=args.threads,
-        seed=args.seed,
-        repeats=args.repeats,
-        engines=tuple(e.strip() for e in args.engines.split(",")),
-    )
+    engines = tuple(e.strip() for e in args.engines.split(","))
+    plan = from_flags(SweepPlan, args, mnist_samples=args.samples, engines=engines)
     config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
     options = StepOptions(pipeline=PipelineOptions(plan, args.remove_data))
     steps = ["environment", "dataset", "pipeline"]

@@ -41,9 +41,6 @@ def table_note(section: dict[str, Any], table: dict[str, Any]) -> str:
     }[table["key"]]
 
 
-VERDICT_STYLE = {"input-bound": "bad", "balanced": "warn", "compute-bound": "good"}
-
-
 def time_split_figure(table: dict[str, Any]) -> bytes:
     """Wall time split into waiting for data and computing, AU on top of each bar."""
     from dlscope.report import plots  # matplotlib: only when a report draws
