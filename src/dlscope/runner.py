@@ -304,6 +304,19 @@ def report(run_dir: str) -> int:
     return 0
 
 
+def tensorboard(run_dir: str, port: int) -> int:
+    """`dlscope tensorboard RUN`: this process becomes TensorBoard on the run's logs, bound to 127.0.0.1."""
+    logdir = Path(run_dir) / "tensorboard"
+    if not Path(run_dir).is_dir():
+        raise DlscopeError("no such run directory", run_dir)
+    if not logdir.is_dir():
+        raise DlscopeError("no tensorboard/ directory in this run", run_dir)
+    print("dlscope: set Smoothing to 0 in TensorBoard's settings: test points are one per epoch", file=sys.stderr)
+    board = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1"]
+    os.execvp(sys.executable, [*board, "--port", str(port)])
+    return 0  # not reached
+
+
 # --- --trace-io: the same plan in a traced child -------------------------------------------------
 
 

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from pathlib import Path
 
 from dlscope import runner
 from dlscope.cli.common import Parser
-from dlscope.errors import DlscopeError
 from dlscope.options import FileOptions, MnistOptions
 
 
@@ -18,27 +14,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_tensorboard(args: argparse.Namespace) -> int:
-    logdir = Path(args.run) / "tensorboard"
-    if not Path(args.run).is_dir():
-        raise DlscopeError("no such run directory", args.run)
-    if not logdir.is_dir():
-        raise DlscopeError("no tensorboard/ directory in this run", args.run)
-    print("dlscope: set Smoothing to 0 in TensorBoard's settings: test points are one per epoch", file=sys.stderr)
-    os.execvp(
-        sys.executable,
-        [
-            sys.executable,
-            "-m",
-            "tensorboard.main",
-            "--logdir",
-            str(logdir),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(args.port),
-        ],
-    )
-    return 0  # not reached
+    return runner.tensorboard(args.run, args.port)
 
 
 def cmd_env(args: argparse.Namespace) -> int:
