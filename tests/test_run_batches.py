@@ -13,6 +13,7 @@ import pytest
 
 from dlscope.cli import main
 from dlscope.observe.iotrace import strace
+from dlscope.observe.script import batches as batches_module
 from dlscope.rundir import load_results
 
 SCRIPT = Path(__file__).parent / "scripts" / "batch_files.py"
@@ -37,10 +38,10 @@ def observe(tmp_path: Path, *args: str, options: tuple[str, ...] = ()) -> tuple[
     return load_results(out)["sections"], json.loads(truth.read_text()), out
 
 
-def test_a_slow_sample_is_named_with_its_step_batch_and_worker_across_spawned_persistent_epochs(tmp_path):
+def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persistent_epochs(tmp_path):
     make_files(tmp_path / "data", 24, 4096)
     options = ("--workers", "2", "--sleep-index", "9", "--sleep-ms", "300", "--persistent", "--epochs", "2")
-    sections, truth, out = observe(tmp_path, *options, "--start-method", "spawn")
+    sections, truth, out = observe(tmp_path, *options, "--start-method", "spawn", "--pin-memory")
     batches = sections["batches"]
     assert batches["batches_taken"] == batches["batches_built"] == batches["joined"] == truth["steps"] == 12
     steady = batches["longest_steady_wait"]
@@ -51,6 +52,7 @@ def test_a_slow_sample_is_named_with_its_step_batch_and_worker_across_spawned_pe
     assert [(s["sample"], s["batch"], s["worker"]) for s in outliers] == [(9, 2, 0), (9, 2, 0)]
     assert sorted(s["epoch"] for s in outliers) == [0, 1]  # persistent workers: the same batch each epoch
     assert len({w["pid"] for w in batches["workers"]}) == 2  # two workers for both epochs
+    assert steady["pin_ms"] is None  # pin_memory without an accelerator: torch warns and pins nothing
     with open(out / batches["file"], newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 12 and {r["step"] for r in rows} == {str(k) for k in range(12)}
@@ -102,3 +104,23 @@ def test_iterable_dataset_batches_are_joined_to_their_workers(tmp_path):
     assert batches["batches_taken"] == batches["joined"] == truth["steps"] == 4
     assert sorted(w["batches"] for w in batches["workers"]) == [2, 2]
     assert batches["samples"]["count"] == 16  # each worker's stream positions, 8 each
+
+
+def test_pin_memory_times_the_outermost_call_of_a_batch(tmp_path):
+    """pin_memory recurses through its module's own name: only the batch's outermost call is
+    timed, and the time is found again by the pinned batch (what the loop then takes)."""
+    recorder = batches_module.BatchRecorder(str(tmp_path))
+    calls = []
+
+    def pin(data, device=None):
+        calls.append(data)
+        if isinstance(data, list):
+            return [wrapped(x) for x in data]
+        return ("pinned", data)
+
+    def wrapped(data, device=None):
+        return recorder.pin(pin, data, device)
+
+    batch = wrapped([1, 2, 3])
+    assert batch == [("pinned", 1), ("pinned", 2), ("pinned", 3)] and len(calls) == 4
+    assert list(recorder.pins) == [id(batch)] and recorder.pins[id(batch)] >= 0.0

@@ -5,7 +5,7 @@ the fetches and the collates.
 
     batch_files.py TRUTH.json DATA_DIR --workers 2 --sleep-index 9 --sleep-ms 150
     --iterable          an IterableDataset (each worker reads its own share of the files)
-    --persistent --epochs 2 --start-method spawn
+    --persistent --epochs 2 --start-method spawn --pin-memory
     --busy-ms X --collate-ms Y --step-ms Z   busy-waits: each sample, the collate, each step
 """
 
@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--persistent", action="store_true")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--start-method", default=None)
+    parser.add_argument("--pin-memory", action="store_true")  # without an accelerator torch warns, pins nothing
     args = parser.parse_args()
     paths = sorted(os.path.join(args.data, f) for f in os.listdir(args.data))
     dataset = FileStream(paths, args) if args.iterable else Files(paths, args)
@@ -106,6 +107,7 @@ def main() -> None:
         persistent_workers=args.persistent and args.workers > 0,
         collate_fn=Collate(args.collate_ms),
         multiprocessing_context=args.start_method if args.workers else None,
+        pin_memory=args.pin_memory,
     )
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)

@@ -102,7 +102,7 @@ def read_file(path: Path) -> tuple[list[Built], list[Taken]]:
             _, _, flags, worker, generation, idx, n, start, fetched, collated, ready = BUILT.unpack_from(data, at)
             tail = at + BUILT.size
             indices = list(np.frombuffer(data, "<i8", n, tail).tolist())
-            ends = np.frombuffer(data, "<f4", n, tail + 8 * n).tolist() if flags & SAMPLE_TIMES else None
+            ends = (np.frombuffer(data, "<f8", n, tail + 8 * n) - start).tolist() if flags & SAMPLE_TIMES else None
             built.append(Built(pid, worker, generation, idx, flags, start, fetched, collated, ready, indices, ends))
         elif kind == KIND_TAKEN:
             _, _, worker, worker_pid, generation, idx, next_start, next_end, when, pin = TAKEN.unpack_from(data, at)
