@@ -97,9 +97,9 @@ def test_known_fetch_collate_and_wait_shares_in_the_main_process(tmp_path):
     assert [w["worker"] for w in batches["workers"]] == [None]  # the main process built them
 
 
-def test_iterable_dataset_batches_are_joined_to_their_workers(tmp_path):
+def test_iterable_dataset_batches_are_joined_to_their_forkserver_workers(tmp_path):
     make_files(tmp_path / "data", 16, 4096)
-    sections, truth, _ = observe(tmp_path, "--workers", "2", "--iterable")
+    sections, truth, _ = observe(tmp_path, "--workers", "2", "--iterable", "--start-method", "forkserver")
     batches = sections["batches"]
     assert batches["batches_taken"] == batches["joined"] == truth["steps"] == 4
     assert sorted(w["batches"] for w in batches["workers"]) == [2, 2]
