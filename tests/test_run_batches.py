@@ -14,6 +14,7 @@ import pytest
 from dlscope.cli import main
 from dlscope.observe.iotrace import strace
 from dlscope.observe.script import batches as batches_module
+from dlscope.observe.script import batchflow
 from dlscope.rundir import load_results
 
 SCRIPT = Path(__file__).parent / "scripts" / "batch_files.py"
@@ -51,7 +52,7 @@ def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persi
     outliers = batches["samples"]["outliers"]
     assert [(s["sample"], s["batch"], s["worker"]) for s in outliers] == [(9, 2, 0), (9, 2, 0)]
     assert sorted(s["epoch"] for s in outliers) == [0, 1]  # persistent workers: the same batch each epoch
-    assert len({w["pid"] for w in batches["workers"]}) == 2  # two workers for both epochs
+    assert [(w["worker"], w["processes"], w["batches"]) for w in batches["workers"]] == [(0, 1, 6), (1, 1, 6)]
     assert steady["pin_ms"] is None  # pin_memory without an accelerator: torch warns and pins nothing
     with open(out / batches["file"], newline="") as f:
         rows = list(csv.DictReader(f))
@@ -60,6 +61,7 @@ def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persi
     starts = [e for e in timeline if e["ph"] == "s" and e["cat"] == "batch"]
     ends = [e for e in timeline if e["ph"] == "f" and e["cat"] == "batch"]
     assert len(starts) == len(ends) == 12 and {e["pid"] for e in starts} == {w["pid"] for w in batches["workers"]}
+    assert {e["pid"] for e in ends} == {sections["steps"]["main_pid"]}
 
 
 @pytest.mark.skipif(strace.available() is not None, reason="strace not installed (scripts/install-tracers)")
@@ -124,3 +126,18 @@ def test_pin_memory_times_the_outermost_call_of_a_batch(tmp_path):
     batch = wrapped([1, 2, 3])
     assert batch == [("pinned", 1), ("pinned", 2), ("pinned", 3)] and len(calls) == 4
     assert list(recorder.pins) == [id(batch)] and recorder.pins[id(batch)] >= 0.0
+
+
+def test_batch_records_cut_short_by_a_kill_are_left_out(tmp_path):
+    recorder = batches_module.BatchRecorder(str(tmp_path))
+    for idx in range(3):
+        built = batches_module.Building()
+        built.start, built.fetched, built.collated = 1.0 + idx, 1.5 + idx, 1.6 + idx
+        built.indices, built.ends, built.flags = [idx * 2, idx * 2 + 1], [1.2 + idx, 1.5 + idx], 1
+        recorder.write_built(built, 0, idx, 1.7 + idx)
+    recorder.file.flush()
+    path = tmp_path / f"{recorder.pid}.batches"
+    path.write_bytes(path.read_bytes()[:-5])  # the last record cut short
+    built, taken = batchflow.read_file(path)
+    assert [b.idx for b in built] == [0, 1] and taken == []
+    assert built[1].indices == [2, 3] and built[1].ends == pytest.approx([0.2, 0.5])

@@ -343,28 +343,31 @@ def first_batches(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def worker_table(built: list[Built], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per worker process: batches built, time building them (busy) against its time between its
-    first batch's start and its last batch's hand-off (busy + idle)."""
-    waits: dict[int, list[float]] = defaultdict(list)
+    """Per worker (its id: non-persistent workers are new processes every epoch, so the table stays
+    as long as num_workers): batches built, time building them (busy) against the time from each
+    process's first batch's start to its last batch's hand-off (busy + idle)."""
+    waits: dict[int, float] = defaultdict(float)
     for r in rows:
-        waits[r["worker_pid"]].append(r["waited_ms"])
-    per: dict[int, list[Built]] = defaultdict(list)
+        waits[r["worker_pid"]] += r["waited_ms"]
+    per: dict[int, dict[int, list[Built]]] = defaultdict(lambda: defaultdict(list))
     for b in built:
-        per[b.pid].append(b)
+        per[b.worker_id][b.pid].append(b)
     table = []
-    for pid, bs in sorted(per.items(), key=lambda kv: (kv[1][0].worker_id, kv[0])):
-        busy = sum(b.ready - b.start for b in bs)
-        span = max(b.ready for b in bs) - min(b.start for b in bs)
+    for worker, processes in sorted(per.items()):
+        busy = sum(b.ready - b.start for bs in processes.values() for b in bs)
+        span = sum(max(b.ready for b in bs) - min(b.start for b in bs) for bs in processes.values())
+        count = sum(len(bs) for bs in processes.values())
         table.append(
             {
-                "worker": None if bs[0].worker_id < 0 else bs[0].worker_id,
-                "pid": pid,
-                "batches": len(bs),
+                "worker": None if worker < 0 else worker,
+                "pid": min(processes),
+                "processes": len(processes),
+                "batches": count,
                 "busy_s": round(busy, 6),
                 "span_s": round(span, 6),
                 "busy_pct": round(100.0 * busy / span, 2) if span > 0 else 100.0,
-                "mean_build_ms": _ms(busy / len(bs)),
-                "waited_ms": round(sum(waits.get(pid, [])), 3),
+                "mean_build_ms": _ms(busy / count),
+                "waited_ms": round(sum(waits.get(pid, 0.0) for pid in processes), 3),
             }
         )
     return table

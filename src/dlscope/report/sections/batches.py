@@ -156,16 +156,17 @@ def render(section: dict[str, Any]) -> list[Block]:
     workers = section["workers"]
     if workers:
         rows = [
-            [worker_name(w["worker"]), w["pid"], w["batches"], w["busy_pct"], w["mean_build_ms"], w["waited_ms"]]
+            [worker_name(w["worker"]), w["processes"], w["batches"], w["busy_pct"], w["mean_build_ms"], w["waited_ms"]]
             for w in workers
         ]
         blocks.append(
             Table(
-                ["worker", "pid", "batches", "busy %", "build ms", "loop waited ms"],
+                ["worker", "processes", "batches", "busy %", "build ms", "loop waited ms"],
                 rows,
                 "Per worker: busy building batches, idle otherwise",
-                "busy %: of the time from its first batch's start to its last batch's hand-off; build ms: mean "
-                "per batch; loop waited ms: the training loop's total wait for this worker's batches.",
+                "processes: one per epoch unless the workers are persistent; busy %: of the time from each "
+                "process's first batch's start to its last batch's hand-off; build ms: mean per batch; loop "
+                "waited ms: the training loop's total wait for this worker's batches.",
             )
         )
     return blocks
