@@ -249,7 +249,11 @@ class Flow:
     firsts: set[tuple[int, int, int]] = field(default_factory=set)  # each worker's first batch of an epoch
 
 
-def join(built: list[Built], taken: list[Taken], main: int | None, steps: np.ndarray) -> Flow:
+def join(
+    built: list[Built], taken: list[Taken], main: int | None, steps: np.ndarray, evals: list[tuple[float, float]]
+) -> Flow:
+    """`evals`: the training process's eval phases (begin, end): a batch drawn inside one fed an
+    evaluation, not the step whose interval happens to hold it."""
     by_key = {(b.pid, b.generation, b.idx): b for b in built}
     mine = [t for t in taken if t.pid == main] if main is not None else taken
     mine.sort(key=lambda t: t.next_start)
@@ -259,6 +263,9 @@ def join(built: list[Built], taken: list[Taken], main: int | None, steps: np.nda
         consumed = step_of(mine, starts, ends, steps["i"])
     else:
         consumed = [None] * len(mine)
+    consumed = [
+        None if any(a <= t.next_start <= b for a, b in evals) else s for t, s in zip(mine, consumed, strict=True)
+    ]
     pairs = [(t, by_key.get((t.worker_pid, t.generation, t.idx)), s) for t, s in zip(mine, consumed, strict=True)]
     first: dict[tuple[int, int], int] = {}
     for b in built:
@@ -271,6 +278,7 @@ def read_flow(
     directory: Path,
     main: int | None,
     steps: np.ndarray,
+    evals: list[tuple[float, float]],
     syscalls: Iterable[dict[str, Any]] | None = None,
     to_realtime: Callable[[float], float] = float,
 ) -> Flow | None:
@@ -280,7 +288,7 @@ def read_flow(
         return None
     if syscalls is not None:
         attach_io(built, syscalls, to_realtime)
-    return join(built, taken, main, steps)
+    return join(built, taken, main, steps, evals)
 
 
 # the section ------------------------------------------------------------------------------------

@@ -100,10 +100,20 @@ def record_sections(
         iotrace["exports"] = {key: run.rel(path) for key, path in iotrace["exports"].items()}
     main = found["steps"]["main_pid"]
     main_steps = observed.stream(main)[1] if main is not None else np.zeros(0)
+    evals = (
+        [
+            (s["begin_ts"], s["end_ts"])
+            for s in analysis.phase_slices(main, records.get(main, []), origin)
+            if s["phase"] == "eval"
+        ]
+        if main is not None
+        else []
+    )
     flow = batchflow.read_flow(
         run.path / "processes",
         main,
         main_steps,
+        evals,
         read_jsonl(events) if events is not None else None,
         clock.boottime_to_realtime if iotrace is not None and iotrace["backend"] == "ebpf" else float,
     )
