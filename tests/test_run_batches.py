@@ -49,7 +49,7 @@ def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persi
     # index 9 is in batch 2 (batch size 4), which DataLoader sends to worker 0 (round robin)
     assert (steady["batch"], steady["worker"], steady["slowest_sample"]) == (2, 0, 9)
     assert steady["waited_ms"] > 150 and steady["fetch_ms"] >= 300 and steady["slowest_sample_ms"] >= 300
-    outliers = batches["samples"]["outliers"]
+    outliers = batches["samples"]["outliers"][:2]  # the slowest first (a loaded machine may add others)
     assert [(s["sample"], s["batch"], s["worker"]) for s in outliers] == [(9, 2, 0), (9, 2, 0)]
     assert sorted(s["epoch"] for s in outliers) == [0, 1]  # persistent workers: the same batch each epoch
     assert [(w["worker"], w["processes"], w["batches"]) for w in batches["workers"]] == [(0, 1, 6), (1, 1, 6)]

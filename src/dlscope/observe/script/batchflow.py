@@ -52,6 +52,9 @@ CSV_COLUMNS = (
     "reads",
     "bytes_read",
     "syscall_ms",
+    "top_file",
+    "top_file_reads",
+    "top_file_bytes",
     "files",
 )
 
@@ -225,6 +228,9 @@ def batch_row(t: Taken, b: Built | None, step: int | None, firsts: set[tuple[int
     if b.io:
         row.update(reads=b.io["reads"], bytes_read=b.io["bytes_read"], syscall_ms=_ms(b.io["syscall_s"]))
         row["files"] = [f["path"] for f in b.io["files"]]
+        if b.io["files"]:  # the file the batch read most from (files are sorted by bytes)
+            top = b.io["files"][0]
+            row.update(top_file=top["path"], top_file_reads=top["reads"], top_file_bytes=top["bytes"])
         top = (b.io.get("slowest") or {}).get("files") or []
         if top:
             row.update(

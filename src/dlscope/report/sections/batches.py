@@ -41,6 +41,8 @@ def wait_sentence(r: dict[str, Any]) -> str:
     if r.get("reads") is not None:
         calls = f"{r['reads']} reads ({_bytes(r['bytes_read'])}) in {r['syscall_ms']:.3g} ms of system calls"
         text += f"; its worker made {calls} while building it"
+        if r.get("top_file") and r.get("top_file") != r.get("slowest_sample_file"):
+            text += f", most from {r['top_file']} ({r['top_file_reads']} reads, {_bytes(r['top_file_bytes'])})"
     return text + "."
 
 
@@ -104,8 +106,9 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         items.append(
             (
                 "warn",
-                f"File {f['path']}: {f['reads']} reads, {_bytes(f['bytes'])} over {f['batches']} batch(es), "
-                f"≥ 10× the median file ({_bytes(files['median_bytes'])}, {files['median_ms']:.3g} ms).",
+                f"File {f['path']}: {f['reads']} reads, {_bytes(f['bytes'])}, {f['ms']:.3g} ms of system calls "
+                f"over {f['batches']} batch(es); the median file: {_bytes(files['median_bytes'])}, "
+                f"{files['median_ms']:.3g} ms (named at ≥ 10× either, time ≥ 1 ms).",
             )
         )
     return items
