@@ -185,6 +185,17 @@ EXAMPLES_TO_MAKE: list[Example] = [
         setup=f"rm -rf runs/mnist; cp {ROOT}/tests/scripts/mnist_basic.py .",
     ),
     Example(
+        "run-batches",
+        (
+            "dlscope run --trace-io --trace-backend strace --profile-steps 0 --out runs/batches -- "
+            "python batch_files.py truth.json data --workers 2",
+        ),
+        # 40 files of 512 KiB, file 033 50x larger: in batch 8, built by worker 0
+        setup=f'rm -rf runs/batches data; cp {ROOT}/tests/scripts/batch_files.py .; mkdir data; python -c "'
+        "[open(f'data/{i:03d}.bin', 'wb').write(bytes(524288 * (50 if i == 33 else 1))) for i in range(40)]\"",
+        views={"section": ("Batches",)},
+    ),
+    Example(
         "run-hang",
         (
             "dlscope run --out runs/hang --profile-steps 0 --hang-after 3 --on-hang end -- "

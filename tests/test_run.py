@@ -78,6 +78,10 @@ def test_mnist_basic_style_script(tmp_path, monkeypatch):
     workers = [p for p in sections["run"]["processes"] if p["forked"]]
     assert len(workers) >= 2  # a DataLoader worker per epoch, forked: the bootstrap followed them
     assert all(p["ppid"] == steps["main_pid"] for p in workers)
+    # the training loader: one worker, a new one per epoch; the test loader: none (the main process)
+    batches = sections["batches"]
+    assert batches["batches_taken"] == batches["joined"] and batches["in_steps"] == 16  # not the test batches
+    assert [(w["worker"], w["processes"]) for w in batches["workers"]] == [(None, 1), (0, len(workers))]
     assert sections["anatomy"]["verdict"]["level"] in ("highly", "moderately", "not")
     phases = phase_names(sections)
     assert {"startup", "first_batch", "train_steps"} <= set(phases)
@@ -89,6 +93,7 @@ def test_mnist_basic_style_script(tmp_path, monkeypatch):
     check_timeline(out, sections)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert (out / "report.html").exists() and "Step anatomy" in (out / "report.md").read_text()
+    assert "Batches: the data flow" in (out / "report.md").read_text()
 
 
 @pytest.mark.slow

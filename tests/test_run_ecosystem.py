@@ -4,6 +4,7 @@ truth the script itself prints (tests/scripts/). Tiny models, a few steps each."
 
 from __future__ import annotations
 
+import csv
 import re
 import sys
 from pathlib import Path
@@ -102,6 +103,17 @@ def test_closure_step_with_a_loader_a_checkpoint_and_a_warning(tmp_path, capfd):
     assert truth["warnings_at"] == truth["warning_line"]  # torch.load's warning names the user's line
 
 
+def check_batches(sections: dict, truth: dict[str, str], out: Path) -> None:
+    """The batch x-ray inside a trainer's own loaders (training and evaluation): every batch taken
+    is found where it was built, and every training step but the first is joined to the batch it
+    drew (Lightning draws one batch ahead: its first is drawn before the first step starts)."""
+    batches = sections["batches"]
+    assert batches["batches_taken"] == batches["joined"] > 0
+    with open(out / batches["file"], newline="") as f:
+        drawn = {int(r["step"]) for r in csv.DictReader(f) if r["step"]}
+    assert set(range(1, int(truth["steps"]))) <= drawn <= set(range(int(truth["steps"])))
+
+
 def check_trainer_run(sections: dict, truth: dict[str, str]) -> None:
     """Steps, anatomy, data from the loader, evaluations and checkpoints as the trainer says."""
     check_fed_steps(sections, truth)
@@ -116,6 +128,7 @@ def test_lightning_fit_with_validation_and_checkpoints(tmp_path, capfd):
     ckpt = tmp_path / "ckpt"
     sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "lightning_fit.py"), str(ckpt)])
     check_trainer_run(sections, truth)
+    check_batches(sections, truth, tmp_path / "run")
     for r in step_rows(sections):  # backward runs inside optimizer.step's closure: counted once
         assert r["backward_ms"] > 0 and r["forward_ms"] > 0
 
@@ -125,6 +138,7 @@ def test_hf_trainer_through_accelerate_with_eval_and_checkpoints(tmp_path, capfd
     out = tmp_path / "trainer"
     sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "hf_trainer.py"), str(out)])
     check_trainer_run(sections, truth)
+    check_batches(sections, truth, tmp_path / "run")
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ from typing import Any
 
 from dlscope import phases
 from dlscope.observe.hang import agent as hang
-from dlscope.observe.script import calibrate
+from dlscope.observe.script import batches, calibrate
 from dlscope.observe.script.after_import import AfterImport
 from dlscope.observe.script.records import RecordFile, clocks
 from dlscope.observe.script.stepmachine import StepMachine
@@ -160,6 +160,7 @@ class TorchHooks:
             on_step=self._step_ended,
         )
         self.forward_depth = self.train_depth = 0
+        self.batches: batches.BatchRecorder | None = None  # the batch x-ray, once torch is attached
 
     def _mark_begin(self, name: str) -> None:
         phases.mark_begin(name)  # the I/O tracers' phase marker
@@ -216,7 +217,10 @@ class TorchHooks:
         try:
             return next_(iterator)
         finally:
-            self.machine.loader_next(start, time.time())
+            end = time.time()
+            self.machine.loader_next(start, end)
+            if self.batches is not None:
+                self.batches.delivered(iterator, start, end)
 
     def forward_pre(self, module: Any, args: Any) -> None:
         if self.forward_depth:  # a submodule: one compare, nothing else
@@ -335,6 +339,7 @@ class TorchHooks:
         torch.nn.Module.train = _wrap(torch.nn.Module.train, self.module_train)
         torch.save = _wrap(torch.save, functools.partial(self.checkpoint, "checkpoint_save", 1))
         torch.load = _wrap(torch.load, functools.partial(self.checkpoint, "checkpoint_load", 0))
+        self.batches = batches.attach(torch, self.records.directory, _wrap)
         calibrate.record(self, torch)  # dlscope's own cost per step, measured here, once
 
     def attach_safetensors(self, module: Any) -> None:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dlscope.errors import ConfigError, DlscopeError
 from dlscope.observe.bootstrap_env import with_bootstrap
 from dlscope.observe.distributed.analysis import analyze_ranks
@@ -25,7 +27,7 @@ from dlscope.observe.iotrace.tracer import (
     trace_command,
     wait_command,
 )
-from dlscope.observe.script import analysis, steptable, timeline
+from dlscope.observe.script import analysis, batchflow, steptable, timeline
 from dlscope.observe.script.hooks import PROFILE_ENV
 from dlscope.observe.script.records import clocks
 from dlscope.options import HANG_EXIT_CODE, ScriptOptions
@@ -91,9 +93,30 @@ def record_sections(
     clock = timeline.ClockMap.sampled(started, ended)
     kineto = [Path(r["trace"]) for rs in records.values() for r in rs if r.get("k") == "profile"]
     syscalls = None
+    events = None
     if iotrace is not None:
-        syscalls = read_jsonl(Path(iotrace["exports"]["events"]))
+        events = Path(iotrace["exports"]["events"])
+        syscalls = read_jsonl(events)
         iotrace["exports"] = {key: run.rel(path) for key, path in iotrace["exports"].items()}
+    main = found["steps"]["main_pid"]
+    main_steps = observed.stream(main)[1] if main is not None else np.zeros(0)
+    evals = (
+        [
+            (s["begin_ts"], s["end_ts"])
+            for s in analysis.phase_slices(main, records.get(main, []), origin)
+            if s["phase"] == "eval"
+        ]
+        if main is not None
+        else []
+    )
+    flow = batchflow.read_flow(
+        run.path / "processes",
+        main,
+        main_steps,
+        evals,
+        read_jsonl(events) if events is not None else None,
+        clock.boottime_to_realtime if iotrace is not None and iotrace["backend"] == "ebpf" else float,
+    )
     path = timeline.build(
         observed,
         [p for p in kineto if p.exists()],
@@ -102,6 +125,7 @@ def record_sections(
         clock,
         run.path / "timeline.json",
         found["run"]["processes"],
+        flow,
     )
     found["run"].update(
         command=options.command,
@@ -127,6 +151,9 @@ def record_sections(
         run.record("distributed", distributed_section(ranked, run))
     if iotrace is not None:
         run.record("iotrace", iotrace)
+    if flow is not None:
+        batches = batchflow.section(flow, main_steps, run.path / "batches.csv", iotrace is not None)
+        run.record("batches", {**batches, "file": run.rel(run.path / "batches.csv")})
     if options.tensorboard and found["steps"]["count"]:
         main = found["steps"]["main_pid"]
         write_tensorboard(run.sub("tensorboard"), observed.stream(main)[1], observed.steps[main].codes)

@@ -25,10 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from dlscope.observe.script import steptable
+from dlscope.observe.script import batchflow, steptable
 from dlscope.observe.script.analysis import Observed, phase_slices
 
 STEPS_TID, PHASES_TID, PROFILER_STEPS_TID = 1_000_000_001, 1_000_000_002, 1_000_000_003
+BUILT_TID, TAKEN_TID = 1_000_000_004, 1_000_000_005  # the batch x-ray (batchflow.py)
+TIMELINE_BATCHES = 4000  # batches drawn: evenly over the run, plus the longest waits (batches.csv has all)
 SYSCALL_TID_BASE = 1_100_000_000
 KEPT_KINETO = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "kernel", "gpu_memcpy", "gpu_memset")
 
@@ -49,6 +51,10 @@ class ClockMap:
 
     def realtime_s(self, seconds: float) -> float:
         return (seconds * 1e9 - self.origin_ns) / 1e3
+
+    def boottime_to_realtime(self, seconds: float) -> float:
+        """A CLOCK_BOOTTIME time in seconds, on CLOCK_REALTIME."""
+        return seconds + self.boot_offset_ns / 1e9
 
     def boottime_s(self, seconds: float) -> float:
         return (seconds * 1e9 + self.boot_offset_ns - self.origin_ns) / 1e3
@@ -180,6 +186,62 @@ class TimelineWriter:
                 }
             )
 
+    def add_batches(self, flow: batchflow.Flow) -> None:
+        """A "batches built" track per worker (a slice per batch, from its fetch to its hand-off),
+        a "batches taken" track in the training process (the `__next__` that waited for it), and
+        a flow arrow from each batch to the `__next__` — and so the step — that used it."""
+        pairs = flow.pairs
+        keep = steptable.stride_positions(len(pairs), TIMELINE_BATCHES).tolist()
+        longest = sorted(range(len(pairs)), key=lambda k: -(pairs[k][0].next_end - pairs[k][0].next_start))
+        to_us = self.clock.realtime_s
+        for n, k in enumerate(sorted(set(keep) | set(longest[: steptable.SLOWEST]))):
+            taken, built, step = pairs[k]
+            name = f"batch {taken.idx}" + (f" (epoch {taken.generation})" if taken.generation else "")
+            start, end = to_us(taken.next_start), to_us(taken.next_end)
+            self.track(taken.pid, TAKEN_TID, "batches taken", 3)
+            args = {"step": step, "worker": None if taken.worker_id < 0 else taken.worker_id}
+            self.events.append(
+                {
+                    "ph": "X",
+                    "cat": "batch_taken",
+                    "name": name,
+                    "pid": taken.pid,
+                    "tid": TAKEN_TID,
+                    "ts": start,
+                    "dur": end - start,
+                    "args": {**args, "waited_ms": round((end - start) / 1e3, 3)},
+                }
+            )
+            if built is None:
+                continue
+            b0, b1 = to_us(built.start), to_us(built.ready)
+            label = "batches built" if built.worker_id < 0 else f"batches built · worker {built.worker_id}"
+            self.track(built.pid, BUILT_TID, label, 3)
+            built_args = {
+                "fetch_ms": round(built.fetched - built.start, 6) * 1e3,
+                "collate_ms": round(built.collated - built.fetched, 6) * 1e3,
+                "samples": len(built.indices),
+                "step": step,
+            }
+            self.events.append(
+                {
+                    "ph": "X",
+                    "cat": "batch_built",
+                    "name": name,
+                    "pid": built.pid,
+                    "tid": BUILT_TID,
+                    "ts": b0,
+                    "dur": b1 - b0,
+                    "args": built_args,
+                }
+            )
+            # each end inside its own slice, so Perfetto binds the arrow to both
+            flow = {"cat": "batch", "name": "batch", "id": n + 1}
+            self.events.append({**flow, "ph": "s", "pid": built.pid, "tid": BUILT_TID, "ts": (b0 + b1) / 2})
+            self.events.append(
+                {**flow, "ph": "f", "bp": "e", "pid": taken.pid, "tid": TAKEN_TID, "ts": (start + end) / 2}
+            )
+
     def write(self, path: Path) -> Path:
         document = {
             "displayTimeUnit": "ms",
@@ -203,6 +265,7 @@ def build(
     clock: ClockMap,
     out: Path,
     processes: list[dict[str, Any]],
+    batches: batchflow.Flow | None = None,
 ) -> Path:
     writer = TimelineWriter(clock)
     for info in processes:
@@ -215,6 +278,8 @@ def build(
         writer.add_kineto(path)
     if syscalls is not None and backend is not None:
         writer.add_syscalls(syscalls, backend)
+    if batches is not None:
+        writer.add_batches(batches)
     return writer.write(out)
 
 

@@ -7,6 +7,7 @@ from types import ModuleType
 
 from dlscope.report.sections import (
     anatomy,
+    batches,
     checkpoint,
     ckpt_anatomy,
     dataset,
@@ -47,6 +48,7 @@ SECTIONS: dict[str, ModuleType] = {
         run,
         steps,
         anatomy,
+        batches,
         top10,
         phases,
         distributed,

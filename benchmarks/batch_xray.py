@@ -1,0 +1,143 @@
+"""The batch x-ray's recording cost (observe/script/batches.py) against a batch's fetch time, in
+one process, bare and recorded interleaved round by round (the same DataLoader, torch's own
+fetcher swapped in and out), in CPU time; the median and the minimum over rounds (on a shared
+machine the minimum is the less noisy estimate of a cost of a few µs). A DataLoader with
+num_workers=0, so the worker's side (clock reads per sample, the batch record, its write) and
+the training process's side (the iterator wrappers, the "taken" record) are both paid here; the
+hooks' loader_next call is made by hand as hooks.py makes it.
+
+Datasets, from cheap to realistic:
+  memory   a 28×28 float tensor sliced from memory (~µs a sample: the worst case)
+  file     each sample read from its own 4 KiB file (open, read, close)
+  decode   a file read, then 20 µs of decoding work (a small image's decode)
+
+    .venv/bin/python benchmarks/batch_xray.py [--rounds 15] [--batches 40] [--batch-size 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset, dataloader
+from torch.utils.data._utils import fetch, worker
+from torch.utils.data._utils import pin_memory as pinning
+
+from dlscope.observe.script import batches
+from dlscope.observe.script.hooks import _wrap
+
+
+class Memory(Dataset):
+    def __init__(self, n: int) -> None:
+        self.data = torch.randn(n, 28, 28)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.data[i]
+
+
+class Files(Dataset):
+    def __init__(self, directory: Path, n: int, decode_us: float = 0.0) -> None:
+        self.paths = []
+        for i in range(n):
+            path = directory / f"{i:05d}.bin"
+            path.write_bytes(os.urandom(4096))
+            self.paths.append(str(path))
+        self.decode_s = decode_us / 1e6
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with open(self.paths[i], "rb") as f:
+            raw = f.read()
+        if self.decode_s:
+            end = time.perf_counter() + self.decode_s
+            while time.perf_counter() < end:
+                pass
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+PATCHED = (
+    (fetch._MapDatasetFetcher, "fetch"),
+    (fetch._IterableDatasetFetcher, "fetch"),
+    (worker, "_worker_loop"),
+    (dataloader._SingleProcessDataLoaderIter, "_next_data"),
+    (dataloader._MultiProcessingDataLoaderIter, "_get_data"),
+    (dataloader._MultiProcessingDataLoaderIter, "_process_data"),
+    (dataloader._MultiProcessingDataLoaderIter, "_reset"),
+    (pinning, "pin_memory"),
+)
+
+
+def state() -> list:
+    return [getattr(owner, name) for owner, name in PATCHED]
+
+
+def put(values: list) -> None:
+    for (owner, name), value in zip(PATCHED, values, strict=True):
+        setattr(owner, name, value)
+
+
+def epoch_seconds(loader: DataLoader, recorder: batches.BatchRecorder, batches_n: int) -> float:
+    """CPU seconds of this thread to draw `batches_n` batches, with the loader hook's call made as
+    hooks.py makes it. CPU time, not wall time: the cost is CPU work, and on a shared machine the
+    time this thread waits for a core would drown a few µs."""
+    it = iter(loader)
+    start = time.thread_time()
+    for _ in range(batches_n):
+        t0 = time.time()
+        next(it)
+        recorder.delivered(it, t0, time.time())
+    return time.thread_time() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    n = args.batches * args.batch_size
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "files").mkdir()
+        (root / "decode").mkdir()
+        (root / "records").mkdir()
+        datasets = {
+            "memory": Memory(n),
+            "file": Files(root / "files", n),
+            "decode": Files(root / "decode", n, decode_us=20.0),
+        }
+        bare = state()
+        recorder = batches.attach(torch, str(root / "records"), _wrap)
+        recorded = state()
+        print(f"{'dataset':14} {'bare CPU ms/batch':>8} {'x-ray':>8} {'cost µs/batch':>14} {'% of fetch':>11}")
+        for name, dataset in datasets.items():
+            loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=0)
+            times: dict[str, list[float]] = {"bare": [], "xray": []}
+            for r in range(args.rounds):
+                order = (("bare", bare), ("xray", recorded)) if r % 2 else (("xray", recorded), ("bare", bare))
+                for mode, values in order:
+                    put(values)
+                    times[mode].append(epoch_seconds(loader, recorder, args.batches) / args.batches)
+            put(bare)
+            for stat in (statistics.median, min):
+                b, x = stat(times["bare"]), stat(times["xray"])
+                cost = x - b
+                label = f"{name} {stat.__name__}"
+                print(f"{label:14} {b * 1e3:17.3f} {x * 1e3:8.3f} {cost * 1e6:14.1f} {100 * cost / b:10.2f}%")
+        written = sum(p.stat().st_size for p in (root / "records").glob("*.batches"))
+        print(f"records written: {written:,} bytes in all")
+
+
+if __name__ == "__main__":
+    main()

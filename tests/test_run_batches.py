@@ -1,0 +1,143 @@
+"""The batch x-ray of `dlscope run` (observe/script/batches.py, batchflow.py): scripts that read
+real files through a DataLoader, with a known slow sample, a known large file or known busy-waits;
+dlscope must name the step, the batch, the worker, the sample and the file, and the shares."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlscope.cli import main
+from dlscope.observe.iotrace import strace
+from dlscope.observe.script import batches as batches_module
+from dlscope.observe.script import batchflow
+from dlscope.rundir import load_results
+
+SCRIPT = Path(__file__).parent / "scripts" / "batch_files.py"
+NO_PROFILE = ["--profile-steps", "0"]
+CHUNK = 65536  # the script's read size
+
+
+def make_files(directory: Path, count: int, size: int, big: int | None = None) -> list[Path]:
+    directory.mkdir()
+    paths = []
+    for i in range(count):
+        path = directory / f"{i:03d}.bin"
+        path.write_bytes(bytes([i % 251]) * (size * 50 if i == big else size))
+        paths.append(path)
+    return paths
+
+
+def observe(tmp_path: Path, *args: str, options: tuple[str, ...] = ()) -> tuple[dict, dict, Path]:
+    out, truth = tmp_path / "run", tmp_path / "truth.json"
+    argv = [sys.executable, str(SCRIPT), str(truth), str(tmp_path / "data"), *args]
+    assert main(["run", "--out", str(out), *NO_PROFILE, *options, "--", *argv]) == 0
+    return load_results(out)["sections"], json.loads(truth.read_text()), out
+
+
+def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persistent_epochs(tmp_path):
+    make_files(tmp_path / "data", 24, 4096)
+    options = ("--workers", "2", "--sleep-index", "9", "--sleep-ms", "300", "--persistent", "--epochs", "2")
+    sections, truth, out = observe(tmp_path, *options, "--start-method", "spawn", "--pin-memory")
+    batches = sections["batches"]
+    assert batches["batches_taken"] == batches["batches_built"] == batches["joined"] == truth["steps"] == 12
+    steady = batches["longest_steady_wait"]
+    # index 9 is in batch 2 (batch size 4), which DataLoader sends to worker 0 (round robin)
+    assert (steady["batch"], steady["worker"], steady["slowest_sample"]) == (2, 0, 9)
+    assert steady["waited_ms"] > 150 and steady["fetch_ms"] >= 300 and steady["slowest_sample_ms"] >= 300
+    outliers = batches["samples"]["outliers"][:2]  # the slowest first (a loaded machine may add others)
+    assert [(s["sample"], s["batch"], s["worker"]) for s in outliers] == [(9, 2, 0), (9, 2, 0)]
+    assert sorted(s["epoch"] for s in outliers) == [0, 1]  # persistent workers: the same batch each epoch
+    assert [(w["worker"], w["processes"], w["batches"]) for w in batches["workers"]] == [(0, 1, 6), (1, 1, 6)]
+    assert steady["pin_ms"] is None  # pin_memory without an accelerator: torch warns and pins nothing
+    with open(out / batches["file"], newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 12 and {r["step"] for r in rows} == {str(k) for k in range(12)}
+    timeline = json.loads((out / "timeline.json").read_text())["traceEvents"]
+    starts = [e for e in timeline if e["ph"] == "s" and e["cat"] == "batch"]
+    ends = [e for e in timeline if e["ph"] == "f" and e["cat"] == "batch"]
+    assert len(starts) == len(ends) == 12 and {e["pid"] for e in starts} == {w["pid"] for w in batches["workers"]}
+    assert {e["pid"] for e in ends} == {sections["steps"]["main_pid"]}
+
+
+@pytest.mark.skipif(strace.available() is not None, reason="strace not installed (scripts/install-tracers)")
+def test_a_large_file_is_named_with_its_read_calls_and_bytes_under_strace(tmp_path):
+    size = 8 * CHUNK
+    # file 33 is in batch 8, sent to worker 0: after the prefetch has filled, so the loop (faster
+    # than its two workers) waits for it
+    paths = make_files(tmp_path / "data", 40, size, big=33)
+    sections, truth, _ = observe(tmp_path, "--workers", "2", options=("--trace-io", "--trace-backend", "strace"))
+    batches = sections["batches"]
+    assert batches["joined"] == truth["steps"] == 10
+    steady = batches["longest_steady_wait"]
+    assert (steady["step"], steady["batch"], steady["worker"], steady["slowest_sample"]) == (8, 8, 0, 33)
+    assert steady["slowest_sample_file"] == str(paths[33])
+    # os.read of CHUNK bytes until it returns nothing: size / CHUNK reads with data, one empty
+    assert steady["slowest_sample_reads"] == 50 * size // CHUNK + 1
+    assert steady["slowest_sample_bytes"] == 50 * size
+    files = batches["files"]["outliers"]
+    assert files[0]["path"] == str(paths[33]) and files[0]["bytes"] == 50 * size
+    assert all(f["bytes"] == size for f in files[1:])  # any other file named is named for its time
+
+
+def test_known_fetch_collate_and_wait_shares_in_the_main_process(tmp_path):
+    make_files(tmp_path / "data", 48, 4096)
+    args = ("--workers", "0", "--busy-ms", "3", "--collate-ms", "3", "--step-ms", "15")
+    sections, truth, _ = observe(tmp_path, *args)
+    batches = sections["batches"]
+    assert batches["joined"] == batches["in_steps"] == truth["steps"] == 12
+    shares = batches["shares"]
+    # per batch: 4 samples × 3 ms fetch + 3 ms collate, then a 15 ms step body; on a loaded
+    # machine a busy-wait runs longer, so the truth is what the script timed itself
+    fetch_pct = 100.0 * truth["fetch_s"] / (truth["fetch_s"] + truth["collate_s"])
+    assert shares["fetch_pct_of_build"] == pytest.approx(fetch_pct, abs=3.0)
+    assert shares["wait_pct"] == pytest.approx(100.0 * truth["waited_s"] / truth["loop_s"], abs=3.0)
+    assert [w["worker"] for w in batches["workers"]] == [None]  # the main process built them
+
+
+def test_iterable_dataset_batches_are_joined_to_their_forkserver_workers(tmp_path):
+    make_files(tmp_path / "data", 16, 4096)
+    sections, truth, _ = observe(tmp_path, "--workers", "2", "--iterable", "--start-method", "forkserver")
+    batches = sections["batches"]
+    assert batches["batches_taken"] == batches["joined"] == truth["steps"] == 4
+    assert sorted(w["batches"] for w in batches["workers"]) == [2, 2]
+    assert batches["samples"]["count"] == 16  # each worker's stream positions, 8 each
+
+
+def test_pin_memory_times_the_outermost_call_of_a_batch(tmp_path):
+    """pin_memory recurses through its module's own name: only the batch's outermost call is
+    timed, and the time is found again by the pinned batch (what the loop then takes)."""
+    recorder = batches_module.BatchRecorder(str(tmp_path))
+    calls = []
+
+    def pin(data, device=None):
+        calls.append(data)
+        if isinstance(data, list):
+            return [wrapped(x) for x in data]
+        return ("pinned", data)
+
+    def wrapped(data, device=None):
+        return recorder.pin(pin, data, device)
+
+    batch = wrapped([1, 2, 3])
+    assert batch == [("pinned", 1), ("pinned", 2), ("pinned", 3)] and len(calls) == 4
+    assert list(recorder.pins) == [id(batch)] and recorder.pins[id(batch)] >= 0.0
+
+
+def test_batch_records_cut_short_by_a_kill_are_left_out(tmp_path):
+    recorder = batches_module.BatchRecorder(str(tmp_path))
+    for idx in range(3):
+        built = batches_module.Building()
+        built.start, built.fetched, built.collated = 1.0 + idx, 1.5 + idx, 1.6 + idx
+        built.indices, built.ends, built.flags = [idx * 2, idx * 2 + 1], [1.2 + idx, 1.5 + idx], 1
+        recorder.write_built(built, 0, idx, 1.7 + idx)
+    recorder.file.flush()
+    path = tmp_path / f"{recorder.pid}.batches"
+    path.write_bytes(path.read_bytes()[:-5])  # the last record cut short
+    built, taken = batchflow.read_file(path)
+    assert [b.idx for b in built] == [0, 1] and taken == []
+    assert built[1].indices == [2, 3] and built[1].ends == pytest.approx([0.2, 0.5])
