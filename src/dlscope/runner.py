@@ -267,8 +267,10 @@ ANSWERS = {
         ("env", "environment", "answers"),
         ("pipeline-run", "pipeline_run", "pipeline"),
         ("stacks", "stacks", "answers"),
+        ("attach", "attach", "answers"),
     ]
 }
+WAITING_ANSWERS = {"attach"}  # steps that wait on a running job: given a progress bar (ctx.task's)
 
 
 def answer(command: str, options: Any) -> int:
@@ -280,7 +282,8 @@ def answer(command: str, options: Any) -> int:
         return getattr(importlib.import_module(module), function)
 
     step, renderer = ANSWERS[command]
-    section, status = named(step)(options)
+    waits = {"task": progress_task(sys.stderr.isatty())} if command in WAITING_ANSWERS else {}
+    section, status = named(step)(options, **waits)
     if getattr(options, "json", False):
         print(json.dumps(section, indent=1, default=str))
     else:
@@ -288,6 +291,34 @@ def answer(command: str, options: Any) -> int:
 
         print_blocks(named(renderer)(section, options))
     return status
+
+
+def watch(options: Any) -> int:
+    """`dlscope watch`: the running job's view, redrawn in place every `options.interval` seconds
+    until its processes end (then the last view stays) or the user presses Ctrl-C."""
+    from dlscope.console import console
+    from dlscope.report.sections import watch as renderer
+    from dlscope.report.terminal import blocks_text, print_blocks
+    from dlscope.steps import watch as step
+
+    directory = step.start(options)  # a target that is no running job: one line, before any drawing
+    section = step.view(directory, options)
+    if options.once:
+        print_blocks(renderer.render(section))
+        return 0
+    from rich.live import Live
+
+    with Live(console=console, auto_refresh=False, redirect_stderr=False) as live:
+        try:
+            while True:
+                live.update(blocks_text(renderer.render(section), console), refresh=True)
+                if section["ended"]:
+                    break
+                time.sleep(options.interval)
+                section = step.view(directory, options)
+        except KeyboardInterrupt:  # the user is done watching; the job goes on
+            pass
+    return 0
 
 
 # --- --trace-io: the same plan in a traced child -------------------------------------------------

@@ -1,0 +1,142 @@
+"""`dlscope attach` and `dlscope watch` on a real job running under `dlscope run`: a loop whose step
+becomes a big matmul once a flag file appears is profiled on demand after it slowed (the window
+covers the slow steps and its top operator is the matmul), while `dlscope watch` runs in a
+pseudo-terminal 80 columns wide, shows the live figures and ends by itself when the job ends.
+Bad targets get one line naming them and exit status 2."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+import threading
+from pathlib import Path
+
+from dlscope.cli import main
+from dlscope.observe.hang.live import read_all
+from test_hang import wait_for
+
+SCRIPTS = Path(__file__).parent / "scripts"
+STYLE = re.compile(r"\x1b\[[0-9;]*m")  # colours: inside a line
+CURSOR = re.compile(r"\x1b\[[0-9;?]*[A-Za-ln-z]")  # moves and erases: a redraw starts a new line
+
+
+def steps_of(run: Path) -> int:
+    views = read_all(run / "processes") if (run / "processes").is_dir() else []
+    return max((v.steps for v in views), default=0)
+
+
+class Terminal:
+    """A command in a pseudo-terminal of `columns` × `rows`; everything it writes, kept."""
+
+    def __init__(self, command: list[str], columns: int = 80, rows: int = 40) -> None:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
+        env["TERM"] = "xterm-256color"
+        self.process = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+        os.close(slave)
+        self.master, self.output = master, bytearray()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:  # the command ended and closed its side
+                return
+            if not data:
+                return
+            self.output += data
+
+    def text(self) -> str:
+        return CURSOR.sub("\n", STYLE.sub("", self.output.decode(errors="replace"))).replace("\r", "")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.reader.join(5)
+        os.close(self.master)
+
+
+def test_a_job_that_slows_is_profiled_on_demand_and_watched_at_80_columns(tmp_path, capsys):
+    run, flag, stop = tmp_path / "run", tmp_path / "slow", tmp_path / "stop"
+    command = [sys.executable, str(SCRIPTS / "slows_on_flag.py"), str(flag), str(stop)]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "dlscope.cli", "run", "--out", str(run), "--hang-after", "off", "--", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    terminal = None
+    try:
+        wait_for(lambda: steps_of(run) >= 20, "the job's first 20 steps")
+        terminal = Terminal([sys.executable, "-m", "dlscope.cli", "watch", str(run), "--interval", "0.2"])
+        wait_for(lambda: "a second" in terminal.text(), "watch showing the step rate")
+        flag.touch()
+        slowed_at = steps_of(run)  # every step that starts from here on runs the matmul
+        assert main(["attach", str(run), "--profile-steps", "3", "--json"]) == 0
+        [process] = json.loads(capsys.readouterr().out)["processes"]
+        window = process["window"]
+        assert window["trigger"] == "attach" and window["active_steps"] == 3
+        assert window["first_step"] > slowed_at and window["last_step"] == window["first_step"] + 2
+        assert window["rows"][0]["name"] == "aten::mm" and window["rows"][0]["self_cpu_pct"] > 50
+        assert (run / "processes" / Path(window["trace"]).name).exists()
+        stop.touch()
+        assert job.wait(120) == 0
+        assert terminal.process.wait(60) == 0  # watch ends by itself when the job does
+    finally:
+        stop.touch()
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        if terminal is not None:
+            terminal.close()
+    shown = terminal.text()
+    for figure in ("steps", "step time", "p50", "anatomy", "data wait", "checkpoint", "state", "Processes"):
+        assert figure in shown
+    assert "the job has ended" in shown.replace("\n", " ")
+    assert max(len(line) for line in shown.splitlines()) <= 80
+
+    # the run's own results list both windows with their step ranges; the on-demand one shows the matmul
+    top10 = json.loads((run / "results.json").read_text())["sections"]["top10"]
+    scheduled, attached = top10["windows"]
+    assert scheduled["trigger"] == "schedule" and scheduled["last_step"] < slowed_at
+    assert scheduled["rows"][0]["name"] != "aten::mm"
+    assert (attached["trigger"], attached["first_step"]) == ("attach", window["first_step"])
+    assert attached["rows"][0]["name"] == "aten::mm" and (run / attached["trace"]).exists()
+    report = (run / "report.md").read_text()
+    assert f"steps {window['first_step']}–{window['last_step']}" in report and "dlscope attach" in report
+
+    # a finished run: nothing to attach to, nothing to watch
+    for argv in (["attach", str(run), "--profile-steps", "3"], ["watch", str(run)]):
+        assert main(argv) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and str(run) in error and "has ended" in error
+
+
+def test_a_target_that_is_no_running_job_is_one_line_naming_it(tmp_path, capsys):
+    plain = subprocess.Popen(["sleep", "600"])
+    try:
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        cases = {
+            str(tmp_path / "nothing"): "not a `dlscope run` directory",
+            str(plain.pid): "not a process of a `dlscope run` job",
+            str(gone.pid): "no such running process",
+        }
+        for target, why in cases.items():
+            for argv in (["attach", target, "--profile-steps", "2"], ["watch", target]):
+                assert main(argv) == 2
+                error = capsys.readouterr().err
+                assert error.count("\n") == 1 and target in error and why in error, error
+    finally:
+        plain.kill()
+        plain.wait()
