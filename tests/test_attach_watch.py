@@ -1,7 +1,8 @@
 """`dlscope attach` and `dlscope watch` on a real job running under `dlscope run`: a loop whose step
 becomes a big matmul once a flag file appears is profiled on demand after it slowed (the window
 covers the slow steps and its top operator is the matmul), while `dlscope watch` runs in a
-pseudo-terminal 80 columns wide, shows the live figures and ends by itself when the job ends.
+pseudo-terminal 80 columns wide, shows the live figures (a checkpoint, a stall while the job
+pauses) and ends by itself when the job ends.
 Bad targets get one line naming them and exit status 2."""
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ def test_a_job_that_slows_is_profiled_on_demand_and_watched_at_80_columns(tmp_pa
         wait_for(lambda: steps_of(run) >= 20, "the job's first 20 steps")
         terminal = Terminal([sys.executable, "-m", "dlscope.cli", "watch", str(run), "--interval", "0.2"])
         wait_for(lambda: "a second" in terminal.text(), "watch showing the step rate")
+        (tmp_path / "pause").touch()  # no step ends while it exists
+        wait_for(lambda: "stalled: no step for" in terminal.text(), "watch saying the job stalled")
+        (tmp_path / "pause").unlink()
         flag.touch()
         slowed_at = steps_of(run)  # every step that starts from here on runs the matmul
         assert main(["attach", str(run), "--profile-steps", "3", "--json"]) == 0
@@ -100,8 +104,9 @@ def test_a_job_that_slows_is_profiled_on_demand_and_watched_at_80_columns(tmp_pa
         if terminal is not None:
             terminal.close()
     shown = terminal.text()
-    for figure in ("steps", "step time", "p50", "anatomy", "data wait", "checkpoint", "state", "Processes"):
+    for figure in ("steps", "step time", "p50", "anatomy", "data wait", "state", "Processes", "train_steps"):
         assert figure in shown
+    assert f"saved{tmp_path / 'ckpt.pt'}in" in re.sub(r"\s", "", shown)  # the path may wrap in its cell
     assert "the job has ended" in shown.replace("\n", " ")
     assert max(len(line) for line in shown.splitlines()) <= 80
 
@@ -109,7 +114,11 @@ def test_a_job_that_slows_is_profiled_on_demand_and_watched_at_80_columns(tmp_pa
     top10 = json.loads((run / "results.json").read_text())["sections"]["top10"]
     scheduled, attached = top10["windows"]
     assert scheduled["trigger"] == "schedule" and scheduled["last_step"] < slowed_at
-    assert scheduled["rows"][0]["name"] != "aten::mm"
+    mm_share = {
+        w["trigger"]: next((r["self_cpu_pct"] for r in w["rows"] if r["name"] == "aten::mm"), 0.0)
+        for w in (scheduled, attached)
+    }
+    assert mm_share["schedule"] < 50 < mm_share["attach"]  # the small Linear's own backward is an mm too
     assert (attached["trigger"], attached["first_step"]) == ("attach", window["first_step"])
     assert attached["rows"][0]["name"] == "aten::mm" and (run / attached["trace"]).exists()
     report = (run / "report.md").read_text()

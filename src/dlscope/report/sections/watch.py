@@ -10,6 +10,7 @@ from dlscope.report.blocks import Block, Para, Table, Verdict
 TITLE = "The job now"
 SHOWN_PARTS = ("data", "gap", "forward", "backward", "optimizer", "other")
 PART_NAMES = {"gap": "gap before forward"}
+MAX_LISTED = 12  # processes listed one a row; beyond, DataLoader workers are counted instead
 
 
 def ms(value: float) -> str:
@@ -65,7 +66,8 @@ def figures(section: dict[str, Any]) -> list[list[str]]:
         files = ", ".join(checkpoint["files"]) or checkpoint["kind"]
         verb = "saved" if checkpoint["kind"] == "checkpoint_save" else "loaded"
         when = ago(section["time"] - checkpoint["end"])
-        rows.append(["checkpoint", f"{verb} {files} in {checkpoint['seconds']:.2f} s, {when}"])
+        took = ms(checkpoint["seconds"] * 1e3) if checkpoint["seconds"] < 1 else f"{checkpoint['seconds']:.1f} s"
+        rows.append(["checkpoint", f"{verb} {files} in {took}, {when}"])
     rows.append(["state", state(section)])
     return rows
 
@@ -94,6 +96,9 @@ def process_state(p: dict[str, Any]) -> str:
 
 def render(section: dict[str, Any]) -> list[Block]:
     elapsed = duration(section["time"] - section["started"])
+    processes = section["processes"]
+    workers = [p for p in processes if p["worker"]]
+    listed = processes if len(processes) <= MAX_LISTED else [p for p in processes if not p["worker"]]
     blocks: list[Block] = [
         Para(f"dlscope watch {section['run_dir']} · {elapsed} since the job started"),
         Table(["figure", "now"], figures(section), "The job now"),
@@ -109,12 +114,15 @@ def render(section: dict[str, Any]) -> list[Block]:
                     p["phase"] or "-",
                     process_state(p),
                 ]
-                for p in section["processes"]
+                for p in listed
             ],
-            f"Processes ({len(section['processes'])})",
+            f"Processes ({len(processes)})",
             optional=("role", "rank", "phase"),
         ),
     ]
+    if len(listed) < len(processes):
+        running = sum(p["running"] for p in workers)
+        blocks.append(Para(f"And {len(workers)} DataLoader workers, {running} of them running."))
     if section["ended"]:
         blocks.append(Verdict("ended", "good" if section["status"] in ("ok", "ended") else "warn", ended_text(section)))
     return blocks
