@@ -17,6 +17,7 @@ import subprocess
 import sys
 import termios
 import threading
+import time
 from pathlib import Path
 
 from dlscope.cli import main
@@ -149,3 +150,22 @@ def test_a_target_that_is_no_running_job_is_one_line_naming_it(tmp_path, capsys)
     finally:
         plain.kill()
         plain.wait()
+
+
+def test_a_request_no_process_takes_is_withdrawn_and_said(tmp_path, capsys):
+    """A process that has ended steps but never reaches another step end (this test's own, with a
+    live file and no bootstrap): attach gives up at --timeout, says so, exits 1 and leaves no request."""
+    from dlscope.observe.hang.live import LiveStatus
+    from dlscope.observe.script.attach import request_path, write_request
+
+    processes = tmp_path / "run" / "processes"
+    processes.mkdir(parents=True)
+    live = LiveStatus(str(processes), None)
+    live.step_ended(12, time.time())
+    assert main(["attach", str(tmp_path / "run"), "--profile-steps", "2", "--timeout", "0.5"]) == 1
+    said = capsys.readouterr().out
+    assert "NO PROFILE" in said and f"process {os.getpid()}" in said and "not written within 0.5 s" in said
+    assert not request_path(processes, os.getpid()).exists()
+    write_request(processes, os.getpid(), {"id": "x", "steps": 1})  # another attach's, not yet taken
+    assert main(["attach", str(tmp_path / "run"), "--profile-steps", "2"]) == 2
+    assert "already waiting" in capsys.readouterr().err

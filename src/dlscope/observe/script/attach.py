@@ -120,36 +120,39 @@ def request_profile(
     """Ask each process of `views` (target_processes) to profile its next `steps` steps; wait (at
     most `timeout` seconds) until each has written its window, or has ended. One entry a process:
     the step it took the request at and its `profile` record as written (None: not delivered)."""
+    from dlscope.errors import ConfigError
     from dlscope.observe.hang.capture import alive
 
+    waiting = [v.pid for v in views if request_path(directory, v.pid).exists()]
+    if waiting:
+        raise ConfigError(f"a profile request is already waiting for process {waiting[0]} (another dlscope attach?)")
     request = {"id": f"{time.time_ns():x}", "steps": steps, "requested": time.time()}
     tails = {v.pid: _Tail(directory / f"{v.pid}.jsonl") for v in views}  # before: a fast taker is seen
-    for view in views:
-        write_request(directory, view.pid, request)
     found: dict[int, dict[str, Any]] = {
         v.pid: {"pid": v.pid, "rank": v.rank, "requested_at_step": v.steps, "taken": None, "profile": None}
         for v in views
     }
-    deadline = time.monotonic() + timeout
     status = "timeout"
-    while time.monotonic() < deadline:
-        for pid, tail in tails.items():
-            for record in tail.new():
-                if record.get("request") != request["id"]:
-                    continue
-                if record.get("k") in ("profile_taken", "profile"):
-                    found[pid]["taken" if record["k"] == "profile_taken" else "profile"] = record
-        pending = [pid for pid in found if found[pid]["profile"] is None]
-        gone = [pid for pid in pending if not alive(pid)]
-        if progress is not None:
-            progress(len(found) - len(pending), len(found))
-        if not pending or len(gone) == len(pending):
-            status = "done" if not pending else "ended"
-            break
-        time.sleep(0.2)
-    for pid in found:  # a request no process took is withdrawn: a later step must not start it unasked
-        if found[pid]["taken"] is None:
-            request_path(directory, pid).unlink(missing_ok=True)
+    try:
+        for view in views:
+            write_request(directory, view.pid, request)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for pid, tail in tails.items():
+                for record in tail.new():
+                    if record.get("request") == request["id"] and record.get("k") in ("profile_taken", "profile"):
+                        found[pid]["taken" if record["k"] == "profile_taken" else "profile"] = record
+            pending = [pid for pid in found if found[pid]["profile"] is None]
+            if progress is not None:
+                progress(len(found) - len(pending), len(found))
+            if not pending or not any(alive(pid) for pid in pending):
+                status = "done" if not pending else "ended"
+                break
+            time.sleep(0.2)
+    finally:  # a request no process took is withdrawn (also on Ctrl-C): no window starts unasked later
+        for pid in found:
+            if found[pid]["taken"] is None:
+                request_path(directory, pid).unlink(missing_ok=True)
     return {"run_dir": str(directory.parent), "request": request, "status": status, "processes": list(found.values())}
 
 
