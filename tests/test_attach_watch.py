@@ -87,7 +87,8 @@ def test_a_job_that_slows_is_profiled_on_demand_and_watched_at_80_columns(tmp_pa
         (tmp_path / "pause").unlink()
         flag.touch()
         slowed_at = steps_of(run)  # every step that starts from here on runs the matmul
-        assert main(["attach", str(run), "--profile-steps", "3", "--json"]) == 0
+        # by `dlscope run`'s own PID: the script below it is the process profiled
+        assert main(["attach", str(job.pid), "--profile-steps", "3", "--json"]) == 0
         [process] = json.loads(capsys.readouterr().out)["processes"]
         window = process["window"]
         assert window["trigger"] == "attach" and window["active_steps"] == 3

@@ -56,17 +56,18 @@ def write_request(directory: Path, pid: int, request: dict[str, Any]) -> None:
 
 
 def resolve(target: str) -> tuple[Path, int | None]:
-    """A running job's processes/ directory, from its run directory or a PID in it (then also
-    that PID). One line naming `target` when it is neither, or when its run has ended."""
+    """A running job's processes/ directory, from its run directory or a PID in it or above it
+    (`dlscope run`'s own; then also that PID). One line naming `target` when it is neither, or
+    when its run has ended."""
     from dlscope.errors import ConfigError
-    from dlscope.observe.hang.capture import alive
-    from dlscope.observe.hang.ondemand import run_dir_of
+    from dlscope.observe.hang.capture import alive, descendants
 
     if target.isdigit():
         pid = int(target)
         if not alive(pid):
             raise ConfigError("no such running process", f"/proc/{pid}")
-        directory = run_dir_of(pid)
+        # the process itself, or one below it (`dlscope run`'s own PID: the job is its child)
+        directory = next((d for p in descendants(pid) if (d := _run_dir_or_none(p)) is not None), None)
         if directory is None:
             raise ConfigError("not a process of a `dlscope run` job (no DLSCOPE_RUN_DIR in its environment)", target)
         return directory, pid
@@ -80,18 +81,18 @@ def resolve(target: str) -> tuple[Path, int | None]:
 
 
 def target_processes(target: str) -> tuple[Path, list[Any]]:
-    """The run's processes/ directory and the live views of the processes to profile: a run
-    directory's every running process that has ended a step; a PID's own process, or the processes
-    below it (a launcher: torchrun) that run under `dlscope run`."""
+    """The run's processes/ directory and the live views of the processes to profile: those of
+    a run directory, or of a PID and the processes below it (a launcher: torchrun's ranks), that
+    run and have ended a training step."""
     from dlscope.errors import ConfigError
     from dlscope.observe.hang.capture import alive, descendants
     from dlscope.observe.hang.live import read_all
 
     directory, pid = resolve(target)
     views = read_all(directory)
-    if pid is not None:
+    if pid is not None:  # the process, or the ones below it that step (a launcher's ranks)
         below = set(descendants(pid))
-        views = [v for v in views if v.pid == pid] or [v for v in views if v.pid in below]
+        views = [v for v in views if v.pid in below]
     running = [v for v in views if alive(v.pid) and not v.exited]
     if not running:
         raise ConfigError("no process of this run is running", target)
@@ -99,6 +100,17 @@ def target_processes(target: str) -> tuple[Path, list[Any]]:
     if not stepping:
         raise ConfigError("no training step has ended yet in any of its processes: try again once steps run", target)
     return directory, stepping
+
+
+def _run_dir_or_none(pid: int) -> Path | None:
+    """The run directory in a process's environment; None also when it is gone or unreadable."""
+    from dlscope.errors import ConfigError
+    from dlscope.observe.hang.ondemand import run_dir_of
+
+    try:
+        return run_dir_of(pid)
+    except ConfigError:
+        return None
 
 
 def run_status(run_dir: Path) -> str | None:
