@@ -106,7 +106,7 @@ def test_a_job_that_slows_is_profiled_on_demand_and_watched_at_80_columns(tmp_pa
         if terminal is not None:
             terminal.close()
     shown = terminal.text()
-    for figure in ("steps", "step time", "p50", "anatomy", "data wait", "state", "Processes", "train_steps"):
+    for figure in ("steps", "step time", "p50", "anatomy", "data wait", "slowest", "state", "Processes", "train_steps"):
         assert figure in shown
     assert f"saved{tmp_path / 'ckpt.pt'}in" in re.sub(r"\s", "", shown)  # the path may wrap in its cell
     assert "the job has ended" in shown.replace("\n", " ")
@@ -122,6 +122,7 @@ def test_a_job_that_slows_is_profiled_on_demand_and_watched_at_80_columns(tmp_pa
     }
     assert mm_share["schedule"] < 50 < mm_share["attach"]  # the small Linear's own backward is an mm too
     assert (attached["trigger"], attached["first_step"]) == ("attach", window["first_step"])
+    assert top10["profiled_cost"]["unprofiled_steps"] > 0 and top10["profiled_cost"]["ratio"] > 0
     assert attached["rows"][0]["name"] == "aten::mm" and (run / attached["trace"]).exists()
     report = (run / "report.md").read_text()
     assert f"steps {window['first_step']}–{window['last_step']}" in report and "dlscope attach" in report
@@ -170,3 +171,26 @@ def test_a_request_no_process_takes_is_withdrawn_and_said(tmp_path, capsys):
     write_request(processes, os.getpid(), {"id": "x", "steps": 1})  # another attach's, not yet taken
     assert main(["attach", str(tmp_path / "run"), "--profile-steps", "2"]) == 2
     assert "already waiting" in capsys.readouterr().err
+
+
+def test_a_window_taken_after_the_job_slowed_is_not_called_the_profilers_cost(tmp_path):
+    """Steps of 10 ms, then 50 ms from step 100 on; a window on demand at steps 150–152 (50 ms each).
+    Against the unprofiled steps around it the profiler costs nothing (1.0×); against every unprofiled
+    step of the run (the median, 10 ms) it would read 5×."""
+    from dlscope.observe.script import steptable
+    from dlscope.observe.script.analysis import window_cost
+    from dlscope.observe.script.records import RecordFile, StepFile
+
+    records = RecordFile(str(tmp_path))
+    start = 0.0
+    for i in range(300):
+        seconds = 0.010 if i < 100 else 0.050
+        profiled = {149: "warmup", 150: "active", 151: "active", 152: "active"}.get(i)
+        fields = dict(i=i, src="optimizer", start=start, end=start + seconds, data=0.0, data_source="gap")
+        records.write_step(**fields, forward=0.0, backward=0.0, optimizer=0.0, profiled=profiled)
+        start += seconds
+    os.close(records.fd)
+    steps = StepFile(tmp_path / f"{os.getpid()}.steps")
+    cost = window_cost(steptable.open_stream(steps)[1], steps.codes, 150, 152)
+    assert cost["active_step_ms"] == cost["unprofiled_step_ms"] == 50.0
+    assert cost["unprofiled_steps"] == 100

@@ -21,6 +21,7 @@ from dlscope.observe.script.attach import run_status
 from dlscope.observe.script.records import StepFile
 
 RECORDS_TAIL_BYTES = 64 << 10  # of a process's records: where its last checkpoint phase is
+SLOWEST = 3  # of the recent steps, named with their step numbers
 STALLED_FACTOR = 5.0  # no step for this many median steps (and a second) reads as stalled
 
 
@@ -83,7 +84,7 @@ def _recent_steps(path: Path, recent: int) -> dict[str, Any] | None:
     loader = steps.codes["data_source"].index("loader")
     parts = steptable.part_seconds(table, loader)
     p50, p90, p99 = np.percentile(seconds, [50, 90, 99])
-    slowest = int(np.argmax(seconds))
+    slowest = np.argsort(seconds)[::-1][:SLOWEST]
     return {
         "count": len(table),
         "first": int(table["i"][0]),
@@ -92,8 +93,8 @@ def _recent_steps(path: Path, recent: int) -> dict[str, Any] | None:
         "p50_ms": round(float(p50) * 1e3, 3),
         "p90_ms": round(float(p90) * 1e3, 3),
         "p99_ms": round(float(p99) * 1e3, 3),
-        "max_ms": round(float(seconds[slowest]) * 1e3, 3),
-        "slowest_step": int(table["i"][slowest]),
+        "max_ms": round(float(seconds[slowest[0]]) * 1e3, 3),
+        "slowest": [{"step": int(table["i"][k]), "ms": round(float(seconds[k]) * 1e3, 3)} for k in slowest],
         "mean_ms": {p: round(float(v.mean()) * 1e3, 4) for p, v in parts.items()},
         "data_source": "loader" if bool((table["data_source"] == loader).any()) else "none",
         "profiling": steps.codes["profiled"][int(table["profiled"][-1])],

@@ -63,6 +63,11 @@ def windows_blocks(windows: list[dict[str, Any]], shown_in_full: dict[str, Any] 
     return blocks
 
 
+def before_window(cost: dict[str, Any]) -> str:
+    n = cost.get("unprofiled_steps")
+    return "" if n is None else f" in the {n} steps around the window"
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     windows = section.get("windows", [])
     if not section.get("rows"):
@@ -90,7 +95,8 @@ def render(section: dict[str, Any]) -> list[Block]:
         blocks.append(
             Para(
                 f"The profiler's own cost: a profiled step took {cost['active_step_ms']:.1f} ms (median) against "
-                f"{cost['unprofiled_step_ms']:.1f} ms unprofiled ({cost['ratio']:.2f}×); between steps it took "
+                f"{cost['unprofiled_step_ms']:.1f} ms unprofiled{before_window(cost)} ({cost['ratio']:.2f}×); "
+                "between steps it took "
                 f"{cost['between_steps_seconds']:.2f} s in all, writing its trace {cost['export_seconds']:.2f} s of "
                 "that. Steps outside the schedule run with the profiler off."
             )

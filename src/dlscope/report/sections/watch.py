@@ -41,10 +41,10 @@ def figures(section: dict[str, Any]) -> list[list[str]]:
             [
                 "step time",
                 f"p50 {ms(recent['p50_ms'])} · p90 {ms(recent['p90_ms'])} · p99 {ms(recent['p99_ms'])} · "
-                f"max {ms(recent['max_ms'])} (step {recent['slowest_step']:,}); "
-                f"steps {recent['first']:,}–{recent['last']:,}",
+                f"max {ms(recent['max_ms'])}, over steps {recent['first']:,}–{recent['last']:,}",
             ]
         )
+        rows.append(["slowest", " · ".join(f"step {s['step']:,}: {ms(s['ms'])}" for s in recent["slowest"])])
         mean = recent["mean_ms"]
         step = sum(mean.values()) or 1.0
         always = ("forward", "backward", "optimizer", "other")  # data and gap: when there is some
