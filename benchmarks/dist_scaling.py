@@ -24,6 +24,8 @@ from typing import Any
 from dlscope.config import TrainConfig
 from dlscope.observe.distributed.analysis import scaling_table
 from dlscope.options import DistOptions, RunOptions
+from dlscope.report.sections.scaling import WORDS
+from dlscope.report.wording import worded
 from dlscope.steps.scaling import measure, short_config
 
 
@@ -73,7 +75,7 @@ def main() -> None:
             f"| {row['ranks']} × {row['threads']} | {row['samples_per_s']:,.0f} | {row['speedup']:.2f}× "
             f"| {row['ideal']:.2f}× | {row['efficiency_pct']:.0f}% |"
         )
-    for level, text in scaling["findings"]:
+    for level, text in worded(scaling["findings"], WORDS).items:
         print(f"\n{level}: {text}")
     columns = ["bucket_cap_mb", "all-reduces/step", "bytes/step", "samples/s", "step ms", "compute ms", "comm %"]
     print("\n| " + " | ".join([*columns, "exposed %", "overlap %"]) + " |")

@@ -20,13 +20,13 @@ LAB_STEP_BUDGET_S = 8.0
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         lab_run = Path(tmp) / "lab"
-        # the lab step alone (after the dataset step, as in `dlscope lab`), in a fresh process
+        # the lab step alone (after the dataset step, as in `dlscope lab`), in a fresh process, through the runner
         code = (
-            "from dlscope.rundir import RunDir\n"
-            "from dlscope.steps import STEPS_BY_NAME, LabContext, LabOptions, run_steps\n"
-            "from dlscope.train import TrainConfig\n"
-            f"ctx = LabContext(TrainConfig(), RunDir({str(lab_run)!r}, 'bench'), LabOptions(progress=False))\n"
-            "run_steps(ctx, [STEPS_BY_NAME['dataset'], STEPS_BY_NAME['pipeline']])\n"
+            "from dlscope.options import RunOptions\n"
+            "from dlscope.plan import Plan\n"
+            "from dlscope.runner import run_command\n"
+            f"options = RunOptions(out={str(lab_run)!r}, tensorboard=False, progress=False)\n"
+            "run_command(Plan('lab', ['dataset', 'pipeline'], options=options, argv=[]), render=False)\n"
         )
         subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL)
         lab_step_s = json.loads((lab_run / "results.json").read_text())["sections"]["pipeline"]["seconds"]
@@ -46,7 +46,7 @@ def main() -> int:
         f"pipeline sweep:    {sweep_s:.1f} s (budget {SWEEP_BUDGET_S:.0f} s), exactly once: {section['exactly_once']}"
     )
     for table in section["tables"]:
-        print(f"\n{table['title']} ({table['samples']:,} samples)")
+        print(f"\n{table['varied']} ({table['samples']:,} samples)")
         print(f"  {'row':<18} {'wall s':>7} {'runs':>20} {'wait s':>7} {'read s':>7} {'reads':>8} {'AU %':>5}  verdict")
         for r in table["rows"]:
             runs = "/".join(f"{w:.2f}" for w in r["wall_s_runs"])

@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 from dlscope.data.mnist import load_mnist
+from dlscope.options import RunOptions
 from dlscope.rundir import RunDir
-from dlscope.steps.base import LabContext, LabOptions
+from dlscope.steps.base import Context
 from dlscope.steps.sweep import STEP
 from dlscope.train import TrainConfig
 
@@ -49,10 +50,10 @@ def main() -> None:
                 f"{row['achieved_gflops']:5.1f} GFLOP/s ({row['pct_of_peak']:.1f}% of peak)"
             )
 
-        ctx = LabContext(
+        ctx = Context(
             config=TrainConfig(),
             run=RunDir(Path(tmp) / "lab", "lab"),
-            options=LabOptions(progress=False),
+            options=RunOptions(progress=False),
             data=load_mnist(),
         )
         start, cpu_start = time.perf_counter(), time.process_time()

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 from dlscope.observe.iotrace import ebpf
-from dlscope.observe.iotrace.tracer import BACKENDS, availability
+from dlscope.observe.iotrace.tracer import availability
+from dlscope.options import TRACE_BACKENDS
 
 SCRIPT = """
 import sys, torch
@@ -86,7 +87,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
     usable = [b for b, why in availability().items() if why is None]
-    for backend in BACKENDS:
+    for backend in TRACE_BACKENDS:
         if backend not in usable:
             print(f"{backend}: skipped ({availability()[backend]})")
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average)")

@@ -45,7 +45,7 @@ def test_step_dissects_final_pt_and_proves_the_reload_exact(tmp_path):
     anatomy = section["torch"]
     assert anatomy["path"] == "checkpoints/final.pt" and anatomy["safe_to_load"]
     assert {r["role"] for r in anatomy["by_role"]} == {"parameter", "optimizer", "rng"}
-    assert anatomy["reload_diff"]["identical"], anatomy["reload_diff"]["verdict"]
+    assert anatomy["reload_diff"]["identical"], anatomy["reload_diff"]["tensors"]
     text = render_report(run.path)[1].read_text()
     assert "## Checkpoint anatomy" in text
     assert "Reload is exact" in text and "identical: all 26 tensors equal bit for bit" in text

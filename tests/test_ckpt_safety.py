@@ -130,11 +130,11 @@ def test_finding_names_global_and_its_byte_offset(tmp_path):
     path = tmp_path / "evil.pkl"
     path.write_bytes(data)
     anatomy = inspect_checkpoint(path)
-    (finding,) = [f for f in anatomy.findings if "system" in f.what]
-    assert finding.what.startswith("GLOBAL posix.system") or finding.what.startswith("GLOBAL os.system")
-    offset = int(finding.where.rsplit("byte ", 1)[1])
+    (finding,) = [f.values for f in anatomy.findings if "system" in f.values["name"]]
+    assert finding["opcode"] == "GLOBAL" and finding["name"] in ("posix.system", "os.system")
+    offset = int(finding["where"].rsplit("byte ", 1)[1])
     assert data[offset : offset + 1] == b"c"  # the GLOBAL opcode itself
-    assert data[offset + 1 :].startswith(finding.what.split()[1].rsplit(".", 1)[0].encode())
+    assert data[offset + 1 :].startswith(finding["name"].rsplit(".", 1)[0].encode())
 
 
 def test_torch_zip_payload_agrees_with_torch_weights_only(tmp_path):
@@ -143,7 +143,8 @@ def test_torch_zip_payload_agrees_with_torch_weights_only(tmp_path):
     path.write_bytes(in_torch_zip(canary))
     anatomy = inspect_checkpoint(path)
     assert [t.name for t in anatomy.tensors] == ["weight"]  # the tensors are still listed
-    assert any("system" in f.what and f.where.startswith("archive/data.pkl @ byte") for f in anatomy.findings)
+    found = [f.values for f in anatomy.findings]
+    assert any("system" in f["name"] and f["where"].startswith("archive/data.pkl @ byte") for f in found)
     with pytest.raises(pickle.UnpicklingError):
         torch.load(path, weights_only=True)
     assert not canary.exists()
@@ -156,7 +157,7 @@ def test_unknown_but_harmless_global_is_a_finding(tmp_path):
     torch.save({"w": torch.zeros(2), "args": argparse.Namespace(lr=0.1)}, path)
     anatomy = inspect_checkpoint(path)
     assert not anatomy.safe_to_load
-    assert [(f.level, f.what.split()[1]) for f in anatomy.findings] == [("bad", "argparse.Namespace")]
+    assert [(f.level, f.values["name"]) for f in anatomy.findings] == [("bad", "argparse.Namespace")]
     assert anatomy.metadata["args.<argparse.Namespace>.lr"] == 0.1  # its state is shown, inert
 
 

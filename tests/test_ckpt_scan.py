@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from dlscope.ckpt.allowlist import TORCH_WEIGHTS_ONLY
 from dlscope.ckpt.scan import scan_file
 from dlscope.cli import main
+from dlscope.report.sections.ckpt_scan import summary
 
 
 class Call:
@@ -98,9 +99,8 @@ def test_trailing_bytes_that_are_no_pickle_are_a_finding(tmp_path):
     data = pickle.dumps({"a": 1}, protocol=2)
     report = scan_file(write(tmp_path, "tail.pkl", data + b"\xff\xfe junk"))
     assert report.verdict == "safe"
-    assert any(
-        "after the last STOP are not a pickle" in f.what and f.where == f"pickle @ {len(data)}" for f in report.findings
-    )
+    (tail,) = [f for f in report.findings if f.key == "scan.after_stop"]
+    assert tail.values == {"bytes": 7, "where": f"pickle @ {len(data)}"}
 
 
 BREAKS = {
@@ -119,7 +119,7 @@ def test_payload_before_a_break_is_dangerous_with_the_evidence(tmp_path, capsys,
     path = write(tmp_path, "evil.pkl", head + tail)
     report = scan_file(path)
     assert report.verdict == "dangerous"
-    line = report.summary()
+    line = summary(report.evidence())
     assert line.startswith(f"DANGEROUS: os.system called by REDUCE @ {len(head) - 1}, before the stream breaks @ ")
     assert reason in line
     code, out = scan_cli(capsys, str(path))
@@ -189,7 +189,7 @@ def test_every_opcode_that_reaches_code_is_recorded(tmp_path, name):
     canary = tmp_path / "CANARY"
     data, opcode = opcode_paths(canary)[name]
     report = scan_file(write(tmp_path, "evil.pkl", data))
-    assert report.verdict == "dangerous", report.summary()
+    assert report.verdict == "dangerous", report.evidence()
     calls = [e for p in report.pickles for e in p.scan.events if e.call and not e.allowed]
     assert calls and calls[-1].opcode == opcode
     assert data[calls[-1].position : calls[-1].position + 1] == getattr(pickle, opcode)
@@ -224,7 +224,7 @@ def test_duplicate_member_first_malicious_is_dangerous(tmp_path):
             out.writestr(info.filename, benign.read(info.filename))
     report = scan_file(path)
     assert report.verdict == "dangerous"
-    assert any("appears twice" in f.what and f.level == "bad" for f in report.findings)
+    assert any(f.key == "zip.duplicate" and f.level == "bad" for f in report.findings)
     assert [p.where for p in report.pickles] == ["archive/data.pkl", "archive/data.pkl"]
     assert not canary.exists()
 
@@ -244,22 +244,23 @@ def test_zip_findings_have_offsets(tmp_path):
     data_offset = storage.header_offset + 30 + name_len + extra_len
     crc = scan_file(write(tmp_path, "crc.pt", patched(data, data_offset, "<B", data[data_offset] ^ 0xFF)))
     assert crc.verdict == "damaged" and crc.exit_code == 2
-    assert any("CRC32" in f.what and f.where == f"@ {data_offset}" for f in crc.findings)
+    assert any(f.key == "zip.crc" and f.values["where"] == f"@ {data_offset}" for f in crc.findings)
     # the local header's CRC disagrees with the central directory's (torch writes none: it uses data descriptors)
     local = scan_file(write(tmp_path, "local.zip", patched(zip_with_gap(b""), 14, "<I", 0)))
-    assert any("local header says CRC 00000000" in f.what for f in local.findings) and local.verdict == "damaged"
+    said = summary(local.evidence())
+    assert said.startswith("DAMAGED: ") and "local header says CRC 00000000" in said and local.verdict == "damaged"
     # the encryption flag set in both headers: the member cannot be read
     entry = data.index(b"PK\x01\x02" + data[zf.start_dir + 4 : zf.start_dir + 6], zf.start_dir)
     while data[entry + 46 : entry + 46 + len(storage.filename)] != storage.filename.encode():
         entry = data.index(b"PK\x01\x02", entry + 4)
     flagged = patched(patched(data, storage.header_offset + 6, "<H", 1), entry + 8, "<H", 1)
     encrypted = scan_file(write(tmp_path, "enc.pt", flagged))
-    assert any("encrypted" in f.what for f in encrypted.findings) and encrypted.verdict == "damaged"
+    assert any(f.key == "zip.encrypted" for f in encrypted.findings) and encrypted.verdict == "damaged"
     # bytes appended between the last member and the central directory
     after = scan_file(write(tmp_path, "after.zip", zip_with_gap(b"\x00" * 100)))
-    assert any(f.what == "100 bytes after the last member" and f.where == "@ 57" for f in after.findings)
+    assert any(f.key == "zip.after_last" and f.values == {"bytes": 100, "where": "@ 57"} for f in after.findings)
     appended = scan_file(write(tmp_path, "appended.zip", zip_with_gap(b"") + b"\x00" * 7))
-    assert any(f.what == "7 bytes after the end of the central directory" for f in appended.findings)
+    assert any(f.key == "zip.after_directory" and f.values["bytes"] == 7 for f in appended.findings)
 
 
 def zip_with_gap(gap: bytes) -> bytes:
@@ -277,7 +278,7 @@ def test_pickle_in_front_of_a_zip_is_read(tmp_path):
     data = system_call(canary) + b"." + torch_zip_bytes({"w": torch.ones(2)})
     report = scan_file(write(tmp_path, "polyglot.pt", data))
     assert report.verdict == "dangerous" and report.pickles[0].where == "bytes before the first member"
-    assert any("before the first member" in f.what for f in report.findings)
+    assert any(f.key == "zip.before_first" for f in report.findings)
     assert not canary.exists()
 
 
@@ -304,10 +305,10 @@ def test_npy_header_and_object_array_payload(tmp_path):
     canary = tmp_path / "CANARY"
     np.save(tmp_path / "evil.npy", np.array([1, Call(os.system, f"touch {canary}")], dtype=object), allow_pickle=True)
     report = scan_file(tmp_path / "evil.npy")
-    assert report.verdict == "dangerous" and "posix.system called by REDUCE" in report.summary()
+    assert report.verdict == "dangerous" and "posix.system called by REDUCE" in summary(report.evidence())
     np.save(tmp_path / "m.npy", np.zeros((2, 3), dtype="<f4", order="F"))
-    header = next(f for f in scan_file(tmp_path / "m.npy").findings if f.what.startswith("dtype"))
-    assert header.what == "dtype '<f4', shape (2, 3), fortran order True, data @ 128"
+    header = next(f for f in scan_file(tmp_path / "m.npy").findings if f.key == "scan.npy_array")
+    assert header.values == {"dtype": "'<f4'", "shape": "(2, 3)", "fortran": "True", "at": 128, "where": "array"}
     np.save(tmp_path / "fields.npy", np.zeros(3, dtype=[("Oxygen", "<f4"), ("n", "<i2", (2,))]))
     assert scan_file(tmp_path / "fields.npy").verdict == "safe"  # a field named O… is no object field
     cut = write(tmp_path, "cut.npy", (tmp_path / "m.npy").read_bytes()[:-4])
@@ -324,7 +325,7 @@ def test_sklearn_style_pickle_and_joblib_classes_are_findings(tmp_path):
     joblib.dump(Estimator(), tmp_path / "model.joblib")
     for name in ("model.pkl", "model.joblib"):
         report = scan_file(tmp_path / name)
-        assert report.verdict == "dangerous" and not any(p.scan.error for p in report.pickles), report.summary()
+        assert report.verdict == "dangerous" and not any(p.scan.error for p in report.pickles), report.evidence()
         assert f"{__name__}.Estimator" in report.unsafe_names()
     assert "joblib.numpy_pickle.NumpyArrayWrapper" in scan_file(tmp_path / "model.joblib").unsafe_names()
 
@@ -352,7 +353,7 @@ def test_pickle_without_a_usual_first_opcode_is_still_read(tmp_path):
     # a bytes leaf first (no PROTO): pickle.load accepts it, then runs the call
     data = b"C\x01x0" + system_call(canary)[2:] + b"."
     report = scan_file(write(tmp_path, "odd.bin", data))
-    assert report.verdict == "dangerous" and "os.system called by REDUCE" in report.summary()
+    assert report.verdict == "dangerous" and "os.system called by REDUCE" in summary(report.evidence())
     assert scan_file(write(tmp_path, "notes.txt", b"C\x01x0 plain text")).verdict == "damaged"
     assert not canary.exists()
 
@@ -474,7 +475,7 @@ def test_mutations_after_the_import_never_make_a_payload_safe(tmp_path, which, e
             del body[i]
     body = body[: max(after, cut % (len(body) + 1))]
     report = scan_file(write(tmp_path, "m.pkl", bytes(body)))
-    assert report.verdict == "dangerous", report.summary()
+    assert report.verdict == "dangerous", report.evidence()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -483,7 +484,7 @@ def test_any_single_byte_change_is_scanned_without_raising(tmp_path, which, at, 
     body = bytearray(MALICIOUS[which])
     body[at % len(body)] = value
     report = scan_file(write(tmp_path, "m.pkl", bytes(body)))
-    assert report.verdict in ("safe", "dangerous", "damaged") and report.summary()
+    assert report.verdict in ("safe", "dangerous", "damaged") and summary(report.evidence())
 
 
 @pytest.mark.slow

@@ -140,7 +140,7 @@ def test_missing_shard_is_a_finding(tmp_path):
     prefix = write_bundle(tmp_path, TENSORS)
     (tmp_path / "ckpt-1.data-00000-of-00001").unlink()
     anatomy = inspect_checkpoint(prefix)
-    assert [f.what for f in anatomy.findings] == ["data shard missing: tensor bytes cannot be read"]
+    assert [(f.key, f.level) for f in anatomy.findings] == [("ckpt.shard_missing", "bad")]
     assert all(t.read is None for t in anatomy.tensors)
 
 

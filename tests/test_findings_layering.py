@@ -1,5 +1,5 @@
 """Measuring code returns facts, report/ words them: no English sentence is built under steps/,
-observe/, experiments/, measure/ or data/ (issue 21). Read with `ast`, not run.
+observe/, experiments/, measure/, data/ or ckpt/ (issue 21). Read with `ast`, not run.
 
 A sentence: a str constant or f-string with ≥ 4 plain words, making up at least half its tokens (so
 code — a bpftrace program, a `python -c` line — is not one). Not counted: docstrings, exception
@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "dlscope"
-LAYERS = ("steps", "observe", "experiments", "measure", "data")
+LAYERS = ("steps", "observe", "experiments", "measure", "data", "ckpt")
 # Sentences that are not findings, each with why.
 EXEMPT = {
     # fragments of torch's own stderr lines, matched to drop them, never shown
@@ -28,6 +28,8 @@ EXEMPT = {
     ("data/pipeline/stages.py", "ReaderConfig"),
     # a line in the observed process's stacks file, for the person who opens it: a log line
     ("observe/hang/agent.py", "_attach_failed"),
+    # the name of a place in a file (where a pickle lies, as "archive/data.pkl" is), not a finding
+    ("ckpt/scan.py", "BEFORE_FIRST_MEMBER"),
 }
 UI_CALLS = {"say", "task", "update", "on_point", "on_row", "print", "warn"}
 MATCHERS = {"filterwarnings"}  # their text is matched against a library's own messages

@@ -284,7 +284,7 @@ class OpsOptions:
 
 @dataclass
 class FileOptions:
-    """`ckpt verify|inspect|scan|diff`, `env`: commands that answer on the terminal, no run directory."""
+    """`ckpt verify|inspect|scan|diff`, `env`, `models`: commands that answer on the terminal, no run directory."""
 
     paths: list[str] = field(default_factory=list)  # diff: the two to compare
     data_dir: str | None = None  # verify: the MNIST test set
@@ -292,6 +292,33 @@ class FileOptions:
     stats: bool = False  # inspect: read every tensor
     json: bool = False
     limit: int = 40  # rows per table
+
+
+@dataclass
+class MnistOptions:
+    """`data fetch|verify`: MNIST from a mirror into a cache, or a copy's checksums."""
+
+    mirror: str = ""  # fetch: base URL of the four .gz files
+    dest: str | None = None  # fetch: cache root (default ~/.cache/dlscope)
+    data_dir: str | None = None  # verify: the copy (default: the embedded one)
+
+
+@dataclass
+class PipelinePrepareOptions:
+    """`pipeline prepare`: MNIST's or synthetic samples written in each of `formats`."""
+
+    out: str
+    source: str = "mnist"
+    samples: int = 60_000
+    sample_bytes: int = 472  # synthetic: 550-byte files
+    shards: int = 8
+    formats: tuple[str, ...] = PIPELINE_FORMATS
+    seed: int = 0
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.samples < 1 or self.sample_bytes < 1:
+            raise ConfigError("--samples and --sample-bytes must be ≥ 1")
 
 
 @dataclass

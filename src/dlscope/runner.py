@@ -266,6 +266,10 @@ ANSWERS = {
         ("ckpt-diff", "ckpt_diff", "answers"),
         ("env", "environment", "answers"),
         ("pipeline-run", "pipeline_run", "pipeline"),
+        ("pipeline-prepare", "pipeline_prepare", "pipeline"),
+        ("models", "models", "answers"),
+        ("data-fetch", "data_fetch", "answers"),
+        ("data-verify", "data_verify", "answers"),
         ("stacks", "stacks", "answers"),
         ("attach", "attach", "answers"),
     ]
@@ -291,6 +295,29 @@ def answer(command: str, options: Any) -> int:
 
         print_blocks(named(renderer)(section, options))
     return status
+
+
+def report(run_dir: str) -> int:
+    """`dlscope report RUN`: the last stage alone, on a run directory from results.json."""
+    from dlscope.console import console
+    from dlscope.report.render import render_report
+
+    html, md = render_report(run_dir)
+    console.print(f"wrote [path]{html}[/] and [path]{md}[/]")
+    return 0
+
+
+def tensorboard(run_dir: str, port: int) -> int:
+    """`dlscope tensorboard RUN`: this process becomes TensorBoard on the run's logs, bound to 127.0.0.1."""
+    logdir = Path(run_dir) / "tensorboard"
+    if not Path(run_dir).is_dir():
+        raise DlscopeError("no such run directory", run_dir)
+    if not logdir.is_dir():
+        raise DlscopeError("no tensorboard/ directory in this run", run_dir)
+    print("dlscope: set Smoothing to 0 in TensorBoard's settings: test points are one per epoch", file=sys.stderr)
+    board = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1"]
+    os.execvp(sys.executable, [*board, "--port", str(port)])
+    return 0  # not reached
 
 
 def watch(options: Any) -> int:

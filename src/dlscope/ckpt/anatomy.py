@@ -1,4 +1,5 @@
-"""What every format reader produces: the tensor table, findings, and the totals built from them."""
+"""What every format reader produces: the tensor table, findings (dlscope.findings: facts, each with
+the `where` it cites; worded in report/sections/ckpt_anatomy.py), and the totals built from them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from dlscope.findings import Finding
 
 if TYPE_CHECKING:
     import torch
@@ -56,13 +59,6 @@ class TensorEntry:
 
 
 @dataclass
-class Finding:
-    level: str  # bad, warn, info
-    what: str
-    where: str = ""
-
-
-@dataclass
 class Anatomy:
     path: str
     format: str
@@ -85,7 +81,7 @@ class Anatomy:
             "file_bytes": self.file_bytes,
             "safe_to_load": self.safe_to_load,
             "corrupt": self.corrupt,
-            "findings": [f.__dict__ for f in self.findings],
+            "findings": [f.to_json() for f in self.findings],
             "layout": self.layout,
             "architecture": self.architecture,
             "training": self.training,

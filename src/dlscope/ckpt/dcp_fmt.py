@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from dlscope.ckpt.allowlist import DCP_METADATA, TORCH_WEIGHTS_ONLY
-from dlscope.ckpt.anatomy import ROLE_OF_KEY, Anatomy, Finding, TensorEntry, role_for_path
+from dlscope.ckpt.anatomy import ROLE_OF_KEY, Anatomy, TensorEntry, role_for_path
 from dlscope.ckpt.pickle_scan import scan_pickle
 from dlscope.ckpt.pickle_values import DType, Global, ObjectKey, Opaque
 from dlscope.ckpt.torchfmt import record_pickle
 from dlscope.errors import CheckpointError
+from dlscope.findings import Finding
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 256 << 20
@@ -224,19 +225,8 @@ def add_findings(anatomy: Anatomy, sharded: list[str]) -> None:
     ranks = sorted({f["rank"] for f in dcp["files"] if f["rank"] is not None})
     items = sum(f["item_bytes"] for f in dcp["files"])
     data = sum(t.nbytes for t in anatomy.tensors)
-    anatomy.findings.append(
-        Finding(
-            "info",
-            f"Written by {len(ranks)} rank(s) ({', '.join(map(str, ranks))}) into {len(dcp['files'])} file(s); each "
-            f"item is a torch.save archive of its own: {data:,} bytes of tensor data in {items:,} bytes of items",
-        )
-    )
+    facts = {"ranks": ranks, "files": len(dcp["files"]), "tensor_bytes": data, "item_bytes": items}
+    anatomy.findings.append(Finding("ckpt.dcp_written", "info", facts))
     if sharded:
-        anatomy.findings.append(Finding("info", f"Sharded across ranks: {', '.join(sharded[:8])} chunks"))
-    anatomy.findings.append(
-        Finding(
-            "warn",
-            f"dcp.load reads {METADATA} with plain pickle.load (torch's FileSystemReader), not weights_only: "
-            "load only DCP checkpoints you trust",
-        )
-    )
+        anatomy.findings.append(Finding("ckpt.dcp_sharded", "info", {"tensors": sharded[:8]}))
+    anatomy.findings.append(Finding("ckpt.dcp_metadata_pickle", "warn", {"metadata": METADATA}))

@@ -56,24 +56,10 @@ def diff_checkpoints(path_a: str | Path, path_b: str | Path) -> dict[str, Any]:
     metadata_changed = sorted(
         k for k in a.metadata.keys() | b.metadata.keys() if a.metadata.get(k) != b.metadata.get(k)
     )
-    identical = not (added or removed or changed_layout or differing)
-    if identical:
-        verdict = f"identical: all {len(rows)} tensors equal bit for bit"
-    else:
-        worst = max(differing, key=lambda r: r["max_abs"], default=None)
-        parts = [f"{len(differing)} of {len(rows)} common tensors differ"]
-        if worst is not None:
-            parts.append(f"largest |Δ| {worst['max_abs']:.3g} in {worst['name']}")
-        if added or removed:
-            parts.append(f"{len(added)} added, {len(removed)} removed")
-        if changed_layout:
-            parts.append(f"{len(changed_layout)} changed shape or dtype")
-        verdict = "; ".join(parts)
     return {
         "a": {"path": str(path_a), "format": a.format, "tensors": len(a.tensors)},
         "b": {"path": str(path_b), "format": b.format, "tensors": len(b.tensors)},
-        "identical": identical,
-        "verdict": verdict,
+        "identical": not (added or removed or changed_layout or differing),
         "added": added,
         "removed": removed,
         "shape_or_dtype_changed": changed_layout,

@@ -16,9 +16,10 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry
+from dlscope.ckpt.anatomy import Anatomy, TensorEntry
 from dlscope.ckpt.zipdir import Member, members
 from dlscope.errors import CheckpointError
+from dlscope.findings import Finding
 
 MAX_OBJECTS = 100_000  # HDF5 groups + datasets walked
 MAX_JSON = 64 << 20  # config.json / metadata.json read into memory
@@ -182,7 +183,7 @@ def map_keras3_optimizer(anatomy: Anatomy) -> None:
         (a for a in arrangements if all(slots[i].shape == params[p].shape for i, (p, _) in enumerate(a))), None
     )
     if match is None:
-        anatomy.findings.append(Finding("info", "optimizer variables do not line up with the layers' shapes", ""))
+        anatomy.findings.append(Finding("ckpt.optimizer_unmatched", "info"))
         return
     optimizer = (anatomy.training or {}).get("optimizer")
     names = SLOT_NAMES.get(optimizer if isinstance(optimizer, str) else "", ())
@@ -301,7 +302,7 @@ def inspect_keras_zip(path: Path, f: BinaryIO, zf: zipfile.ZipFile, file_bytes: 
     anatomy.training = training_from_config(compile_config)
     weights = ms.get("model.weights.h5")
     if weights is None:
-        anatomy.findings.append(Finding("warn", "no model.weights.h5 member: the model has no saved weights", ""))
+        anatomy.findings.append(Finding("ckpt.no_weights", "warn"))
         return anatomy
     if weights.compression != "stored":
         raise CheckpointError("model.weights.h5 is compressed in the zip; Keras stores it uncompressed", path)

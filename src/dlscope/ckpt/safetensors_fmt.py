@@ -13,10 +13,11 @@ import struct
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
+from dlscope.ckpt.anatomy import Anatomy, TensorEntry, dtype_name, role_for_path
 from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.ckpt.pickle_values import DType
 from dlscope.errors import CheckpointError
+from dlscope.findings import Finding
 
 MAX_HEADER = 100_000_000  # the format's own limit
 DTYPES = {
@@ -112,9 +113,8 @@ def inspect_safetensors(path: Path, f: BinaryIO, file_bytes: int) -> Anatomy:
             raise CheckpointError(f"tensors {n0!r} and {n1!r} overlap (bytes {b1:,}–{e0:,})", path)
     covered = sum(e - b for b, e, *_ in spans)
     if covered != data_bytes:
-        anatomy.findings.append(
-            Finding("warn", f"{data_bytes - covered:,} bytes of the data area belong to no tensor", str(path))
-        )
+        facts = {"bytes": data_bytes - covered, "where": str(path)}
+        anatomy.findings.append(Finding("ckpt.unowned_data", "warn", facts))
     anatomy.layout["safetensors_header"] = {
         "header_bytes": n,
         "data_offset": data_start,

@@ -36,6 +36,7 @@ from dlscope.ckpt.pickle_scan import scan_pickle
 from dlscope.ckpt.pickle_values import PickleScan, StorageRef, TensorRef
 from dlscope.ckpt.sniff import NPY_MAGIC, sniff
 from dlscope.errors import CheckpointError
+from dlscope.findings import Finding, Level
 
 EXIT_CODES = {"safe": 0, "dangerous": 1, "damaged": 2, "skipped": 0}
 MAX_PICKLE_BYTES = 256 << 20  # a state dict's pickle is kilobytes to a few MB; more is scanned up to here
@@ -44,13 +45,7 @@ SAFETENSORS_MAX_HEADER = 100 << 20
 # a walked file with one of these names is a model file even when it is broken: damaged, never skipped
 MODEL_SUFFIXES = {".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".model", ".tar", ".safetensors"}
 MODEL_SUFFIXES |= {".npy", ".npz", ".h5", ".hdf5", ".keras", ".index", ".distcp"}
-
-
-@dataclass
-class Finding:
-    level: str  # bad: makes the file damaged; warn, info: worth knowing, verdict unchanged
-    what: str
-    where: str = ""
+BEFORE_FIRST_MEMBER = "bytes before the first member"  # where a pickle in front of a zip lies
 
 
 @dataclass
@@ -77,9 +72,10 @@ class ScanReport:
     path: str
     format: str
     file_bytes: int
+    # bad: makes the file damaged; warn, info: worth knowing, verdict unchanged (worded in report/sections/ckpt_scan.py)
     findings: list[Finding] = field(default_factory=list)
     pickles: list[ScannedPickle] = field(default_factory=list)
-    skipped: str = ""  # why a file found in a directory is no model file
+    skipped: dict[str, Any] | None = None  # why a file found in a directory is no model file
 
     @property
     def verdict(self) -> str:
@@ -95,8 +91,9 @@ class ScanReport:
     def exit_code(self) -> int:
         return EXIT_CODES[self.verdict]
 
-    def summary(self) -> str:
-        """The verdict in one line, with the evidence: the first dangerous call, or the first fault."""
+    def evidence(self) -> dict[str, Any]:
+        """The verdict's evidence, as facts: the first dangerous call, why the file was skipped, its
+        first fault, or what a safe file holds."""
         verdict = self.verdict
         if verdict == "dangerous":
             where, event, broken = next(
@@ -105,23 +102,15 @@ class ScanReport:
                 for e in sorted(p.scan.events, key=lambda e: not e.call)
                 if not e.allowed
             )
-            others = len(self.unsafe_names() - {event.subject})
-            action = "called by" if event.call else "imported by"
-            line = f"DANGEROUS: {event.name} {action} {event.opcode} @ {event.position}"
-            line += f" in {where}" if where != "pickle" else ""
-            if broken.error:
-                line += f", before the stream breaks @ {broken.end} ({broken.error})"
-            return line + (f"; {others:,} more name{'s' * (others != 1)} off the allow-list" if others else "")
+            facts = {"name": event.name, "call": event.call, "opcode": event.opcode, "position": event.position}
+            facts |= {"where": where, "broken_at": broken.end if broken.error else None, "error": broken.error}
+            return {"verdict": verdict, **facts, "others": len(self.unsafe_names() - {event.subject})}
         if verdict == "skipped":
-            return f"SKIPPED: not a model file: {self.skipped}"
+            return {"verdict": verdict, **(self.skipped or {})}
         if verdict == "damaged":
-            bad = next(f for f in self.findings if f.level == "bad")
-            return f"DAMAGED: {bad.what}" + (f" ({bad.where})" if bad.where else "")
-        if not self.pickles:
-            return f"SAFE: {self.format}, no pickle: data only, nothing in it can run"
+            return {"verdict": verdict, "finding": next(f for f in self.findings if f.level == "bad").to_json()}
         names = {e.name for p in self.pickles for e in p.scan.events}
-        n = len(self.pickles)
-        return f"SAFE: {n} pickle{'s' * (n != 1)}, all {len(names)} globals on the allow-list"
+        return {"verdict": verdict, "format": self.format, "pickles": len(self.pickles), "globals": len(names)}
 
     def unsafe_names(self) -> set[str]:
         """Names off the allow-list, each once (`X.__setstate__` and `X(…)` are uses of X)."""
@@ -134,8 +123,8 @@ class ScanReport:
             "file_bytes": self.file_bytes,
             "verdict": self.verdict,
             "exit_code": self.exit_code,
-            "summary": self.summary(),
-            "findings": [f.__dict__ for f in self.findings],
+            "evidence": self.evidence(),
+            "findings": [f.to_json() for f in self.findings],
             "pickles": [p.to_dict() for p in self.pickles],
         }
 
@@ -176,36 +165,36 @@ def scan_file(
     return report
 
 
-def no_model_file(report: ScanReport, path: Path) -> str:
-    """Why a damaged file is no model file at all, or "" when it is one (or dangerous: never skipped)."""
+def no_model_file(report: ScanReport, path: Path) -> dict[str, Any] | None:
+    """Why a damaged file is no model file at all, or None when it is one (or dangerous: never skipped)."""
     if report.verdict != "damaged" or path.suffix.lower() in MODEL_SUFFIXES:
-        return ""
+        return None
     if report.format == "empty file":
-        return "empty"
+        return {"reason": "empty"}
     if report.format == "unknown":
-        return report.findings[0].what.removeprefix("not a checkpoint: ")
+        return {"reason": "unknown format", **report.findings[0].values}
     first = report.pickles[0].scan if len(report.pickles) == 1 else None
     guessed = report.format == "pickle" and first is not None and first.protocol == 0
     if guessed and first.error and not first.events:
-        return f"text, not a pickle: it breaks @ {first.end}"
-    return ""
+        return {"reason": "text", "breaks_at": first.end}
+    return None
 
 
 class Scanner:
     def __init__(self, report: ScanReport, f: BinaryIO, allowed: frozenset[str], crc: bool):
         self.report, self.f, self.allowed, self.crc = report, f, allowed, crc
 
-    def bad(self, what: str, where: str = "") -> None:
-        self.report.findings.append(Finding("bad", what, where))
+    def bad(self, key: str, **facts: Any) -> None:
+        self.report.findings.append(Finding(f"scan.{key}", "bad", facts))
 
-    def note(self, level: str, what: str, where: str = "") -> None:
-        self.report.findings.append(Finding(level, what, where))
+    def note(self, key: str, level: Level, **facts: Any) -> None:
+        self.report.findings.append(Finding(f"scan.{key}", level, facts))
 
     def run(self) -> None:
         report, f = self.report, self.f
         if report.file_bytes == 0:
             report.format = "empty file"
-            self.bad("empty file: not a checkpoint")
+            self.bad("empty")
             return
         head = f.read(16)
         kind = sniff(head, self.tail(8))
@@ -229,7 +218,7 @@ class Scanner:
             self.stream(self.read_all(), 0, "pickle", joblib=True)
         else:
             report.format = "unknown"
-            self.bad(f"not a checkpoint: unknown format (first bytes {head[:8].hex(' ')})")
+            self.bad("unknown_format", first_bytes=head[:8].hex(" "))
             # pickle.load needs no PROTO first: whatever the first byte, what it would import is evidence
             scan = scan_pickle(self.read_all(), 0, self.allowed)
             if any(not e.allowed for e in scan.events):
@@ -243,7 +232,7 @@ class Scanner:
         self.f.seek(0)
         data = self.f.read(MAX_PICKLE_BYTES)
         if self.report.file_bytes > MAX_PICKLE_BYTES:
-            self.bad(f"over {MAX_PICKLE_BYTES:,} bytes of pickle: only the first {MAX_PICKLE_BYTES:,} were scanned")
+            self.bad("over_limit", limit=MAX_PICKLE_BYTES)
         return data
 
     # pickles
@@ -257,7 +246,7 @@ class Scanner:
         while pos < len(data):
             scan = scan_pickle(data, pos, allowed, joblib)
             if scan.error and count and scan.opcodes <= 1 and not scan.events:
-                self.note("warn", f"{len(data) - pos:,} bytes after the last STOP are not a pickle", f"{where} @ {pos}")
+                self.note("after_stop", "warn", bytes=len(data) - pos, where=f"{where} @ {pos}")
                 return pos
             count += 1
             self.add(where if count == 1 else f"{where} #{count}", scan)
@@ -265,15 +254,15 @@ class Scanner:
                 return scan.end
             pos = scan.end
         if count == 0:
-            self.bad("no pickle where one was expected", where)
+            self.bad("no_pickle", where=where)
         return pos
 
     def add(self, where: str, scan: PickleScan) -> None:
         self.report.pickles.append(ScannedPickle(where, scan))
         if scan.error:
-            self.bad(f"the stream breaks @ {scan.end} ({scan.error})", where)
+            self.bad("stream_breaks", at=scan.end, error=scan.error, where=where)
         if scan.elided:
-            self.note("info", "over 500,000 containers: the tree was elided, every opcode still scanned", where)
+            self.note("elided", "info", where=where)
 
     # formats
     def safetensors(self, head: bytes) -> None:
@@ -281,16 +270,16 @@ class Scanner:
         (n,) = struct.unpack("<Q", head[:8])
         report.format = "safetensors"
         if n > min(SAFETENSORS_MAX_HEADER, report.file_bytes - 8):
-            self.bad(f"safetensors header of {n:,} bytes runs past the end of the file or its 100 MB limit")
+            self.bad("safetensors_header_size", bytes=n)
             return
         self.f.seek(8)
         try:
             header = json.loads(self.f.read(n))
         except (ValueError, UnicodeDecodeError) as e:
-            self.bad(f"safetensors header is not JSON: {e}")
+            self.bad("safetensors_not_json", error=str(e))
             return
         if not isinstance(header, dict):
-            self.bad("safetensors header is not a JSON object")
+            self.bad("safetensors_not_object")
 
     def legacy(self, data: bytes) -> None:
         """Magic, protocol, sys_info, the object, the storage keys — five pickles — then each storage as an
@@ -307,22 +296,20 @@ class Scanner:
         keys = scans[4].root
         dtypes = {s.key: s.dtype for s in storages_in(scans[3].root)}
         if not isinstance(keys, list) or any(str(k) not in dtypes for k in keys):
-            self.bad(
-                "the storage key list does not match the object's storages", f"storage keys pickle @ {scans[4].start}"
-            )
+            self.bad("storage_keys", where=f"storage keys pickle @ {scans[4].start}")
             return
         for key in keys:
             if pos + 8 > len(data):
-                self.bad(f"storage {key} is cut off: truncated", f"@ {pos}")
+                self.bad("storage_cut", storage=str(key), where=f"@ {pos}")
                 return
             (numel,) = struct.unpack_from("<q", data, pos)
             nbytes = numel * dtypes[str(key)].itemsize
             if numel < 0 or pos + 8 + nbytes > len(data):
-                self.bad(f"storage {key} ({numel:,} elements) runs past the end of the file", f"@ {pos}")
+                self.bad("storage_past_end", storage=str(key), elements=numel, where=f"@ {pos}")
                 return
             pos += 8 + nbytes
         if pos < len(data):
-            self.note("warn", f"{len(data) - pos:,} bytes after the last storage", f"@ {pos}")
+            self.note("after_storages", "warn", bytes=len(data) - pos, where=f"@ {pos}")
             self.stream(data, pos, f"after the storages @ {pos}")
 
     def zip(self, head: bytes) -> None:
@@ -331,7 +318,7 @@ class Scanner:
             zf = zipfile.ZipFile(f)
         except (zipfile.BadZipFile, OSError, ValueError, struct.error, EOFError) as e:
             report.format = "zip"
-            self.bad(f"truncated or corrupt zip: {e}")
+            self.bad("zip_corrupt", error=str(e))
             return
         with zf:
             infos = zf.infolist()
@@ -345,14 +332,13 @@ class Scanner:
             else:
                 report.format = "zip"
             issues, offsets = zipdir.audit_zip(f, zf, report.file_bytes, self.crc)
-            for issue in issues:
-                self.note(issue.level, issue.what, f"@ {issue.offset}")
+            report.findings += issues
             first = min((i.header_offset for i in infos), default=0)
             if first > 0:  # a pickle in front of a zip: torch.load reads the file as a legacy pickle stream
                 f.seek(0)
                 prefix = f.read(min(first, MAX_PICKLE_BYTES))
                 if prefix[:1] == b"\x80" or prefix[:1] in (b"(", b"c", b"}", b"]"):
-                    self.stream(prefix, 0, "bytes before the first member")
+                    self.stream(prefix, 0, BEFORE_FIRST_MEMBER)
             for i, info in enumerate(infos):
                 if i in offsets and not info.flag_bits & zipdir.FLAG_ENCRYPTED:
                     self.member(info, offsets[i])
@@ -373,10 +359,10 @@ class Scanner:
                 return
             data = b"".join(zipdir.member_chunks(self.f, info, data_offset, limit))
         except zipdir.MemberError as e:
-            self.bad(f"cannot decompress: {e}", name)
+            self.bad("decompress", error=str(e), where=name)
             return
         if len(data) < info.file_size:
-            self.note("warn", f"only the first {len(data):,} of {info.file_size:,} bytes were scanned", name)
+            self.note("partly_scanned", "warn", scanned=len(data), bytes=info.file_size, where=name)
         if name.endswith(".npy"):
             self.npy(data, name)
         else:
@@ -386,44 +372,52 @@ class Scanner:
         """A .npy array: magic, version, header dict (descr, fortran_order, shape), then the data — raw
         numbers, or for an object dtype a pickle that np.load(allow_pickle=True) runs."""
         if not data.startswith(NPY_MAGIC) or len(data) < 10:
-            self.bad("not a .npy array (wrong magic)", where)
+            self.bad("npy_magic", where=where)
             return
         major = data[6]
         width = 2 if major == 1 else 4
         if major not in (1, 2, 3) or len(data) < 8 + width:
-            self.bad(f"unknown .npy version {major}", where)
+            self.bad("npy_version", version=major, where=where)
             return
         n = int.from_bytes(data[8 : 8 + width], "little")
         start = 8 + width
         if n > NPY_MAX_HEADER or start + n > len(data):
-            self.bad(f".npy header of {n:,} bytes is over numpy's limit or past the end", where)
+            self.bad("npy_header_size", bytes=n, where=where)
             return
         try:
             header = ast.literal_eval(data[start : start + n].decode("utf-8" if major == 3 else "latin-1"))
             descr, shape = header["descr"], header["shape"]
             fortran = header["fortran_order"]
         except (ValueError, SyntaxError, KeyError, TypeError, MemoryError, RecursionError) as e:
-            self.bad(f".npy header is not a valid dict: {type(e).__name__}", where)
+            self.bad("npy_header", error=type(e).__name__, where=where)
             return
         offset = start + n
         if not isinstance(shape, tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            self.bad(f".npy shape {shape!r:.60} is not a tuple of sizes", where)
+            self.bad("npy_shape", shape=repr(shape)[:60], where=where)
             return
-        self.note("info", f"dtype {descr!r:.40}, shape {shape!r:.60}, fortran order {fortran}, data @ {offset}", where)
+        self.note(
+            "npy_array",
+            "info",
+            dtype=repr(descr)[:40],
+            shape=repr(shape)[:60],
+            fortran=repr(fortran),
+            at=offset,
+            where=where,
+        )
         if npy_has_objects(descr):
             self.stream(data, offset, f"{where} (object array)", allowed=self.allowed | NUMPY_ARRAY)
             return
         itemsize = npy_itemsize(descr)
         if itemsize is None:
-            self.note("warn", f"dtype {descr!r:.40} not recognised: data size not checked", where)
+            self.note("npy_dtype", "warn", dtype=repr(descr)[:40], where=where)
             return
         expected = itemsize
         for d in shape:
             expected = min(expected * d, len(data) + 1)  # compared with the data's size, never allocated
         if offset + expected > len(data):
-            self.bad(f"array data is {len(data) - offset:,} bytes, the header needs {expected:,}: truncated", where)
+            self.bad("npy_truncated", bytes=len(data) - offset, needs=expected, where=where)
         elif offset + expected < len(data):
-            self.note("warn", f"{len(data) - offset - expected:,} bytes after the array data", where)
+            self.note("npy_trailing", "warn", bytes=len(data) - offset - expected, where=where)
 
 
 def npy_has_objects(descr: Any) -> bool:

@@ -25,10 +25,11 @@ from typing import Any, BinaryIO
 
 import crc32c
 
-from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name
+from dlscope.ckpt.anatomy import Anatomy, TensorEntry, dtype_name
 from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.ckpt.pickle_values import DType
 from dlscope.errors import CheckpointError
+from dlscope.findings import Finding
 from dlscope.protowire import FormatError, proto_fields, signed64, varint
 
 TABLE_MAGIC = (0xDB4775248B80FB57).to_bytes(8, "little")
@@ -345,9 +346,9 @@ def inspect_tf(index: Path, f: BinaryIO, index_bytes: int, check: bool = False) 
     ]
     for s in shards:
         if s not in present:
-            anatomy.findings.append(Finding("bad", "data shard missing: tensor bytes cannot be read", str(s)))
+            anatomy.findings.append(Finding("ckpt.shard_missing", "bad", {"where": str(s)}))
     if header["endianness"] != "little":
-        anatomy.findings.append(Finding("warn", "big-endian bundle: statistics are not computed", str(index)))
+        anatomy.findings.append(Finding("ckpt.big_endian", "warn", {"where": str(index)}))
     places: dict[str, dict[str, Any]] = {}
     for name, e in parsed:
         dtype = TF_DTYPES.get(e["dtype"], f"dtype {e['dtype']}")
@@ -357,14 +358,16 @@ def inspect_tf(index: Path, f: BinaryIO, index_bytes: int, check: bool = False) 
         shard = shards[e["shard_id"]] if 0 <= e["shard_id"] < len(shards) else None
         fits = shard in present and e["offset"] >= 0 and e["offset"] + e["size"] <= present[shard]
         if shard in present and not fits:
-            anatomy.findings.append(Finding("bad", f"bytes {e['offset']:,}+{e['size']:,} run past its shard", name))
+            facts = {"offset": e["offset"], "bytes": e["size"], "where": name}
+            anatomy.findings.append(Finding("ckpt.past_shard", "bad", facts))
         if fits and check and e["crc32c"] is not None:
             _check_crc(anatomy, name, shard, e, numel)
         if fits and name == "_CHECKPOINTABLE_OBJECT_GRAPH" and e["dtype"] == 7 and e["size"] <= MAX_INDEX_BYTES:
             places = _places(anatomy, read_shard_bytes(shard, e["offset"], e["size"]))
         numeric = isinstance(dtype, DType)
         if numeric and e["size"] != numel * dtype.itemsize and not e["slices"]:
-            anatomy.findings.append(Finding("bad", f"{e['size']:,} bytes for {numel:,} {dtype_name(dtype)}", name))
+            facts = {"bytes": e["size"], "elements": numel, "dtype": dtype_name(dtype), "where": name}
+            anatomy.findings.append(Finding("ckpt.size_mismatch", "bad", facts))
             numeric = False
         readable = numeric and fits and header["endianness"] == "little" and not e["slices"]
         anatomy.tensors.append(
@@ -395,12 +398,11 @@ def _check_crc(anatomy: Anatomy, name: str, shard: Path, entry: dict[str, Any], 
         computed = tensor_crc(shard, entry["offset"], entry["size"], entry["dtype"], numel)
     except FormatError as e:
         computed = None
-        anatomy.findings.append(Finding("bad", f"string tensor unreadable: {e}", name))
+        anatomy.findings.append(Finding("ckpt.string_unreadable", "bad", {"error": str(e), "where": name}))
     if computed is not None and f"{computed:08x}" != entry["crc32c"]:
         anatomy.corrupt.append(name)
-        anatomy.findings.append(
-            Finding("bad", f"CRC32C mismatch: stored {entry['crc32c']}, bytes give {computed:08x}", name)
-        )
+        facts = {"stored": entry["crc32c"], "computed": f"{computed:08x}", "where": name}
+        anatomy.findings.append(Finding("ckpt.crc32c_mismatch", "bad", facts))
 
 
 def _places(anatomy: Anatomy, raw: bytes) -> dict[str, dict[str, Any]]:
@@ -408,7 +410,7 @@ def _places(anatomy: Anatomy, raw: bytes) -> dict[str, dict[str, Any]]:
     try:
         places = object_graph(string_values(raw, 1)[0])
     except (FormatError, IndexError) as e:
-        anatomy.findings.append(Finding("warn", f"object graph unreadable ({e}): layers guessed from the keys", ""))
+        anatomy.findings.append(Finding("ckpt.object_graph_unreadable", "warn", {"error": str(e)}))
         return {}
     anatomy.layout["variable_map"] = [{"tensor": key, **place} for key, place in sorted(places.items())]
     return places

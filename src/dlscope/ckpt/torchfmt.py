@@ -10,13 +10,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from dlscope.ckpt.anatomy import Anatomy, Finding, TensorEntry, dtype_name, role_for_path
+from dlscope.ckpt.anatomy import Anatomy, TensorEntry, dtype_name, role_for_path
 from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.ckpt.pickle_scan import scan_pickle
 from dlscope.ckpt.pickle_values import DType, Opaque, PickleScan, ScanError, StorageRef, TensorRef
 from dlscope.ckpt.scan import MAX_PICKLE_BYTES
 from dlscope.ckpt.zipdir import Member, MemberError, check_crc, member_chunks, members
 from dlscope.errors import CheckpointError
+from dlscope.findings import Finding
 
 if TYPE_CHECKING:
     import torch
@@ -106,8 +107,8 @@ def record_pickle(anatomy: Anatomy, scan: PickleScan, where: str) -> None:
     for e in scan.unsafe_events:
         if e.subject not in flagged:  # `X.__setstate__`, `X(…)`: uses of X, flagged once
             flagged.add(e.subject)
-            what = f"{e.opcode} {e.name} is off the torch.load(weights_only) allow-list"
-            anatomy.findings.append(Finding("bad", what, f"{where} @ byte {e.position}"))
+            facts = {"opcode": e.opcode, "name": e.name, "where": f"{where} @ byte {e.position}"}
+            anatomy.findings.append(Finding("ckpt.off_allow_list", "bad", facts))
             anatomy.safe_to_load = False
 
 
@@ -136,7 +137,8 @@ def build_anatomy(
         offset, storage_bytes = locate(obj.storage)
         itemsize = obj.dtype.itemsize
         if not view_in_bounds(obj, storage_bytes // itemsize if itemsize else 0):
-            anatomy.findings.append(Finding("bad", f"tensor view reaches outside its storage {obj.storage.key}", name))
+            facts = {"storage": obj.storage.key, "where": name}
+            anatomy.findings.append(Finding("ckpt.view_outside_storage", "bad", facts))
         module = module_tensor(path)
         if module is not None:  # a whole pickled nn.Module: name it as its state_dict would
             name, role, group, module_classes[group] = module
@@ -164,14 +166,7 @@ def build_anatomy(
         anatomy.tensors.append(entry)
     devices = sorted({t.device for t in anatomy.tensors if t.device and t.device != "cpu"})
     if devices:
-        anatomy.findings.append(
-            Finding(
-                "info",
-                f"storages saved from {', '.join(devices)}: torch.load on a machine without that device "
-                "needs map_location='cpu'",
-                where,
-            )
-        )
+        anatomy.findings.append(Finding("ckpt.device_storages", "info", {"devices": devices, "where": where}))
     _group_optimizer_state(anatomy.tensors, parameters)
     anatomy.architecture = _architecture(scan.root, anatomy.tensors, module_classes)
     anatomy.training = _training(scan.root)
@@ -214,12 +209,10 @@ def _architecture(root: Any, tensors: list[TensorEntry], classes: dict[str, str]
     config = root.get("config") if isinstance(root, dict) else None
     name = config.get("model") if isinstance(config, dict) else None
     if classes:
-        source = "the pickled module objects"
+        source = "modules"
         name = root.qualname.rsplit(".", 1)[-1] if isinstance(root, Opaque) else None
-    elif name:
-        source = "the checkpoint's config and its parameter names"
     else:
-        source = "parameter names"
+        source = "config" if name else "names"
     return {
         "class_name": short(name) if name else "state dict",
         "source": source,
@@ -291,12 +284,12 @@ def inspect_torch_zip(path: Path, f: BinaryIO, zf: zipfile.ZipFile, file_bytes: 
         for m in ms:
             m.crc_ok = check_crc(f, m) if m.compression == "stored" else None
             if m.crc_ok is False:
-                anatomy.findings.append(Finding("bad", "CRC32 mismatch: the member's bytes are corrupt", m.name))
+                anatomy.findings.append(Finding("ckpt.member_crc", "bad", {"where": m.name}))
     anatomy.layout["zip_members"] = [m.to_dict() for m in ms]
     anatomy.layout["records"] = small
     misaligned = [m.name for m in ms if m.name.startswith(f"{prefix}/data/") and not m.aligned]
     if misaligned:
-        anatomy.findings.append(Finding("warn", f"{len(misaligned)} storages not 64-byte aligned (no mmap)", ""))
+        anatomy.findings.append(Finding("ckpt.misaligned", "warn", {"storages": len(misaligned)}))
 
     def locate(storage: StorageRef) -> tuple[int | None, int]:
         member = by_name.get(f"{prefix}/data/{storage.key}")

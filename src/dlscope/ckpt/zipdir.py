@@ -15,9 +15,10 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from dlscope.errors import CheckpointError
+from dlscope.findings import Finding, Level
 
 LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # 30 bytes, APPNOTE 4.3.7
 LOCAL_MAGIC = b"PK\x03\x04"
@@ -114,80 +115,68 @@ def inflate_limit(info: zipfile.ZipInfo) -> int:
     return min(info.file_size, MAX_RATIO * info.compress_size + (1 << 20))
 
 
-@dataclass
-class ZipIssue:
-    level: str  # bad: readers disagree or the bytes are corrupt; warn: bytes no member owns
-    what: str
-    offset: int
+def zip_finding(key: str, level: Level, offset: int, **facts: Any) -> Finding:
+    """bad: readers disagree or the bytes are corrupt; warn: bytes no member owns."""
+    return Finding(f"zip.{key}", level, {**facts, "where": f"@ {offset}"})
 
 
 def audit_zip(
     f: BinaryIO, zf: zipfile.ZipFile, file_bytes: int, crc: bool = True
-) -> tuple[list[ZipIssue], dict[int, int]]:
+) -> tuple[list[Finding], dict[int, int]]:
     """Duplicate names, local/central header disagreement, encryption, CRC mismatches, and bytes before the
     first member or between the last member and the central directory. Also: each member's data offset,
     keyed by its position in infolist(). With `crc`, reads every member once, in chunks (bounded memory)."""
-    issues: list[ZipIssue] = []
+    issues: list[Finding] = []
     offsets: dict[int, int] = {}
     seen: dict[str, int] = {}
     spans: list[tuple[int, int]] = []
     for i, info in enumerate(zf.infolist()):
-        if info.filename in seen:
-            issues.append(
-                ZipIssue(
-                    "bad",
-                    f"member name {info.filename!r} appears twice (also @ {seen[info.filename]}): "
-                    "zipfile reads the last copy, other readers the first",
-                    info.header_offset,
-                )
-            )
-        seen.setdefault(info.filename, info.header_offset)
+        member, at = info.filename, info.header_offset
+        if member in seen:
+            issues.append(zip_finding("duplicate", "bad", at, member=member, also_at=seen[member]))
+        seen.setdefault(member, at)
         if info.flag_bits & FLAG_ENCRYPTED:
-            issues.append(
-                ZipIssue("bad", f"{info.filename} is encrypted: its bytes cannot be scanned", info.header_offset)
-            )
+            issues.append(zip_finding("encrypted", "bad", at, member=member))
         local = _local_header(f, info, file_bytes)
-        if isinstance(local, str):
-            issues.append(ZipIssue("bad", f"{info.filename}: {local}", info.header_offset))
+        if local is None:
+            issues.append(zip_finding("no_local_header", "bad", at, member=member, offset=at))
             continue
         data_offset, differences = local
-        for what in differences:
-            issues.append(ZipIssue("bad", f"{info.filename}: local header says {what}", info.header_offset))
+        issues += [zip_finding("local_header", "bad", at, member=member, **d) for d in differences]
         offsets[i] = data_offset
         end = data_offset + info.compress_size
         if end > file_bytes:
-            issues.append(ZipIssue("bad", f"{info.filename} runs past the end of the file", data_offset))
+            issues.append(zip_finding("past_end", "bad", data_offset, member=member))
             continue
         if info.flag_bits & FLAG_DATA_DESCRIPTOR:
             end += 16 if _read_at(f, end, 4) == b"PK\x07\x08" else 12
-        spans.append((info.header_offset, end))
+        spans.append((at, end))
         if info.flag_bits & FLAG_ENCRYPTED:
             continue
         if inflate_limit(info) < info.file_size:
-            what = f"declares {info.file_size:,} bytes from {info.compress_size:,}: over {MAX_RATIO}×, not inflated"
-            issues.append(ZipIssue("bad", f"{info.filename} {what} (a zip bomb?)", data_offset))
+            sizes = {"declared": info.file_size, "compressed": info.compress_size, "ratio": MAX_RATIO}
+            issues.append(zip_finding("bomb", "bad", data_offset, member=member, **sizes))
         elif crc and not member_crc_ok(f, info, data_offset):
-            what = "CRC32 or size differs from the directory's (torch.load checks neither)"
-            issues.append(ZipIssue("bad", f"{info.filename}: {what}", data_offset))
+            issues.append(zip_finding("crc", "bad", data_offset, member=member))
     spans.sort()
     if spans and spans[0][0] > 0:
-        issues.append(ZipIssue("warn", f"{spans[0][0]:,} bytes before the first member", 0))
+        issues.append(zip_finding("before_first", "warn", 0, bytes=spans[0][0]))
     for (_, end), (start, _) in itertools.pairwise(spans):
         if start < end:
-            issues.append(ZipIssue("bad", "two members overlap (one's data is inside another's)", start))
+            issues.append(zip_finding("overlap", "bad", start))
         elif start > end:
-            issues.append(ZipIssue("warn", f"{start - end:,} bytes between members that no member owns", end))
+            issues.append(zip_finding("between", "warn", end, bytes=start - end))
     f.seek(max(0, file_bytes - EOCD_SEARCH))
     tail = f.read(EOCD_SEARCH)
     record = tail.rfind(b"PK\x05\x06")
     if record >= 0 and record + 22 <= len(tail):
         end = file_bytes - len(tail) + record + 22 + struct.unpack_from("<H", tail, record + 20)[0]
         if end < file_bytes:
-            issues.append(ZipIssue("warn", f"{file_bytes - end:,} bytes after the end of the central directory", end))
+            issues.append(zip_finding("after_directory", "warn", end, bytes=file_bytes - end))
     directory = getattr(zf, "start_dir", None)
     if spans and directory is not None and directory > max(e for _, e in spans):
         last = max(e for _, e in spans)
-        issues.append(ZipIssue("warn", f"{directory - last:,} bytes after the last member", last))
+        issues.append(zip_finding("after_last", "warn", last, bytes=directory - last))
     return issues, offsets
 
 
@@ -196,26 +185,28 @@ def _read_at(f: BinaryIO, offset: int, n: int) -> bytes:
     return f.read(n)
 
 
-def _local_header(f: BinaryIO, info: zipfile.ZipInfo, file_bytes: int) -> tuple[int, list[str]] | str:
-    """The member's data offset and where its local header disagrees with the central directory."""
+def _local_header(f: BinaryIO, info: zipfile.ZipInfo, file_bytes: int) -> tuple[int, list[dict[str, Any]]] | None:
+    """The member's data offset and where its local header disagrees with the central directory
+    (each as field, local, central); None when there is no local header."""
     raw = _read_at(f, info.header_offset, LOCAL_HEADER.size)
     if len(raw) < LOCAL_HEADER.size or raw[:4] != LOCAL_MAGIC:
-        return f"no local header at offset {info.header_offset}"
+        return None
     _, _, _, flags, method, _, _, crc, csize, usize, name_len, extra_len = LOCAL_HEADER.unpack(raw)
     name = _read_at(f, info.header_offset + LOCAL_HEADER.size, name_len)
-    differences = []
     central_name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437", "replace")
-    if name != central_name:
-        differences.append(f"name {name.decode('utf-8', 'replace')!r}, the central directory {info.filename!r}")
-    if method != info.compress_type:
-        differences.append(f"compression {method}, the central directory {info.compress_type}")
+    fields = [("name", name, central_name), ("compression", method, info.compress_type)]
     if not flags & FLAG_DATA_DESCRIPTOR:
-        if crc != info.CRC:
-            differences.append(f"CRC {crc:08x}, the central directory {info.CRC:08x}")
-        if csize != ZIP64_SIZE and csize != info.compress_size:
-            differences.append(f"{csize:,} compressed bytes, the central directory {info.compress_size:,}")
-        if usize != ZIP64_SIZE and usize != info.file_size:
-            differences.append(f"{usize:,} bytes, the central directory {info.file_size:,}")
+        fields.append(("crc", crc, info.CRC))
+        if csize != ZIP64_SIZE:
+            fields.append(("compressed_bytes", csize, info.compress_size))
+        if usize != ZIP64_SIZE:
+            fields.append(("bytes", usize, info.file_size))
+    differences = [
+        {"field": field, "local": local, "central": central} for field, local, central in fields if local != central
+    ]
+    for d in differences:
+        if d["field"] == "name":
+            d["local"], d["central"] = name.decode("utf-8", "replace"), info.filename
     return info.header_offset + LOCAL_HEADER.size + name_len + extra_len, differences
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from dlscope.cli.common import from_flags
+
 
 def cmd_attach(args: argparse.Namespace) -> int:
     from dlscope.options import AttachOptions
     from dlscope.runner import answer
 
-    options = AttachOptions(target=args.target, profile_steps=args.profile_steps, timeout=args.timeout, json=args.json)
-    return answer("attach", options)
+    return answer("attach", from_flags(AttachOptions, args))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,20 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from dlscope.cli.common import (
-    Parser,
-    add_run_args,
-    add_training_args,
-    run_builtin_command,
-)
+from dlscope.cli.common import Parser, add_run_args, add_training_args, from_flags, run_builtin_command
 from dlscope.cli.lab import keras_seed_options
 from dlscope.options import FileOptions
 from dlscope.runner import answer
 
 
 def file_options(args: argparse.Namespace, *paths: str) -> FileOptions:
-    keys = ("data_dir", "allow", "stats", "json", "limit")
-    return FileOptions(list(paths), **{k: getattr(args, k) for k in keys if hasattr(args, k)})
+    return from_flags(FileOptions, args, paths=list(paths))
 
 
 def cmd_ckpt_verify(args: argparse.Namespace) -> int:

@@ -5,14 +5,24 @@ Nothing here imports torch: `dlscope --help` and the file-only commands start fa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dlscope.cli.help import HelpFormatter, Subcommands, examples_epilog
 
 if TYPE_CHECKING:
     from dlscope.config import TrainConfig
     from dlscope.options import DistOptions, ProfileOptions, RunOptions, StepOptions
+
+
+Options = TypeVar("Options")
+
+
+def from_flags(kind: type[Options], args: argparse.Namespace, **given: Any) -> Options:
+    """Options (a dataclass) from the flags of the same names; `given`: the fields whose flags differ."""
+    named = {f.name for f in dataclasses.fields(kind)} - set(given)  # type: ignore[arg-type]
+    return kind(**{name: getattr(args, name) for name in named if hasattr(args, name)}, **given)
 
 
 class Given(argparse.Action):

@@ -4,61 +4,29 @@ from __future__ import annotations
 
 import argparse
 
-from dlscope.cli.common import (
-    Parser,
-    run_builtin_command,
-)
+from dlscope.cli.common import Parser, from_flags, run_builtin_command
 from dlscope.runner import answer
 
 
 def cmd_pipeline_prepare(args: argparse.Namespace) -> int:
-    from dlscope.console import console
-    from dlscope.data.pipeline import prepare_dataset, synthetic_samples
-    from dlscope.errors import ConfigError
+    from dlscope.options import PipelinePrepareOptions
 
     formats = tuple(f.strip() for f in args.formats.split(","))
-    if args.samples < 1 or args.sample_bytes < 1:
-        raise ConfigError("--samples and --sample-bytes must be ≥ 1")
-    if args.source == "mnist":
-        from dlscope.data.mnist import load_mnist
-
-        mnist = load_mnist(args.data_dir)
-        n = min(args.samples, len(mnist.train_labels))
-        labels = mnist.train_labels[:n].numpy().astype("uint8")
-        samples = mnist.train_images[:n].reshape(n, -1).numpy()
-    else:
-        labels, samples = synthetic_samples(args.samples, args.sample_bytes, args.seed)
-    manifest = prepare_dataset(args.out, labels, samples, args.source, args.shards, formats)
-    console.print(
-        f"[good]wrote[/] {manifest.samples:,} samples of {manifest.sample_bytes} B into [path]{args.out}[/]: "
-        + ", ".join(f"{fmt} ({manifest.data_bytes(fmt) / 1e6:.1f} MB)" for fmt in manifest.formats)
-        + f"; one file per sample is {manifest.record_file_bytes} B"
-    )
-    return 0
+    return answer("pipeline-prepare", from_flags(PipelinePrepareOptions, args, formats=formats))
 
 
 def cmd_pipeline_run(args: argparse.Namespace) -> int:
     from dlscope.options import PipelineRunOptions
 
-    keys = [f for f in PipelineRunOptions.__dataclass_fields__ if f not in ("fmt", "json")]
-    return answer("pipeline-run", PipelineRunOptions(fmt=args.format, **{k: getattr(args, k) for k in keys}))
+    return answer("pipeline-run", from_flags(PipelineRunOptions, args, fmt=args.format))
 
 
 def cmd_pipeline_sweep(args: argparse.Namespace) -> int:
     from dlscope.config import TrainConfig
     from dlscope.options import PipelineOptions, StepOptions, SweepPlan
 
-    plan = SweepPlan(
-        mnist_samples=args.samples,
-        small_files=args.small_files,
-        compute_ms=args.compute_ms,
-        model=args.model,
-        device=args.device,
-        threads=args.threads,
-        seed=args.seed,
-        repeats=args.repeats,
-        engines=tuple(e.strip() for e in args.engines.split(",")),
-    )
+    engines = tuple(e.strip() for e in args.engines.split(","))
+    plan = from_flags(SweepPlan, args, mnist_samples=args.samples, engines=engines)
     config = TrainConfig(model=args.model, device=args.device, seed=args.seed)
     options = StepOptions(pipeline=PipelineOptions(plan, args.remove_data))
     steps = ["environment", "dataset", "pipeline"]

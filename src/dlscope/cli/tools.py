@@ -3,89 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from pathlib import Path
 
-from dlscope.cli.common import (
-    Parser,
-)
-from dlscope.errors import DlscopeError
+from dlscope import runner
+from dlscope.cli.common import Parser
+from dlscope.options import FileOptions, MnistOptions
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dlscope.console import console
-    from dlscope.report.render import render_report
-
-    html, md = render_report(args.run)
-    console.print(f"wrote [path]{html}[/] and [path]{md}[/]")
-    return 0
+    return runner.report(args.run)
 
 
 def cmd_tensorboard(args: argparse.Namespace) -> int:
-    logdir = Path(args.run) / "tensorboard"
-    if not Path(args.run).is_dir():
-        raise DlscopeError("no such run directory", args.run)
-    if not logdir.is_dir():
-        raise DlscopeError("no tensorboard/ directory in this run", args.run)
-    print("dlscope: set Smoothing to 0 in TensorBoard's settings: test points are one per epoch", file=sys.stderr)
-    os.execvp(
-        sys.executable,
-        [
-            sys.executable,
-            "-m",
-            "tensorboard.main",
-            "--logdir",
-            str(logdir),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(args.port),
-        ],
-    )
-    return 0  # not reached
+    return runner.tensorboard(args.run, args.port)
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from dlscope.options import FileOptions
-    from dlscope.runner import answer
-
-    return answer("env", FileOptions())
+    return runner.answer("env", FileOptions())
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from dlscope.console import console
-    from dlscope.models import MODELS, build_model
-
-    for name, spec in MODELS.items():
-        params = sum(p.numel() for p in build_model(name).parameters())
-        console.print(f"[metric]{name:6}[/] {params:>9,} params  {spec.description}")
-    return 0
+    return runner.answer("models", FileOptions())
 
 
 def cmd_data_fetch(args: argparse.Namespace) -> int:
-    from dlscope.console import console
-    from dlscope.data.mnist import fetch_mnist
-
-    raw = fetch_mnist(args.mirror, args.dest)
-    console.print(
-        f"[good]verified[/] the four MNIST files into [path]{raw}[/]; use them with --data-dir {raw.parent.parent}"
-    )
-    return 0
+    return runner.answer("data-fetch", MnistOptions(mirror=args.mirror, dest=args.dest))
 
 
 def cmd_data_verify(args: argparse.Namespace) -> int:
-    from dlscope.console import console
-    from dlscope.data.mnist import load_mnist
-
-    data = load_mnist(args.data_dir)
-    for key, path in data.files.items():
-        console.print(f"[good]ok[/] {key:13} [path]{path}[/]")
-    console.print(
-        f"{len(data.train_labels):,} train + {len(data.test_labels):,} test images, "
-        f"checksums verified in {data.load_seconds:.2f}s"
-    )
-    return 0
+    return runner.answer("data-verify", MnistOptions(data_dir=args.data_dir))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from dlscope.cli.common import from_flags
+
 
 def cmd_watch(args: argparse.Namespace) -> int:
     from dlscope.options import WatchOptions
     from dlscope.runner import watch
 
-    return watch(WatchOptions(target=args.target, interval=args.interval, recent=args.recent, once=args.once))
+    return watch(from_flags(WatchOptions, args))
 
 
 def _positive(text: str) -> float:

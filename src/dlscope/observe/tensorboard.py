@@ -41,7 +41,6 @@ class TensorBoardObserver(TrainingObserver):
         self.images = images
         self.train: SummaryWriter | None = None
         self.test: SummaryWriter | None = None
-        self.graph_logged = False
 
     def on_train_begin(self, trainer: Trainer) -> None:
         fresh = trainer.result.resumed_from_epoch is None
@@ -58,7 +57,6 @@ class TensorBoardObserver(TrainingObserver):
                 warnings.simplefilter("ignore")
                 self.train.add_graph(trainer.model, x[:1])
             trainer.model.train(was_training)
-            self.graph_logged = True
         if fresh:  # where the test curve starts: the untrained model (eval mode changes no state)
             start = evaluate(trainer.model, trainer.test_images, trainer.test_labels, trainer.config.test_batch_size)
             self.test.add_scalar("loss", start["loss"], 0)

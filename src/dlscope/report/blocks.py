@@ -62,11 +62,13 @@ class Findings:
 
 @dataclass
 class Verdict:
-    """A command's one-line answer, `word` styled by its level (good or bad): "ok path: …"."""
+    """A command's answer, `word` styled by its level (good or bad): "ok path: …"; no word: the text
+    alone. One line however long (scripts grep it), or folded at the terminal's width if `wrap`."""
 
     word: str
     level: str
     text: str
+    wrap: bool = False
 
 
 Block = Para | Table | Figure | Svg | Code | Findings | Verdict

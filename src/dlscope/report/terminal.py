@@ -46,8 +46,9 @@ def print_blocks(blocks: Iterable[Block], console: Console | None = None) -> Non
             console.print(safe(block.text), style="dim", overflow="fold")
         elif isinstance(block, Figure | Svg):
             continue  # drawings live in report.html and report.md
-        elif isinstance(block, Verdict):  # one line however long: scripts and tests grep it
-            console.print(f"[{block.level}]{block.word}[/] {safe(block.text)}", soft_wrap=True)
+        elif isinstance(block, Verdict):
+            word = f"[{block.level}]{block.word}[/] " if block.word else ""
+            console.print(f"{word}{safe(block.text)}", soft_wrap=not block.wrap)
             continue
         else:
             raise TypeError(f"unknown block {block!r}")

@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from dlscope.errors import CheckpointError
-from dlscope.options import AttachOptions, FileOptions, PipelineRunOptions, StacksOptions
+from dlscope.options import (
+    AttachOptions,
+    FileOptions,
+    MnistOptions,
+    PipelinePrepareOptions,
+    PipelineRunOptions,
+    StacksOptions,
+)
 
 Answer = tuple[dict[str, Any], int]
 WORST_FIRST = ("dangerous", "damaged", "safe", "skipped")
@@ -26,7 +33,7 @@ def ckpt_verify(options: FileOptions) -> Answer:
         from dlscope.ckpt.tf_fmt import verify_bundle
 
         anatomy = verify_bundle(index)
-        bad = [{"where": f.where, "what": f.what} for f in anatomy.findings if f.level == "bad"]
+        bad = [f.to_json() for f in anatomy.findings if f.level == "bad"]
         return {"path": str(index), "format": "tf", "mismatches": bad, "tensors": len(anatomy.tensors)}, int(bool(bad))
     from dlscope.checkpoint import verify_checkpoint, verify_dict
     from dlscope.data.loaders import normalise
@@ -65,7 +72,7 @@ def ckpt_inspect(options: FileOptions) -> Answer:
         return scan.to_dict(), scan.exit_code
     if scan is not None and scan.verdict == "dangerous":
         anatomy.safe_to_load = False  # e.g. a second pickle after the one torch.load reads
-    verdict = {"verdict": scan.verdict, "exit_code": scan.exit_code, "summary": scan.summary()} if scan else {}
+    verdict = {"verdict": scan.verdict, "exit_code": scan.exit_code, "evidence": scan.evidence()} if scan else {}
     if scan is not None and scan.verdict != "safe":
         status = scan.exit_code  # dangerous 1, damaged 2
     else:
@@ -96,6 +103,49 @@ def pipeline_run(options: PipelineRunOptions) -> Answer:
     section = {"label": options.fmt, **m.to_dict(), "reader": dataclasses.asdict(reader)}
     section["manifest"] = {"samples": manifest.samples, "sample_bytes": manifest.sample_bytes}
     return section, 0 if m.exactly_once else 1
+
+
+def pipeline_prepare(options: PipelinePrepareOptions) -> Answer:
+    """MNIST's first samples (or synthetic ones) written in each format, with the manifest."""
+    from dlscope.data.pipeline import prepare_dataset, synthetic_samples
+
+    if options.source == "mnist":
+        from dlscope.data.mnist import load_mnist
+
+        mnist = load_mnist(options.data_dir)
+        n = min(options.samples, len(mnist.train_labels))
+        labels = mnist.train_labels[:n].numpy().astype("uint8")
+        samples = mnist.train_images[:n].reshape(n, -1).numpy()
+    else:
+        labels, samples = synthetic_samples(options.samples, options.sample_bytes, options.seed)
+    manifest = prepare_dataset(options.out, labels, samples, options.source, options.shards, options.formats)
+    section = {"out": options.out, "samples": manifest.samples, "sample_bytes": manifest.sample_bytes}
+    section["format_bytes"] = {fmt: manifest.data_bytes(fmt) for fmt in manifest.formats}
+    return {**section, "record_file_bytes": manifest.record_file_bytes}, 0
+
+
+def models(options: FileOptions) -> Answer:
+    from dlscope.models import MODELS, build_model
+
+    def params(name: str) -> int:
+        return sum(p.numel() for p in build_model(name).parameters())
+
+    return {"zoo": [{"name": n, "params": params(n), "description": m.description} for n, m in MODELS.items()]}, 0
+
+
+def data_fetch(options: MnistOptions) -> Answer:
+    from dlscope.data.mnist import fetch_mnist
+
+    raw = fetch_mnist(options.mirror, options.dest)
+    return {"raw": str(raw), "data_dir": str(raw.parent.parent)}, 0
+
+
+def data_verify(options: MnistOptions) -> Answer:
+    from dlscope.data.mnist import load_mnist
+
+    data = load_mnist(options.data_dir)
+    files = {key: str(path) for key, path in data.files.items()}
+    return {"files": files, "train": len(data.train_labels), "test": len(data.test_labels), "s": data.load_seconds}, 0
 
 
 def environment(options: FileOptions) -> Answer:

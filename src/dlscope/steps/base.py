@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from dlscope.rundir import RunDir
     from dlscope.train import Trainer
 
-NEEDS = ("dataset", "trainer", "trained")
-
 
 class Task(Protocol):
     """Feedback from a long step (a progress bar on the terminal; nothing with --no-progress)."""

@@ -6,8 +6,47 @@ import json
 from typing import Any
 
 from dlscope.report.blocks import Block, Code, Findings, Para, Table
+from dlscope.report.wording import Words, located
 
 TITLE = "Checkpoint anatomy"
+
+# what a format reader found (dlscope.ckpt.anatomy's findings), each in words; the place it cites follows
+WORDS: Words = {
+    "ckpt.off_allow_list": lambda v: f"{v['opcode']} {v['name']} is off the torch.load(weights_only) allow-list",
+    "ckpt.view_outside_storage": lambda v: f"tensor view reaches outside its storage {v['storage']}",
+    "ckpt.device_storages": lambda v: (
+        f"storages saved from {', '.join(v['devices'])}: torch.load on a machine "
+        "without that device needs map_location='cpu'"
+    ),
+    "ckpt.member_crc": lambda v: "CRC32 mismatch: the member's bytes are corrupt",
+    "ckpt.misaligned": lambda v: f"{v['storages']} storages not 64-byte aligned (no mmap)",
+    "ckpt.shard_missing": lambda v: "data shard missing: tensor bytes cannot be read",
+    "ckpt.big_endian": lambda v: "big-endian bundle: statistics are not computed",
+    "ckpt.past_shard": lambda v: f"bytes {v['offset']:,}+{v['bytes']:,} run past its shard",
+    "ckpt.size_mismatch": lambda v: f"{v['bytes']:,} bytes for {v['elements']:,} {v['dtype']}",
+    "ckpt.string_unreadable": lambda v: f"string tensor unreadable: {v['error']}",
+    "ckpt.crc32c_mismatch": lambda v: f"CRC32C mismatch: stored {v['stored']}, bytes give {v['computed']}",
+    "ckpt.object_graph_unreadable": lambda v: f"object graph unreadable ({v['error']}): layers guessed from the keys",
+    "ckpt.optimizer_unmatched": lambda v: "optimizer variables do not line up with the layers' shapes",
+    "ckpt.no_weights": lambda v: "no model.weights.h5 member: the model has no saved weights",
+    "ckpt.dcp_written": lambda v: (
+        f"Written by {len(v['ranks'])} rank(s) ({', '.join(map(str, v['ranks']))}) into "
+        f"{v['files']} file(s); each item is a torch.save archive of its own: {v['tensor_bytes']:,} bytes of tensor "
+        f"data in {v['item_bytes']:,} bytes of items"
+    ),
+    "ckpt.dcp_sharded": lambda v: f"Sharded across ranks: {', '.join(v['tensors'])} chunks",
+    "ckpt.dcp_metadata_pickle": lambda v: (
+        f"dcp.load reads {v['metadata']} with plain pickle.load (torch's "
+        "FileSystemReader), not weights_only: load only DCP checkpoints you trust"
+    ),
+    "ckpt.unowned_data": lambda v: f"{v['bytes']:,} bytes of the data area belong to no tensor",
+}
+# where an architecture was read from (the readers' `source`)
+SOURCES = {
+    "modules": "the pickled module objects",
+    "config": "the checkpoint's config and its parameter names",
+    "names": "parameter names",
+}
 
 
 def training_rows(training: dict[str, Any]) -> list[list[str]]:
@@ -134,7 +173,7 @@ def layout_blocks(a: dict[str, Any], limit: int | None) -> list[Block]:
 def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = None) -> list[Block]:
     """A checkpoint's anatomy (`Anatomy.to_dict()`): the lab's section and `dlscope ckpt inspect` alike."""
     t = a["totals"]
-    levels = [(f["level"], f"{f['what']} ({f['where']})" if f["where"] else f["what"]) for f in a["findings"]]
+    levels = [located(f, WORDS) for f in a["findings"]]
     if limit and len(levels) > limit:  # a hostile pickle can name 100,000 globals
         levels = [*levels[:limit], ("info", f"{len(levels) - limit:,} more findings (--limit N, or --json for all)")]
     blocks: list[Block] = [
@@ -152,7 +191,7 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = N
         }
         shown = [name for name, cells in columns.items() if any(cells)]
         rows = [list(row) for row in zip(*(columns[name] for name in shown), strict=True)]
-        blocks.append(Table(shown, rows, f"{arch['class_name']} (from {arch['source']})"))
+        blocks.append(Table(shown, rows, f"{arch['class_name']} (from {SOURCES.get(arch['source'], arch['source'])})"))
     if a.get("training"):
         blocks.append(Table(["training config", "settings"], training_rows(a["training"])))
     variable_map = a["layout"].get("variable_map")
@@ -272,6 +311,23 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = N
     return blocks
 
 
+def diff_verdict(result: dict[str, Any]) -> str:
+    """`ckpt diff`'s answer in one line: identical, or how many tensors differ and the largest change."""
+    rows, added, removed = result["tensors"], result["added"], result["removed"]
+    if result["identical"]:
+        return f"identical: all {len(rows)} tensors equal bit for bit"
+    differing = [r for r in rows if not r["identical"]]
+    worst = max(differing, key=lambda r: r["max_abs"], default=None)
+    parts = [f"{len(differing)} of {len(rows)} common tensors differ"]
+    if worst is not None:
+        parts.append(f"largest |Δ| {worst['max_abs']:.3g} in {worst['name']}")
+    if added or removed:
+        parts.append(f"{len(added)} added, {len(removed)} removed")
+    if result["shape_or_dtype_changed"]:
+        parts.append(f"{len(result['shape_or_dtype_changed'])} changed shape or dtype")
+    return "; ".join(parts)
+
+
 def render_diff(result: dict[str, Any], limit: int | None = None) -> list[Block]:
     """`dlscope ckpt diff`: what was added, removed or changed between two checkpoints."""
     blocks: list[Block] = [
@@ -289,7 +345,7 @@ def render_diff(result: dict[str, Any], limit: int | None = None) -> list[Block]
         items.append(("warn", f"changed {c['name']}: {c['a']} → {c['b']}"))
     if result["metadata_changed"]:
         items.append(("info", "metadata that differs: " + ", ".join(result["metadata_changed"][:limit])))
-    items.append(("good" if result["identical"] else "bad", result["verdict"]))
+    items.append(("good" if result["identical"] else "bad", diff_verdict(result)))
     blocks.append(Findings(items))
     differing = sorted((r for r in result["tensors"] if not r["identical"]), key=lambda r: -r["max_abs"])
     if differing:
@@ -329,7 +385,7 @@ def render(section: dict[str, Any]) -> list[Block]:
                     (
                         "good" if d["identical"] else "bad",
                         f"Reload is exact: {d['a']['path']} loaded with weights_only and saved again as "
-                        f"{d['b']['path']} — dlscope ckpt diff: {d['verdict']}.",
+                        f"{d['b']['path']} — dlscope ckpt diff: {diff_verdict(d)}.",
                     )
                 ]
             )

@@ -6,7 +6,7 @@ from functools import partial
 from typing import Any
 
 from dlscope.findings import Finding
-from dlscope.report.blocks import Block, Figure, Para, Table
+from dlscope.report.blocks import Block, Figure, Para, Table, Verdict
 from dlscope.report.wording import worded
 
 TITLE = "Input pipeline"
@@ -39,9 +39,6 @@ def table_note(section: dict[str, Any], table: dict[str, Any]) -> str:
         "simulated compute. Workers are DataLoader processes, each reading its own files; without workers, "
         "prefetch is a background thread.",
     }[table["key"]]
-
-
-VERDICT_STYLE = {"input-bound": "bad", "balanced": "warn", "compute-bound": "good"}
 
 
 def time_split_figure(table: dict[str, Any]) -> bytes:
@@ -431,6 +428,16 @@ def _exactly_once_words(v: dict[str, Any]) -> str:
 def _not_exactly_once_words(v: dict[str, Any]) -> str:
     listed = "; ".join(f"{TABLE_TITLES[r['table']]}: {r['row']}" for r in v["rows"])
     return f"Samples lost or duplicated in: {listed}."
+
+
+def pipeline_prepare(section: dict[str, Any], options: Any) -> list[Block]:
+    """`dlscope pipeline prepare`: what was written where, each format's size."""
+    sizes = ", ".join(f"{fmt} ({size / 1e6:.1f} MB)" for fmt, size in section["format_bytes"].items())
+    text = (
+        f"{section['samples']:,} samples of {section['sample_bytes']} B into {section['out']}: {sizes}; "
+        f"one file per sample is {section['record_file_bytes']} B"
+    )
+    return [Verdict("wrote", "good", text, wrap=True)]
 
 
 def pipeline_run(row: dict[str, Any], options: Any) -> list[Block]:
