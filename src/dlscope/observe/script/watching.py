@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from dlscope.measure.stats import percentile
 from dlscope.observe.hang.capture import alive
 from dlscope.observe.hang.live import LiveView, read_all
 from dlscope.observe.script import steptable
@@ -83,7 +84,7 @@ def _recent_steps(path: Path, recent: int) -> dict[str, Any] | None:
     span = float(table["start"][-1]) + float(seconds[-1]) - float(table["start"][0])
     loader = steps.codes["data_source"].index("loader")
     parts = steptable.part_seconds(table, loader)
-    p50, p90, p99 = np.percentile(seconds, [50, 90, 99])
+    p50, p90, p99 = (percentile(seconds.tolist(), q) for q in (50, 90, 99))
     slowest = np.argsort(seconds)[::-1][:SLOWEST]
     return {
         "count": len(table),
