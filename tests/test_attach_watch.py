@@ -95,6 +95,7 @@ def test_a_job_that_slows_is_profiled_on_demand_and_watched_at_80_columns(tmp_pa
         assert window["first_step"] > slowed_at and window["last_step"] == window["first_step"] + 2
         assert window["rows"][0]["name"] == "aten::mm" and window["rows"][0]["self_cpu_pct"] > 50
         assert (run / "processes" / Path(window["trace"]).name).exists()
+        assert window["cost"]["active_step_ms"] > 0 and window["cost"]["unprofiled_steps"] > 0
         stop.touch()
         assert job.wait(120) == 0
         assert terminal.process.wait(60) == 0  # watch ends by itself when the job does

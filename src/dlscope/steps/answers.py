@@ -165,8 +165,10 @@ def attach(options: AttachOptions, task: Any = None) -> Answer:
     """The profiler on demand in a running job: each process's window, as `dlscope run` records it.
     Status 1 when a process ended, or the wait timed out, before its window was written."""
     from dlscope.errors import ConfigError
-    from dlscope.observe.script.analysis import profile_window
+    from dlscope.observe.script.analysis import profile_window, window_cost
     from dlscope.observe.script.attach import request_profile, target_processes
+    from dlscope.observe.script.records import StepFile
+    from dlscope.observe.script.steptable import open_stream
 
     if options.profile_steps < 1:
         raise ConfigError(f"--profile-steps must be at least 1, got {options.profile_steps}")
@@ -183,6 +185,10 @@ def attach(options: AttachOptions, task: Any = None) -> Answer:
     for process in found["processes"]:
         record = process.pop("profile")
         process["window"] = None if record is None else profile_window(process["pid"], record, "self_cpu")
+        if process["window"] is not None and process["window"]["first_step"] is not None:
+            steps = StepFile(directory / f"{process['pid']}.steps")
+            window = process["window"]
+            window["cost"] = window_cost(open_stream(steps)[1], steps.codes, window["first_step"], window["last_step"])
         taken = process.pop("taken")
         process["taken_at_step"] = None if taken is None else taken["step"]
     delivered = all(p["window"] is not None for p in found["processes"])

@@ -100,5 +100,14 @@ def attach(section: dict[str, Any], options: Any) -> list[Block]:
                 f"(asked at step {taken}; step {taken + 1} warmed the profiler up)",
             )
         )
+        cost = window.get("cost") or {}
+        if cost.get("active_step_ms") is not None and cost.get("unprofiled_step_ms") is not None:
+            blocks.append(
+                Para(
+                    f"These steps took {cost['active_step_ms']:,.1f} ms (median) against "
+                    f"{cost['unprofiled_step_ms']:,.1f} ms for the {cost['unprofiled_steps']} unprofiled steps "
+                    "around them (the profiler's own cost included)."
+                )
+            )
         blocks.append(Para(f"The run's report will list this window. Trace (ui.perfetto.dev): {window['trace']}"))
     return blocks
