@@ -2,7 +2,7 @@
 becomes a big matmul once a flag file appears is profiled on demand after it slowed (the window
 covers the slow steps and its top operator is the matmul), while `dlscope watch` runs in a
 pseudo-terminal 80 columns wide, shows the live figures (a checkpoint, a stall while the job
-pauses) and ends by itself when the job ends.
+pauses) and ends by itself when the job ends (a second one, on Ctrl-C, leaving the job running).
 Bad targets get one line naming them and exit status 2."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import os
 import pty
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -96,6 +97,13 @@ def test_a_job_that_slows_is_profiled_on_demand_and_watched_at_80_columns(tmp_pa
         assert window["rows"][0]["name"] == "aten::mm" and window["rows"][0]["self_cpu_pct"] > 50
         assert (run / "processes" / Path(window["trace"]).name).exists()
         assert window["cost"]["active_step_ms"] > 0 and window["cost"]["unprofiled_steps"] > 0
+        second = Terminal([sys.executable, "-m", "dlscope.cli", "watch", str(run)])
+        try:  # Ctrl-C ends a watch, not the job
+            wait_for(lambda: "a second" in second.text(), "a second watch showing the step rate")
+            second.process.send_signal(signal.SIGINT)
+            assert second.process.wait(60) == 0 and job.poll() is None
+        finally:
+            second.close()
         stop.touch()
         assert job.wait(120) == 0
         assert terminal.process.wait(60) == 0  # watch ends by itself when the job does
