@@ -206,6 +206,19 @@ EXAMPLES_TO_MAKE: list[Example] = [
         views_only=True,  # torchrun's own log lines and traceback (it is SIGTERMed) are wider than 80
     ),
     Example(
+        "attach-watch",
+        (
+            "dlscope watch runs/slows --once",
+            "touch slow; dlscope attach runs/slows --profile-steps 3",
+            "touch stop; while [ ! -f runs/slows/report.html ]; do sleep 0.5; done; dlscope watch runs/slows",
+            "echo $?",
+        ),
+        # a job that runs until `stop` exists, its step a big matmul once `slow` exists, started in the background
+        setup=f"rm -rf runs/slows slow stop; cp {ROOT}/tests/scripts/slows_on_flag.py .; "
+        "(dlscope run --out runs/slows --hang-after off -- python slows_on_flag.py slow stop >/dev/null 2>&1 &); "
+        "until [ -n \"$(ls runs/slows/processes/*.steps 2>/dev/null)\" ]; do sleep 0.2; done; sleep 2",
+    ),
+    Example(
         "lab",
         (
             # reduced (12,000 training images, one epoch) so the generator stays within minutes on 2 shared cores

@@ -373,6 +373,26 @@ class StacksOptions:
 
 
 @dataclass
+class AttachOptions:
+    """`dlscope attach`: profile the next `profile_steps` steps of a running job (a run directory or a PID)."""
+
+    target: str
+    profile_steps: int
+    timeout: float = 600.0  # seconds to wait for the window
+    json: bool = False
+
+
+@dataclass
+class WatchOptions:
+    """`dlscope watch`: a running job (a run directory or a PID), live on the terminal."""
+
+    target: str
+    interval: float = 1.0  # seconds between refreshes
+    recent: int = 200  # steps the recent figures are drawn from
+    once: bool = False  # one view, then return (scripts, tests)
+
+
+@dataclass
 class HangOptions:
     """The watchdog of `dlscope run`: hung when no step ends for max(hang_factor × the median
     step, hang_after seconds); None turns it off."""

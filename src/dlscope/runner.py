@@ -271,8 +271,10 @@ ANSWERS = {
         ("data-fetch", "data_fetch", "answers"),
         ("data-verify", "data_verify", "answers"),
         ("stacks", "stacks", "answers"),
+        ("attach", "attach", "answers"),
     ]
 }
+WAITING_ANSWERS = {"attach"}  # steps that wait on a running job: given a progress bar (ctx.task's)
 
 
 def answer(command: str, options: Any) -> int:
@@ -284,7 +286,8 @@ def answer(command: str, options: Any) -> int:
         return getattr(importlib.import_module(module), function)
 
     step, renderer = ANSWERS[command]
-    section, status = named(step)(options)
+    waits = {"task": progress_task(sys.stderr.isatty())} if command in WAITING_ANSWERS else {}
+    section, status = named(step)(options, **waits)
     if getattr(options, "json", False):
         print(json.dumps(section, indent=1, default=str))
     else:
@@ -315,6 +318,34 @@ def tensorboard(run_dir: str, port: int) -> int:
     board = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1"]
     os.execvp(sys.executable, [*board, "--port", str(port)])
     return 0  # not reached
+
+
+def watch(options: Any) -> int:
+    """`dlscope watch`: the running job's view, redrawn in place every `options.interval` seconds
+    until its processes end (then the last view stays) or the user presses Ctrl-C."""
+    from dlscope.console import console
+    from dlscope.report.sections import watch as renderer
+    from dlscope.report.terminal import blocks_text, print_blocks
+    from dlscope.steps import watch as step
+
+    directory = step.start(options)  # a target that is no running job: one line, before any drawing
+    section = step.view(directory, options)
+    if options.once:
+        print_blocks(renderer.render(section))
+        return 0
+    from rich.live import Live
+
+    with Live(console=console, auto_refresh=False, redirect_stderr=False) as live:
+        try:
+            while True:
+                live.update(blocks_text(renderer.render(section), console), refresh=True)
+                if section["ended"]:
+                    break
+                time.sleep(options.interval)
+                section = step.view(directory, options)
+        except KeyboardInterrupt:  # the user is done watching; the job goes on
+            pass
+    return 0
 
 
 # --- --trace-io: the same plan in a traced child -------------------------------------------------

@@ -67,6 +67,16 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("dlscope stacks 4242", "a process and its children, from /proc (Python stacks under dlscope run)"),
         ("dlscope stacks runs/mine --json", "the whole capture: threads, system calls, stacks"),
     ],
+    "attach": [
+        ("dlscope attach runs/run-20261124-190000 --profile-steps 5", "the next 5 steps of every rank, top-10"),
+        ("dlscope attach 4242 --profile-steps 20 --timeout 60", "one process; give up waiting after 60 s"),
+        ("dlscope attach runs/mine --profile-steps 5 --json", "the windows as JSON"),
+    ],
+    "watch": [
+        ("dlscope watch runs/run-20261124-190000", "live until the job ends (Ctrl-C: stop watching)"),
+        ("dlscope watch 4242 --interval 5 --recent 1000", "slower refresh, figures over 1000 steps"),
+        ("dlscope watch runs/mine --once", "one view, for scripts"),
+    ],
     "report": [
         ("dlscope report runs/lab-20261123-021500", "re-render report.html and report.md"),
         ("dlscope report runs/x/results.json", "the same, naming the file"),

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table as RichTable
+from rich.text import Text
 
 from dlscope.console import console as default_console
 from dlscope.console import safe
@@ -52,6 +53,24 @@ def print_blocks(blocks: Iterable[Block], console: Console | None = None) -> Non
         else:
             raise TypeError(f"unknown block {block!r}")
         console.print()
+
+
+def blocks_text(blocks: Iterable[Block], like: Console) -> Text:
+    """The blocks as `like` would print them, as one Text (a rich Live view redrawn in place)."""
+    import io
+
+    from dlscope.console import THEME
+
+    buffer = Console(
+        file=io.StringIO(),
+        width=like.width,
+        theme=THEME,
+        highlight=False,
+        force_terminal=like.is_terminal,
+        color_system=like.color_system,
+    )
+    print_blocks(blocks, buffer)
+    return Text.from_ansi(buffer.file.getvalue().rstrip("\n"))
 
 
 def fit_columns(table: Table, cells: list[list[str]], width: int) -> tuple[list[int], bool] | None:

@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from dlscope.errors import CheckpointError
-from dlscope.options import FileOptions, MnistOptions, PipelinePrepareOptions, PipelineRunOptions, StacksOptions
+from dlscope.options import (
+    AttachOptions,
+    FileOptions,
+    MnistOptions,
+    PipelinePrepareOptions,
+    PipelineRunOptions,
+    StacksOptions,
+)
 
 Answer = tuple[dict[str, Any], int]
 WORST_FIRST = ("dangerous", "damaged", "safe", "skipped")
@@ -152,3 +159,37 @@ def stacks(options: StacksOptions) -> Answer:
     from dlscope.observe.hang.ondemand import capture_target
 
     return capture_target(options.target), 0
+
+
+def attach(options: AttachOptions, task: Any = None) -> Answer:
+    """The profiler on demand in a running job: each process's window, as `dlscope run` records it.
+    Status 1 when a process ended, or the wait timed out, before its window was written."""
+    from dlscope.errors import ConfigError
+    from dlscope.observe.script.analysis import profile_window, window_cost
+    from dlscope.observe.script.attach import request_profile, target_processes
+    from dlscope.observe.script.records import StepFile
+    from dlscope.observe.script.steptable import open_stream
+
+    if options.profile_steps < 1:
+        raise ConfigError(f"--profile-steps must be at least 1, got {options.profile_steps}")
+    directory, views = target_processes(options.target)  # a bad target: one line, before any progress bar
+    with task(f"waiting for the next {options.profile_steps} steps to be profiled", total=len(views)) as bar:
+        shown = 0
+
+        def progress(done: int, total: int) -> None:
+            nonlocal shown
+            bar.update(advance=done - shown)
+            shown = done
+
+        found = request_profile(directory, views, options.profile_steps, options.timeout, progress)
+    for process in found["processes"]:
+        record = process.pop("profile")
+        process["window"] = None if record is None else profile_window(process["pid"], record, "self_cpu")
+        if process["window"] is not None and process["window"]["first_step"] is not None:
+            steps = StepFile(directory / f"{process['pid']}.steps")
+            window = process["window"]
+            window["cost"] = window_cost(open_stream(steps)[1], steps.codes, window["first_step"], window["last_step"])
+        taken = process.pop("taken")
+        process["taken_at_step"] = None if taken is None else taken["step"]
+    delivered = all(p["window"] is not None for p in found["processes"])
+    return found, 0 if delivered else 1

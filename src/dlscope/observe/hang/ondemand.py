@@ -19,7 +19,7 @@ from dlscope.observe.hang.live import read_all
 from dlscope.observe.hang.watchdog import capture_job
 
 
-def _run_dir_of(pid: int) -> Path | None:
+def run_dir_of(pid: int) -> Path | None:
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError as e:
@@ -36,7 +36,7 @@ def capture_target(target: str) -> dict[str, Any]:
         pid = int(target)
         if not alive(pid):
             raise ConfigError("no such running process", f"/proc/{pid}")
-        directory, root = _run_dir_of(pid), pid
+        directory, root = run_dir_of(pid), pid
     else:
         directory, root = Path(target) / "processes", None
         if not directory.is_dir():

@@ -206,30 +206,81 @@ def ops_per_step(trace_path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def top10_section(records: Records, steps: dict[str, Any], profiler: dict[str, Any] | None, sort_by: str) -> dict:
+def profile_window(pid: int, record: dict[str, Any], sort_by: str, rows: int = 10) -> dict[str, Any]:
+    """One profiler window as a process recorded it: how it was started, its step range, its
+    top operators."""
     from dlscope.observe.profiler import table_from_events  # torch: only once the command is done
 
-    main = steps["main_pid"]
-    profile = next((r for r in records.get(main, []) if r.get("k") == "profile"), None) if main else None
-    if profile is None or profiler is None:
-        return {"rows": [], "why_empty": "no_steps" if not steps["count"] else "unfinished", "steps": steps["count"]}
-    events = [SimpleNamespace(**op) for op in profile["ops"]]
+    events = [SimpleNamespace(**op) for op in record["ops"]]
     active = sum(e.count for e in events if e.key.startswith("ProfilerStep"))  # one per recorded step
     table = table_from_events(events, active, sort_by)
-    cost = {**profiler, "export_seconds": profile["export_seconds"]}
-    if cost["active_step_ms"] and cost["unprofiled_step_ms"]:
-        cost["ratio"] = round(cost["active_step_ms"] / cost["unprofiled_step_ms"], 3)
-    trace = Path(profile["trace"])
+    steps = record.get("steps")
     return {
-        "pid": main,
+        "pid": pid,
+        "trigger": record.get("trigger") or "schedule",
+        "request": record.get("request"),
+        "first_step": steps[0] if steps else None,
+        "last_step": steps[1] if steps else None,
         "active_steps": active,
-        "sort_by": sort_by,
-        "rows": table.to_records(10, sort_by),
+        "rows": table.to_records(rows, sort_by),
         "operators": len(table.rows),
         "self_cpu_total_us": round(table.self_cpu_total_us, 3),
+        "export_seconds": record["export_seconds"],
+        "trace": record["trace"],
+    }
+
+
+NEIGHBOURS = 50  # unprofiled steps either side of a window: what its active steps are compared with
+
+
+def window_cost(table: np.ndarray, codes: dict[str, list[str | None]], first: int, last: int) -> dict[str, Any]:
+    """A window's active steps (median) against the unprofiled steps around it: the job as it ran
+    then, so a window taken on demand after the job slowed down is not called the profiler's cost."""
+    index = np.asarray(table["i"])
+    at, end = int(np.searchsorted(index, first)), int(np.searchsorted(index, last, side="right"))
+    plain = np.flatnonzero(np.asarray(table["profiled"]) == codes["profiled"].index(None))
+    plain = plain[plain >= 1]  # not the first step (start-up)
+    around = np.concatenate([plain[plain < at][-NEIGHBOURS:], plain[plain >= end][:NEIGHBOURS]])
+    seconds = np.asarray(table["seconds"], np.float64)
+    active, before = seconds[at:end], seconds[around]
+    return {
+        "active_step_ms": round(float(np.median(active)) * 1e3, 3) if len(active) else None,
+        "unprofiled_step_ms": round(float(np.median(before)) * 1e3, 3) if len(before) else None,
+        "unprofiled_steps": len(before),
+    }
+
+
+def top10_section(
+    records: Records,
+    steps: dict[str, Any],
+    profiler: dict[str, Any] | None,
+    sort_by: str,
+    stream: tuple[np.ndarray, dict[str, list[str | None]]] | None = None,
+) -> dict:
+    """The main process's first window in full (the scheduled one, or the first taken on demand),
+    its cost against the steps before it (`stream`: the main process's steps and their codes), and
+    every window of every process with its step range (`windows`)."""
+    main = steps["main_pid"]
+    windows = [
+        profile_window(pid, r, sort_by) for pid, rs in sorted(records.items()) for r in rs if r.get("k") == "profile"
+    ]
+    first = next((w for w in windows if w["pid"] == main), None) if main else None
+    if first is None or profiler is None:
+        why = "no_steps" if not steps["count"] else "unfinished"
+        return {"rows": [], "why_empty": why, "steps": steps["count"], "windows": windows}
+    cost = {**profiler, "export_seconds": first["export_seconds"]}
+    if stream is not None and first["first_step"] is not None:
+        cost.update(window_cost(*stream, first["first_step"], first["last_step"]))
+    if cost["active_step_ms"] and cost["unprofiled_step_ms"]:
+        cost["ratio"] = round(cost["active_step_ms"] / cost["unprofiled_step_ms"], 3)
+    trace = Path(first["trace"])
+    return {
+        **{k: first[k] for k in ("pid", "active_steps", "rows", "operators", "self_cpu_total_us", "trigger")},
+        "sort_by": sort_by,
         "ops_per_step": ops_per_step(trace) if trace.exists() else [],
         "profiled_cost": cost,
         "trace": str(trace),
+        "windows": windows,
     }
 
 
@@ -267,6 +318,12 @@ def sections(observed: Observed, origin: float, sort_by: str = "self_cpu") -> di
         "run": run_section(observed.records, main, steps["count"]),
         "steps": steps,
         "anatomy": anatomy_section(steps, summary, own),
-        "top10": top10_section(observed.records, steps, summary["profiler"] if summary else None, sort_by),
+        "top10": top10_section(
+            observed.records,
+            steps,
+            summary["profiler"] if summary else None,
+            sort_by,
+            (observed.stream(main)[1], observed.steps[main].codes) if main is not None else None,
+        ),
         "phases": phases_section(observed, origin),
     }

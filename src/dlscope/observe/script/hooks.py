@@ -33,6 +33,7 @@ from dlscope import phases
 from dlscope.observe.hang import agent as hang
 from dlscope.observe.script import batches, calibrate
 from dlscope.observe.script.after_import import AfterImport
+from dlscope.observe.script.attach import REQUEST_EVERY_S, take_request
 from dlscope.observe.script.records import RecordFile, clocks
 from dlscope.observe.script.stepmachine import StepMachine
 
@@ -43,9 +44,12 @@ FILE_KEYWORDS = ("f", "filename", "path", "filepath")  # how the wrapped writers
 
 
 class LateProfiler:
-    """torch.profiler over real steps: started after `start_after` steps (start-up is not
-    profiled), then `wait`, `warmup` and `active` steps on torch's schedule, driven by step ends.
-    Steps are labelled from the profiler's own state and step number (ProfilerStep#N).
+    """torch.profiler over real steps, one window at a time, driven by step ends. The scheduled
+    window: started after `start_after` steps (start-up is not profiled), then `wait`, `warmup`
+    and `active` steps on torch's schedule. Windows on demand (`dlscope attach`, attach.py): a
+    request taken at a step end starts one warm-up step and then the requested active steps; it is
+    looked for only while no window records, at most once every REQUEST_EVERY_S. Steps are labelled
+    from the profiler's own state and step number (ProfilerStep#N).
 
     No `with_flops`, and `record_shapes` only in a rank of a distributed job (the all-reduce bytes
     are read from the collectives' Input Dims): together on a 4-layer GPT-2 step they took peak
@@ -55,33 +59,48 @@ class LateProfiler:
     def __init__(self, records: RecordFile, start_after: int, wait: int, warmup: int, active: int) -> None:
         self.records = records
         self.start_after, self.wait, self.warmup, self.active = start_after, wait, warmup, active
-        self.prof: Any = None
-        self.window_start: float | None = None  # when the first active step started
-        self.done = active == 0
+        self.scheduled = active > 0  # the scheduled window is still to come
+        self.prof: Any = None  # the window recording now
+        self.window: dict[str, Any] = {}  # its facts: trigger, request id, first and last active step
+        self.window_start: float | None = None  # when its first active step started
+        self.delivered = 0  # windows written so far (names their trace files)
+        self.next_check = 0.0  # when to look for a request next
+        self.done = False  # True: no window will start any more (a forked child)
 
     def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
-        if self.done:
-            return None, None
         if self.prof is None:
-            if index + 1 < self.start_after:
+            if self.done:
                 return None, None
-            self._start()
+            if self.scheduled and index + 1 >= self.start_after:
+                self.scheduled = False
+                self._start({"trigger": "schedule"}, self.wait, self.warmup, self.active)
+            elif now >= self.next_check:
+                self.next_check = now + REQUEST_EVERY_S
+                request = take_request(self.records.directory, self.records.pid)
+                if request is None:
+                    return None, None
+                self.records.write({"k": "profile_taken", "request": request.get("id"), "step": index, "ts": now})
+                self._start({"trigger": "attach", "request": request.get("id")}, 0, 1, request["steps"])
+            else:
+                return None, None
         else:
             with _quiet():
                 self.prof.step()
-                if self.done or self._over_budget(now):
+                if self.window.get("delivered") or self._over_budget(now):
                     self.prof.stop()  # over budget: delivers the active steps recorded so far
-                    self.done = True
-        return self._label()
+                    self.prof = None
+                    return None, None
+        return self._label(index + 1)
 
-    def _label(self) -> tuple[str | None, int | None]:
+    def _label(self, next_index: int) -> tuple[str | None, int | None]:
         from torch.profiler import ProfilerAction
 
-        if self.done:
-            return None, None
         action = self.prof.current_action
-        if action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE) and self.window_start is None:
-            self.window_start = time.time()
+        if action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+            if self.window_start is None:
+                self.window_start = time.time()
+            self.window.setdefault("first_step", next_index)
+            self.window["last_step"] = next_index
         label = {ProfilerAction.NONE: "wait", ProfilerAction.WARMUP: "warmup"}.get(action, "active")
         return label, int(self.prof.step_num)
 
@@ -91,16 +110,17 @@ class LateProfiler:
         recording = self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
         return recording and self.window_start is not None and now - self.window_start > PROFILE_BUDGET_S
 
-    def _start(self) -> None:
+    def _start(self, window: dict[str, Any], wait: int, warmup: int, active: int) -> None:
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
 
+        self.window, self.window_start = window, None
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             activities.append(ProfilerActivity.CUDA)
         self.prof = profile(
             activities=activities,
-            schedule=schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
+            schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
             on_trace_ready=self._ready,
             record_shapes=(_env_int("WORLD_SIZE") or 1) > 1,
             profile_memory=False,  # True makes the allocator warn on the script's stderr
@@ -110,18 +130,20 @@ class LateProfiler:
             self.prof.start()
 
     def stop(self) -> None:
-        """At exit: a profile cut short by the script's end still delivers its active steps."""
-        if self.prof is not None and not self.done:
+        """At exit: a window cut short by the script's end still delivers its active steps."""
+        if self.prof is not None:
             with _quiet():
                 self.prof.stop()
-            self.done = True
+            self.prof = None
+        self.done = True
 
     def _ready(self, prof: Any) -> None:
         from torch.autograd import DeviceType
 
         start = time.perf_counter()
         directory, pid = self.records.directory, self.records.pid
-        trace = os.path.join(directory, f"profile-{pid}.json")
+        name = f"profile-{pid}.json" if not self.delivered else f"profile-{pid}-{self.delivered + 1}.json"
+        trace = os.path.join(directory, name)
         prof.export_chrome_trace(trace)
         ops = [
             {
@@ -137,10 +159,21 @@ class LateProfiler:
             for e in prof.key_averages()
             if getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU
         ]
+        steps = [self.window.get("first_step"), self.window.get("last_step")]
         self.records.write(
-            {"k": "profile", "trace": trace, "ops": ops, "export_seconds": round(time.perf_counter() - start, 4)}
+            {
+                "k": "profile",
+                "trace": trace,
+                "ops": ops,
+                "export_seconds": round(time.perf_counter() - start, 4),
+                "trigger": self.window.get("trigger"),
+                "request": self.window.get("request"),
+                "steps": steps if steps[0] is not None else None,
+                "ts": time.time(),
+            }
         )
-        self.done = True
+        self.delivered += 1
+        self.window["delivered"] = True
 
 
 class TorchHooks:

@@ -144,6 +144,8 @@ def record_sections(
         found["steps"]["file"] = run.rel(found["steps"]["file"])
     if found["top10"].get("trace"):
         found["top10"]["trace"] = run.rel(found["top10"]["trace"])
+    for window in found["top10"]["windows"]:
+        window["trace"] = run.rel(window["trace"])
     for name in ("steps", "anatomy", "top10", "phases"):
         run.record(name, found[name])
     ranked = rank_traces(records)

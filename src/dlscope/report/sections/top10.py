@@ -9,24 +9,81 @@ from dlscope.report.blocks import Block, Para, Table
 TITLE = "Top-10 operators of the script"
 
 
+def operators_table(rows: list[dict[str, Any]], title: str) -> Table:
+    return Table(
+        ["operator", "calls", "self ms", "self %", "µs/call"],
+        [
+            [r["name"], r["calls"], round(r["self_cpu_us"] / 1000, 3), r["self_cpu_pct"], round(r["us_per_call"], 1)]
+            for r in rows
+        ],
+        title,
+    )
+
+
+def step_range(window: dict[str, Any]) -> str:
+    if window.get("first_step") is None:
+        return "?"
+    first, last = window["first_step"], window["last_step"]
+    return str(first) if first == last else f"{first}–{last}"
+
+
+TRIGGERS = {"schedule": "scheduled", "attach": "dlscope attach"}
+
+
+def windows_blocks(windows: list[dict[str, Any]], shown_in_full: dict[str, Any] | None) -> list[Block]:
+    """Every profiler window with its step range; each one not already shown, with its top operators."""
+    if not windows or (len(windows) == 1 and shown_in_full is not None):
+        return []
+    blocks: list[Block] = [
+        Table(
+            ["process", "started by", "steps", "profiled", "top operator", "self %"],
+            [
+                [
+                    str(w["pid"]),
+                    TRIGGERS.get(w["trigger"], w["trigger"]),
+                    step_range(w),
+                    w["active_steps"],
+                    w["rows"][0]["name"] if w["rows"] else "-",
+                    w["rows"][0]["self_cpu_pct"] if w["rows"] else None,
+                ]
+                for w in windows
+            ],
+            f"Profiler windows ({len(windows)}): steps counted from 0 in each process",
+            optional=("self %",),
+        )
+    ]
+    for w in windows:
+        if shown_in_full is not None and w["pid"] == shown_in_full["pid"] and w["trace"] == shown_in_full["trace"]:
+            continue
+        title = (
+            f"Top {len(w['rows'])} of {w['operators']} operators, process {w['pid']}, steps {step_range(w)} "
+            f"({TRIGGERS.get(w['trigger'], w['trigger'])}; trace {w['trace']})"
+        )
+        blocks.append(operators_table(w["rows"], title))
+    return blocks
+
+
+def before_window(cost: dict[str, Any]) -> str:
+    n = cost.get("unprofiled_steps")
+    return "" if n is None else f" in the {n} steps around the window"
+
+
 def render(section: dict[str, Any]) -> list[Block]:
+    windows = section.get("windows", [])
     if not section.get("rows"):
         why = {
             "no_steps": "no training step was seen, so nothing was profiled",
             "unfinished": f"the profiler had not finished when the command ended ({section.get('steps')} steps seen)",
         }
-        return [Para(f"No operator profile: {why.get(section.get('why_empty', ''), 'nothing recorded')}.")]
-    rows = [
-        [r["name"], r["calls"], round(r["self_cpu_us"] / 1000, 3), r["self_cpu_pct"], round(r["us_per_call"], 1)]
-        for r in section["rows"]
-    ]
+        no_profile = Para(f"No operator profile: {why.get(section.get('why_empty', ''), 'nothing recorded')}.")
+        return [no_profile, *windows_blocks(windows, None)]
     cost = section["profiled_cost"]
+    first = next((w for w in windows if w["pid"] == section["pid"]), None)
     blocks: list[Block] = [
-        Table(
-            ["operator", "calls", "self ms", "self %", "µs/call"],
-            rows,
+        operators_table(
+            section["rows"],
             f"Top 10 of {section['operators']} operators over {section['active_steps']} profiled steps "
-            f"(sorted by {section['sort_by']})",
+            f"{'' if first is None else f'(steps {step_range(first)}) '}(sorted by {section['sort_by']})",
         ),
         Table(
             ["profiler step", "operators"],
@@ -38,10 +95,11 @@ def render(section: dict[str, Any]) -> list[Block]:
         blocks.append(
             Para(
                 f"The profiler's own cost: a profiled step took {cost['active_step_ms']:.1f} ms (median) against "
-                f"{cost['unprofiled_step_ms']:.1f} ms unprofiled ({cost['ratio']:.2f}×); between steps it took "
+                f"{cost['unprofiled_step_ms']:.1f} ms unprofiled{before_window(cost)} ({cost['ratio']:.2f}×); "
+                "between steps it took "
                 f"{cost['between_steps_seconds']:.2f} s in all, writing its trace {cost['export_seconds']:.2f} s of "
                 "that. Steps outside the schedule run with the profiler off."
             )
         )
     blocks.append(Para(f"Profiler trace: {section['trace']}."))
-    return blocks
+    return blocks + windows_blocks(windows, first)
