@@ -267,6 +267,7 @@ ANSWERS = {
         ("env", "environment", "answers"),
         ("pipeline-run", "pipeline_run", "pipeline"),
         ("stacks", "stacks", "answers"),
+        ("diff", "run_diff", "answers"),
     ]
 }
 

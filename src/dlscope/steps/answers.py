@@ -73,6 +73,15 @@ def ckpt_inspect(options: FileOptions) -> Answer:
     return {**anatomy.to_dict(), **verdict}, status
 
 
+def run_diff(options: FileOptions) -> Answer:
+    """Two runs of `dlscope run` compared (dlscope.steps.rundiff); exit 1 when the step time changed
+    beyond its noise, 0 when not."""
+    from dlscope.steps.rundiff import compare
+
+    section = compare(Path(options.paths[0]), Path(options.paths[1]))
+    return section, int(section["step"]["significant"])
+
+
 def ckpt_diff(options: FileOptions) -> Answer:
     from dlscope.ckpt.diff import diff_checkpoints
 

@@ -22,6 +22,7 @@ from dlscope.report.sections import (
     profile,
     ranks,
     run,
+    rundiff,
     scaling,
     steps,
     sweep,
@@ -53,5 +54,6 @@ SECTIONS: dict[str, ModuleType] = {
         scaling,
         iotrace,
         hang,
+        rundiff,
     )
 }
