@@ -7,6 +7,7 @@ input is one line naming the file, exit 2."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from dlscope.cli import main
 from dlscope.report.sections import SECTIONS
 from dlscope.report.terminal import print_blocks
 from dlscope.rundir import load_results
+from dlscope.steps import rundiff
 from dlscope.steps.rundiff import compare
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -143,3 +145,29 @@ def test_bad_input_is_one_line_naming_the_file(runs, tmp_path, capsys, how):
         captured = capsys.readouterr()
         assert captured.out == "" and "Traceback" not in captured.err
         assert len(captured.err.strip().splitlines()) == 1 and named in captured.err
+
+
+def traced_run(tmp_path: Path, side: str) -> tuple[Path, dict]:
+    """What `dlscope run --trace-io` recorded of known_truth.py with 0 (a) and 2 (b) workers
+    (tests/fixtures/rundiff: its iotrace phases and some rows of files.csv), in a run directory here."""
+    fixture = Path(__file__).parent / "fixtures" / "rundiff" / side
+    run = tmp_path / side
+    (run / "iotrace").mkdir(parents=True)
+    csv_text = (fixture / "iotrace" / "files.csv").read_text().replace("{run}", str(run))
+    (run / "iotrace" / "files.csv").write_text(csv_text)
+    return run, json.loads((fixture / "sections.json").read_text())
+
+
+def test_system_calls_and_files_that_changed_most(tmp_path):
+    (a_run, a), (b_run, b) = traced_run(tmp_path, "a"), traced_run(tmp_path, "b")
+    io = rundiff.io(a, b, (a_run, b_run))
+    calls = [abs(r["b_count"] - r["a_count"]) for r in io["syscalls"]]
+    assert calls == sorted(calls, reverse=True) and calls[0] > 0  # the largest change in calls first
+    files = {r["path"]: r for r in io["files"]}
+    # the DataLoader's workers: their modules are read in B only, or more often
+    worker = next(r for path, r in files.items() if path.endswith("torch/utils/data/_utils/worker.py"))
+    assert worker["b_calls"] > worker["a_calls"]
+    # dlscope's own files are not the job's, and the job's pids are spelled alike in both runs
+    assert not [p for p in files if p.startswith((str(a_run), str(b_run))) or "dlscope-calibrate" in p]
+    assert not [p for p in files if re.match(r"/proc/\d+/", p)]
+    assert rundiff.io(a, {"sections": {}}, (a_run, b_run)) is None  # B not traced: nothing compared
