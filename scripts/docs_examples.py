@@ -185,6 +185,18 @@ EXAMPLES_TO_MAKE: list[Example] = [
         setup=f"rm -rf runs/mnist; cp {ROOT}/tests/scripts/mnist_basic.py .",
     ),
     Example(
+        "diff",
+        (
+            "dlscope run --out runs/w0 -- python known_truth.py truth.json --forward-waits --workers 0 --steps 100 "
+            "> /dev/null",
+            "dlscope run --out runs/w2 -- python known_truth.py truth.json --forward-waits --workers 2 --steps 100 "
+            "> /dev/null",
+            "dlscope diff runs/w0 runs/w2",
+            "echo $?",
+        ),
+        setup=f"rm -rf runs/w0 runs/w2; cp {ROOT}/tests/scripts/known_truth.py .",
+    ),
+    Example(
         "run-hang",
         (
             "dlscope run --out runs/hang --profile-steps 0 --hang-after 3 --on-hang end -- "
