@@ -45,8 +45,8 @@ def compare(run_a: Path, run_b: Path) -> dict[str, Any]:
     """The comparison of run B against run A: a results section (JSON-ready facts)."""
     a, b = read_run(Path(run_a)), read_run(Path(run_b))
     rng = np.random.default_rng(SEED)
-    boot_a, boot_b = bootstrap_means(a["values"], rng), bootstrap_means(b["values"], rng)
-    mean_a, mean_b = a["values"].mean(axis=1), b["values"].mean(axis=1)
+    boot_a, boot_b = (bootstrap_means(r["sums"], r["sizes"], rng) for r in (a, b))
+    mean_a, mean_b = (r["sums"].sum(axis=1) / r["sizes"].sum() for r in (a, b))
     step = len(PARTS)  # the row of the whole step
     floor_s = MIN_CHANGE_PCT / 100 * max(mean_a[step], mean_b[step])
     rows = []
@@ -100,8 +100,8 @@ def band(samples: np.ndarray) -> tuple[float, float]:
 
 
 def read_run(run: Path) -> dict[str, Any]:
-    """A `dlscope run` directory's steady steps as an array (parts…, step) × steps, in seconds,
-    dlscope's own calibrated cost taken out of "other" and of the step (as the anatomy does)."""
+    """A `dlscope run` directory's steady steps in blocks (steady_blocks), dlscope's own calibrated
+    cost taken out of "other" and of the step (as the anatomy does), and its facts."""
     results = load_results(run)
     where = run / "results.json" if run.is_dir() else run
     run = where.parent
@@ -124,45 +124,62 @@ def read_run(run: Path) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError) as e:  # not a step file, or a header this dlscope cannot read
         raise RunDirError(f"not a readable dlscope step file ({e})", path) from None
     own_s = (results["sections"].get("anatomy", {}).get("dlscope_us_per_step") or 0.0) / 1e6
-    values = steady_parts(table, records.codes, own_s)
-    if not values.shape[1]:
+    sums, sizes = steady_blocks(table, records.codes, own_s)
+    if not len(sizes):
         raise RunDirError("no steady training step in this run (only the first or profiled ones)", path)
     facts = {
         "path": str(run),
         "name": results["run"].get("name"),
         "command": results["sections"].get("run", {}).get("command", []),
-        "steps": int(values.shape[1]),
+        "steps": int(sizes.sum()),
         "dlscope_us_per_step": own_s * 1e6 or None,
         "trace_io": "iotrace" in results["sections"],
-        "few_steps": values.shape[1] < FEW_STEPS,
+        "few_steps": bool(sizes.sum() < FEW_STEPS),
     }
-    return {"values": values, "facts": facts, "results": results, "path": run}
+    return {"sums": sums, "sizes": sizes, "facts": facts, "results": results, "path": run}
 
 
-def steady_parts(table: np.ndarray, codes: dict[str, list[str | None]], own_s: float) -> np.ndarray:
+def steady_blocks(table: np.ndarray, codes: dict[str, list[str | None]], own_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """The steady steps' parts and step, summed over blocks of consecutive steady steps: (parts…,
+    step) × blocks in seconds, and each block's number of steps. Blocks of ∛n steps (longer when
+    that would make more than MAX_BLOCKS), read in chunks: memory is bounded at any run length."""
     loader = codes["data_source"].index("loader")
-    chunks = []
-    for first in range(0, len(table), steptable.CHUNK):
+    chunks = range(0, len(table), steptable.CHUNK)
+
+    def steady(first: int) -> tuple[np.ndarray, np.ndarray]:
         chunk = np.asarray(table[first : first + steptable.CHUNK])
-        keep = steptable.steady_steps(chunk, np.arange(first, first + len(chunk)), codes)
+        return chunk, steptable.steady_steps(chunk, np.arange(first, first + len(chunk)), codes)
+
+    count = sum(int(np.count_nonzero(steady(first)[1])) for first in chunks)
+    length = max(math.ceil(count ** (1 / 3)), math.ceil(count / MAX_BLOCKS), 1)
+    blocks = math.ceil(count / length)
+    sums = np.zeros((len(PARTS) + 1, blocks))
+    seen = 0
+    for first in chunks:
+        chunk, keep = steady(first)
         parts = steptable.part_seconds(chunk[keep], loader)
         step = chunk["seconds"][keep].astype(np.float64)
         own = np.minimum(own_s, step)
         parts["other"] = np.maximum(parts["other"] - own, 0.0)
-        chunks.append(np.vstack([*(parts[p] for p in PARTS), step - own]))
-    return np.hstack(chunks) if chunks else np.zeros((len(PARTS) + 1, 0))
+        which = (seen + np.arange(len(step))) // length
+        for k, values in enumerate([*(parts[p] for p in PARTS), step - own]):
+            sums[k] += np.bincount(which, weights=values, minlength=blocks)
+        seen += len(step)
+    sizes = np.full(blocks, length)
+    if blocks:
+        sizes[-1] = count - length * (blocks - 1)
+    return sums, sizes
 
 
-def bootstrap_means(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """RESAMPLES block-bootstrap means of each row of `values` (rows × steps): rows × RESAMPLES.
-    Blocks of ∛n consecutive steps (more when that would make more than MAX_BLOCKS blocks)."""
-    n = values.shape[1]
-    length = max(math.ceil(n ** (1 / 3)), math.ceil(n / MAX_BLOCKS))
-    starts = np.arange(0, n, length)
-    sums = np.add.reduceat(values, starts, axis=1)  # rows × blocks
-    sizes = np.diff(np.append(starts, n))
-    picks = rng.integers(0, len(starts), (RESAMPLES, len(starts)))
-    return sums[:, picks].sum(axis=2) / sizes[picks].sum(axis=1)
+def bootstrap_means(sums: np.ndarray, sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """RESAMPLES block-bootstrap means of each row (rows × blocks of summed steps): rows × RESAMPLES."""
+    blocks = len(sizes)
+    picks = rng.integers(0, blocks, (RESAMPLES, blocks))
+    # how often each resample drew each block: a matrix product then sums the draws, never
+    # materialising rows × resamples × blocks
+    drawn = np.bincount((np.arange(RESAMPLES)[:, None] * blocks + picks).ravel(), minlength=RESAMPLES * blocks)
+    drawn = drawn.reshape(RESAMPLES, blocks).astype(np.float64)
+    return (drawn @ sums.T).T / (drawn @ sizes)
 
 
 # --- operators and I/O: both runs have them, or they are not compared -------------------------

@@ -46,7 +46,8 @@ def _same_step(v: dict[str, Any]) -> str:
     )
     if v["changed"]:
         return text + f" Yet part of it moved: {_went(v)}."
-    return text + f" No part changed beyond its noise by {v['min_change_pct']:.0f}% of the step or more."
+    floor = v["min_change_pct"]
+    return text + f" No part changed significantly (beyond its noise and by {floor:.0f}% of the step or more)."
 
 
 def _few_steps(v: dict[str, Any]) -> str:
