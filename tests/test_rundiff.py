@@ -74,6 +74,13 @@ def test_two_runs_of_the_same_configuration_show_no_change(runs, capsys):
 
 
 @pytest.mark.slow
+def test_the_floor_only_adds_to_the_band(runs):
+    # with no floor, a part is a change exactly when its band excludes zero
+    for row in compare(runs["w0"], runs["w2"], min_change_pct=0.0)["parts"]:
+        assert row["significant"] == row["beyond_noise"]
+
+
+@pytest.mark.slow
 def test_the_parts_are_the_anatomy_of_each_run(runs):
     # the same steady steps and the same own-cost correction as the run's own step anatomy
     section = compare(runs["w0"], runs["w2"])

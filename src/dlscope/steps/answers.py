@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscope.errors import CheckpointError
-from dlscope.options import FileOptions, PipelineRunOptions, StacksOptions
+from dlscope.options import FileOptions, PipelineRunOptions, RunDiffOptions, StacksOptions
 
 Answer = tuple[dict[str, Any], int]
 WORST_FIRST = ("dangerous", "damaged", "safe", "skipped")
@@ -73,12 +73,12 @@ def ckpt_inspect(options: FileOptions) -> Answer:
     return {**anatomy.to_dict(), **verdict}, status
 
 
-def run_diff(options: FileOptions) -> Answer:
+def run_diff(options: RunDiffOptions) -> Answer:
     """Two runs of `dlscope run` compared (dlscope.steps.rundiff); exit 1 when the step time changed
     beyond its noise, 0 when not."""
     from dlscope.steps.rundiff import compare
 
-    section = compare(Path(options.paths[0]), Path(options.paths[1]))
+    section = compare(Path(options.run_a), Path(options.run_b), options.min_change_pct)
     return section, int(section["step"]["significant"])
 
 

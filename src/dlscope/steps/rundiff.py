@@ -10,7 +10,7 @@ The noise band. Each run's steady steps (steptable.steady_steps: not the first, 
 profiler's) are cut into consecutive blocks and the blocks resampled with replacement (a block
 bootstrap: neighbouring steps are alike, a slow stretch of the machine moves several of them, so
 resampling single steps would understate the scatter). The two runs are resampled independently;
-a difference is *significant* when its 95% band excludes zero and it is at least MIN_CHANGE_PCT
+a difference is *significant* when its 95% band excludes zero and it is at least min_change_pct
 of the step (a real but negligible shift is not worth a user's attention). The band holds the
 scatter within each run, not a machine that was busier during one run than the other: interleave
 repeated runs to rule that out.
@@ -29,11 +29,12 @@ from dlscope.errors import RunDirError
 from dlscope.findings import Finding
 from dlscope.observe.script import steptable
 from dlscope.observe.script.records import StepFile
+from dlscope.options import RunDiffOptions
 from dlscope.rundir import load_results
 
 RESAMPLES = 2000
 CONFIDENCE = 0.95
-MIN_CHANGE_PCT = 5.0  # a part's change smaller than this share of the (slower) step is not called a change
+MIN_CHANGE_PCT = RunDiffOptions.min_change_pct
 MAX_BLOCKS = 1000  # a long run is resampled as at most this many blocks (bounded work at any length)
 FEW_STEPS = 10  # fewer steady steps than this in a run: the band is wide, said so
 SEED = 0  # the same two runs always give the same band
@@ -41,14 +42,16 @@ PARTS = steptable.PARTS
 TOP = 10  # operators, system calls and files shown that changed most
 
 
-def compare(run_a: Path, run_b: Path) -> dict[str, Any]:
-    """The comparison of run B against run A: a results section (JSON-ready facts)."""
+def compare(run_a: Path, run_b: Path, min_change_pct: float = MIN_CHANGE_PCT) -> dict[str, Any]:
+    """The comparison of run B against run A: a results section (JSON-ready facts). Every part's
+    band is there (`beyond_noise`); `significant` also asks for a change of `min_change_pct` of
+    the step or more."""
     a, b = read_run(Path(run_a)), read_run(Path(run_b))
     rng = np.random.default_rng(SEED)
     boot_a, boot_b = (bootstrap_means(r["sums"], r["sizes"], rng) for r in (a, b))
     mean_a, mean_b = (r["sums"].sum(axis=1) / r["sizes"].sum() for r in (a, b))
     step = len(PARTS)  # the row of the whole step
-    floor_s = MIN_CHANGE_PCT / 100 * max(mean_a[step], mean_b[step])
+    floor_s = min_change_pct / 100 * max(mean_a[step], mean_b[step])
     rows = []
     for k, name in enumerate((*PARTS, "step")):
         low, high = band(boot_b[k] - boot_a[k])
@@ -76,7 +79,7 @@ def compare(run_a: Path, run_b: Path) -> dict[str, Any]:
         "b": b["facts"],
         "confidence": CONFIDENCE,
         "resamples": RESAMPLES,
-        "min_change_pct": MIN_CHANGE_PCT,
+        "min_change_pct": min_change_pct,
         "step": step_row,
         "parts": shown,
         "operators": operators(a["results"], b["results"]),
