@@ -187,10 +187,10 @@ EXAMPLES_TO_MAKE: list[Example] = [
     Example(
         "diff",
         (
-            "dlscope run --out runs/w0 -- python known_truth.py truth.json --forward-waits --workers 0 --steps 100 "
-            "> /dev/null",
-            "dlscope run --out runs/w2 -- python known_truth.py truth.json --forward-waits --workers 2 --steps 100 "
-            "> /dev/null",
+            "dlscope run --out runs/w0 -- python known_truth.py truth.json --read-ms 2 --decode-ms 1 --forward-waits "
+            "--workers 0 --steps 100 > /dev/null",
+            "dlscope run --out runs/w2 -- python known_truth.py truth.json --read-ms 2 --decode-ms 1 --forward-waits "
+            "--workers 2 --steps 100 > /dev/null",
             "dlscope diff runs/w0 runs/w2",
             "echo $?",
         ),

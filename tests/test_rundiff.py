@@ -1,5 +1,5 @@
 """`dlscope diff RUN_A RUN_B` on real runs of an input-bound script (tests/scripts/known_truth.py:
-busy-wait decoding in __getitem__, a forward that waits as a host waits for its GPU):
+a 2 ms read and a 1 ms busy-wait decoding in __getitem__, a forward that waits as a host waits for its GPU):
 more DataLoader workers are named as a change of the data part, beyond its noise; two runs of the
 same configuration, made side by side (so a busy machine slows both alike), show no change; bad
 input is one line naming the file, exit 2."""
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dlscope.cli import main
+from dlscope.observe.script.records import StepFile
 from dlscope.report.sections import SECTIONS
 from dlscope.report.terminal import print_blocks
 from dlscope.rundir import load_results
@@ -27,7 +28,8 @@ PROFILE = ["--profile-steps", "2", "--wait", "1", "--warmup", "1"]
 
 
 def run_command(out: Path, workers: int) -> list[str]:
-    script = [sys.executable, str(SCRIPTS / "known_truth.py"), str(out) + "-truth.json", "--decode-ms", "2"]
+    script = [sys.executable, str(SCRIPTS / "known_truth.py"), str(out) + "-truth.json", "--decode-ms", "1"]
+    script += ["--read-ms", "2"]  # workers overlap the read even when every core is busy (a shared machine)
     script += ["--forward-waits", "--workers", str(workers), "--steps", "100"]
     return [sys.executable, "-m", "dlscope.cli", "run", "--out", str(out), *PROFILE, "--", *script]
 
@@ -178,3 +180,18 @@ def test_system_calls_and_files_that_changed_most(tmp_path):
     assert not [p for p in files if p.startswith((str(a_run), str(b_run))) or "dlscope-calibrate" in p]
     assert not [p for p in files if re.match(r"/proc/\d+/", p)]
     assert rundiff.io(a, {"sections": {}}, (a_run, b_run)) is None  # B not traced: nothing compared
+
+
+@pytest.mark.slow
+def test_a_short_run_is_said_to_give_a_wide_band(runs, tmp_path, capsys):
+    # the first 8 steps of a real run (a run cut short): too few steady steps for a narrow band
+    short = tmp_path / "short"
+    shutil.copytree(runs["w0"], short)
+    steps = short / json.loads((short / "results.json").read_text())["sections"]["steps"]["file"]
+    header = StepFile(steps)
+    steps.write_bytes(steps.read_bytes()[: header.offset + 8 * header.dtype.itemsize])
+    section = compare(short, runs["w2"])
+    assert section["a"]["few_steps"] and not section["b"]["few_steps"]
+    assert "rundiff.few_steps" in [f["key"] for f in section["findings"]]
+    main(["diff", str(short), str(runs["w2"])])
+    assert "Few steady steps in A" in capsys.readouterr().out
