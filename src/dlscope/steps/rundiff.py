@@ -110,7 +110,7 @@ def read_run(run: Path) -> dict[str, Any]:
     run = where.parent
     command = results.get("run", {}).get("command")
     steps = results["sections"].get("steps")
-    if command != "run" or not isinstance(steps, dict):
+    if not isinstance(steps, dict) or "main_pid" not in steps:  # any run that observed a script (run, doctor)
         raise RunDirError(
             f"a `dlscope {command}` run holds no step records of a script: diff compares runs of `dlscope run`",
             where,
