@@ -196,6 +196,29 @@ EXAMPLES_TO_MAKE: list[Example] = [
         views={"section": ("Batches",)},
     ),
     Example(
+        "diff",
+        (
+            "dlscope run --out runs/w0 -- python known_truth.py truth.json --read-ms 2 --decode-ms 1 --forward-waits "
+            "--workers 0 --steps 100 > /dev/null",
+            "dlscope run --out runs/w2 -- python known_truth.py truth.json --read-ms 2 --decode-ms 1 --forward-waits "
+            "--workers 2 --steps 100 > /dev/null",
+            "dlscope diff runs/w0 runs/w2",
+            "echo $?",
+        ),
+        setup=f"rm -rf runs/w0 runs/w2; cp {ROOT}/tests/scripts/known_truth.py .",
+    ),
+    Example(
+        "diff-io",
+        (
+            "dlscope run --trace-io --out runs/io0 -- python known_truth.py truth.json --read-ms 2 --decode-ms 1 "
+            "--forward-waits --workers 0 --steps 100 > /dev/null",
+            "dlscope run --trace-io --out runs/io2 -- python known_truth.py truth.json --read-ms 2 --decode-ms 1 "
+            "--forward-waits --workers 2 --steps 100 > /dev/null",
+            "dlscope diff runs/io0 runs/io2 --limit 6",
+        ),
+        setup=f"rm -rf runs/io0 runs/io2; cp {ROOT}/tests/scripts/known_truth.py .",
+    ),
+    Example(
         "run-hang",
         (
             "dlscope run --out runs/hang --profile-steps 0 --hang-after 3 --on-hang end -- "

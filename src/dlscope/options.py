@@ -322,6 +322,19 @@ class PipelinePrepareOptions:
 
 
 @dataclass
+class RunDiffOptions:
+    """`diff RUN_A RUN_B`: two runs of `dlscope run` compared (dlscope.steps.rundiff)."""
+
+    run_a: str
+    run_b: str
+    # a part's change under this share of the (slower) step is not called one: on a shared machine,
+    # two runs of one configuration made side by side differed by up to 9% in a part (BENCHMARKS.md)
+    min_change_pct: float = 10.0
+    json: bool = False
+    limit: int = 10  # rows per table of operators, system calls, files
+
+
+@dataclass
 class PipelineRunOptions:
     """`pipeline run`: one epoch of one reader configuration, consumed by simulated or real training."""
 

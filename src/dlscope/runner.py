@@ -272,6 +272,8 @@ ANSWERS = {
         ("data-verify", "data_verify", "answers"),
         ("stacks", "stacks", "answers"),
         ("attach", "attach", "answers"),
+
+        ("diff", "run_diff", "answers"),
     ]
 }
 WAITING_ANSWERS = {"attach"}  # steps that wait on a running job: given a progress bar (ctx.task's)

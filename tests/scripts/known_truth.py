@@ -7,6 +7,10 @@ number of milliseconds, so it holds wall time as real work would.
     --loader none        no data source: each batch is built in the loop body (--decode-ms a sample)
     --loader prefetched  every batch built before the loop, then drawn from a list
     --sleep-ms X         a sleep after each optimizer step (logging, a barrier) in the loop body
+    --read-ms X          a sleep per sample in __getitem__ before its decoding (reading it from slow
+                         storage): workers overlap it even when the machine's cores are all busy
+    --forward-waits      the forward sleeps its --forward-ms instead of busy-waiting (a host waiting
+                         for its GPU): the CPU is left to the DataLoader's workers (dlscope diff's test)
 """
 
 import argparse
@@ -25,13 +29,15 @@ def busy(ms: float) -> None:
 
 
 class Decoded(Dataset):
-    def __init__(self, n: int, ms: float) -> None:
-        self.n, self.ms = n, ms
+    def __init__(self, n: int, ms: float, read_ms: float = 0.0) -> None:
+        self.n, self.ms, self.read_ms = n, ms, read_ms
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
+        if self.read_ms:
+            time.sleep(self.read_ms / 1e3)
         busy(self.ms)
         return torch.full((16,), float(i))
 
@@ -39,13 +45,17 @@ class Decoded(Dataset):
 class Model(nn.Module):
     """A forward of known cost: FORWARD_MS of busy-wait around a small layer."""
 
-    def __init__(self, forward_ms: float) -> None:
+    def __init__(self, forward_ms: float, waits: bool) -> None:
         super().__init__()
         self.layer = nn.Linear(16, 4)
         self.forward_ms = forward_ms
+        self.waits = waits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        busy(self.forward_ms)
+        if self.waits:
+            time.sleep(self.forward_ms / 1e3)
+        else:
+            busy(self.forward_ms)
         return self.layer(x)
 
 
@@ -58,14 +68,18 @@ parser.add_argument("--batch-size", type=int, default=4)
 parser.add_argument("--steps", type=int, default=40)
 parser.add_argument("--forward-ms", type=float, default=4.0)
 parser.add_argument("--sleep-ms", type=float, default=0.0)
+parser.add_argument("--forward-waits", action="store_true")
+parser.add_argument("--read-ms", type=float, default=0.0)
 args = parser.parse_args()
 
 torch.manual_seed(0)
-model = Model(args.forward_ms)
+model = Model(args.forward_ms, args.forward_waits)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 n = args.steps * args.batch_size
 if args.loader == "decode":
-    batches = iter(DataLoader(Decoded(n, args.decode_ms), batch_size=args.batch_size, num_workers=args.workers))
+    batches = iter(
+        DataLoader(Decoded(n, args.decode_ms, args.read_ms), batch_size=args.batch_size, num_workers=args.workers)
+    )
 elif args.loader == "prefetched":
     dataset = Decoded(n, args.decode_ms)
     batches = iter(

@@ -62,6 +62,10 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("dlscope run --trace-io --out runs/mine -- python train.py --epochs 1", "and its file I/O"),
         ("dlscope run -- torchrun --nproc-per-node 2 train.py", "every rank: comm, overlap, stragglers"),
     ],
+    "diff": [
+        ("dlscope diff runs/before runs/after", "where step time went between two runs of `dlscope run`"),
+        ("dlscope diff runs/before runs/after --json", "the same as JSON: every part's band, operators, I/O"),
+    ],
     "stacks": [
         ("dlscope stacks runs/run-20261124-190000", "where every process of a running `dlscope run` is now"),
         ("dlscope stacks 4242", "a process and its children, from /proc (Python stacks under dlscope run)"),

@@ -15,6 +15,7 @@ from dlscope.options import (
     MnistOptions,
     PipelinePrepareOptions,
     PipelineRunOptions,
+    RunDiffOptions,
     StacksOptions,
 )
 
@@ -78,6 +79,15 @@ def ckpt_inspect(options: FileOptions) -> Answer:
     else:
         status = 0 if anatomy.safe_to_load and not anatomy.corrupt else 1  # a CRC mismatch (--stats) is 1
     return {**anatomy.to_dict(), **verdict}, status
+
+
+def run_diff(options: RunDiffOptions) -> Answer:
+    """Two runs of `dlscope run` compared (dlscope.steps.rundiff); exit 1 when the step time changed
+    beyond its noise, 0 when not."""
+    from dlscope.steps.rundiff import compare
+
+    section = compare(Path(options.run_a), Path(options.run_b), options.min_change_pct)
+    return section, int(section["step"]["significant"])
 
 
 def ckpt_diff(options: FileOptions) -> Answer:

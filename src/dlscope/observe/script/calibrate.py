@@ -16,6 +16,7 @@ from typing import Any
 
 CALIBRATION_STEPS = 200
 ROUNDS = 5
+SCRATCH_PREFIX = "dlscope-calibrate-"  # its records go to a scratch directory: dlscope's own files, not the job's
 
 
 class _Module:
@@ -31,7 +32,7 @@ def per_step_us(observer_class: type, torch: Any) -> float:
     from dlscope.observe.script.records import RecordFile
 
     module = _Module()
-    with tempfile.TemporaryDirectory(prefix="dlscope-calibrate-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as scratch:
         observer = observer_class(RecordFile(scratch), (1, 0, 0, 0))  # profiler off
         observer.torch = torch
         observer.machine.on_step = None  # the synthetic steps stay out of the live status file

@@ -58,6 +58,15 @@ def part_seconds(chunk: np.ndarray, loader: int) -> dict[str, np.ndarray]:
     return parts
 
 
+def steady_steps(chunk: np.ndarray, positions: np.ndarray, codes: dict[str, list[str | None]]) -> np.ndarray:
+    """Which steps of `chunk` (at `positions` in the stream) are steady: not the first (start-up,
+    first batch), not the profiler's warm-up and active ones (their recording cost)."""
+    unprofiled = (chunk["profiled"] == codes["profiled"].index(None)) | (
+        chunk["profiled"] == codes["profiled"].index("wait")
+    )
+    return (positions >= 1) & unprofiled
+
+
 def row(step: Any, origin: float, codes: dict[str, list[str | None]], loader: int) -> dict[str, Any]:
     """One step as the report shows it (ms)."""
     parts = {name: float(value[0]) for name, value in part_seconds(np.asarray([step]), loader).items()}
@@ -103,8 +112,7 @@ def summarise(table: np.ndarray, origin: float, codes: dict[str, list[str | None
         seconds[first : first + len(chunk)] = chunk["seconds"]
         parts = part_seconds(chunk, loader)
         which = np.searchsorted(bounds, positions, side="right") - 1
-        # the steady steps: not the first (start-up, first batch), not the profiler's recording ones
-        steady = (positions >= 1) & ((chunk["profiled"] == none) | (chunk["profiled"] == profiled["wait"]))
+        steady = steady_steps(chunk, positions, codes)
         for p in PARTS:
             window_sums[p] += np.bincount(which, weights=parts[p], minlength=windows)
             sums["steady"][p] += float(parts[p][steady].sum())

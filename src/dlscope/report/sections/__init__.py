@@ -23,6 +23,7 @@ from dlscope.report.sections import (
     profile,
     ranks,
     run,
+    rundiff,
     scaling,
     steps,
     sweep,
@@ -55,5 +56,6 @@ SECTIONS: dict[str, ModuleType] = {
         scaling,
         iotrace,
         hang,
+        rundiff,
     )
 }

@@ -7,7 +7,7 @@ from typing import Any
 
 from dlscope.report.blocks import Block, Findings, Para, Verdict
 from dlscope.report.sections import environment as environment_section
-from dlscope.report.sections import hang
+from dlscope.report.sections import hang, rundiff
 from dlscope.report.sections.ckpt_anatomy import WORDS, render_anatomy, render_diff
 from dlscope.report.sections.ckpt_scan import VERDICT_LEVEL, render_scan, summary
 from dlscope.report.sections.top10 import operators_table, step_range
@@ -50,6 +50,10 @@ def ckpt_inspect(section: dict[str, Any], options: Any) -> list[Block]:
 
 def ckpt_diff(section: dict[str, Any], options: Any) -> list[Block]:
     return render_diff(section, limit=options.limit)
+
+
+def run_diff(section: dict[str, Any], options: Any) -> list[Block]:
+    return rundiff.render(section, limit=options.limit)
 
 
 def environment(section: dict[str, Any], options: Any) -> list[Block]:
