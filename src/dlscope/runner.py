@@ -272,7 +272,6 @@ ANSWERS = {
         ("data-verify", "data_verify", "answers"),
         ("stacks", "stacks", "answers"),
         ("attach", "attach", "answers"),
-
         ("diff", "run_diff", "answers"),
     ]
 }
