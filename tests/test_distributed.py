@@ -19,9 +19,9 @@ from dlscope.data.loaders import ResidentBatches, TorchLoaderBatches
 from dlscope.distributed.dcp import save_dcp
 from dlscope.distributed.iorank import rank_pids
 from dlscope.distributed.launch import WORKER_MODULE
-from dlscope.distributed.worker import KILL_HOOK
 from dlscope.events import TrainingObserver
 from dlscope.restore import in_memory, load_checkpoint
+from dlscope.steps.train import KILL_HOOK
 from dlscope.train import TrainConfig, Trainer
 
 STEPS_PER_EPOCH = 8  # 512 samples, global batch 64
