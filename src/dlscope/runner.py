@@ -371,7 +371,7 @@ def child_main(argv: list[str]) -> int:
         run_command(plan_from_json(argv[0]), render=False)
     except DlscopeError as e:
         console.print(f"dlscope: error: {e}", markup=False)
-        return 2
+        return getattr(e, "exit_status", 2)  # 124: the hang watchdog ended the training
     except KeyboardInterrupt as e:
         return 128 + interrupt_signal(e)
     return 0
