@@ -190,13 +190,16 @@ def fresh_processes_dir(run_path: Path) -> Path:
 
 
 def record_hang(ctx: Context, watchdog: Watchdog) -> None:
-    """The hang section when the watchdog captured the job; HungJobError when it ended it."""
+    """The hang section, when the watchdog captured the job (also when the training then failed)."""
     section = watchdog.section()
-    if section is None:
-        return
-    ctx.run.record("hang", section)
+    if section is not None:
+        ctx.run.record("hang", section)
+
+
+def end_if_hung(ctx: Context, watchdog: Watchdog) -> None:
+    """HungJobError when the watchdog ended the job (--on-hang end)."""
     if watchdog.ended:
-        last = section["captures"][-1]
+        last = watchdog.captures[-1]
         raise HungJobError(
             f"the training hung: no step ended for {last['verdict']['idle_seconds']:.0f} s (threshold "
             f"{last['threshold_seconds']:.0f} s); every process captured in {last['file']}, then the job was "
@@ -237,7 +240,8 @@ def run(ctx: Context) -> dict[str, Any]:
             trainer, watched = fit(config, ctx.data, ctx.run.path, ctx.options, ctx.steps, resume_state)
     finally:
         agent.uninstall()
-    record_hang(ctx, watchdog)
+        record_hang(ctx, watchdog)
+    end_if_hung(ctx, watchdog)
     ctx.trainer = trainer
     section = train_section(trainer, watched, resume_state, ctx.run.path, ctx.options.tensorboard)
     if section["already_finished"]:
@@ -261,7 +265,8 @@ def launch(ctx: Context) -> int:
         status = run_torchrun(plan, ctx.run.path, started=watchdog.start)
     finally:
         watchdog.stop()
-    record_hang(ctx, watchdog)
+        record_hang(ctx, watchdog)
+    end_if_hung(ctx, watchdog)
     return status
 
 
