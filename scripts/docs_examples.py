@@ -277,6 +277,17 @@ EXAMPLES_TO_MAKE: list[Example] = [
         views={"ranks": ("Ranks", "Distributed")},
     ),
     Example(
+        "train-rank-hung",
+        (
+            f"DLSCOPE_TEST_HANG_RANK=1:5 dlscope train --nproc-per-node 2 {DIST} --target-acc 100 "
+            "--no-progress --hang-after 3 --on-hang end --out runs/h1",
+            "echo $?",
+        ),
+        setup="rm -rf runs/h1",
+        views={"verdict": ("Hung job",)},
+        views_only=True,  # torchrun's own lines (it is SIGTERMed) are wider than 80
+    ),
+    Example(
         "train-rank-killed",
         (
             f"DLSCOPE_TEST_KILL_RANK=1:20 dlscope train --nproc-per-node 2 --ckpt-format dcp {DIST} "

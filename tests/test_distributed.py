@@ -19,9 +19,9 @@ from dlscope.data.loaders import ResidentBatches, TorchLoaderBatches
 from dlscope.distributed.dcp import save_dcp
 from dlscope.distributed.iorank import rank_pids
 from dlscope.distributed.launch import WORKER_MODULE
-from dlscope.distributed.worker import KILL_HOOK
 from dlscope.events import TrainingObserver
 from dlscope.restore import in_memory, load_checkpoint
+from dlscope.steps.train import KILL_HOOK
 from dlscope.train import TrainConfig, Trainer
 
 STEPS_PER_EPOCH = 8  # 512 samples, global batch 64
@@ -216,6 +216,8 @@ def test_trace_io_attributes_the_shard_reads_and_checkpoint_writes_to_ranks(tmp_
     for rank in ranks.values():
         phases = {p["phase"]: p for p in rank["phases"]}
         assert phases["data_load"]["bytes_read"] > 1_000_000  # MNIST, which the rank then shards by index
+    # each rank reads the whole of the same files: its reads named as the dataset's, all of them
+    assert ranks[0]["categories"]["dataset"]["bytes_read"] == ranks[1]["categories"]["dataset"]["bytes_read"]
     saves = {r: {p["phase"]: p for p in ranks[r]["phases"]}.get("checkpoint_save") for r in ranks}
     assert saves[0]["bytes_written"] > 0 and saves[1] is None  # rank 0 writes the checkpoint
     assert ranks[0]["categories"]["checkpoint"]["bytes_written"] > 0

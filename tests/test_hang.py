@@ -2,7 +2,8 @@
 job whose rank 1 sleeps at step 5 (the verdict names rank 1, its line and rank 0's pending
 collective), a DataLoader worker blocked reading a FIFO (named with its path), a job that only
 slows down 3× (never called hung); no process is left behind. And the stack capture itself on a
-process blocked in C with the GIL held."""
+process blocked in C with the GIL held. The built-in job (`dlscope train`) under the same watchdog,
+a rank hung by its test hook: in two ranks, and in dlscope's own process."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ import sys
 import time
 from pathlib import Path
 
+from dlscope.cli import main
+from dlscope.distributed.iorank import rank_pids
+from dlscope.errors import HANG_EXIT_CODE
 from dlscope.observe.bootstrap_env import with_bootstrap
 from dlscope.observe.hang.capture import alive, capture
-from dlscope.observe.hang.live import live_path, read_live
-from dlscope.options import HANG_EXIT_CODE, HangOptions, RunOptions, ScriptOptions, StepOptions
+from dlscope.observe.hang.live import live_path, read_all, read_live
+from dlscope.options import HangOptions, RunOptions, ScriptOptions, StepOptions
 from dlscope.report.sections import hang as hang_section
 from dlscope.runner import Plan, run_command
+from dlscope.steps import train as train_step
+from dlscope.steps.train import HANG_HOOK
 from test_run_ecosystem import step_rows
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -166,9 +172,6 @@ def wait_for(condition, what: str, limit_s: float = 180.0):
 
 
 def test_stacks_on_demand_of_a_run_and_of_a_process_without_dlscope(tmp_path, capsys):
-    from dlscope.cli import main
-    from dlscope.observe.hang.live import read_all
-
     fifo, out = tmp_path / "samples.fifo", tmp_path / "run"
     os.mkfifo(fifo)
     held = os.open(fifo, os.O_RDWR)
@@ -202,3 +205,61 @@ def test_stacks_on_demand_of_a_run_and_of_a_process_without_dlscope(tmp_path, ca
         job.wait()
         os.close(held)
     assert not [v.pid for v in read_all(out / "processes") if alive(v.pid)]
+
+
+# the built-in job (dlscope train): the same watchdog, with a rank hung by the test hook ------------
+BUILTIN = ["--model", "small", "--epochs", "1", "--batch-size", "64", "--train-subset", "512", "--test-subset", "200"]
+BUILTIN_QUIET = ["--target-acc", "100", "--no-progress", "--no-tensorboard", "--hang-after", "2", "--on-hang", "end"]
+HANG_LINE = line_of(Path(train_step.__file__), "time.sleep(3600)")
+
+
+def assert_builtin_hung(out: Path, stderr: str) -> dict:
+    """The CLI's one line, the run failed with the hang recorded (and in the report); the verdict."""
+    errors = [line for line in stderr.splitlines() if line.startswith("dlscope: error")]
+    assert len(errors) == 1 and "the training hung" in errors[0] and "hang-1.json" in errors[0]
+    results = json.loads((out / "results.json").read_text())
+    assert results["run"]["status"] == "failed"
+    section = results["sections"]["hang"]
+    assert section["ended_job"] and not section["captures"][0]["left_behind"]
+    assert "Hung job" in (out / "report.md").read_text()
+    return section["captures"][0]["verdict"]
+
+
+def test_a_hung_rank_of_the_builtin_job_is_named_and_the_job_ended_with_124(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(HANG_HOOK, "1:5")
+    out = tmp_path / "ranks"
+    assert main(["train", "--nproc-per-node", "2", "--out", str(out), *BUILTIN, *BUILTIN_QUIET]) == HANG_EXIT_CODE
+    verdict = assert_builtin_hung(out, capsys.readouterr().err)
+    [stopped] = verdict["stopped"]
+    assert (stopped["rank"], stopped["steps"], stopped["phase"]) == (1, 5, "train-epoch-1")
+    assert (stopped["where"]["file"], stopped["where"]["line"]) == (train_step.__file__, HANG_LINE)
+    [pending] = verdict["collectives"]  # DDP's gradient all-reduce of step 6
+    assert (pending["rank"], pending["op"], pending["seq"], pending["missing_ranks"]) == (0, "all_reduce", 6, [1])
+    ranks = rank_pids(out)
+    assert len(set(ranks.values())) == 2 and not [pid for pid in ranks if alive(pid)]
+    assert_none_left(out)
+
+
+def test_the_builtin_job_in_one_process_ends_itself_and_its_loader_workers(tmp_path):
+    """dlscope's own process is the job: the watchdog thread ends it by raising in its main thread."""
+    out = tmp_path / "one"
+    args = ["train", "--out", str(out), "--loader", "torch", "--workers", "1", "--threads", "1"]
+    job = subprocess.run(
+        [sys.executable, "-m", "dlscope.cli", *args, *BUILTIN, *BUILTIN_QUIET],
+        env={**os.environ, HANG_HOOK: "0:3"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
+    assert job.returncode == HANG_EXIT_CODE
+    verdict = assert_builtin_hung(out, job.stderr)
+    [stopped] = verdict["stopped"]
+    assert (stopped["pid"], stopped["steps"], stopped["phase"]) == (job_pid(out), 3, "train-epoch-1")
+    assert (stopped["where"]["file"], stopped["where"]["line"]) == (train_step.__file__, HANG_LINE)
+    workers = [p for p in verdict["processes"] if p["role"] == "worker"]
+    assert workers and not [p for p in workers if alive(p["pid"])]
+
+
+def job_pid(out: Path) -> int:
+    return next(v.pid for v in read_all(out / "processes") if not v.forked)

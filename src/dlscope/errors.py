@@ -1,4 +1,5 @@
-"""Errors a user can act on. The CLI prints them as one line and exits with status 2."""
+"""Errors a user can act on. The CLI prints them as one line and exits with status 2 (a hung job
+that dlscope ended: 124)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ class ConfigError(DlscopeError):
 
 class RunDirError(DlscopeError):
     """A run directory or its results.json is missing or unreadable."""
+
+
+HANG_EXIT_CODE = 124  # dlscope ended a hung job (as timeout(1) does)
+
+
+class HungJobError(DlscopeError):
+    """The hang watchdog ended the built-in job (--on-hang end); the CLI exits with HANG_EXIT_CODE."""
+
+    exit_status = HANG_EXIT_CODE
 
 
 # errno → the cause in words a user acts on (the rest fall back to the OS's own strerror)

@@ -23,10 +23,34 @@ class RunOptions:
     progress: bool = True
 
 
+HANG_ACTIONS = ("wait", "end")  # what the watchdog does after its capture
+
+
+@dataclass
+class HangOptions:
+    """The hang watchdog (`dlscope run`, and the built-in job's train step): hung when no step
+    ends for max(hang_factor × the median step, hang_after seconds); None turns it off."""
+
+    hang_after: float | None = 90.0
+    hang_factor: float = 20.0
+    on_hang: str = "wait"
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.hang_after is None or self.hang_after > 0, "--hang-after must be > 0 seconds (or off)"),
+            (self.hang_factor >= 1, "--hang-factor must be ≥ 1"),
+            (self.on_hang in HANG_ACTIONS, f"--on-hang must be one of {', '.join(HANG_ACTIONS)}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+
 @dataclass
 class TrainOptions:
     resume: str | None = None
     epochs: int | None = None  # --epochs given with --resume: the total to reach (default: the checkpoint's)
+    hang: HangOptions = field(default_factory=HangOptions)  # the watchdog of the training
 
 
 CKPT_FORMATS = ("torch", "dcp")  # torch.save of one file; torch.distributed.checkpoint's directory
@@ -373,10 +397,6 @@ class StepOptions:
     script: ScriptOptions | None = None  # `dlscope run`'s command and how to observe it
 
 
-HANG_ACTIONS = ("wait", "end")  # what the watchdog does after its capture
-HANG_EXIT_CODE = 124  # `dlscope run` ended a hung job (as timeout(1) does)
-
-
 @dataclass
 class StacksOptions:
     """`dlscope stacks`: a run directory or a PID."""
@@ -403,26 +423,6 @@ class WatchOptions:
     interval: float = 1.0  # seconds between refreshes
     recent: int = 200  # steps the recent figures are drawn from
     once: bool = False  # one view, then return (scripts, tests)
-
-
-@dataclass
-class HangOptions:
-    """The watchdog of `dlscope run`: hung when no step ends for max(hang_factor × the median
-    step, hang_after seconds); None turns it off."""
-
-    hang_after: float | None = 90.0
-    hang_factor: float = 20.0
-    on_hang: str = "wait"
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.hang_after is None or self.hang_after > 0, "--hang-after must be > 0 seconds (or off)"),
-            (self.hang_factor >= 1, "--hang-factor must be ≥ 1"),
-            (self.on_hang in HANG_ACTIONS, f"--on-hang must be one of {', '.join(HANG_ACTIONS)}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
 
 
 @dataclass

@@ -201,6 +201,16 @@ def load_results(run: str | Path) -> dict[str, Any]:
     return results
 
 
+# processes/: what the observed processes of a run keep as they run (dlscope run's records, and the
+# live status and stack files of the hang agent, dlscope.observe.hang)
+
+PROCESSES = "processes"
+
+
+def processes_dir(run: Path) -> Path:
+    return run / PROCESSES
+
+
 # --- the layout of a run directory's multi-rank part: the one place that spells it -----------------
 # ranks/launch.log (torchrun's output), ranks/train.json (rank 0's train section), and one folder per
 # rank: rank.json (its record), trace.json (its profiler trace), pid (its processes, one a restart)

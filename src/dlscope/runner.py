@@ -124,6 +124,7 @@ def run_steps(plan: Plan, run: Any) -> None:
         torch.set_num_threads(plan.config.threads)
     ctx = Context(plan.config, run, plan.options, plan.step_options, task=progress_task(plan.options.progress), say=say)
     status, command_failed = "failed", False
+    step = None
     try:
         for name in plan.steps:
             step = STEPS_BY_NAME[name]
@@ -136,9 +137,7 @@ def run_steps(plan: Plan, run: Any) -> None:
             section["seconds"] = round(time.perf_counter() - start, 3)
             run.record(step.name, section)
             print_blocks(section_renderer.render(run.results["sections"][step.name]))
-            for name in (n for n in step.also if n in run.results["sections"]):  # what the step recorded itself
-                console.rule(f"[phase]{SECTIONS[name].TITLE}", align="left", style="dim")
-                print_blocks(SECTIONS[name].render(run.results["sections"][name]))
+            print_also(step, run)
             if section.get("interrupted"):  # a traced command cut short by the user: recorded, now stop
                 raise Interrupted(signal.Signals[section["interrupted"]])
             command_failed |= section.get("run_status") == "failed"  # the user's command (dlscope run) failed
@@ -149,9 +148,24 @@ def run_steps(plan: Plan, run: Any) -> None:
         raise
     except Exception as e:
         run.results["run"]["error"] = str(e) if isinstance(e, DlscopeError) else f"{type(e).__name__}: {e}"
+        if (
+            isinstance(e, DlscopeError) and step is not None
+        ):  # what the failed step recorded of its failure (a hung job's verdict)
+            print_also(step, run)
         raise
     finally:
         run.finish(status)
+
+
+def print_also(step: Any, run: Any) -> None:
+    """The sections `step` recorded itself, after its own."""
+    from dlscope.console import console
+    from dlscope.report.sections import SECTIONS
+    from dlscope.report.terminal import print_blocks
+
+    for name in (n for n in step.also if n in run.results["sections"]):
+        console.rule(f"[phase]{SECTIONS[name].TITLE}", align="left", style="dim")
+        print_blocks(SECTIONS[name].render(run.results["sections"][name]))
 
 
 def say(text: str) -> None:
@@ -396,6 +410,13 @@ def child_main(argv: list[str]) -> int:
     from dlscope.errors import DlscopeError, raise_interrupted
 
     if argv[0] == "--rank":
+        from dlscope.observe.hang import agent
+        from dlscope.rundir import processes_dir
+
+        # the hang agent before torch loads (building the plan's config does): it counts the
+        # collectives as the ranks enter them
+        out = json.loads(argv[1])["options"]["out"]
+        agent.install(str(processes_dir(Path(out or "."))), follow_markers=True)
         from dlscope.distributed.worker import train_rank
 
         try:
@@ -409,7 +430,7 @@ def child_main(argv: list[str]) -> int:
         run_command(plan_from_json(argv[0]), render=False)
     except DlscopeError as e:
         console.print(f"dlscope: error: {e}", markup=False)
-        return 2
+        return getattr(e, "exit_status", 2)  # 124: the hang watchdog ended the training
     except KeyboardInterrupt as e:
         return 128 + interrupt_signal(e)
     return 0

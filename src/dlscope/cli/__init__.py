@@ -30,7 +30,7 @@ def print_error(error: DlscopeError) -> int:
     from dlscope.console import one_line
 
     print(f"dlscope: error: {one_line(error)}", file=sys.stderr)
-    return 2
+    return getattr(error, "exit_status", 2)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

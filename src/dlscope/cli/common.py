@@ -13,7 +13,7 @@ from dlscope.cli.help import HelpFormatter, Subcommands, examples_epilog
 
 if TYPE_CHECKING:
     from dlscope.config import TrainConfig
-    from dlscope.options import DistOptions, ProfileOptions, RunOptions, StepOptions
+    from dlscope.options import DistOptions, HangOptions, ProfileOptions, RunOptions, StepOptions
 
 
 Options = TypeVar("Options")
@@ -144,6 +144,40 @@ def dist_options(args: argparse.Namespace) -> DistOptions:
         bucket_cap_mb=args.bucket_cap_mb,
         ckpt_format=args.ckpt_format,
     )
+
+
+def _seconds_or_off(text: str) -> float | None:
+    if text == "off":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or off, got {text!r}") from None
+
+
+def add_hang_args(p: argparse.ArgumentParser) -> None:
+    """The hang watchdog's flags (dlscope run, and the training of lab and train)."""
+    g = p.add_argument_group("hang watchdog")
+    g.add_argument(
+        "--hang-after",
+        type=_seconds_or_off,
+        default=90.0,
+        metavar="S|off",
+        help="hung when no step ends for max(--hang-factor × median step, S) seconds (default 90; off: no watchdog)",
+    )
+    g.add_argument("--hang-factor", type=float, default=20.0, metavar="K", help="see --hang-after (default 20)")
+    g.add_argument(
+        "--on-hang",
+        default="wait",
+        choices=["wait", "end"],
+        help="after capturing a hung job: keep waiting (default), or end it (exit status 124)",
+    )
+
+
+def hang_options(args: argparse.Namespace) -> HangOptions:
+    from dlscope.options import HangOptions
+
+    return HangOptions(hang_after=args.hang_after, hang_factor=args.hang_factor, on_hang=args.on_hang)
 
 
 def add_run_args(p: argparse.ArgumentParser, tensorboard: bool = False) -> None:

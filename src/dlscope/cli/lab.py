@@ -7,11 +7,13 @@ import argparse
 from dlscope.cli.common import (
     Parser,
     add_dist_args,
+    add_hang_args,
     add_profile_args,
     add_run_args,
     add_training_args,
     device_list,
     dist_options,
+    hang_options,
     int_list,
     profile_options,
     run_builtin_command,
@@ -67,8 +69,9 @@ def keras_seed_options(args: argparse.Namespace) -> AnatomyOptions:
 
 
 def train_options(args: argparse.Namespace) -> TrainOptions:
-    """--resume, and --epochs only when typed (a resumed run keeps its checkpoint's otherwise)."""
-    return TrainOptions(resume=args.resume, epochs=args.epochs if getattr(args, "epochs_given", False) else None)
+    """--resume, --epochs only when typed (a resumed run keeps its checkpoint's otherwise), the watchdog."""
+    epochs = args.epochs if getattr(args, "epochs_given", False) else None
+    return TrainOptions(resume=args.resume, epochs=epochs, hang=hang_options(args))
 
 
 def with_rank_steps(steps: list[str], dist: DistOptions) -> list[str]:
@@ -193,6 +196,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_training_args(p)
     add_dist_args(p)
     add_run_args(p, tensorboard=True)
+    add_hang_args(p)
     add_profile_args(p)
     p.add_argument(
         "--steps",
@@ -233,6 +237,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_training_args(p)
     add_dist_args(p)
     add_run_args(p, tensorboard=True)
+    add_hang_args(p)
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue a run from its checkpoint")
     p.set_defaults(func=cmd_train)
 

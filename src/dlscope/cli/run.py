@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from dlscope.cli.common import add_hang_args, hang_options
 from dlscope.options import TRACE_BACKENDS
 
 SORT_KEYS = ["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from dlscope.options import HangOptions, RunOptions, ScriptOptions, StepOptions
+    from dlscope.options import RunOptions, ScriptOptions, StepOptions
     from dlscope.runner import Plan, run_command
 
     command = args.command_argv[1:] if args.command_argv[:1] == ["--"] else args.command_argv
@@ -24,19 +25,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         start_after=args.start_after,
         sort_by=args.sort_by,
         tensorboard=args.tensorboard,
-        hang=HangOptions(hang_after=args.hang_after, hang_factor=args.hang_factor, on_hang=args.on_hang),
+        hang=hang_options(args),
     )
     plan = Plan("run", ["run"], options=RunOptions(out=args.out), step_options=StepOptions(script=script))
     return run_command(plan)["sections"]["run"]["exit_code"]
-
-
-def _seconds_or_off(text: str) -> float | None:
-    if text == "off":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds or off, got {text!r}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,19 +52,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sort-by", default="self_cpu", choices=SORT_KEYS, metavar="KEY", help=f"top-10 order: {', '.join(SORT_KEYS)}"
     )
     p.add_argument("--tensorboard", action="store_true", help="write step time and anatomy as TensorBoard scalars")
-    p.add_argument(
-        "--hang-after",
-        type=_seconds_or_off,
-        default=90.0,
-        metavar="S|off",
-        help="hung when no step ends for max(--hang-factor × median step, S) seconds (default 90; off: no watchdog)",
-    )
-    p.add_argument("--hang-factor", type=float, default=20.0, metavar="K", help="see --hang-after (default 20)")
-    p.add_argument(
-        "--on-hang",
-        default="wait",
-        choices=["wait", "end"],
-        help="after capturing a hung job: keep waiting (default), or end it (exit status 124)",
-    )
+    add_hang_args(p)
     p.add_argument("command_argv", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its arguments")
     p.set_defaults(func=cmd_run)

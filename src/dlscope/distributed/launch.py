@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -103,9 +104,10 @@ def end_leftover_workers(ranks: Path) -> list[int]:
     return ended
 
 
-def run_torchrun(plan: Plan, run: Path, echo: bool = True) -> int:
+def run_torchrun(plan: Plan, run: Path, echo: bool = True, started: Callable[[int], None] | None = None) -> int:
     """The plan's train step in torchrun's workers, writing into the run directory `run` (ranks/ and
-    what rank 0 writes); plan.config.threads per rank. torchrun's exit status."""
+    what rank 0 writes); plan.config.threads per rank; `started` is told torchrun's pid (the hang
+    watchdog follows the job from it). torchrun's exit status."""
     from dlscope.plan import plan_to_json
 
     options = plan.step_options.dist
@@ -122,6 +124,8 @@ def run_torchrun(plan: Plan, run: Path, echo: bool = True) -> int:
             start_new_session=True,  # the user's Ctrl-C reaches us; we hand torchrun a SIGTERM
         )
         assert process.stderr is not None
+        if started is not None:
+            started(process.pid)
         reader = threading.Thread(target=pump, args=(process.stderr, log, echo), daemon=True)
         reader.start()
         try:

@@ -1,20 +1,19 @@
 """One rank of the built-in job: `python -m dlscope.runner --rank PLAN_JSON`, started by torchrun.
 
-Every rank trains its shard under DistributedDataParallel and writes its folder (dlscope.rundir.rank_dir):
+Every rank trains its shard under DistributedDataParallel — its Trainer built and run by the train
+step's own `fit`, as the job in one process is — and writes its folder (dlscope.rundir.rank_dir):
 rank.json (its pid, threads, step times, samples) and trace.json (a Kineto trace of a few real steps, with torch's
 distributedInfo). Local rank 0 of each node also writes TensorBoard, the torch checkpoint and
 ranks/train.json, the train section the launcher records. On a torchrun restart
-(TORCHELASTIC_RESTART_COUNT > 0) the ranks resume from the run's last checkpoint.
-
-Test hook: DLSCOPE_TEST_KILL_RANK=RANK:STEP makes that rank SIGKILL itself after that global step,
-on the first attempt only (tests of faults and restarts).
+(TORCHELASTIC_RESTART_COUNT > 0) the ranks resume from the run's last checkpoint. Each rank keeps
+its live file for the hang watchdog of the launcher (runner.child_main installs the agent before
+torch loads, so its collectives are counted). The tests' fault hooks: dlscope.steps.train.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import socket
 import sys
 import time
@@ -29,12 +28,10 @@ from dlscope.distributed.iorank import PID_FILE
 from dlscope.events import EpochResult, TrainingObserver, TrainResult
 from dlscope.fsutil import atomic_write_bytes, json_text, make_dirs
 from dlscope.plan import Plan
-from dlscope.restore import in_memory, load_checkpoint
-from dlscope.rundir import last_checkpoint, rank_dir, ranks_section, to_jsonable
-from dlscope.steps.train import resumed_config, train_section, watchers
+from dlscope.rundir import rank_dir, ranks_section, to_jsonable
+from dlscope.steps.train import fit, resumed_config, starting_state, train_section
 from dlscope.train import DataParallel, Trainer, resolve_device
 
-KILL_HOOK = "DLSCOPE_TEST_KILL_RANK"
 PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # steps 2–4 of the run: past start-up, real steps
 
 
@@ -123,28 +120,6 @@ class EpochLine(TrainingObserver):
         )
 
 
-class KillHook(TrainingObserver):
-    """The test hook: SIGKILL this rank after a given global step, on the first attempt only."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, trainer: Trainer, loss: torch.Tensor, batch_size: int) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-def resume_state(plan: Plan, run: Path, restart: int) -> dict[str, Any] | None:
-    """After a torchrun restart: the run's own last checkpoint (when one was written); else --resume."""
-    if restart > 0:
-        last = last_checkpoint(run, plan.step_options.dist.ckpt_format)
-        if last.exists():
-            return load_checkpoint(last)
-    if plan.step_options.train.resume:
-        return load_checkpoint(plan.step_options.train.resume)
-    return None
-
-
 def train_rank(plan: Plan) -> None:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world_size, restart = int(os.environ["WORLD_SIZE"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
@@ -158,7 +133,7 @@ def train_rank(plan: Plan) -> None:
     backend = "nccl" if config.device.startswith("cuda") else "gloo"
     dist.init_process_group(backend)
     try:
-        state = resume_state(plan, run, restart)
+        state = starting_state(plan.step_options, run, restart)
         if state is not None:
             # what the checkpoint computes, on this job's device and threads per rank
             saved = resumed_config(state, plan.step_options.train.epochs, config.threads)
@@ -167,7 +142,6 @@ def train_rank(plan: Plan) -> None:
         if writer and restart > 0:
             where = f"epoch {state['epoch']}" if state is not None else "the start: no checkpoint yet"
             print(f"dlscope: torchrun restart {restart}: the ranks resume from {where}", file=sys.stderr, flush=True)
-        watched = watchers(config, run, plan.options, plan.step_options.dist.ckpt_format, writer=writer)
         info = {
             "rank": rank,
             "local_rank": local_rank,
@@ -180,18 +154,12 @@ def train_rank(plan: Plan) -> None:
             "backend": backend,
             "device": config.device,
         }
-        observers = [*watched.observers, RankRecorder(rank_dir(run, rank), info)]
-        if writer:
-            observers.append(EpochLine())
-        kill = os.environ.get(KILL_HOOK, "")
-        if kill and restart == 0 and int(kill.split(":")[0]) == rank:
-            observers.append(KillHook(int(kill.split(":")[1])))
+        observers = [RankRecorder(rank_dir(run, rank), info), *([EpochLine()] if writer else [])]
         data = load_mnist(plan.options.data_dir)
         parallel = DataParallel(rank, world_size, plan.step_options.dist.bucket_cap_mb)
-        trainer = Trainer(config, data, observers, parallel)
-        if state is not None:
-            trainer.load_state_dict(in_memory(state, trainer.model, trainer.optimizer))
-        trainer.fit()
+        trainer, watched = fit(
+            config, data, run, plan.options, plan.step_options, state, parallel, writer, restart, observers
+        )
         if writer:
             section = to_jsonable(train_section(trainer, watched, state, run, plan.options.tensorboard))
             atomic_write_bytes(ranks_section(run), json_text(section, indent=1).encode())

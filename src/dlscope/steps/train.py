@@ -1,9 +1,24 @@
-"""Step: train to the target accuracy, with progress, TensorBoard and per-epoch checkpoints."""
+"""Step: train to the target accuracy, with progress, TensorBoard and per-epoch checkpoints —
+in this process, or in torchrun's ranks (each rank: dlscope.distributed.worker) — under the hang
+watchdog (dlscope.observe.hang): every training process keeps its live file (the Trainer's step
+ends, the phase markers), and the watchdog, here, captures them all when steps stop.
+
+`fit` is the one way the built-in job builds and runs its Trainer, in this process and in a rank.
+
+Test hooks (faults injected into the job), RANK:STEP in the environment (a job in one process is
+rank 0), on the first attempt only: DLSCOPE_TEST_KILL_RANK makes that rank SIGKILL itself after
+that global step; DLSCOPE_TEST_HANG_RANK makes it sleep there for an hour (a hung rank).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,21 +26,27 @@ from typing import TYPE_CHECKING, Any
 from dlscope.autotune import autotune
 from dlscope.checkpoint import CheckpointObserver
 from dlscope.distributed.launch import LOG, failure_line, run_torchrun, threads_per_rank, torchrun_command
-from dlscope.errors import DlscopeError
+from dlscope.errors import DlscopeError, HungJobError
 from dlscope.events import EpochResult, LogPoint, TrainingObserver
 from dlscope.fsutil import make_dirs
+from dlscope.observe.hang import agent
+from dlscope.observe.hang.watchdog import Watchdog
 from dlscope.observe.progress import ProgressObserver
 from dlscope.observe.tensorboard import TensorBoardObserver
-from dlscope.options import RunOptions
+from dlscope.options import RunOptions, StepOptions
 from dlscope.phases import mark_begin, mark_end
 from dlscope.plan import Plan
 from dlscope.restore import in_memory, load_checkpoint, resume
-from dlscope.rundir import last_checkpoint, ranks_dir, ranks_section
+from dlscope.rundir import last_checkpoint, processes_dir, ranks_dir, ranks_section
 from dlscope.steps.base import Context, Step
-from dlscope.train import StopAtAccuracy, TrainConfig, Trainer, evaluate
+from dlscope.train import DataParallel, StopAtAccuracy, TrainConfig, Trainer, evaluate
 
 if TYPE_CHECKING:
+    from dlscope.data.mnist import MNIST
     from dlscope.distributed.dcp import DcpCheckpointObserver
+
+KILL_HOOK = "DLSCOPE_TEST_KILL_RANK"
+HANG_HOOK = "DLSCOPE_TEST_HANG_RANK"
 
 
 class PhaseMarker(TrainingObserver):
@@ -97,6 +118,96 @@ def watchers(config: TrainConfig, run_path: Path, options: RunOptions, ckpt_form
     return Watchers(observers, recorder, checkpoints)
 
 
+class Heartbeat(TrainingObserver):
+    """Each step end into this process's live file (the hang agent's, as in a `dlscope run`
+    process): one pack_into; nothing when no agent is installed."""
+
+    def on_step_end(self, trainer: Trainer, loss: Any, batch_size: int) -> None:
+        agent.step_ended(trainer.global_step, time.time())
+
+
+class FaultHook(TrainingObserver):
+    """A test hook (the module's docstring): after global step `step`, die (KILL_HOOK) or hang (HANG_HOOK)."""
+
+    def __init__(self, hook: str, step: int) -> None:
+        self.hook, self.step = hook, step
+
+    def on_step_end(self, trainer: Trainer, loss: Any, batch_size: int) -> None:
+        if trainer.global_step == self.step:
+            if self.hook == KILL_HOOK:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(3600)
+
+
+def fault_hooks(rank: int, restart: int) -> list[TrainingObserver]:
+    hooks: list[TrainingObserver] = []
+    for hook in (KILL_HOOK, HANG_HOOK):
+        where, _, step = os.environ.get(hook, "").partition(":")
+        if where and restart == 0 and int(where) == rank:
+            hooks.append(FaultHook(hook, int(step)))
+    return hooks
+
+
+def fit(
+    config: TrainConfig,
+    data: MNIST,
+    run_path: Path,
+    options: RunOptions,
+    steps: StepOptions,
+    state: dict[str, Any] | None,
+    parallel: DataParallel | None = None,
+    writer: bool = True,
+    restart: int = 0,
+    observers: Sequence[TrainingObserver] = (),
+) -> tuple[Trainer, Watchers]:
+    """Build the Trainer of the built-in job — its watchers, the caller's `observers`, the live
+    file's heartbeat, the tests' fault hooks, its tuner, the `state` it resumes from — and train."""
+    watched = watchers(config, run_path, options, steps.dist.ckpt_format, writer=writer)
+    rank = parallel.rank if parallel else 0
+    everyone = [*watched.observers, *observers, Heartbeat(), *fault_hooks(rank, restart)]
+    tuner = autotune if config.autotune else None
+    trainer = Trainer(config, data, everyone, parallel, tuner)
+    if state is not None:
+        trainer.load_state_dict(in_memory(state, trainer.model, trainer.optimizer))
+    trainer.fit()
+    return trainer, watched
+
+
+def starting_state(steps: StepOptions, run_path: Path, restart: int = 0) -> dict[str, Any] | None:
+    """What the training resumes from: after a torchrun restart, the run's own last checkpoint
+    (when one was written); else --resume's; else nothing."""
+    if restart > 0:
+        last = last_checkpoint(run_path, steps.dist.ckpt_format)
+        if last.exists():
+            return load_checkpoint(last)
+    return load_checkpoint(steps.train.resume) if steps.train.resume else None
+
+
+def fresh_processes_dir(run_path: Path) -> Path:
+    """The live files of the training's processes (an --out used before: none of its own)."""
+    shutil.rmtree(processes_dir(run_path), ignore_errors=True)
+    return make_dirs(processes_dir(run_path))
+
+
+def record_hang(ctx: Context, watchdog: Watchdog) -> None:
+    """The hang section, when the watchdog captured the job (also when the training then failed)."""
+    section = watchdog.section()
+    if section is not None:
+        ctx.run.record("hang", section)
+
+
+def end_if_hung(ctx: Context, watchdog: Watchdog) -> None:
+    """HungJobError when the watchdog ended the job (--on-hang end)."""
+    if watchdog.ended:
+        last = watchdog.captures[-1]
+        raise HungJobError(
+            f"the training hung: no step ended for {last['verdict']['idle_seconds']:.0f} s (threshold "
+            f"{last['threshold_seconds']:.0f} s); every process captured in {last['file']}, then the job was "
+            "ended (--on-hang end)",
+            ctx.run.path,
+        )
+
+
 def train_section(
     trainer: Trainer, watched: Watchers, resume_state: dict[str, Any] | None, run_path: Path, tensorboard: bool
 ) -> dict[str, Any]:
@@ -119,17 +230,19 @@ def run(ctx: Context) -> dict[str, Any]:
         return train_in_ranks(ctx)
     assert ctx.data is not None
     config = ctx.config
-    resume_state = None
-    resume = ctx.steps.train.resume
-    if resume:
-        resume_state = load_checkpoint(resume)
-        config = ctx.config = resumed_config(resume_state, ctx.steps.train.epochs, ctx.config.threads)
-    watched = watchers(config, ctx.run.path, ctx.options, ctx.steps.dist.ckpt_format, writer=True)
-    tuner = autotune if config.autotune else None
-    trainer = ctx.trainer = Trainer(config, ctx.data, watched.observers, tuner=tuner)
+    resume_state = starting_state(ctx.steps, ctx.run.path)
     if resume_state is not None:
-        trainer.load_state_dict(in_memory(resume_state, trainer.model, trainer.optimizer))
-    trainer.fit()
+        config = ctx.config = resumed_config(resume_state, ctx.steps.train.epochs, ctx.config.threads)
+    watchdog = Watchdog(fresh_processes_dir(ctx.run.path), ctx.run.path, ctx.steps.train.hang, ctx.say)
+    agent.install(str(processes_dir(ctx.run.path)), follow_markers=True)
+    try:
+        with watchdog.in_this_process():
+            trainer, watched = fit(config, ctx.data, ctx.run.path, ctx.options, ctx.steps, resume_state)
+    finally:
+        agent.uninstall()
+        record_hang(ctx, watchdog)
+    end_if_hung(ctx, watchdog)
+    ctx.trainer = trainer
     section = train_section(trainer, watched, resume_state, ctx.run.path, ctx.options.tensorboard)
     if section["already_finished"]:
         # nothing left to train: the later steps verify and report the state as it was saved
@@ -143,11 +256,18 @@ def run(ctx: Context) -> dict[str, Any]:
 
 
 def launch(ctx: Context) -> int:
-    """Run the train step in the ranks; torchrun's exit status."""
+    """Run the train step in the ranks, under the watchdog; torchrun's exit status."""
     threads = threads_per_rank(ctx.config.threads, ctx.steps.dist.nproc_per_node)
     config = dataclasses.replace(ctx.config, threads=threads)
     plan = Plan(ctx.run.results["run"]["command"], ["train"], config, ctx.options, ctx.steps, argv=[])
-    return run_torchrun(plan, ctx.run.path)
+    watchdog = Watchdog(fresh_processes_dir(ctx.run.path), ctx.run.path, ctx.steps.train.hang, ctx.say)
+    try:
+        status = run_torchrun(plan, ctx.run.path, started=watchdog.start)
+    finally:
+        watchdog.stop()
+        record_hang(ctx, watchdog)
+    end_if_hung(ctx, watchdog)
+    return status
 
 
 def train_in_ranks(ctx: Context) -> dict[str, Any]:
@@ -188,4 +308,4 @@ def train_in_ranks(ctx: Context) -> dict[str, Any]:
     return section
 
 
-STEP = Step("train", run, needs=("dataset",))
+STEP = Step("train", run, needs=("dataset",), also=("hang",))

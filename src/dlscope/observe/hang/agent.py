@@ -54,6 +54,7 @@ COLLECTIVES = (
 
 _live: LiveStatus | None = None
 _stacks_file: Any = None
+_hooked = False  # the process-wide hooks (fork, exit, imports) are set once, whatever the installs
 
 
 def _noop(*_: Any) -> None:
@@ -64,18 +65,58 @@ step_ended = _noop  # bound to the live file's at install: one pack_into per ste
 phase = _noop
 
 
-def install(directory: str) -> None:
-    global _live, step_ended, phase
+def install(directory: str, follow_markers: bool = False) -> None:
+    """This process's live file and stack dump in `directory`. `follow_markers`: its phase is the
+    innermost open `dlscope.phases` marker (the built-in job, whose code marks its phases; `dlscope
+    run`'s come from the step machine, script/hooks.py). Installing again (a process that runs
+    several jobs one after the other, as a test does) moves both to the new directory."""
+    global _live, step_ended, phase, _hooked
     rank = os.environ.get("RANK", "")
     _live = LiveStatus(directory, int(rank) if rank.isdigit() else None)
     step_ended, phase = _live.step_ended, _live.phase
     _register_stacks(directory)
+    if follow_markers:
+        from dlscope import phases
+
+        phases.listen(_marker_listener([]))
+    if _hooked:
+        return
+    _hooked = True
     os.register_at_fork(after_in_child=_after_fork)
-    atexit.register(_live.exited)
+    atexit.register(_exited)
     from dlscope.observe.script.after_import import AfterImport
 
     callbacks = {"torch.distributed.distributed_c10d": attach_c10d, "torch.nn.parallel.distributed": attach_ddp}
     sys.meta_path.insert(0, AfterImport(callbacks, _attach_failed))
+
+
+def uninstall() -> None:
+    """Stop keeping the live file and answering the stack signal (the built-in job's own process
+    after its training: what follows takes no steps)."""
+    global _live, step_ended, phase, _stacks_file
+    from dlscope import phases
+
+    phases.listen(None)
+    if _stacks_file is not None:
+        faulthandler.unregister(STACK_SIGNAL)
+        _stacks_file.close()
+    _live, _stacks_file, step_ended, phase = None, None, _noop, _noop
+
+
+def _marker_listener(stack: list[str]) -> Any:
+    def listener(name: str, edge: str) -> None:
+        if edge == "begin":
+            stack.append(name)
+        elif name in stack:
+            del stack[len(stack) - 1 - stack[::-1].index(name)]
+        phase(stack[-1] if stack else "")
+
+    return listener
+
+
+def _exited() -> None:
+    if _live is not None:
+        _live.exited()
 
 
 def _attach_failed(where: str, error: Exception) -> None:
@@ -92,9 +133,12 @@ def _after_fork() -> None:
 
 def _register_stacks(directory: str) -> None:
     global _stacks_file
+    previous = _stacks_file
     path = os.path.join(directory, f"{STACKS_PREFIX}{os.getpid()}.txt")
     _stacks_file = open(path, "a", buffering=1)  # noqa: SIM115 — faulthandler writes to its fd for the process's life
     faulthandler.register(STACK_SIGNAL, file=_stacks_file, all_threads=True)
+    if previous is not None:  # a second install, or a forked child's copy of its parent's file
+        previous.close()
 
 
 # collectives ---------------------------------------------------------------------------------

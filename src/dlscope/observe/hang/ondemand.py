@@ -17,6 +17,7 @@ from dlscope.errors import ConfigError
 from dlscope.observe.hang.capture import alive
 from dlscope.observe.hang.live import read_all
 from dlscope.observe.hang.watchdog import capture_job
+from dlscope.rundir import processes_dir
 
 
 def run_dir_of(pid: int) -> Path | None:
@@ -38,9 +39,9 @@ def capture_target(target: str) -> dict[str, Any]:
             raise ConfigError("no such running process", f"/proc/{pid}")
         directory, root = run_dir_of(pid), pid
     else:
-        directory, root = Path(target) / "processes", None
+        directory, root = processes_dir(Path(target)), None
         if not directory.is_dir():
-            raise ConfigError("not a `dlscope run` directory (no processes/ in it)", target)
+            raise ConfigError("not a run directory with observed processes (no processes/ in it)", target)
         if not any(alive(v.pid) for v in read_all(directory)):
             raise ConfigError("no process of this run is running", target)
     ends = [v.last_step_end for v in read_all(directory)] if directory is not None else []

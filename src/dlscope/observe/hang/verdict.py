@@ -9,12 +9,13 @@ import os
 import sysconfig
 from typing import Any
 
-# frames in these trees are the machinery, not the user's line
+# frames in these trees are the machinery, not the user's line (scripts: console entry points,
+# `dlscope` and `torchrun` themselves)
 _LIBRARY_ROOTS = tuple(
-    os.path.realpath(p) + os.sep
-    for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    os.path.realpath(sysconfig.get_paths()[kind]) + os.sep for kind in ("stdlib", "purelib", "platlib", "scripts")
 )
 _DLSCOPE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))) + os.sep
+_OBSERVERS = os.path.join(_DLSCOPE, "observe") + os.sep
 SOURCE_CHARS = 60  # of the user's line, shown beside file:line
 _IO_CALLS = {"read", "write", "pread64", "pwrite64", "readv", "writev", "openat", "fsync", "fdatasync", "flock"}
 
@@ -25,12 +26,19 @@ def _is_user(frame: dict[str, Any]) -> bool:
     return not (installed or path.startswith((*_LIBRARY_ROOTS, _DLSCOPE)) or frame["file"].startswith("<"))
 
 
+def _is_builtin_job(frame: dict[str, Any]) -> bool:
+    """dlscope's own training code (the built-in job's), not its observers."""
+    path = os.path.realpath(frame["file"])
+    return path.startswith(_DLSCOPE) and not path.startswith(_OBSERVERS)
+
+
 def _where(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The innermost frame of the user's own code (frames innermost first), with its source line,
-    and the innermost frame of all (the library call it is in)."""
+    """The innermost frame of the user's own code (frames innermost first) — in the built-in job,
+    of dlscope's training code — with its source line, and the innermost frame of all (the
+    library call it is in)."""
     if not frames:
         return None
-    user = next((f for f in frames if _is_user(f)), frames[0])
+    user = next((f for f in frames if _is_user(f)), None) or next((f for f in frames if _is_builtin_job(f)), frames[0])
     return {
         **user,
         "source": linecache.getline(user["file"], user["line"]).strip()[:SOURCE_CHARS] or None,

@@ -1,8 +1,12 @@
-"""The watchdog of `dlscope run`: a thread of the parent that reads the live status files of
-the job's processes once a second (the job pays nothing for it) and, when no step has ended in
-any of them for max(FACTOR × the median step, HANG_AFTER seconds), captures every process of
-the job (hang/capture.py), derives the verdict's facts (hang/verdict.py), writes them to
-`hang-<n>.json` in the run directory, and then keeps waiting or ends the job, as asked.
+"""The hang watchdog: a thread that reads the live status files of the job's processes once a
+second (the job pays nothing for it) and, when no step has ended in any of them for
+max(FACTOR × the median step, HANG_AFTER seconds), captures every process of the job
+(hang/capture.py), derives the verdict's facts (hang/verdict.py), writes them to `hang-<n>.json`
+in the run directory, and then keeps waiting or ends the job, as asked.
+
+Where it runs: in `dlscope run`'s parent, and in the parent of the built-in job's torchrun ranks;
+when the built-in job trains in dlscope's own process, in a thread of that process
+(`in_this_process`), which it ends by raising in the main thread instead of signalling itself.
 
 Armed at the first step end: start-up (downloads, compilation, rendezvous) has no step to
 measure against. A job whose steps resume after a capture re-arms it. The median step is
@@ -13,6 +17,7 @@ of steps that ended.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -20,7 +25,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,12 @@ from dlscope.options import HangOptions
 
 POLL_S = 1.0
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when the job is ended
+END_SIGNAL = signal.SIGRTMIN + 7  # to this process's main thread: the job it runs itself is ended
+
+
+class EndedHere(BaseException):
+    """Raised in the main thread of a process whose own job the watchdog ended (not an Exception:
+    no `except Exception` of the job's code may swallow it)."""
 
 
 def capture_job(
@@ -68,6 +79,7 @@ class Watchdog:
         self.captures: list[dict[str, Any]] = []
         self.ended = False
         self.fired_at: float | None = None  # the last step end a capture was taken after
+        self._main_waits = False  # in_this_process: the main thread takes END_SIGNAL
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dlscope-watchdog", daemon=True)
 
@@ -131,8 +143,38 @@ class Watchdog:
                 pids = sorted(set(pids) | set(descendants(self.root)))
             self.say("dlscope: ending the job (--on-hang end)")
             self.ended = True
-            self.captures[-1]["left_behind"] = end_job(pids)
+            here = os.getpid()  # the job's process is this one (in_this_process): its DataLoader workers go
+            self.captures[-1]["left_behind"] = end_job([p for p in pids if p != here])
             self._stop.set()
+            if here in pids and self._main_waits:
+                signal.pthread_kill(threading.main_thread().ident or 0, END_SIGNAL)
+
+    @contextlib.contextmanager
+    def in_this_process(self) -> Iterator[None]:
+        """Watch a job that runs in this process's main thread, inside the block: ending it raises
+        EndedHere there (a blocked system call is interrupted; code that holds the GIL in C for
+        good cannot be — nor can this thread then run). Off the main thread: capture only
+        (--on-hang wait), since only the main thread can be interrupted."""
+        main = threading.current_thread() is threading.main_thread()
+        if not main:
+            self.options = dataclasses.replace(self.options, on_hang="wait")
+
+        def raise_ended(signum: int, frame: object) -> None:
+            if self._main_waits:
+                raise EndedHere
+
+        previous = signal.signal(END_SIGNAL, raise_ended) if main else None
+        self._main_waits = main
+        self.start(None)
+        try:
+            yield
+        except EndedHere:
+            pass  # self.ended says it
+        finally:
+            self._main_waits = False  # a signal still pending runs a handler that now does nothing
+            self.stop()
+            if main:
+                signal.signal(END_SIGNAL, previous)
 
     def section(self) -> dict[str, Any] | None:
         """The `hang` results section; None when the watchdog never fired."""

@@ -92,17 +92,24 @@ def make_event(
 
 class FdTables:
     """fd → path per process (threads share their process's table), following opens, dups,
-    fcntl(F_DUPFD*), close and fork — for backends that see only numbers (eBPF)."""
+    fcntl(F_DUPFD*), close and fork — for backends that see only numbers (eBPF).
+
+    Each descriptor remembers when the call that named it started: a close that started before
+    it is of the descriptor's previous holder, delivered late (bpftrace reads the CPUs' buffers
+    unevenly, beyond `reorder`'s window under load; another thread closed that number just before
+    this open took it), and must not unname the file being read."""
 
     STD: ClassVar[dict[int, str]] = {0: "<stdin>", 1: "<stdout>", 2: "<stderr>"}
 
     def __init__(self) -> None:
         self.tables: dict[int, dict[int, str]] = {}
+        self.named_at: dict[int, dict[int, float]] = {}  # pid → fd → start of the call that named it
 
     def fork(self, parent: int, child: int) -> None:
         """The child starts with a copy of the parent's descriptors as they are at the fork.
         (A new thread is reported as a fork too; its copy goes unused: threads use the pid's.)"""
         self.tables[child] = dict(self.table(parent))
+        self.named_at[child] = dict(self.named_at.get(parent, {}))
 
     def table(self, pid: int) -> dict[int, str]:
         table = self.tables.get(pid)
@@ -112,20 +119,22 @@ class FdTables:
 
     def exit(self, pid: int) -> None:
         self.tables.pop(pid, None)
+        self.named_at.pop(pid, None)
 
     def resolve(self, event: Event, arg: int | None = None) -> None:
         """Fill event["path"] from its fd and update the table from the call's result
         (`arg`: fcntl's cmd, telling F_DUPFD* from the other commands)."""
-        call, ret, fd = event["call"], event["ret"], event.get("fd")
+        call, ret, fd, ts = event["call"], event["ret"], event.get("fd"), event["ts"]
         table = self.table(event["pid"])
+        named_at = self.named_at.setdefault(event["pid"], {})
         dirfd = event.pop("dirfd", None)
         if dirfd is not None:  # a *at() call: its path is relative to this directory descriptor
             path, directory = event.get("path") or "", table.get(dirfd)
             if directory is not None and not path.startswith("/"):
                 event["path"] = f"{directory}/{path}" if path else directory
         if call in KINDS["open"]:
-            if ret >= 0 and event.get("path") is not None:
-                table[ret] = event["path"]
+            if ret >= 0 and event.get("path") is not None and ts >= named_at.get(ret, ts):
+                table[ret], named_at[ret] = event["path"], ts
             return
         if fd is None or call not in FD_ARG_CALLS:
             return
@@ -133,9 +142,11 @@ class FdTables:
         if ret < 0:
             return
         if call == "close":
-            table.pop(fd, None)
+            if ts >= named_at.get(fd, ts):  # not a late close of the number's previous holder
+                table.pop(fd, None)
+                named_at.pop(fd, None)
         elif call in ("dup", "dup2", "dup3") or (call == "fcntl" and arg in (F_DUPFD, F_DUPFD_CLOEXEC)):
-            table[ret] = event["path"]  # the new descriptor (dup2/dup3 return newfd)
+            table[ret], named_at[ret] = event["path"], ts  # the new descriptor (dup2/dup3 return newfd)
 
 
 def reorder(events: Iterable[Event], window_s: float = 0.5) -> Iterator[Event]:

@@ -35,6 +35,11 @@ from dlscope.observe.iotrace.launch import GatedProcess, die_with_parent, exit_c
 from dlscope.options import TRACE_BACKENDS
 
 ATTACH_TIMEOUT_S = 90.0
+# bpftrace reads the kernel's per-CPU buffers behind the command: a syscall-heavy command leaves a
+# backlog when it ends, which a stop would throw away unseen (not counted as lost). The tracer is
+# stopped once its output has been silent this long, or after the limit.
+DRAIN_QUIET_S = 0.3
+DRAIN_LIMIT_S = 120.0
 GRACE_S = 10.0  # after the user's signal, how long the command may take to exit before SIGKILL
 Say = Callable[[str], None]
 Env = dict[str, str] | None  # the command's environment (None: dlscope's own)
@@ -137,10 +142,19 @@ class EbpfReader(threading.Thread):
         super().__init__(daemon=True)
         self.stream, self.raw, self.counters, self.names = stream, raw, counters, names
         self.ready = threading.Event()
+        self.lines = 0
+
+    def wait_quiet(self, quiet: float = DRAIN_QUIET_S, limit: float = DRAIN_LIMIT_S) -> None:
+        """Return once no line has come for `quiet` seconds (bpftrace has drained its buffers)."""
+        deadline, seen = time.monotonic() + limit, -1
+        while self.lines != seen and time.monotonic() < deadline:
+            seen = self.lines
+            time.sleep(quiet)
 
     def run(self) -> None:
         with open(self.raw, "w", encoding="utf-8") as out:
             for line in self.stream:
+                self.lines += 1
                 event = ebpf.parse_line(line, self.counters, self.names)
                 if self.counters.ready:
                     self.ready.set()
@@ -184,7 +198,7 @@ def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
         child.release()
         returncode, interrupted = wait_command(child.proc)
         seconds = time.perf_counter() - start
-        time.sleep(0.3)  # let the per-CPU buffers drain before bpftrace stops reading them
+        reader.wait_quiet()  # the per-CPU buffers drained before bpftrace stops reading them
     finally:
         stop(tracer)
         signal_group(child.pid, signal.SIGKILL)  # only still there when tracing failed: nothing to flush

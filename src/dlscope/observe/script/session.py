@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dlscope.errors import ConfigError, DlscopeError
+from dlscope.errors import HANG_EXIT_CODE, ConfigError, DlscopeError
 from dlscope.observe.bootstrap_env import with_bootstrap
 from dlscope.observe.distributed.analysis import analyze_ranks
 from dlscope.observe.hang.watchdog import Watchdog
@@ -30,8 +30,8 @@ from dlscope.observe.iotrace.tracer import (
 from dlscope.observe.script import analysis, batchflow, steptable, timeline
 from dlscope.observe.script.hooks import PROFILE_ENV
 from dlscope.observe.script.records import clocks
-from dlscope.options import HANG_EXIT_CODE, ScriptOptions
-from dlscope.rundir import RunDir
+from dlscope.options import ScriptOptions
+from dlscope.rundir import PROCESSES, RunDir, processes_dir
 
 
 def _run_plain(argv: list[str], env: dict[str, str], started: Callable[[int], None]) -> tuple[int, int | None]:
@@ -50,7 +50,7 @@ def observe_command(run: RunDir, options: ScriptOptions, say: Callable[[str], No
     processes left (steps, anatomy, top10, phases, distributed, iotrace) — also after a crash, a
     kill or Ctrl-C — and return the "run" section: the command, its exit status, the signal that
     interrupted it (a name, or None) and `run_status` (how the runner ends the run)."""
-    records_dir = run.sub("processes")
+    records_dir = run.sub(PROCESSES)
     profile = f"{options.start_after}:{options.wait}:{options.warmup}:{options.profile_steps}"
     base = {**os.environ, **options.extra_env}  # the command's own PYTHONPATH stays, after the bootstrap
     env = with_bootstrap(base, DLSCOPE_RUN_DIR=str(records_dir.resolve()), **{PROFILE_ENV: profile})
@@ -86,7 +86,7 @@ def record_sections(
     run: RunDir, options: ScriptOptions, started: dict[str, int], ended: dict[str, int], iotrace: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Record every section but "run", which is returned (the runner records it)."""
-    observed = analysis.Observed.read(run.path / "processes")
+    observed = analysis.Observed.read(processes_dir(run.path))
     records = observed.records
     origin = started["realtime"] / 1e9
     found = analysis.sections(observed, origin, options.sort_by)

@@ -99,8 +99,9 @@ def process_table(processes: list[dict[str, Any]]) -> Table:
         ["process", "steps", "phase", "coll", "Python (user frame)", "kernel (main thread)"],
         rows,
         "Every process at the capture",
-        legend="coll: collectives entered/finished; Python: the innermost frame of the script's own code, with "
-        "its line; kernel: the main thread's system call and the file behind its fd, or its wait channel.",
+        legend="coll: collectives entered/finished; Python: the innermost frame of the script's own code (of "
+        "dlscope's training code in the built-in job), with its line; kernel: the main thread's system call and "
+        "the file behind its fd, or its wait channel.",
         optional=("phase", "coll"),
     )
 
