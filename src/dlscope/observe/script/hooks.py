@@ -31,7 +31,7 @@ from typing import Any
 
 from dlscope import phases
 from dlscope.observe.hang import agent as hang
-from dlscope.observe.script import calibrate
+from dlscope.observe.script import calibrate, trial
 from dlscope.observe.script.after_import import AfterImport
 from dlscope.observe.script.records import RecordFile, clocks
 from dlscope.observe.script.stepmachine import StepMachine
@@ -160,6 +160,7 @@ class TorchHooks:
             on_step=self._step_ended,
         )
         self.forward_depth = self.train_depth = 0
+        self.trial: Any = None  # a `dlscope doctor` trial's change and stop (observe/script/trial.py)
 
     def _mark_begin(self, name: str) -> None:
         phases.mark_begin(name)  # the I/O tracers' phase marker
@@ -172,6 +173,8 @@ class TorchHooks:
 
     def _step_ended(self, steps: int, now: float) -> None:
         hang.step_ended(steps, now)  # looked up at each call: the agent binds it at install
+        if self.trial is not None:
+            self.trial.step_ended(steps, now)
 
     def new_profiler(self) -> LateProfiler:
         return LateProfiler(self.records, *self.profile_settings)
@@ -245,6 +248,8 @@ class TorchHooks:
         return isinstance(inner, self.torch.nn.Module) and inner.training
 
     def backward(self, backward_: Callable, *args: Any, **kwargs: Any) -> Any:
+        if self.trial is not None:
+            self.trial.backward(args, kwargs)
         self.machine.backward_begin(time.time())
         try:
             return backward_(*args, **kwargs)
@@ -292,6 +297,8 @@ class TorchHooks:
 
     def checkpoint(self, name: str, position: int, call: Callable, *args: Any, **kwargs: Any) -> Any:
         file = args[position] if len(args) > position else next((kwargs[k] for k in FILE_KEYWORDS if k in kwargs), None)
+        if self.trial is not None and name == "checkpoint_save" and isinstance(file, str | bytes | os.PathLike):
+            self.trial.check_write(file)  # torch.save and safetensors write from C++, past the audit hook
         opened = self.machine.checkpoint_begin(time.time(), name, _file_name(file))
         try:
             with _warnings_at_caller():
@@ -336,6 +343,8 @@ class TorchHooks:
         torch.save = _wrap(torch.save, functools.partial(self.checkpoint, "checkpoint_save", 1))
         torch.load = _wrap(torch.load, functools.partial(self.checkpoint, "checkpoint_load", 0))
         calibrate.record(self, torch)  # dlscope's own cost per step, measured here, once
+        if self.trial is not None:
+            self.trial.attach(torch)
 
     def attach_safetensors(self, module: Any) -> None:
         module.save_file = _wrap(module.save_file, functools.partial(self.checkpoint, "checkpoint_save", 1))
@@ -424,6 +433,9 @@ def install(directory: str) -> None:
     values = [int(v) for v in os.environ.get(PROFILE_ENV, "1:1:2:5").split(":")]
     hooks = TorchHooks(records, (values[0], values[1], values[2], values[3]))
     hooks.begin_process(forked=False)
+    trial_settings = trial.settings()
+    if trial_settings is not None:
+        hooks.trial = trial.Trial(hooks, trial_settings)
 
     def on_error(where: str, error: Exception) -> None:
         records.write({"k": "error", "where": where, "error": f"{type(error).__name__}: {error}"})

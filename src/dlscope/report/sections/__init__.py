@@ -11,6 +11,7 @@ from dlscope.report.sections import (
     ckpt_anatomy,
     dataset,
     distributed,
+    doctor,
     environment,
     graph,
     hang,
@@ -53,5 +54,6 @@ SECTIONS: dict[str, ModuleType] = {
         scaling,
         iotrace,
         hang,
+        doctor,
     )
 }
