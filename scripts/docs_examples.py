@@ -185,6 +185,14 @@ EXAMPLES_TO_MAKE: list[Example] = [
         setup=f"rm -rf runs/mnist; cp {ROOT}/tests/scripts/mnist_basic.py .",
     ),
     Example(
+        "doctor",
+        (
+            "dlscope doctor --budget 90 --out runs/doctor -- python doctor_target.py --decode sleep --decode-ms 3 "
+            "--forward-ms 2 --workers 0",
+        ),
+        setup=f"rm -rf runs/doctor; cp {ROOT}/tests/scripts/doctor_target.py .",
+    ),
+    Example(
         "run-hang",
         (
             "dlscope run --out runs/hang --profile-steps 0 --hang-after 3 --on-hang end -- "
