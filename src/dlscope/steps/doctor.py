@@ -20,11 +20,10 @@ from typing import Any
 
 from dlscope.errors import ConfigError
 from dlscope.observe.script import prescribe
-from dlscope.observe.script.trials import Stop, TrialResult, absolute_command, cores, run_trial
+from dlscope.observe.script.trials import MIN_STEPS, PROFILE, Stop, TrialResult, absolute_command, cores, run_trial
 from dlscope.steps.base import Context, Step
 
 MARGIN_S = 3.0  # kept back from the budget: reading the trials, writing the report
-MIN_STEPS = 5  # counted steps a trial needs for a median and its notch
 BASELINE_SHARE = 0.3  # of the budget, the first observation's counted steps at most
 
 
@@ -42,16 +41,18 @@ def run(ctx: Context) -> dict[str, Any]:
 
     trials: list[TrialResult] = []
 
-    def trial(name: str, change: dict[str, Any], stop: Stop) -> TrialResult:
+    def trial(name: str, change: dict[str, Any], stop: Stop, profile: bool = False) -> TrialResult:
         ctx.say(f"doctor: trial {name} ({describe(change)})")
         start = time.monotonic()
-        result = run_trial(ctx.run, name, command, change, stop, options.extra_env)
+        result = run_trial(ctx.run, name, command, change, stop, options.extra_env, profile)
         result.cost_s = time.monotonic() - start  # the command and dlscope's reading of it
         trials.append(result)
         return result
 
-    first = Stop(options.warmup_steps, options.max_steps, options.budget_s * BASELINE_SHARE, deadline_s=left() / 2)
-    baseline = trial("baseline-1", {}, first)
+    # the first observation also profiles a few steps (which operators the step runs), before its counted ones
+    warmup = max(options.warmup_steps, sum(PROFILE) + 1)
+    first = Stop(warmup, options.max_steps, options.budget_s * BASELINE_SHARE, deadline_s=left() / 2)
+    baseline = trial("baseline-1", {}, first, profile=True)
     section: dict[str, Any] = {
         "command": options.command,
         "budget_s": options.budget_s,
@@ -60,13 +61,16 @@ def run(ctx: Context) -> dict[str, Any]:
     }
     if not baseline.ok:
         return finish(ctx, section, trials, began, hashes, {"key": "baseline_failed", **failure(baseline)})
-    tried, skipped = prescribe.candidates(section["baseline"], n_cores)
+    tried, skipped = prescribe.candidates(section["baseline"], n_cores, bf16_cpu=bf16_cpu(), cuda=cuda())
     for candidate in tried:
         if candidate["key"] == "threads":
-            candidate["basis"]["matmul_scaling"] = scaling = matmul_scaling(
-                candidate["basis"]["threads_now"], candidate["basis"]["threads"]
-            )
-            candidate["predicted"] = prescribe.threads_prediction(candidate, scaling)
+            scaling = matmul_speedup(threads=(candidate["basis"]["threads_now"], candidate["basis"]["threads"]))
+        elif candidate["key"] == "autocast":
+            scaling = matmul_speedup(bf16=True)
+        else:
+            continue
+        candidate["basis"]["matmul_speedup"] = scaling
+        candidate["predicted"] = prescribe.scaled_prediction(candidate, scaling)
     tried.sort(key=lambda c: (bool(c.get("ceiling")), -c["predicted"]))  # the ceiling only if room is left
     plan = fit(tried, baseline, left(), options.rounds)
     if plan is None:
@@ -160,13 +164,21 @@ def finish(
 def baseline_facts(baseline: TrialResult) -> dict[str, Any]:
     return {
         "median_ms": round(prescribe.median_notch(baseline.seconds)[0] * 1e3, 4) if baseline.seconds else None,
+        "gemm_pct": prescribe.gemm_pct(baseline.top10),
         "anatomy": {k: baseline.anatomy.get(k) for k in ("percent", "mean_ms", "step_ms", "data_source", "verdict")},
         "facts": {k: v for k, v in baseline.facts.items() if k not in ("wrote", "refused", "stopped")},
     }
 
 
 def failure(t: TrialResult) -> dict[str, Any]:
-    return {"trial": t.name, "exit_code": t.exit_code, "steps": len(t.seconds), "refused": t.facts["refused"]}
+    return {
+        "trial": t.name,
+        "exit_code": t.exit_code,
+        "steps": len(t.seconds),
+        "refused": t.facts["refused"],
+        "past_deadline_s": round(t.deadline_s, 1) if t.past_deadline else None,
+        "output_tail": t.facts.get("output_tail", []),
+    }
 
 
 def describe(change: dict[str, Any]) -> str:
@@ -183,27 +195,46 @@ def file_hashes(command: list[str]) -> dict[str, str]:
     return found
 
 
-def matmul_scaling(threads_now: int, threads: int) -> float:
-    """How much faster a 256×256 float matmul runs on `threads` than on `threads_now` threads here."""
+def matmul_speedup(threads: tuple[int, int] | None = None, bf16: bool = False) -> float:
+    """How much faster a 256×256 float matmul runs here: on threads[1] than on threads[0] threads,
+    or under CPU bf16 autocast than in float32."""
     import torch
 
     saved = torch.get_num_threads()
     a = torch.randn(256, 256)
 
-    def best(n: int) -> float:
+    def best(n: int, autocast: bool) -> float:
         torch.set_num_threads(n)
         times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(20):
-                a @ a
-            times.append(time.perf_counter() - start)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            for _ in range(5):
+                start = time.perf_counter()
+                for _ in range(20):
+                    a @ a
+                times.append(time.perf_counter() - start)
         return min(times)
 
     try:
-        return round(best(threads_now) / best(threads), 3)
+        if threads is not None:
+            return round(best(threads[0], False) / best(threads[1], False), 3)
+        return round(best(saved, False) / best(saved, bf16), 3)
     finally:
         torch.set_num_threads(saved)
+
+
+def bf16_cpu() -> bool:
+    """The CPU has bf16 instructions (without them, CPU autocast to bf16 is emulated: slower)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 STEP = Step("doctor", run)

@@ -229,15 +229,18 @@ class TorchHooks:
             return
         self.forward_depth = 1
         self.machine.forward_begin(time.time(), self._training(module))
+        if self.trial is not None:
+            self.trial.forward_begin()
 
-    def forward_post(self, module: Any, args: Any, output: Any) -> None:
+    def forward_post(self, module: Any, args: Any, output: Any) -> Any:
         if self.forward_depth > 1:
             self.forward_depth -= 1
-            return
+            return None
         if not self.forward_depth:
-            return
+            return None
         self.forward_depth = 0
         self.machine.forward_end(time.time())
+        return self.trial.forward_end(output) if self.trial is not None else None
 
     def _training(self, module: Any) -> bool:
         if not self.torch.is_grad_enabled():

@@ -9,6 +9,10 @@ Predictions, from the baseline's anatomy (mean shares applied to the median step
     threads t         data and the loop's own time stay, compute (forward, backward, optimizer)
                       divides by the scaling a matmul showed on this machine from t0 to t threads
     set_to_none       step / (step - zero_grad's measured mean)
+    bf16 autocast     the matrix products and convolutions (their self CPU time in the baseline's
+                      profiled steps) divide by the speed-up a matmul shows under CPU bf16 autocast
+                      here; tried only on a CPU with bf16 instructions (avx512_bf16, amx_bf16) and
+                      when they are AUTOCAST_PCT of the step or more; it alters numerics
 Noise: a trial's median step has the notch of a box plot, ±1.58 IQR / √n (McGill et al. 1978);
 a gain's band is the two trials' notches combined, widened to half the range of the rounds'
 ratios (each round pairs a candidate with the baseline run just before it, so a load that moves
@@ -24,11 +28,15 @@ from dlscope.measure.stats import percentile
 from dlscope.observe.script.analysis import MODERATELY_PCT
 
 NOTCH = 1.58
+AUTOCAST_PCT = 30.0  # bf16 autocast is tried when matrix products and convolutions are this much of the step
+GEMM_OPS = ("mm", "conv", "matmul")  # in an operator's name: a matrix product or a convolution
 NUMERICS_RTOL = 1e-3  # the first losses of a change that keeps numerics: within this of the baseline's
 NOT_BUILT = ("pin_memory", "persistent_workers", "prefetch_factor", "channels_last", "autocast", "compile", "batch")
 
 
-def candidates(baseline: dict[str, Any], cores: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def candidates(
+    baseline: dict[str, Any], cores: int, bf16_cpu: bool = False, cuda: bool = False
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(to try, not tried) from the baseline trial's facts: its anatomy, median step, sites,
     threads and zero_grad time. Each candidate: key, change (trial.py settings), predicted gain,
     the facts it was predicted from and the site to change."""
@@ -105,12 +113,44 @@ def candidates(baseline: dict[str, Any], cores: int) -> tuple[list[dict[str, Any
         )
     elif clears:
         skipped.append({"key": "set_to_none", "reason": "already_none"})
-    skipped += [{"key": k, "reason": "not_built"} for k in NOT_BUILT]
+    gemm = baseline.get("gemm_pct")
+    if not bf16_cpu:
+        skipped.append({"key": "autocast", "reason": "no_bf16"})
+    elif gemm is None:
+        skipped.append({"key": "autocast", "reason": "no_profile"})
+    elif gemm < AUTOCAST_PCT:
+        skipped.append({"key": "autocast", "reason": "gemm_small", "pct": gemm, "threshold_pct": AUTOCAST_PCT})
+    else:
+        tried.append(
+            {
+                "key": "autocast",
+                "change": {"autocast": "bf16"},
+                "basis": {"gemm_pct": gemm},
+                "compute_share": gemm / 100,
+                "site": None,
+                "argument": ("torch.autocast", "cpu, dtype=torch.bfloat16"),
+                "alters_numerics": True,
+            }
+        )
+    if not cuda:
+        skipped.append({"key": "pin_memory", "reason": "no_gpu"})
+    skipped += [{"key": k, "reason": "not_built"} for k in NOT_BUILT if k not in ("pin_memory", "autocast")]
     return tried, skipped
 
 
-def threads_prediction(candidate: dict[str, Any], scaling: float) -> float:
-    """The threads candidate's predicted gain once the machine's matmul scaling is measured."""
+def gemm_pct(top10: dict[str, Any]) -> float | None:
+    """The share of a profiled step spent in matrix products and convolutions (self CPU time of
+    the top-10 operators whose name holds mm, conv or matmul); None without a profile."""
+    steps, step_ms = top10.get("active_steps"), (top10.get("profiled_cost") or {}).get("active_step_ms")
+    if not top10.get("rows") or not steps or not step_ms:
+        return None
+    us = sum(r["self_cpu_us"] for r in top10["rows"] if any(k in r["name"].split("::")[-1] for k in GEMM_OPS))
+    return round(min(100.0, 100 * us / steps / 1e3 / step_ms), 2)
+
+
+def scaled_prediction(candidate: dict[str, Any], scaling: float) -> float:
+    """Amdahl: the candidate's share of the step (compute for threads, forward and backward for
+    autocast) made `scaling` times faster, as a matmul showed on this machine."""
     share = candidate["compute_share"]
     return round(1.0 / (1.0 - share + share / max(scaling, 1e-9)), 3)
 

@@ -8,6 +8,7 @@ hooks.install when DLSCOPE_DOCTOR holds the trial's settings (JSON); nothing her
      "replay": 8,                                           the first 8 batches, then replayed from memory
      "threads": 2,                                          torch.set_num_threads, the script's own calls ignored
      "set_to_none": true,                                   zero_grad(set_to_none=True) forced
+     "autocast": "bf16",                                    each outermost forward under CPU bf16 autocast
      "scratch": "/…/cwd", "keep": ["/…/processes"]}         where the trial may write
 
 Recorded (`k` in the process's records): "site" (where a DataLoader, an optimizer or a
@@ -71,6 +72,7 @@ class Trial:
         self.warm_at: float | None = None
         self.zero_grad_seconds, self.zero_grads = 0.0, 0
         self.replayed: dict[int, list[Any]] = {}
+        self.autocast: Any = None  # the open bf16 autocast context of an outermost forward
         self.allowed = [os.path.abspath(config["scratch"]), *map(os.path.abspath, config.get("keep", []))]
         self.main_pid = os.getpid()
         # before the hook: gettempdir() opens files to probe the directory (inside the hook: a deadlock)
@@ -84,6 +86,8 @@ class Trial:
         if isinstance(path, int) or path is None:
             return True
         name = os.path.abspath(os.fsdecode(path))
+        if opening and os.path.isdir(name):
+            return True  # O_TMPFILE (tempfile.TemporaryFile): an unnamed file, nothing overwritten
         if name.startswith(SYSTEM_ROOTS) or any(name == a or name.startswith(a + os.sep) for a in self.allowed):
             return True
         return any(name.startswith(c + os.sep) for c in self.caches) and not (opening and os.path.exists(name))
@@ -183,6 +187,28 @@ class Trial:
                 self.zero_grads += 1
 
         return timed
+
+    def forward_begin(self) -> None:
+        """The outermost forward starts: under bf16 autocast when the trial says so."""
+        if self.config.get("autocast") and self.autocast is None:
+            self.autocast = self.hooks.torch.autocast("cpu", dtype=self.hooks.torch.bfloat16)
+            self.autocast.__enter__()
+
+    def forward_end(self, output: Any) -> Any:
+        """The outermost forward ends: autocast left, its bf16 output handed on as float32 (the loss
+        is computed outside the forward, as without autocast). None: the output as it is."""
+        if self.autocast is None:
+            return None
+        self.autocast.__exit__(None, None, None)
+        self.autocast = None
+        torch = self.hooks.torch
+
+        def widened(value: Any) -> Any:
+            return value.float() if isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 else value
+
+        if isinstance(output, tuple | list) and type(output) in (tuple, list):
+            return type(output)(widened(v) for v in output)
+        return widened(output)
 
     # events ----------------------------------------------------------------------------------
     def backward(self, args: tuple, kwargs: dict[str, Any]) -> None:

@@ -10,17 +10,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dlscope.errors import Interrupted
 from dlscope.observe.script import analysis
 from dlscope.observe.script.trial import TRIAL_ENV
 from dlscope.options import HangOptions, ScriptOptions
 from dlscope.rundir import RunDir
 
+MIN_STEPS = 5  # counted steps a trial needs for a median and its notch
 SCRATCH_FILES_LISTED = 20  # the files a trial's script wrote, named in its record (the rest counted)
 
 
@@ -43,13 +46,23 @@ class TrialResult:
     wall_s: float
     exit_code: int
     stopped: bool  # ended by the doctor after its steps (not by the script, a crash or the deadline)
+    deadline_s: float
     anatomy: dict[str, Any]
+    top10: dict[str, Any]
     facts: dict[str, Any] = field(default_factory=dict)  # sites, threads, losses, zero_grad, refused, wrote
     cost_s: float = 0.0  # wall time in the doctor: start-up, steps, and the reading of its records
 
     @property
+    def past_deadline(self) -> bool:
+        """Ended by the doctor's deadline for it (its group killed), not by the script."""
+        return self.exit_code == 137 and self.wall_s >= self.deadline_s
+
+    @property
     def ok(self) -> bool:
-        return bool(self.seconds) and not self.facts["refused"] and (self.stopped or self.exit_code == 0)
+        """Its steps count: it ended after them, or ran to its end, or ran out of the time the
+        doctor gave it after enough of them (MIN_STEPS); never when a write was refused."""
+        enough = self.stopped or self.exit_code == 0 or (self.past_deadline and len(self.seconds) >= MIN_STEPS)
+        return bool(self.seconds) and not self.facts["refused"] and enough
 
     def to_json(self, parent: Path) -> dict[str, Any]:
         return {
@@ -63,6 +76,8 @@ class TrialResult:
             "exit_code": self.exit_code,
             "stopped": self.stopped,
             "ok": self.ok,
+            "past_deadline": self.past_deadline,
+            "deadline_s": round(self.deadline_s, 3),
             "losses": self.facts["losses"],
             "refused": self.facts["refused"],
             "wrote": self.facts["wrote"],
@@ -81,11 +96,16 @@ def absolute_command(command: list[str], cwd: Path) -> list[str]:
     return out
 
 
+PROFILE = (1, 0, 1, 3)  # a profiled trial: start after 1 step, wait 0, warm up 1, record 3 (its top-10)
+
+
 def run_trial(
-    parent: RunDir, name: str, command: list[str], change: dict[str, Any], stop: Stop, env: dict
+    parent: RunDir, name: str, command: list[str], change: dict[str, Any], stop: Stop, env: dict, profile: bool = False
 ) -> TrialResult:
     """One trial of `command` (already absolute) with `change` (trial.py's settings), into
-    PARENT/trials/NAME; its scratch working directory is removed after it, its files listed."""
+    PARENT/trials/NAME; its scratch working directory is removed after it, its files listed.
+    `profile`: a few steps under torch.profiler first (the baseline: which operators the step
+    runs), all before the counted ones (`stop.warmup` must cover them)."""
     from dlscope.observe.script.session import observe_command
 
     path = parent.path / "trials" / name
@@ -103,7 +123,10 @@ def run_trial(
     }
     options = ScriptOptions(
         command=command,
-        profile_steps=0,
+        start_after=PROFILE[0],
+        wait=PROFILE[1],
+        warmup=PROFILE[2],
+        profile_steps=PROFILE[3] if profile else 0,
         hang=HangOptions(hang_after=None),
         extra_env={**env, TRIAL_ENV: json.dumps(settings), "PYTHONDONTWRITEBYTECODE": "1"},
         cwd=str(scratch),
@@ -113,11 +136,13 @@ def run_trial(
     try:
         section = observe_command(run, options, say=lambda text: None)
         run.record("run", section)
-        run.finish("ok" if section["exit_code"] == 0 else "failed")
+        run.finish("interrupted" if section["interrupted"] else "ok" if section["exit_code"] == 0 else "failed")
     finally:
         wrote = written(scratch)
         shutil.rmtree(scratch, ignore_errors=True)
         run.release()
+    if section["interrupted"]:  # the user stopped dlscope during the trial: no further trial
+        raise Interrupted(signal.Signals[section["interrupted"]])
     observed = analysis.Observed.read(path / "processes")
     main = analysis.main_process(observed)
     seconds: list[float] = []
@@ -137,7 +162,9 @@ def run_trial(
         wall_s=section["wall_seconds"],
         exit_code=section["exit_code"],
         stopped=facts["stopped"],
+        deadline_s=stop.deadline_s,
         anatomy=run.results["sections"].get("anatomy", {}),
+        top10=run.results["sections"].get("top10", {}),
         facts=facts,
     )
 

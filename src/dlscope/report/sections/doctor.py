@@ -36,6 +36,13 @@ REASONS = {
     "threads_at_cores": lambda v: f"already {v['threads']} threads for {v['cores']} cores",
     "already_none": lambda v: "zero_grad already sets gradients to None",
     "not_built": lambda v: "this version of doctor does not try it",
+    "no_gpu": lambda v: "no GPU: pinned memory only speeds host-to-device copies",
+    "no_bf16": lambda v: "this CPU has no bf16 instructions (avx512_bf16, amx_bf16): autocast would be emulated",
+    "gemm_small": lambda v: (
+        f"matrix products and convolutions are {v['pct']:.0f}% of the step (under "
+        f"{v['threshold_pct']:.0f}%): bf16 would speed up too little"
+    ),
+    "no_profile": lambda v: "the baseline's profiled steps did not say which operators the step runs",
     "budget": lambda v: f"no room left in the {v['budget_s']:.0f} s budget (--budget)",
 }
 
@@ -65,8 +72,12 @@ WORDS: Words = {
         f"The trial {v['trial']} did not finish its steps (exit status {v['exit_code']}, {v['steps']} steps)."
     ),
     "doctor.baseline_failed": lambda v: (
-        f"The script did not reach its counted steps under doctor (exit status "
-        f"{v['exit_code']}, {v['steps']} steps): nothing could be measured."
+        f"The script ran past the {v['past_deadline_s']:.0f} s doctor gave its first run (within --budget) "
+        "and was ended: nothing could be measured; give a larger --budget."
+        if v.get("past_deadline_s")
+        else f"The script did not reach its counted steps under doctor (exit status {v['exit_code']}, "
+        f"{v['steps']} steps): nothing could be measured."
+        + (f" Its last words: {' / '.join(v['output_tail'][-2:])}" if v.get("output_tail") else "")
     ),
     "doctor.refused": lambda v: (
         f"The script wrote outside its scratch directory: {', '.join(v['paths'])} — refused "
@@ -111,6 +122,11 @@ def snippet(candidate: dict[str, Any]) -> str:
     """The exact edit: the user's line as written and as changed, named by file:line."""
     name, value = candidate["argument"]
     site = candidate.get("site")
+    if candidate["key"] == "autocast":
+        return (
+            "# around the forward and the loss, in the training loop (bf16 alters numerics: check accuracy)\n"
+            "with torch.autocast('cpu', dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)"
+        )
     if candidate["key"] == "threads":
         now = candidate["basis"]["threads_now"]
         return f"import torch\ntorch.set_num_threads({value})  # once, before training (the script ran on {now})"
