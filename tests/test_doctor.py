@@ -149,3 +149,17 @@ def test_numerics_compare_the_first_losses():
     # unseeded baselines differ among themselves: that spread is the tolerance
     assert prescribe.numerics([[1.0, 0.9], [1.0, 0.96]], [1.0, 0.95])["key"] == "same"
     assert prescribe.numerics([[1.0]], [])["key"] == "unknown"
+
+
+def test_the_edit_names_the_line_and_changes_only_the_argument():
+    def workers(source: str | None, built_by: str | None = None) -> str:
+        site = {"file": "/x/train.py", "line": 9, "source": source, "what": "DataLoader", "built_by": built_by}
+        return doctor_words.snippet({"key": "workers", "argument": ("num_workers", 2), "site": site})
+
+    assert workers("loader = DataLoader(d, num_workers=0, shuffle=True)").endswith(
+        "+ loader = DataLoader(d, num_workers=2, shuffle=True)"
+    )
+    assert workers("loader = DataLoader(d)").endswith("+ loader = DataLoader(d, num_workers=2)")
+    assert "add num_workers=2" in workers("loader = DataLoader(")  # a call over several lines
+    hf = workers("trainer.train()", built_by="/venv/site-packages/transformers/trainer.py:1100")
+    assert "/x/train.py:9" in hf and "TrainingArguments(dataloader_num_workers=2)" in hf

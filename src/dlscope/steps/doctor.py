@@ -14,6 +14,7 @@ hashed before and after. Facts out; report/sections/doctor.py words them.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -190,7 +191,8 @@ def file_hashes(command: list[str]) -> dict[str, str]:
     found = {}
     for arg in command:
         path = Path(arg)
-        if path.is_absolute() and path.is_file():
+        interpreter = os.access(path, os.X_OK) and path.suffix != ".py"  # python itself, torchrun: not the user's
+        if path.is_absolute() and path.is_file() and not interpreter:
             found[arg] = hashlib.sha256(path.read_bytes()).hexdigest()
     return found
 

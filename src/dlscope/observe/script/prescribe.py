@@ -157,7 +157,8 @@ def scaled_prediction(candidate: dict[str, Any], scaling: float) -> float:
 
 def first_site(sites: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The site to change: the first one in the user's code (a file and line were found)."""
-    return next(({k: s[k] for k in ("file", "line", "source", "what")} for s in sites if s.get("file")), None)
+    keys = ("file", "line", "source", "what", "built_by")
+    return next(({k: s.get(k) for k in keys} for s in sites if s.get("file")), None)
 
 
 def median_notch(seconds: list[float]) -> tuple[float, float]:

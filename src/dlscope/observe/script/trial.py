@@ -43,23 +43,24 @@ def settings() -> dict[str, Any] | None:
     return json.loads(text) if text else None
 
 
-def user_frame() -> tuple[str, int] | None:
-    """The innermost caller in the user's own code: the script's directory first, else the first
-    frame outside torch, dlscope and the standard library (a trainer library's line)."""
+def call_sites() -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
+    """(the innermost caller in the script's own directory, the innermost caller outside torch,
+    dlscope and the standard library): the same line when the script builds the object itself; a
+    library's line (a trainer's) as the second when the library does, called from the first."""
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the dlscope package
     script_dir = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else None
     stdlib = os.path.dirname(os.__file__)
-    outside = None
+    direct = None
     frame = sys._getframe(2)
     while frame is not None:
         name = os.path.abspath(frame.f_code.co_filename)
-        if script_dir and name.startswith(script_dir + os.sep) and not name.startswith(here):
-            return name, frame.f_lineno
         library = "/torch/" in name or name.startswith((here, stdlib)) or name.startswith("<")
-        if outside is None and not library:
-            outside = (name, frame.f_lineno)
+        if direct is None and not library:
+            direct = (name, frame.f_lineno)
+        if script_dir and name.startswith(script_dir + os.sep) and not name.startswith(here):
+            return (name, frame.f_lineno), direct
         frame = frame.f_back
-    return outside
+    return None, direct
 
 
 class Trial:
@@ -148,10 +149,12 @@ class Trial:
             owner.zero_grad = self._zero_grad(owner.zero_grad, owner.__name__)
 
     def _site(self, what: str, arguments: dict[str, Any]) -> None:
-        where = user_frame()
-        record = {"k": "site", "what": what, "arguments": arguments}
-        if where is not None:
-            record.update(file=where[0], line=where[1])
+        user, direct = call_sites()
+        record: dict[str, Any] = {"k": "site", "what": what, "arguments": arguments}
+        if user is not None:
+            record.update(file=user[0], line=user[1])
+        if direct is not None and direct != user:
+            record["built_by"] = f"{direct[0]}:{direct[1]}"  # a library built it, called from the user's line
         self.records.write(record)
 
     def _replaying(self, next_data: Any, first: int) -> Any:

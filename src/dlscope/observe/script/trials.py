@@ -174,7 +174,8 @@ LOSSES = 5  # the first losses recorded in every trial: the numerics guard compa
 
 def trial_facts(records: list[dict[str, Any]], main: list[dict[str, Any]]) -> dict[str, Any]:
     """What trial.py recorded: in every process (sites, refused writes), in the training one (the rest)."""
-    sites = [{k: r.get(k) for k in ("what", "file", "line", "arguments")} for r in records if r.get("k") == "site"]
+    keys = ("what", "file", "line", "arguments", "built_by")
+    sites = [{k: r.get(k) for k in keys} for r in records if r.get("k") == "site"]
     for site in sites:
         site["source"] = source_line(site["file"], site["line"])
     threads = next((r["threads"] for r in main if r.get("k") == "threads"), None)

@@ -47,6 +47,10 @@ REASONS = {
 }
 
 
+# a setting a trainer library offers for an argument of the DataLoader it builds
+LIBRARY_SETTINGS = {"num_workers": {"transformers": "TrainingArguments(dataloader_num_workers=...)"}}
+
+
 def _gain(v: Mapping[str, Any]) -> str:
     return f"{v['gain']:.2f}× measured (predicted {v['predicted']:.2f}×, noise ±{v['noise_pct']:.1f}%)"
 
@@ -135,6 +139,13 @@ def snippet(candidate: dict[str, Any]) -> str:
     relative = os.path.relpath(site["file"])
     where = f"# {site['file'] if relative.startswith('..') else relative}:{site['line']}"
     line = site.get("source")
+    if site.get("built_by"):  # a library built it (a trainer): the change goes through its own setting
+        library = site["built_by"]
+        how = LIBRARY_SETTINGS.get(name, {})
+        setting = next((hint for part, hint in how.items() if f"/{part}/" in library), None)
+        return f"{where}  (the {site['what']} is built inside {library})\n" + (
+            f"# set {setting.replace('...', repr(value))}" if setting else f"# pass {name}={value!r} to it"
+        )
     if line is None:
         return f"{where}\n# pass {name}={value!r} to the {site['what']} built here"
     pattern = rf"\b{re.escape(name)}\s*=\s*[^,)]+"
