@@ -50,17 +50,20 @@ def doctor(tmp_path, monkeypatch):
 
 
 def test_an_input_bound_script_is_prescribed_more_workers(doctor, tmp_path):
-    # a 3 ms read per sample (sleep: it parallelises whatever else the shared cores run), 4 per batch,
-    # against a 2 ms forward: ~80% of the step waits for input
+    # a 10 ms read per sample (sleep: it parallelises whatever else the shared cores run), 4 per batch,
+    # against a 2 ms forward: ~90% of the step waits for input
     before = sha(SCRIPT)
-    section = doctor("--decode", "sleep", "--decode-ms", "3", "--forward-ms", "2", "--workers", "0", budget=60)
+    section = doctor("--decode", "sleep", "--decode-ms", "10", "--forward-ms", "2", "--workers", "0", budget=60)
     assert section["verdict"]["key"] == "prescribe" and section["verdict"]["order"][0] == "workers"
     workers = next(c for c in section["candidates"] if c["key"] == "workers")
     assert workers["measured"]["verdict"] == "faster" and workers["numerics"]["key"] == "same"
     assert workers["predicted"] > 1.5  # from the anatomy, before any trial
     assert workers["site"]["file"] == str(SCRIPT) and workers["site"]["line"] == LOADER_LINE
     edit = doctor_words.snippet(workers)
-    assert f"{SCRIPT}:{LOADER_LINE}" in edit and "+ loader = DataLoader(" in edit and "num_workers=2" in edit
+    chosen = workers["change"]["loader"]["num_workers"]
+    assert f"{SCRIPT}:{LOADER_LINE}" in edit and "+ loader = DataLoader(" in edit and f"num_workers={chosen}" in edit
+    # the training thread waited in __next__ (a sleep, as a read would): more workers than cores overlap it
+    assert workers["basis"]["loader_cpu_frac"] < 0.5 and chosen > section["cores"]
     ceiling = next(c for c in section["candidates"] if c["key"] == "input_free")
     assert ceiling["ceiling"] and "input_free" not in section["verdict"]["order"]  # a bound, not a change
     # side effects: the script unchanged, the user's log untouched, the trials' logs written elsewhere
@@ -126,6 +129,11 @@ def test_predictions_follow_the_anatomy():
     assert by_key["workers"]["change"] == {"loader": {"num_workers": 2}}
     tried, skipped = prescribe.candidates(baseline(2.0), cores=2)
     assert not tried and {"workers", "input_free"} <= {s["key"] for s in skipped if s["reason"] == "input_cheap"}
+    waiting = baseline(80.0)
+    waiting["facts"]["loader_cpu_frac"] = 0.1  # fetching mostly waits: workers overlap it beyond the cores
+    by_key = {c["key"]: c for c in prescribe.candidates(waiting, cores=2)[0]}
+    assert by_key["workers"]["change"] == {"loader": {"num_workers": 4}}
+    assert by_key["workers"]["predicted"] == pytest.approx(10 / max(2, 8 / 4, (0.8 + 2) / 2), rel=1e-3)
     tried, _ = prescribe.candidates(baseline(80.0, workers=2), cores=2)
     assert [c["key"] for c in tried] == ["input_free"]
     tried, _ = prescribe.candidates(baseline(2.0, threads=1), cores=2)

@@ -58,6 +58,7 @@ def run(ctx: Context) -> dict[str, Any]:
         "command": options.command,
         "budget_s": options.budget_s,
         "cores": n_cores,
+        "load": [round(os.getloadavg()[0], 2)],  # the machine's 1-min load at the start, then at the end
         "baseline": baseline_facts(baseline),
     }
     if not baseline.ok:
@@ -72,6 +73,9 @@ def run(ctx: Context) -> dict[str, Any]:
             continue
         candidate["basis"]["matmul_speedup"] = scaling
         candidate["predicted"] = prescribe.scaled_prediction(candidate, scaling)
+    hopeless = [{"key": c["key"], "reason": "no_gain", "predicted": p} for c in tried if (p := c["predicted"]) <= 1]
+    skipped = hopeless + skipped
+    tried = [c for c in tried if c["predicted"] > 1]
     tried.sort(key=lambda c: (bool(c.get("ceiling")), -c["predicted"]))  # the ceiling only if room is left
     plan = fit(tried, baseline, left(), options.rounds)
     if plan is None:
@@ -86,7 +90,7 @@ def run(ctx: Context) -> dict[str, Any]:
         with ctx.task("doctor trials", total=rounds * (len(tried) + 1) - 1) as bar:
             for r in range(1, rounds + 1):
                 order = ([] if r == 1 else [("baseline", {})]) + [(c["key"], c["change"]) for c in tried]
-                if left() < len(order) * (startup + steady):
+                if r > 1 and left() < len(order) * (startup + steady):
                     break  # a round is whole, or not run: its baseline pairs with its candidates
                 for key, change in order:
                     stop = Stop(
@@ -154,6 +158,7 @@ def finish(
     section["trials"] = [t.to_json(ctx.run.path) for t in trials]
     section["verdict"] = found
     section["elapsed_s"] = round(time.monotonic() - began, 3)
+    section["load"].append(round(os.getloadavg()[0], 2))
     after = file_hashes(list(hashes))
     section["script_files"] = [{"file": f, "unchanged": after.get(f) == h} for f, h in hashes.items()]
     section["refused"] = sorted({p for t in trials for p in t.facts["refused"]})

@@ -215,6 +215,11 @@ class TorchHooks:
 
     # torch events ----------------------------------------------------------------------------
     def loader_next(self, next_: Callable, iterator: Any) -> Any:
+        if self.trial is not None:  # a doctor trial also counts the CPU this thread spends fetching
+            return self.trial.loader_next(self._loader_next, next_, iterator)
+        return self._loader_next(next_, iterator)
+
+    def _loader_next(self, next_: Callable, iterator: Any) -> Any:
         start = time.time()
         try:
             return next_(iterator)

@@ -4,8 +4,10 @@ reason) out; then trials in, each candidate's measured gain, noise band, verdict
 
 Predictions, from the baseline's anatomy (mean shares applied to the median step):
     input made free   step / (step - data): the ceiling of any input fix (1 / (1 - data share))
-    workers w         step / max(compute, data / w, (data + compute) / cores): fetching moves to
-                      w processes beside training, all sharing the cores
+    workers w         step / max(compute, data / w, (data on a CPU + compute) / cores): fetching
+                      moves to w processes beside training, all sharing the cores; w = ⌈data /
+                      compute⌉, at least 2, at most the cores — twice the cores when fetching
+                      mostly waits (the training thread on a CPU < half its time in __next__)
     threads t         data and the loop's own time stay, compute (forward, backward, optimizer)
                       divides by the scaling a matmul showed on this machine from t0 to t threads
     set_to_none       step / (step - zero_grad's measured mean)
@@ -28,6 +30,8 @@ from dlscope.measure.stats import percentile
 from dlscope.observe.script.analysis import MODERATELY_PCT
 
 NOTCH = 1.58
+WAITING_FRAC = 0.5  # fetching is waiting when the training thread is on a CPU for less than this share of it
+WAITING_WORKERS_PER_CORE = 2  # workers that mostly wait: up to this many per core
 AUTOCAST_PCT = 30.0  # bf16 autocast is tried when matrix products and convolutions are this much of the step
 GEMM_OPS = ("mm", "conv", "matmul")  # in an operator's name: a matrix product or a convolution
 NUMERICS_RTOL = 1e-3  # the first losses of a change that keeps numerics: within this of the baseline's
@@ -65,19 +69,25 @@ def candidates(
                 "ceiling": True,
             }
         )
-        workers = min(cores, max(2, math.ceil(data_ms / max(compute_ms, 1e-9))))
-        if cores < 2:
+        # fetching that waits (a read, a sleep) rather than computes overlaps beyond the cores
+        cpu_frac = facts.get("loader_cpu_frac") if workers_now == 0 else None
+        waits = cpu_frac is not None and cpu_frac < WAITING_FRAC
+        most = WAITING_WORKERS_PER_CORE * cores if waits else cores
+        workers = min(most, max(2, math.ceil(data_ms / max(compute_ms, 1e-9))))
+        data_cpu_ms = data_ms * (cpu_frac if cpu_frac is not None else 1.0)
+        if cores < 2 and not waits:
             skipped.append({"key": "workers", "reason": "one_core"})
         elif workers_now >= workers:
             skipped.append({"key": "workers", "reason": "workers_enough", "workers": workers_now, "cores": cores})
         else:
-            predicted_ms = max(compute_ms, data_ms / workers, step_ms / cores)
+            predicted_ms = max(compute_ms, data_ms / workers, (data_cpu_ms + compute_ms) / cores)
+            basis = {**input_facts, "workers": workers, "workers_now": workers_now, "cores": cores}
             tried.append(
                 {
                     "key": "workers",
                     "change": {"loader": {"num_workers": workers}},
                     "predicted": round(step_ms / predicted_ms, 3),
-                    "basis": {**input_facts, "workers": workers, "workers_now": workers_now, "cores": cores},
+                    "basis": {**basis, "loader_cpu_frac": cpu_frac},
                     "site": first_site(loaders),
                     "argument": ("num_workers", workers),
                 }

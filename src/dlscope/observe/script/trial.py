@@ -73,9 +73,11 @@ class Trial:
         self.warm_at: float | None = None
         self.zero_grad_seconds, self.zero_grads = 0.0, 0
         self.replayed: dict[int, list[Any]] = {}
+        self.loader_cpu_s = self.loader_wall_s = 0.0
         self.autocast: Any = None  # the open bf16 autocast context of an outermost forward
         self.allowed = [os.path.abspath(config["scratch"]), *map(os.path.abspath, config.get("keep", []))]
         self.main_pid = os.getpid()
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         # before the hook: gettempdir() opens files to probe the directory (inside the hook: a deadlock)
         self.caches = (tempfile.gettempdir(), os.path.expanduser("~/.cache"))
         sys.addaudithook(self._audit)
@@ -191,6 +193,16 @@ class Trial:
 
         return timed
 
+    def loader_next(self, timed: Any, next_: Any, iterator: Any) -> Any:
+        """A batch drawn: its wall time (the step machine's) and this thread's CPU time in it —
+        decoding in the process, or a wait (a read, a worker's batch) that more workers overlap."""
+        start_cpu, start = time.thread_time(), time.perf_counter()
+        try:
+            return timed(next_, iterator)
+        finally:
+            self.loader_cpu_s += time.thread_time() - start_cpu
+            self.loader_wall_s += time.perf_counter() - start
+
     def forward_begin(self) -> None:
         """The outermost forward starts: under bf16 autocast when the trial says so."""
         if self.config.get("autocast") and self.autocast is None:
@@ -231,7 +243,10 @@ class Trial:
         warmup = self.config.get("warmup", 0)
         if steps >= warmup and self.warm_at is None:
             self.warm_at = now
-        late = self.warm_at is not None and now - self.warm_at >= self.config.get("stop_seconds", float("inf"))
+        # the ranks of a distributed job end at the same step, never on their own clocks (the others
+        # would wait in a collective for the one that left)
+        limit = self.config.get("stop_seconds", float("inf")) if self.world_size <= 1 else float("inf")
+        late = self.warm_at is not None and now - self.warm_at >= limit
         if steps > self.config.get("stop_after", sys.maxsize) or late:
             self.stop(steps - 1)
 
@@ -242,6 +257,7 @@ class Trial:
 
         mean = self.zero_grad_seconds / self.zero_grads if self.zero_grads else None
         self.records.write({"k": "zero_grad", "mean_s": mean, "calls": self.zero_grads})
+        self.records.write({"k": "loader", "cpu_s": self.loader_cpu_s, "wall_s": self.loader_wall_s})
         self.records.write({"k": "trial_stop", "steps": steps, "ts": time.time()})
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):

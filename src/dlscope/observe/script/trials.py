@@ -180,11 +180,14 @@ def trial_facts(records: list[dict[str, Any]], main: list[dict[str, Any]]) -> di
         site["source"] = source_line(site["file"], site["line"])
     threads = next((r["threads"] for r in main if r.get("k") == "threads"), None)
     zero_grad = next((r for r in main if r.get("k") == "zero_grad"), {})
+    loader = next((r for r in main if r.get("k") == "loader"), {})
     return {
         "sites": sites,
         "threads": threads,
         "losses": [r["v"] for r in sorted((r for r in main if r.get("k") == "loss"), key=lambda r: r["i"])],
         "zero_grad_s": zero_grad.get("mean_s"),
+        # the share of the time in DataLoader.__next__ the training thread spent on a CPU (None: not known)
+        "loader_cpu_frac": round(min(loader["cpu_s"] / loader["wall_s"], 1.0), 3) if loader.get("wall_s") else None,
         "refused": sorted({r["path"] for r in records if r.get("k") == "refused"}),
         "stopped": any(r.get("k") == "trial_stop" for r in main),
     }

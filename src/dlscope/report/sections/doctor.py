@@ -43,6 +43,7 @@ REASONS = {
         f"{v['threshold_pct']:.0f}%): bf16 would speed up too little"
     ),
     "no_profile": lambda v: "the baseline's profiled steps did not say which operators the step runs",
+    "no_gain": lambda v: f"predicted {v['predicted']:.2f}× from this machine's measurements: no gain to measure",
     "budget": lambda v: f"no room left in the {v['budget_s']:.0f} s budget (--budget)",
 }
 
@@ -88,6 +89,11 @@ WORDS: Words = {
         "(a trial never overwrites your files); make the path relative or configurable to let doctor measure it."
     ),
     "doctor.changed": lambda v: f"The script file {v['file']} changed while doctor ran.",
+    "doctor.busy": lambda v: (
+        f"The machine was busy (load {v['load']:.1f} on {v['cores']} cores): other jobs "
+        "took cores the trials shared, so gains that need idle cores (workers, threads) may measure below their "
+        "prediction, which assumes the cores are free; measure again when it is quieter."
+    ),
 }
 
 
@@ -116,6 +122,9 @@ def findings(section: dict[str, Any]) -> list[dict[str, Any]]:
             found.append({"key": "doctor.failed", "level": "warn", "values": c["failed"]})
     if section.get("refused"):
         found.append({"key": "doctor.refused", "level": "warn", "values": {"paths": section["refused"]}})
+    busiest = max(section.get("load") or [0.0])
+    if busiest > section.get("cores", 1):
+        found.append({"key": "doctor.busy", "level": "warn", "values": {"load": busiest, "cores": section["cores"]}})
     for f in section.get("script_files", []):
         if not f["unchanged"]:
             found.append({"key": "doctor.changed", "level": "bad", "values": f})
