@@ -17,7 +17,7 @@ zero_grad call is in the user's code, with the arguments it was given), "threads
 
 Writes: a trial runs in a scratch working directory; a write anywhere else (an absolute output
 path) is refused (PermissionError in the script) and recorded, so a trial never overwrites
-what the user's own runs wrote. The system's temporary directory and caches may hold new files.
+what the user's own runs wrote. The system's temporary directory and ~/.cache stay open.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ class Trial:
 
     # writes ----------------------------------------------------------------------------------
     def may_write(self, path: Any, opening: bool) -> bool:
-        """Inside the scratch directory or the trial's records: yes. In the temporary directory or
-        a cache: anything but opening an existing file for writing. Elsewhere: no."""
+        """Inside the scratch directory, the trial's records, the temporary directory or ~/.cache:
+        yes (libraries make a temporary file, then open it again to write: Lightning does).
+        Elsewhere: no."""
         if isinstance(path, int) or path is None:
             return True
         name = os.path.abspath(os.fsdecode(path))
@@ -93,7 +94,7 @@ class Trial:
             return True  # O_TMPFILE (tempfile.TemporaryFile): an unnamed file, nothing overwritten
         if name.startswith(SYSTEM_ROOTS) or any(name == a or name.startswith(a + os.sep) for a in self.allowed):
             return True
-        return any(name.startswith(c + os.sep) for c in self.caches) and not (opening and os.path.exists(name))
+        return any(name.startswith(c + os.sep) for c in self.caches)
 
     def check_write(self, path: Any, opening: bool = True) -> None:
         if not self.may_write(path, opening):
