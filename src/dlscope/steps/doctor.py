@@ -204,27 +204,28 @@ def file_hashes(command: list[str]) -> dict[str, str]:
 
 def matmul_speedup(threads: tuple[int, int] | None = None, bf16: bool = False) -> float:
     """How much faster a 256×256 float matmul runs here: on threads[1] than on threads[0] threads,
-    or under CPU bf16 autocast than in float32."""
+    or under CPU bf16 autocast than in float32. The two are timed in turn, 7 times: the median of
+    the paired ratios (a busy machine's hiccup in one timing moves one ratio, not the answer)."""
+    import statistics
+
     import torch
 
     saved = torch.get_num_threads()
     a = torch.randn(256, 256)
+    before, after = (threads or (saved, saved)), bf16
 
-    def best(n: int, autocast: bool) -> float:
+    def timed(n: int, autocast: bool) -> float:
         torch.set_num_threads(n)
-        times = []
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            for _ in range(5):
-                start = time.perf_counter()
-                for _ in range(20):
-                    a @ a
-                times.append(time.perf_counter() - start)
-        return min(times)
+            a @ a  # warm: the first bf16 call packs its kernels
+            start = time.perf_counter()
+            for _ in range(20):
+                a @ a
+            return time.perf_counter() - start
 
     try:
-        if threads is not None:
-            return round(best(threads[0], False) / best(threads[1], False), 3)
-        return round(best(saved, False) / best(saved, bf16), 3)
+        ratios = [timed(before[0], False) / timed(before[1], after) for _ in range(7)]
+        return round(statistics.median(ratios), 3)
     finally:
         torch.set_num_threads(saved)
 

@@ -17,7 +17,8 @@ zero_grad call is in the user's code, with the arguments it was given), "threads
 
 Writes: a trial runs in a scratch working directory; a write anywhere else (an absolute output
 path) is refused (PermissionError in the script) and recorded, so a trial never overwrites
-what the user's own runs wrote. The system's temporary directory and ~/.cache stay open.
+what the user's own runs wrote. In the system's temporary directory and ~/.cache a trial may
+create files and write those it created, but not overwrite one that was there.
 """
 
 from __future__ import annotations
@@ -74,19 +75,21 @@ class Trial:
         self.zero_grad_seconds, self.zero_grads = 0.0, 0
         self.replayed: dict[int, list[Any]] = {}
         self.loader_cpu_s = self.loader_wall_s = 0.0
+        self.counted_from: tuple[float, float, float, float] | None = None
         self.autocast: Any = None  # the open bf16 autocast context of an outermost forward
         self.allowed = [os.path.abspath(config["scratch"]), *map(os.path.abspath, config.get("keep", []))]
         self.main_pid = os.getpid()
         self.world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         # before the hook: gettempdir() opens files to probe the directory (inside the hook: a deadlock)
         self.caches = (tempfile.gettempdir(), os.path.expanduser("~/.cache"))
+        self.created: set[str] = set()  # files this process created there
         sys.addaudithook(self._audit)
 
     # writes ----------------------------------------------------------------------------------
     def may_write(self, path: Any, opening: bool) -> bool:
-        """Inside the scratch directory, the trial's records, the temporary directory or ~/.cache:
-        yes (libraries make a temporary file, then open it again to write: Lightning does).
-        Elsewhere: no."""
+        """Inside the scratch directory or the trial's records: yes. In the temporary directory or
+        ~/.cache: a file this process created (it may open it again: Lightning does), a new one,
+        a removal; never opening for writing a file that was there before. Elsewhere: no."""
         if isinstance(path, int) or path is None:
             return True
         name = os.path.abspath(os.fsdecode(path))
@@ -94,7 +97,14 @@ class Trial:
             return True  # O_TMPFILE (tempfile.TemporaryFile): an unnamed file, nothing overwritten
         if name.startswith(SYSTEM_ROOTS) or any(name == a or name.startswith(a + os.sep) for a in self.allowed):
             return True
-        return any(name.startswith(c + os.sep) for c in self.caches)
+        if not any(name.startswith(c + os.sep) for c in self.caches):
+            return False
+        if not opening or name in self.created:
+            return True
+        if os.path.exists(name):
+            return False
+        self.created.add(name)
+        return True
 
     def check_write(self, path: Any, opening: bool = True) -> None:
         if not self.may_write(path, opening):
@@ -244,6 +254,8 @@ class Trial:
         warmup = self.config.get("warmup", 0)
         if steps >= warmup and self.warm_at is None:
             self.warm_at = now
+            # from here on: the thread's CPU and wall time, and the loader's share of each
+            self.counted_from = (time.thread_time(), time.perf_counter(), self.loader_cpu_s, self.loader_wall_s)
         # the ranks of a distributed job end at the same step, never on their own clocks (the others
         # would wait in a collective for the one that left)
         limit = self.config.get("stop_seconds", float("inf")) if self.world_size <= 1 else float("inf")
@@ -258,7 +270,17 @@ class Trial:
 
         mean = self.zero_grad_seconds / self.zero_grads if self.zero_grads else None
         self.records.write({"k": "zero_grad", "mean_s": mean, "calls": self.zero_grads})
-        self.records.write({"k": "loader", "cpu_s": self.loader_cpu_s, "wall_s": self.loader_wall_s})
+        if self.counted_from is not None:
+            cpu, wall, loader_cpu, loader_wall = self.counted_from
+            self.records.write(
+                {
+                    "k": "loader",
+                    "cpu_s": self.loader_cpu_s - loader_cpu,
+                    "wall_s": self.loader_wall_s - loader_wall,
+                    "thread_cpu_s": time.thread_time() - cpu,
+                    "thread_wall_s": time.perf_counter() - wall,
+                }
+            )
         self.records.write({"k": "trial_stop", "steps": steps, "ts": time.time()})
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):

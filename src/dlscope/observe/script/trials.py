@@ -186,11 +186,22 @@ def trial_facts(records: list[dict[str, Any]], main: list[dict[str, Any]]) -> di
         "threads": threads,
         "losses": [r["v"] for r in sorted((r for r in main if r.get("k") == "loss"), key=lambda r: r["i"])],
         "zero_grad_s": zero_grad.get("mean_s"),
-        # the share of the time in DataLoader.__next__ the training thread spent on a CPU (None: not known)
-        "loader_cpu_frac": round(min(loader["cpu_s"] / loader["wall_s"], 1.0), 3) if loader.get("wall_s") else None,
+        "loader_cpu_frac": loader_cpu_frac(loader),
         "refused": sorted({r["path"] for r in records if r.get("k") == "refused"}),
         "stopped": any(r.get("k") == "trial_stop" for r in main),
     }
+
+
+def loader_cpu_frac(loader: dict[str, Any]) -> float | None:
+    """How much of its time in DataLoader.__next__ the training thread spent on a CPU, against the
+    share it got outside it: ~1 when fetching is CPU work (however busy the machine, the thread
+    gets the same share of a core in both), ~0 when it waits (a read, a sleep). None: not known."""
+    try:
+        inside = loader["cpu_s"] / loader["wall_s"]
+        outside = (loader["thread_cpu_s"] - loader["cpu_s"]) / (loader["thread_wall_s"] - loader["wall_s"])
+    except (KeyError, ZeroDivisionError):
+        return None
+    return round(min(inside / outside, 1.0), 3) if outside > 0 else None
 
 
 def tail(path: Path, lines: int = 5) -> list[str]:
