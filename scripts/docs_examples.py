@@ -219,6 +219,14 @@ EXAMPLES_TO_MAKE: list[Example] = [
         setup=f"rm -rf runs/io0 runs/io2; cp {ROOT}/tests/scripts/known_truth.py .",
     ),
     Example(
+        "doctor",
+        (
+            "dlscope doctor --budget 90 --out runs/doctor -- python doctor_target.py --decode sleep --decode-ms 3 "
+            "--forward-ms 2 --workers 0",
+        ),
+        setup=f"rm -rf runs/doctor; cp {ROOT}/tests/scripts/doctor_target.py .",
+    ),
+    Example(
         "run-hang",
         (
             "dlscope run --out runs/hang --profile-steps 0 --hang-after 3 --on-hang end -- "
@@ -239,7 +247,7 @@ EXAMPLES_TO_MAKE: list[Example] = [
         # a job that runs until `stop` exists, its step a big matmul once `slow` exists, started in the background
         setup=f"rm -rf runs/slows slow stop; cp {ROOT}/tests/scripts/slows_on_flag.py .; "
         "(dlscope run --out runs/slows --hang-after off -- python slows_on_flag.py slow stop >/dev/null 2>&1 &); "
-        "until [ -n \"$(ls runs/slows/processes/*.steps 2>/dev/null)\" ]; do sleep 0.2; done; sleep 2",
+        'until [ -n "$(ls runs/slows/processes/*.steps 2>/dev/null)" ]; do sleep 0.2; done; sleep 2',
     ),
     Example(
         "lab",

@@ -395,6 +395,30 @@ class StepOptions:
     scaling: ScalingOptions = field(default_factory=ScalingOptions)
     ops: OpsOptions | None = None  # None: the lab's short defaults
     script: ScriptOptions | None = None  # `dlscope run`'s command and how to observe it
+    doctor: DoctorOptions | None = None  # `dlscope doctor`'s command and budget
+
+
+@dataclass
+class DoctorOptions:
+    """`dlscope doctor`: the command, the seconds it may take in all, and the trials' shape."""
+
+    command: list[str]
+    budget_s: float = 120.0
+    warmup_steps: int = 3  # steps of each trial not counted (start-up, workers starting)
+    max_steps: int = 40  # counted steps a trial runs at most
+    rounds: int = 3  # baseline and candidates interleaved, at most this many times
+    extra_env: dict[str, str] = field(default_factory=dict)  # set for the command (tests: PYTHONPATH)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (bool(self.command), "doctor needs a command after --"),
+            (self.budget_s >= 10, "--budget must be at least 10 seconds"),
+            (self.warmup_steps >= 1 and self.max_steps >= 5, "--warmup-steps must be ≥ 1 and --max-steps ≥ 5"),
+            (self.rounds >= 1, "--rounds must be ≥ 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
 
 
 @dataclass
@@ -440,6 +464,9 @@ class ScriptOptions:
     tensorboard: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)  # set for the command (tests: PYTHONPATH)
     hang: HangOptions = field(default_factory=HangOptions)
+    cwd: str | None = None  # the command's working directory (a doctor trial's scratch); None: dlscope's
+    deadline_s: float | None = None  # the command's process group is killed past this many seconds
+    output: str | None = None  # the command's stdout and stderr go to this file (None: the terminal's)
 
     def __post_init__(self) -> None:
         checks = [

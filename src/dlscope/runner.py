@@ -62,6 +62,10 @@ def check_plan(plan: Plan) -> None:
         from dlscope.observe.iotrace.tracer import check_command
 
         check_command(plan.step_options.script.command if plan.step_options.script else [])
+    if "doctor" in plan.steps:  # `dlscope doctor -- CMD`: the same
+        from dlscope.observe.iotrace.tracer import check_command
+
+        check_command(plan.step_options.doctor.command if plan.step_options.doctor else [])
     if "sweep" in plan.steps:
         from dlscope.steps.sweep import grid
 
@@ -77,7 +81,7 @@ def check_inputs(plan: Plan) -> None:
         raise DatasetError("data directory does not exist", data_dir)
     if resume is not None and "train" in plan.steps and not Path(resume).exists():
         raise CheckpointError("checkpoint to resume from not found", resume)
-    if not set(plan.steps) - {"environment", "iotrace", "run"}:
+    if not set(plan.steps) - {"environment", "iotrace", "run", "doctor"}:
         return  # nothing runs on a device here: no torch needed
     from dlscope.train import resolve_device
 

@@ -47,6 +47,11 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def command_of(args: argparse.Namespace) -> list[str]:
+    """The command after `--` (run, trace, doctor): the arguments as given, the `--` dropped."""
+    return args.command_argv[1:] if args.command_argv[:1] == ["--"] else args.command_argv
+
+
 def add_training_args(p: argparse.ArgumentParser, epochs: int = 2, target: float | None = 99.0) -> None:
     from dlscope.config import LOADERS, OPTIMIZERS, RECIPES, SCHEDULES
 

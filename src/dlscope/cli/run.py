@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dlscope.cli.common import add_hang_args, hang_options
+from dlscope.cli.common import add_hang_args, command_of, hang_options
 from dlscope.options import TRACE_BACKENDS
 
 SORT_KEYS = ["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"]
@@ -14,7 +14,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dlscope.options import RunOptions, ScriptOptions, StepOptions
     from dlscope.runner import Plan, run_command
 
-    command = args.command_argv[1:] if args.command_argv[:1] == ["--"] else args.command_argv
+    command = command_of(args)
     script = ScriptOptions(
         command=command,
         trace_io=args.trace_io,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from dlscope.cli.common import command_of
 from dlscope.options import TRACE_BACKENDS
 
 
@@ -12,7 +13,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from dlscope.plan import Plan
     from dlscope.runner import run_command
 
-    command = args.command_argv[1:] if args.command_argv[:1] == ["--"] else args.command_argv
+    command = command_of(args)
     trace = TraceOptions(command, args.backend, args.measure_overhead, args.repeats)
     plan = Plan("trace", ["iotrace"], options=RunOptions(out=args.out), step_options=StepOptions(iotrace=trace))
     plan.argv = args.raw_argv

@@ -7,6 +7,7 @@ from dlscope.steps import (
     dataset,
     distributed,
     distributed_ranks,
+    doctor,
     environment,
     graph,
     iotrace,
@@ -39,5 +40,5 @@ STEPS: list[Step] = [
 # it ran in several ranks (--nproc-per-node)
 STEPS_BY_NAME = {
     step.name: step
-    for step in [*STEPS, distributed_ranks.STEP, distributed.STEP, scaling.STEP, iotrace.STEP, script.STEP]
+    for step in [*STEPS, distributed_ranks.STEP, distributed.STEP, scaling.STEP, iotrace.STEP, script.STEP, doctor.STEP]
 }

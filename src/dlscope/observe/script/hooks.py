@@ -31,7 +31,7 @@ from typing import Any
 
 from dlscope import phases
 from dlscope.observe.hang import agent as hang
-from dlscope.observe.script import batches, calibrate
+from dlscope.observe.script import batches, calibrate, trial
 from dlscope.observe.script.after_import import AfterImport
 from dlscope.observe.script.attach import REQUEST_EVERY_S, take_request
 from dlscope.observe.script.records import RecordFile, clocks
@@ -194,6 +194,7 @@ class TorchHooks:
         )
         self.forward_depth = self.train_depth = 0
         self.batches: batches.BatchRecorder | None = None  # the batch x-ray, once torch is attached
+        self.trial: Any = None  # a `dlscope doctor` trial's change and stop (observe/script/trial.py)
 
     def _mark_begin(self, name: str) -> None:
         phases.mark_begin(name)  # the I/O tracers' phase marker
@@ -206,6 +207,8 @@ class TorchHooks:
 
     def _step_ended(self, steps: int, now: float) -> None:
         hang.step_ended(steps, now)  # looked up at each call: the agent binds it at install
+        if self.trial is not None:
+            self.trial.step_ended(steps, now)
 
     def new_profiler(self) -> LateProfiler:
         return LateProfiler(self.records, *self.profile_settings)
@@ -246,6 +249,11 @@ class TorchHooks:
 
     # torch events ----------------------------------------------------------------------------
     def loader_next(self, next_: Callable, iterator: Any) -> Any:
+        if self.trial is not None:  # a doctor trial also counts the CPU this thread spends fetching
+            return self.trial.loader_next(self._loader_next, next_, iterator)
+        return self._loader_next(next_, iterator)
+
+    def _loader_next(self, next_: Callable, iterator: Any) -> Any:
         start = time.time()
         try:
             return next_(iterator)
@@ -263,15 +271,18 @@ class TorchHooks:
             return
         self.forward_depth = 1
         self.machine.forward_begin(time.time(), self._training(module))
+        if self.trial is not None:
+            self.trial.forward_begin()
 
-    def forward_post(self, module: Any, args: Any, output: Any) -> None:
+    def forward_post(self, module: Any, args: Any, output: Any) -> Any:
         if self.forward_depth > 1:
             self.forward_depth -= 1
-            return
+            return None
         if not self.forward_depth:
-            return
+            return None
         self.forward_depth = 0
         self.machine.forward_end(time.time())
+        return self.trial.forward_end(output) if self.trial is not None else None
 
     def _training(self, module: Any) -> bool:
         if not self.torch.is_grad_enabled():
@@ -282,6 +293,8 @@ class TorchHooks:
         return isinstance(inner, self.torch.nn.Module) and inner.training
 
     def backward(self, backward_: Callable, *args: Any, **kwargs: Any) -> Any:
+        if self.trial is not None:
+            self.trial.backward(args, kwargs)
         self.machine.backward_begin(time.time())
         try:
             return backward_(*args, **kwargs)
@@ -329,6 +342,8 @@ class TorchHooks:
 
     def checkpoint(self, name: str, position: int, call: Callable, *args: Any, **kwargs: Any) -> Any:
         file = args[position] if len(args) > position else next((kwargs[k] for k in FILE_KEYWORDS if k in kwargs), None)
+        if self.trial is not None and name == "checkpoint_save" and isinstance(file, str | bytes | os.PathLike):
+            self.trial.check_write(file)  # torch.save and safetensors write from C++, past the audit hook
         opened = self.machine.checkpoint_begin(time.time(), name, _file_name(file))
         try:
             with _warnings_at_caller():
@@ -374,6 +389,8 @@ class TorchHooks:
         torch.load = _wrap(torch.load, functools.partial(self.checkpoint, "checkpoint_load", 0))
         self.batches = batches.attach(torch, self.records.directory, _wrap)
         calibrate.record(self, torch)  # dlscope's own cost per step, measured here, once
+        if self.trial is not None:
+            self.trial.attach(torch)
 
     def attach_safetensors(self, module: Any) -> None:
         module.save_file = _wrap(module.save_file, functools.partial(self.checkpoint, "checkpoint_save", 1))
@@ -462,6 +479,9 @@ def install(directory: str) -> None:
     values = [int(v) for v in os.environ.get(PROFILE_ENV, "1:1:2:5").split(":")]
     hooks = TorchHooks(records, (values[0], values[1], values[2], values[3]))
     hooks.begin_process(forked=False)
+    trial_settings = trial.settings()
+    if trial_settings is not None:
+        hooks.trial = trial.Trial(hooks, trial_settings)
 
     def on_error(where: str, error: Exception) -> None:
         records.write({"k": "error", "where": where, "error": f"{type(error).__name__}: {error}"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from dlscope.errors import HANG_EXIT_CODE, ConfigError, DlscopeError
 from dlscope.observe.bootstrap_env import with_bootstrap
 from dlscope.observe.distributed.analysis import analyze_ranks
 from dlscope.observe.hang.watchdog import Watchdog
+from dlscope.observe.iotrace.launch import signal_group
 from dlscope.observe.iotrace.tracer import (
     exit_code,
     read_jsonl,
@@ -34,15 +36,29 @@ from dlscope.options import ScriptOptions
 from dlscope.rundir import PROCESSES, RunDir, processes_dir
 
 
-def _run_plain(argv: list[str], env: dict[str, str], started: Callable[[int], None]) -> tuple[int, int | None]:
+def _run_plain(
+    argv: list[str], env: dict[str, str], started: Callable[[int], None], options: ScriptOptions
+) -> tuple[int, int | None]:
     """Return code and the signal that interrupted dlscope meanwhile (handed on to the command's
-    process group, as the tracers do)."""
+    process group, as the tracers do). Past `options.deadline_s` the group is killed."""
+    output = open(options.output, "wb") if options.output else None  # noqa: SIM115 (closed below)
     try:
-        child = subprocess.Popen(argv, env=env, process_group=0)
+        child = subprocess.Popen(argv, env=env, process_group=0, cwd=options.cwd, stdout=output, stderr=output)
     except OSError as e:
         raise ConfigError(f"cannot start the command: {e.strerror}", argv[0]) from None
+    finally:
+        if output is not None:
+            output.close()  # the child holds its own copy
     started(child.pid)  # the watchdog follows the job from its first process
-    return wait_command(child)
+    deadline = None
+    if options.deadline_s is not None:
+        deadline = threading.Timer(options.deadline_s, signal_group, (child.pid, signal.SIGKILL))
+        deadline.start()
+    try:
+        return wait_command(child)
+    finally:
+        if deadline is not None:
+            deadline.cancel()
 
 
 def observe_command(run: RunDir, options: ScriptOptions, say: Callable[[str], None] = print) -> dict[str, Any]:
@@ -65,7 +81,7 @@ def observe_command(run: RunDir, options: ScriptOptions, say: Callable[[str], No
             iotrace = outcome.section
             code, interrupted = outcome.exit_code, iotrace["interrupted"]
         else:
-            returncode, signum = _run_plain(options.command, env, watchdog.start)
+            returncode, signum = _run_plain(options.command, env, watchdog.start, options)
             code, interrupted = exit_code(returncode), signal.Signals(signum).name if signum else None
         if watchdog.ended:
             code = HANG_EXIT_CODE  # the watchdog ended a hung job (documented exit status)

@@ -12,6 +12,7 @@ from dlscope.report.sections import (
     ckpt_anatomy,
     dataset,
     distributed,
+    doctor,
     environment,
     graph,
     hang,
@@ -56,6 +57,7 @@ SECTIONS: dict[str, ModuleType] = {
         scaling,
         iotrace,
         hang,
+        doctor,
         rundiff,
     )
 }

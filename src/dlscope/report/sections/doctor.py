@@ -1,0 +1,244 @@
+"""Section doctor (`dlscope doctor`): the prescription — each change tried, its predicted and
+measured gain, the noise, the numerics, the exact edit at the line of the user's script — what was
+not tried and why, and the trials themselves. Worded here from the step's facts."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from dlscope.report.blocks import Block, Code, Para, Table
+from dlscope.report.wording import Words, worded
+
+TITLE = "Doctor: what to change, predicted and measured"
+CHANGE_NAMES = {
+    "workers": "DataLoader num_workers",
+    "input_free": "input made free (ceiling)",
+    "threads": "intra-op threads",
+    "set_to_none": "zero_grad(set_to_none=True)",
+    "pin_memory": "DataLoader pin_memory",
+    "persistent_workers": "DataLoader persistent_workers",
+    "prefetch_factor": "DataLoader prefetch_factor",
+    "channels_last": "channels-last memory format",
+    "autocast": "bf16 autocast (alters numerics)",
+    "compile": "torch.compile",
+    "batch": "a larger batch",
+}
+REASONS = {
+    "no_loader": lambda v: "no DataLoader fed the training steps: nothing to tune on the input side",
+    "input_cheap": lambda v: (
+        f"input is {v['data_pct']:.1f}% of the step, under {v['threshold_pct']:.0f}%: nothing to gain there"
+    ),
+    "one_core": lambda v: "one core: a worker process would compete with training for it",
+    "workers_enough": lambda v: f"already {v['workers']} workers for {v['cores']} cores",
+    "threads_at_cores": lambda v: f"already {v['threads']} threads for {v['cores']} cores",
+    "already_none": lambda v: "zero_grad already sets gradients to None",
+    "not_built": lambda v: "this version of doctor does not try it",
+    "no_gpu": lambda v: "no GPU: pinned memory only speeds host-to-device copies",
+    "no_bf16": lambda v: "this CPU has no bf16 instructions (avx512_bf16, amx_bf16): autocast would be emulated",
+    "gemm_small": lambda v: (
+        f"matrix products and convolutions are {v['pct']:.0f}% of the step (under "
+        f"{v['threshold_pct']:.0f}%): bf16 would speed up too little"
+    ),
+    "no_profile": lambda v: "the baseline's profiled steps did not say which operators the step runs",
+    "no_gain": lambda v: f"predicted {v['predicted']:.2f}× from this machine's measurements: no gain to measure",
+    "budget": lambda v: f"no room left in the {v['budget_s']:.0f} s budget (--budget)",
+}
+
+
+# a setting a trainer library offers for an argument of the DataLoader it builds
+LIBRARY_SETTINGS = {"num_workers": {"transformers": "TrainingArguments(dataloader_num_workers=...)"}}
+
+
+def _gain(v: Mapping[str, Any]) -> str:
+    return f"{v['gain']:.2f}× measured (predicted {v['predicted']:.2f}×, noise ±{v['noise_pct']:.1f}%)"
+
+
+WORDS: Words = {
+    "doctor.prescribe": lambda v: f"Change {v['name']}: {_gain(v)}; the edit is below.",
+    "doctor.also": lambda v: f"Also faster: {v['name']}, {_gain(v)}.",
+    "doctor.at_best": lambda v: (
+        f"Already at its best as far as doctor can tell: none of the {v['tried']} change(s) tried beat the noise."
+        if v["tried"]
+        else "Already at its best as far as doctor can tell: the baseline shows nothing the changes it knows would "
+        "improve (see what was not tried, and why)."
+    ),
+    "doctor.ceiling": lambda v: (
+        f"Input made free (the first batches replayed from memory) runs {_gain(v)}: the "
+        "most any input-side fix can give."
+    ),
+    "doctor.numerics": lambda v: (
+        f"{v['name']} changes the first losses by up to {100 * v['max_rel_diff']:.2g}% "
+        f"(tolerance {100 * v['tolerance']:.2g}%): check its accuracy before adopting it."
+    ),
+    "doctor.failed": lambda v: (
+        f"The trial {v['trial']} did not finish its steps (exit status {v['exit_code']}, {v['steps']} steps)."
+    ),
+    "doctor.baseline_failed": lambda v: (
+        f"The script ran past the {v['past_deadline_s']:.0f} s doctor gave its first run (within --budget) "
+        "and was ended: nothing could be measured; give a larger --budget."
+        if v.get("past_deadline_s")
+        else f"The script did not reach its counted steps under doctor (exit status {v['exit_code']}, "
+        f"{v['steps']} steps): nothing could be measured."
+        + (f" Its last words: {' / '.join(v['output_tail'][-2:])}" if v.get("output_tail") else "")
+    ),
+    "doctor.refused": lambda v: (
+        f"The script wrote outside its scratch directory: {', '.join(v['paths'])} — refused "
+        "(a trial never overwrites your files); make the path relative or configurable to let doctor measure it."
+    ),
+    "doctor.changed": lambda v: f"The script file {v['file']} changed while doctor ran.",
+    "doctor.busy": lambda v: (
+        f"The machine was busy (load {v['load']:.1f} on {v['cores']} cores): other jobs "
+        "took cores the trials shared, so gains that need idle cores (workers, threads) may measure below their "
+        "prediction, which assumes the cores are free; measure again when it is quieter."
+    ),
+}
+
+
+def findings(section: dict[str, Any]) -> list[dict[str, Any]]:
+    verdict = section["verdict"]
+    judged = {c["key"]: c for c in section.get("candidates", [])}
+    found = []
+    if verdict["key"] == "baseline_failed":
+        found.append({"key": "doctor.baseline_failed", "level": "bad", "values": verdict})
+    elif verdict["key"] == "prescribe":
+        for i, key in enumerate(verdict["order"]):
+            c = judged[key]
+            values = {"name": CHANGE_NAMES[key], "predicted": c["predicted"], **c["measured"]}
+            found.append({"key": "doctor.also" if i else "doctor.prescribe", "level": "good", "values": values})
+    else:
+        found.append({"key": "doctor.at_best", "level": "good", "values": {"tried": len(verdict["tried"])}})
+    for c in judged.values():
+        if c.get("ceiling") and c.get("measured"):
+            values = {"predicted": c["predicted"], **c["measured"]}
+            found.append({"key": "doctor.ceiling", "level": "info", "values": values})
+        if (c.get("numerics") or {}).get("key") == "differs" and not c.get("ceiling"):
+            found.append(
+                {"key": "doctor.numerics", "level": "warn", "values": {"name": CHANGE_NAMES[c["key"]], **c["numerics"]}}
+            )
+        if c.get("failed"):
+            found.append({"key": "doctor.failed", "level": "warn", "values": c["failed"]})
+    if section.get("refused"):
+        found.append({"key": "doctor.refused", "level": "warn", "values": {"paths": section["refused"]}})
+    busiest = max(section.get("load") or [0.0])
+    if busiest > section.get("cores", 1):
+        found.append({"key": "doctor.busy", "level": "warn", "values": {"load": busiest, "cores": section["cores"]}})
+    for f in section.get("script_files", []):
+        if not f["unchanged"]:
+            found.append({"key": "doctor.changed", "level": "bad", "values": f})
+    return found
+
+
+def snippet(candidate: dict[str, Any]) -> str:
+    """The exact edit: the user's line as written and as changed, named by file:line."""
+    name, value = candidate["argument"]
+    site = candidate.get("site")
+    if candidate["key"] == "autocast":
+        return (
+            "# around the forward and the loss, in the training loop (bf16 alters numerics: check accuracy)\n"
+            "with torch.autocast('cpu', dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)"
+        )
+    if candidate["key"] == "threads":
+        now = candidate["basis"]["threads_now"]
+        return f"import torch\ntorch.set_num_threads({value})  # once, before training (the script ran on {now})"
+    if not site:
+        return f"# the call was built outside your code: pass {name}={value!r}"
+    relative = os.path.relpath(site["file"])
+    where = f"# {site['file'] if relative.startswith('..') else relative}:{site['line']}"
+    line = site.get("source")
+    if site.get("built_by"):  # a library built it (a trainer): the change goes through its own setting
+        library = site["built_by"]
+        how = LIBRARY_SETTINGS.get(name, {})
+        setting = next((hint for part, hint in how.items() if f"/{part}/" in library), None)
+        return f"{where}  (the {site['what']} is built inside {library})\n" + (
+            f"# set {setting.replace('...', repr(value))}" if setting else f"# pass {name}={value!r} to it"
+        )
+    if line is None:
+        return f"{where}\n# pass {name}={value!r} to the {site['what']} built here"
+    pattern = rf"\b{re.escape(name)}\s*=\s*[^,)]+"
+    if re.search(pattern, line):
+        changed = re.sub(pattern, f"{name}={value!r}", line, count=1)
+    elif site["what"].endswith("zero_grad") and "zero_grad()" in line:
+        changed = line.replace("zero_grad()", f"zero_grad({name}={value!r})", 1)
+    elif line.rstrip().endswith(")"):
+        stripped = line.rstrip()
+        changed = f"{stripped[:-1]}, {name}={value!r})"
+    else:
+        return f"{where}\n{line}\n# add {name}={value!r} to this {site['what']} call"
+    return f"{where}\n- {line.strip()}\n+ {changed.strip()}"
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def render(section: dict[str, Any]) -> list[Block]:
+    blocks: list[Block] = [worded(findings(section), WORDS)]
+    base = section["baseline"]
+    anatomy = base.get("anatomy") or {}
+    if base.get("median_ms") is not None:
+        pct = anatomy.get("percent") or {}
+        shares = ", ".join(
+            f"{p} {pct[p]:.0f}%" for p in ("data", "forward", "backward", "optimizer", "other") if p in pct
+        )
+        blocks.append(
+            Para(
+                f"Baseline (the script as written): median step {base['median_ms']:.3g} ms; {shares}; "
+                f"{section['cores']} cores."
+            )
+        )
+    candidates = section.get("candidates", [])
+    if candidates:
+        rows = []
+        for c in candidates:
+            m = c.get("measured") or {}
+            numerics = (c.get("numerics") or {}).get("key", "—")
+            rows.append(
+                [
+                    CHANGE_NAMES[c["key"]],
+                    _cell(c["predicted"], ".2f"),
+                    _cell(m.get("gain"), ".2f"),
+                    _cell(m.get("noise_pct"), ".1f"),
+                    " ".join(f"{r:.2f}" for r in m.get("rounds", [])) or "—",
+                    m.get("verdict", "failed"),
+                    numerics,
+                ]
+            )
+        blocks.append(
+            Table(
+                ["change", "predicted ×", "measured ×", "noise ±%", "rounds ×", "verdict", "numerics"],
+                rows,
+                "Each change against the baseline of its round (interleaved)",
+                legend="measured: median of the rounds' ratios of median steps; noise: the notch of the median "
+                "(1.58·IQR/√n) of both trials, or half the range of the rounds' ratios if wider; faster/slower "
+                "only beyond it. "
+                "numerics: the first losses against the baseline's.",
+                optional=("rounds ×", "numerics"),
+            )
+        )
+    for key in section["verdict"].get("order", []):
+        c = next(c for c in candidates if c["key"] == key)
+        blocks.append(Code(snippet(c), "diff"))
+    not_tried = section.get("not_tried", [])
+    if not_tried:
+        rows = [[CHANGE_NAMES[s["key"]], REASONS[s["reason"]](s)] for s in not_tried]
+        blocks.append(Table(["not tried", "why"], rows, "What was not tried, and why"))
+    trials = section.get("trials", [])
+    if trials:
+        rows = [
+            [t["name"], _cell(t["median_ms"], ".3g"), t["steps"], f"{t['wall_s']:.1f}", "ok" if t["ok"] else "failed"]
+            for t in trials
+        ]
+        blocks.append(Table(["trial", "median ms", "steps", "wall s", "status"], rows, "The trials, in the order run"))
+    unchanged = all(f["unchanged"] for f in section.get("script_files", []))
+    wrote = sum(t["wrote"]["count"] for t in trials)
+    blocks.append(
+        Para(
+            f"{len(trials)} trials in {section['elapsed_s']:.0f} s of a {section['budget_s']:.0f} s budget, each in a "
+            f"scratch working directory of its own (removed after it: {wrote} file(s) the script wrote there), each a "
+            f"run directory under trials/. The script's files are {'unchanged' if unchanged else 'CHANGED'} (sha256)."
+        )
+    )
+    return blocks

@@ -1,0 +1,248 @@
+"""Step doctor (`dlscope doctor -- CMD`): what to change in the user's script, the gain predicted
+from its anatomy, and the gain measured — trials of the unchanged script, each with one change the
+bootstrap applies, interleaved with baselines (A B C A B C …) and repeated as the budget allows.
+
+    1. baseline-1: the script as run (ended after its counted steps): anatomy, sites, threads
+    2. candidates the evidence supports (observe/script/prescribe.py), each with its prediction
+    3. rounds: [baseline, candidate, …] × R, R and the steps per trial fitted into --budget
+    4. each candidate: measured gain and noise band, numerics against the baseline's losses
+
+Trials run in scratch working directories (observe/script/trials.py); the script's files are
+hashed before and after. Facts out; report/sections/doctor.py words them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from dlscope.errors import ConfigError
+from dlscope.observe.script import prescribe
+from dlscope.observe.script.trials import MIN_STEPS, PROFILE, Stop, TrialResult, absolute_command, cores, run_trial
+from dlscope.steps.base import Context, Step
+
+MARGIN_S = 3.0  # kept back from the budget: reading the trials, writing the report
+BASELINE_SHARE = 0.3  # of the budget, the first observation's counted steps at most
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    options = ctx.steps.doctor
+    if options is None:
+        raise ConfigError("the doctor step needs a command")
+    began = time.monotonic()
+    command = absolute_command(options.command, Path.cwd())
+    hashes = file_hashes(command)
+    n_cores = cores()
+
+    def left() -> float:
+        return options.budget_s - (time.monotonic() - began) - MARGIN_S
+
+    trials: list[TrialResult] = []
+
+    def trial(name: str, change: dict[str, Any], stop: Stop, profile: bool = False) -> TrialResult:
+        ctx.say(f"doctor: trial {name} ({describe(change)})")
+        start = time.monotonic()
+        result = run_trial(ctx.run, name, command, change, stop, options.extra_env, profile)
+        result.cost_s = time.monotonic() - start  # the command and dlscope's reading of it
+        trials.append(result)
+        return result
+
+    # the first observation also profiles a few steps (which operators the step runs), before its counted ones
+    warmup = max(options.warmup_steps, sum(PROFILE) + 1)
+    first = Stop(warmup, options.max_steps, options.budget_s * BASELINE_SHARE, deadline_s=left() / 2)
+    baseline = trial("baseline-1", {}, first, profile=True)
+    section: dict[str, Any] = {
+        "command": options.command,
+        "budget_s": options.budget_s,
+        "cores": n_cores,
+        "load": [round(os.getloadavg()[0], 2)],  # the machine's 1-min load at the start, then at the end
+        "baseline": baseline_facts(baseline),
+    }
+    if not baseline.ok:
+        return finish(ctx, section, trials, began, hashes, {"key": "baseline_failed", **failure(baseline)})
+    tried, skipped = prescribe.candidates(section["baseline"], n_cores, bf16_cpu=bf16_cpu(), cuda=cuda())
+    for candidate in tried:
+        if candidate["key"] == "threads":
+            scaling = matmul_speedup(threads=(candidate["basis"]["threads_now"], candidate["basis"]["threads"]))
+        elif candidate["key"] == "autocast":
+            scaling = matmul_speedup(bf16=True)
+        else:
+            continue
+        candidate["basis"]["matmul_speedup"] = scaling
+        candidate["predicted"] = prescribe.scaled_prediction(candidate, scaling)
+    hopeless = [{"key": c["key"], "reason": "no_gain", "predicted": p} for c in tried if (p := c["predicted"]) <= 1]
+    skipped = hopeless + skipped
+    tried = [c for c in tried if c["predicted"] > 1]
+    tried.sort(key=lambda c: (bool(c.get("ceiling")), -c["predicted"]))  # the ceiling only if room is left
+    plan = fit(tried, baseline, left(), options.rounds)
+    if plan is None:
+        skipped = [{"key": c["key"], "reason": "budget", "budget_s": options.budget_s} for c in tried] + skipped
+        tried = []
+    else:
+        rounds, count, steady = plan
+        skipped = [{"key": c["key"], "reason": "budget", "budget_s": options.budget_s} for c in tried[count:]] + skipped
+        tried = tried[:count]
+        section.update(rounds=rounds, steady_s=round(steady, 3))
+        startup = max(baseline.cost_s - sum(baseline.seconds), 0.0)
+        with ctx.task("doctor trials", total=rounds * (len(tried) + 1) - 1) as bar:
+            for r in range(1, rounds + 1):
+                order = ([] if r == 1 else [("baseline", {})]) + [(c["key"], c["change"]) for c in tried]
+                if r > 1 and left() < len(order) * (startup + steady):
+                    break  # a round is whole, or not run: its baseline pairs with its candidates
+                for key, change in order:
+                    stop = Stop(
+                        options.warmup_steps, options.max_steps, steady, min(left(), 2 * (startup + steady) + 5)
+                    )
+                    trial(f"{key}-{r}", change, stop)
+                    bar.update(advance=1)
+        section["rounds"] = max(int(t.name.rsplit("-", 1)[1]) for t in trials)
+    section["candidates"] = [judge(c, trials) for c in tried]
+    section["not_tried"] = skipped
+    return finish(ctx, section, trials, began, hashes, verdict(section["candidates"]))
+
+
+def fit(tried: list[dict[str, Any]], baseline: TrialResult, seconds: float, most_rounds: int) -> tuple | None:
+    """(rounds, candidates kept, counted seconds per trial) that fit in `seconds`: the most
+    candidates (best predicted first, the ceiling last), then the most rounds, each trial given at
+    least MIN_STEPS steps. A trial costs what baseline-1 cost beyond its counted steps, plus them."""
+    startup = max(baseline.cost_s - sum(baseline.seconds), 0.0)
+    step = prescribe.median_notch(baseline.seconds)[0]
+    least = MIN_STEPS * step
+    for count in range(len(tried), 0, -1):
+        for rounds in range(most_rounds, 0, -1):
+            runs = rounds * (count + 1) - 1  # baseline-1 is round 1's baseline
+            room = seconds / runs - startup
+            if room >= least:
+                return rounds, count, min(room, max(sum(baseline.seconds), least))
+    return None
+
+
+def judge(candidate: dict[str, Any], trials: list[TrialResult]) -> dict[str, Any]:
+    """The candidate's trials against the baseline of the same round: gain, noise, numerics."""
+    baselines = {int(t.name.rsplit("-", 1)[1]): t for t in trials if t.name.startswith("baseline-") and t.ok}
+    own = [t for t in trials if t.name.rsplit("-", 1)[0] == candidate["key"]]
+    pairs = [
+        (baselines[r].seconds, t.seconds) for t in own if t.ok and (r := int(t.name.rsplit("-", 1)[1])) in baselines
+    ]
+    out = {k: v for k, v in candidate.items() if k != "compute_share"}
+    out["trials"] = [t.name for t in own]
+    failed = [t for t in own if not t.ok]
+    if failed:
+        out["failed"] = failure(failed[0])
+    if not pairs:
+        out["measured"] = None
+        return out
+    out["measured"] = prescribe.measured(pairs)
+    out["prediction_error_pct"] = round(100 * (candidate["predicted"] / out["measured"]["gain"] - 1), 1)
+    losses = [b.facts["losses"] for b in baselines.values()]
+    out["numerics"] = prescribe.numerics(losses, next(t.facts["losses"] for t in own if t.ok))
+    return out
+
+
+def verdict(judged: list[dict[str, Any]]) -> dict[str, Any]:
+    """The prescription: the changes measured faster beyond noise, best first, the ceiling apart."""
+    faster = [c for c in judged if c.get("measured") and c["measured"]["verdict"] == "faster" and not c.get("ceiling")]
+    faster.sort(key=lambda c: -c["measured"]["gain"])
+    if faster:
+        return {"key": "prescribe", "order": [c["key"] for c in faster]}
+    measured_ = [c["key"] for c in judged if c.get("measured") and not c.get("ceiling")]
+    return {"key": "at_best", "tried": measured_}
+
+
+def finish(
+    ctx: Context, section: dict[str, Any], trials: list[TrialResult], began: float, hashes: dict, found: dict
+) -> dict[str, Any]:
+    section["trials"] = [t.to_json(ctx.run.path) for t in trials]
+    section["verdict"] = found
+    section["elapsed_s"] = round(time.monotonic() - began, 3)
+    section["load"].append(round(os.getloadavg()[0], 2))
+    after = file_hashes(list(hashes))
+    section["script_files"] = [{"file": f, "unchanged": after.get(f) == h} for f, h in hashes.items()]
+    section["refused"] = sorted({p for t in trials for p in t.facts["refused"]})
+    ok = found["key"] != "baseline_failed"
+    section.update(run_status="ok" if ok else "failed", exit_code=0 if ok else 1)
+    return section
+
+
+def baseline_facts(baseline: TrialResult) -> dict[str, Any]:
+    return {
+        "median_ms": round(prescribe.median_notch(baseline.seconds)[0] * 1e3, 4) if baseline.seconds else None,
+        "gemm_pct": prescribe.gemm_pct(baseline.top10),
+        "anatomy": {k: baseline.anatomy.get(k) for k in ("percent", "mean_ms", "step_ms", "data_source", "verdict")},
+        "facts": {k: v for k, v in baseline.facts.items() if k not in ("wrote", "refused", "stopped")},
+    }
+
+
+def failure(t: TrialResult) -> dict[str, Any]:
+    return {
+        "trial": t.name,
+        "exit_code": t.exit_code,
+        "steps": len(t.seconds),
+        "refused": t.facts["refused"],
+        "past_deadline_s": round(t.deadline_s, 1) if t.past_deadline else None,
+        "output_tail": t.facts.get("output_tail", []),
+    }
+
+
+def describe(change: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in change.items()) or "as written"
+
+
+def file_hashes(command: list[str]) -> dict[str, str]:
+    """sha256 of each file the command names (the script, its config): checked unchanged after."""
+    found = {}
+    for arg in command:
+        path = Path(arg)
+        interpreter = os.access(path, os.X_OK) and path.suffix != ".py"  # python itself, torchrun: not the user's
+        if path.is_absolute() and path.is_file() and not interpreter:
+            found[arg] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def matmul_speedup(threads: tuple[int, int] | None = None, bf16: bool = False) -> float:
+    """How much faster a 256×256 float matmul runs here: on threads[1] than on threads[0] threads,
+    or under CPU bf16 autocast than in float32. The two are timed in turn, 7 times: the median of
+    the paired ratios (a busy machine's hiccup in one timing moves one ratio, not the answer)."""
+    import statistics
+
+    import torch
+
+    saved = torch.get_num_threads()
+    a = torch.randn(256, 256)
+    before, after = (threads or (saved, saved)), bf16
+
+    def timed(n: int, autocast: bool) -> float:
+        torch.set_num_threads(n)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            a @ a  # warm: the first bf16 call packs its kernels
+            start = time.perf_counter()
+            for _ in range(20):
+                a @ a
+            return time.perf_counter() - start
+
+    try:
+        ratios = [timed(before[0], False) / timed(before[1], after) for _ in range(7)]
+        return round(statistics.median(ratios), 3)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def bf16_cpu() -> bool:
+    """The CPU has bf16 instructions (without them, CPU autocast to bf16 is emulated: slower)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+STEP = Step("doctor", run)

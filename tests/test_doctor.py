@@ -1,0 +1,179 @@
+"""`dlscope doctor` on scripts whose truth is known (tests/scripts/doctor_target.py): an input-bound
+loop is prescribed more DataLoader workers, measured faster; a compute-bound one gets no data-loader
+prescription and is told it is at its best; the script is never changed and nothing it writes is
+clobbered (relative outputs land in a scratch directory, absolute ones are refused). The machine is
+shared: the assertions are on the ranking and the prescription, the precise ratios are in
+BENCHMARKS.md. The prediction and gain arithmetic is tested on its own, on fixed numbers."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlscope.cli import main
+from dlscope.observe.script import prescribe
+from dlscope.options import DoctorOptions, RunOptions, StepOptions
+from dlscope.report.sections import doctor as doctor_words
+from dlscope.report.terminal import print_blocks
+from dlscope.runner import Plan, run_command
+
+SCRIPT = Path(__file__).parent / "scripts" / "doctor_target.py"
+LOADER_LINE = next(n for n, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "DataLoader(dataset" in line)
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def doctor(tmp_path, monkeypatch):
+    """The doctor through the runner, from a working directory holding the user's own train.log."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.log").write_text("the user's own log\n")
+
+    def run(*args: str, budget: float = 40.0) -> dict:
+        options = DoctorOptions([sys.executable, str(SCRIPT), *args], budget_s=budget, max_steps=12, rounds=2)
+        plan = Plan(
+            "doctor",
+            ["doctor"],
+            options=RunOptions(out=str(tmp_path / "run")),
+            step_options=StepOptions(doctor=options),
+        )
+        section = run_command(plan, render=False)["sections"]["doctor"]
+        print_blocks(doctor_words.render(section))  # the words render from the facts, whatever they are
+        return section
+
+    return run
+
+
+def test_an_input_bound_script_is_prescribed_more_workers(doctor, tmp_path):
+    # a 10 ms read per sample (sleep: it parallelises whatever else the shared cores run), 4 per batch,
+    # against a 2 ms forward: ~90% of the step waits for input
+    before = sha(SCRIPT)
+    section = doctor("--decode", "sleep", "--decode-ms", "10", "--forward-ms", "2", "--workers", "0", budget=60)
+    assert section["verdict"]["key"] == "prescribe" and section["verdict"]["order"][0] == "workers"
+    workers = next(c for c in section["candidates"] if c["key"] == "workers")
+    assert workers["measured"]["verdict"] == "faster" and workers["numerics"]["key"] == "same"
+    assert workers["predicted"] > 1.5  # from the anatomy, before any trial
+    assert workers["site"]["file"] == str(SCRIPT) and workers["site"]["line"] == LOADER_LINE
+    edit = doctor_words.snippet(workers)
+    chosen = workers["change"]["loader"]["num_workers"]
+    assert f"{SCRIPT}:{LOADER_LINE}" in edit and "+ loader = DataLoader(" in edit and f"num_workers={chosen}" in edit
+    # the training thread waited in __next__ (a sleep, as a read would): more workers than cores overlap it
+    assert workers["basis"]["loader_cpu_frac"] < 0.5 and chosen > section["cores"]
+    assert "input_free" not in section["verdict"]["order"]  # the ceiling is a bound, not a change
+    ceiling = next((c for c in section["candidates"] if c["key"] == "input_free"), None)
+    # tried last, when the budget leaves room (a busy machine starts each trial slowly)
+    assert (
+        ceiling["ceiling"]
+        if ceiling
+        else {"key": "input_free", "reason": "budget", "budget_s": 60} in section["not_tried"]
+    )
+    # side effects: the script unchanged, the user's log untouched, the trials' logs written elsewhere
+    assert sha(SCRIPT) == before and all(f["unchanged"] for f in section["script_files"])
+    assert (tmp_path / "train.log").read_text() == "the user's own log\n"
+    assert all(t["wrote"]["files"] == [{"file": "train.log", "bytes": t["wrote"]["bytes"]}] for t in section["trials"])
+    assert not any((tmp_path / "run" / "trials" / t["name"] / "cwd").exists() for t in section["trials"])
+    assert section["elapsed_s"] <= section["budget_s"]
+    assert {t["name"] for t in section["trials"]} >= {"baseline-1", "workers-1"}
+
+
+def test_a_compute_bound_script_gets_no_loader_prescription_and_is_at_its_best(doctor):
+    # a 40 ms forward: fetching 4 ready samples (well under a millisecond, a few on a loaded machine) stays under 5%
+    section = doctor("--decode-ms", "0", "--forward-ms", "40", "--workers", "0", budget=90)  # ends after its baseline
+    assert section["verdict"]["key"] == "at_best"
+    skipped = {s["key"]: s["reason"] for s in section["not_tried"]}
+    assert skipped["workers"] == skipped["input_free"] == "input_cheap"
+    assert skipped["threads"] == "threads_at_cores"  # torch's default: one thread a core
+    assert not any(c["key"] in ("workers", "input_free") for c in section.get("candidates", []))
+    findings = doctor_words.findings(section)
+    assert findings[0]["key"] == "doctor.at_best"
+
+
+def test_an_absolute_output_path_is_refused_not_clobbered(doctor, tmp_path):
+    outside = tmp_path / "elsewhere.log"
+    outside.write_text("written by the user's last real run\n")
+    section = doctor("--decode-ms", "0", "--forward-ms", "1", "--log", str(outside), budget=90)  # ends at once
+    assert outside.read_text() == "written by the user's last real run\n"
+    assert section["verdict"]["key"] == "baseline_failed" and section["refused"] == [str(outside)]
+    assert section["exit_code"] != 0
+    assert any(f["key"] == "doctor.refused" for f in doctor_words.findings(section))
+
+
+def test_a_command_that_cannot_start_is_one_line(tmp_path, capsys):
+    assert main(["doctor", "--out", str(tmp_path / "run"), "--", "no-such-command-here"]) == 2
+    assert "command not found" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+# --- the arithmetic, on fixed facts ----------------------------------------------------------
+
+
+def baseline(data_pct: float, step_ms: float = 10.0, workers: int = 0, threads: int = 2) -> dict:
+    site = {"what": "DataLoader", "file": "/x/train.py", "line": 9, "source": "DataLoader(d)"}
+    return {
+        "median_ms": step_ms,
+        "anatomy": {
+            "percent": {"data": data_pct, "forward": 100 - data_pct},
+            "mean_ms": {"data": step_ms * data_pct / 100, "forward": step_ms * (1 - data_pct / 100)},
+            "step_ms": step_ms,
+            "data_source": "loader",
+        },
+        "facts": {"sites": [{**site, "arguments": {"num_workers": workers}}], "threads": threads, "zero_grad_s": None},
+    }
+
+
+def test_predictions_follow_the_anatomy():
+    tried, skipped = prescribe.candidates(baseline(80.0), cores=2)
+    by_key = {c["key"]: c for c in tried}
+    assert by_key["input_free"]["predicted"] == pytest.approx(1 / (1 - 0.8), rel=1e-3)  # 5×
+    # 8 ms of fetching on 2 workers beside 2 ms of compute, 10 ms of work on 2 cores: 5 ms a step
+    assert by_key["workers"]["predicted"] == pytest.approx(2.0, rel=1e-3)
+    assert by_key["workers"]["change"] == {"loader": {"num_workers": 2}}
+    tried, skipped = prescribe.candidates(baseline(2.0), cores=2)
+    assert not tried and {"workers", "input_free"} <= {s["key"] for s in skipped if s["reason"] == "input_cheap"}
+    waiting = baseline(80.0)
+    waiting["facts"]["loader_cpu_frac"] = 0.1  # fetching mostly waits: workers overlap it beyond the cores
+    by_key = {c["key"]: c for c in prescribe.candidates(waiting, cores=2)[0]}
+    assert by_key["workers"]["change"] == {"loader": {"num_workers": 4}}
+    assert by_key["workers"]["predicted"] == pytest.approx(10 / max(2, 8 / 4, (0.8 + 2) / 2), rel=1e-3)
+    tried, _ = prescribe.candidates(baseline(80.0, workers=2), cores=2)
+    assert [c["key"] for c in tried] == ["input_free"]
+    tried, _ = prescribe.candidates(baseline(2.0, threads=1), cores=2)
+    assert prescribe.scaled_prediction(tried[0], scaling=2.0) == pytest.approx(1 / (0.02 + 0.98 / 2), rel=1e-3)
+
+
+def test_a_gain_counts_only_beyond_its_noise():
+    steady = [0.010 + 0.0001 * (i % 3) for i in range(20)]
+    half = [s / 2 for s in steady]
+    assert prescribe.measured([(steady, half), (steady, half)])["verdict"] == "faster"
+    assert prescribe.measured([(steady, steady)])["verdict"] == "same"
+    # rounds that disagree (the load moved): their spread is the noise
+    noisy = prescribe.measured([(steady, [s / 1.3 for s in steady]), (steady, [s * 1.2 for s in steady])])
+    assert noisy["verdict"] == "same" and noisy["noise_pct"] > 20
+    assert prescribe.measured([(steady, [s * 2 for s in steady])])["verdict"] == "slower"
+
+
+def test_numerics_compare_the_first_losses():
+    assert prescribe.numerics([[1.0, 0.9, 0.8]], [1.0, 0.9, 0.8])["key"] == "same"
+    assert prescribe.numerics([[1.0, 0.9, 0.8]], [1.0, 0.95, 0.8])["key"] == "differs"
+    # unseeded baselines differ among themselves: that spread is the tolerance
+    assert prescribe.numerics([[1.0, 0.9], [1.0, 0.96]], [1.0, 0.95])["key"] == "same"
+    assert prescribe.numerics([[1.0]], [])["key"] == "unknown"
+
+
+def test_the_edit_names_the_line_and_changes_only_the_argument():
+    def workers(source: str | None, built_by: str | None = None) -> str:
+        site = {"file": "/x/train.py", "line": 9, "source": source, "what": "DataLoader", "built_by": built_by}
+        return doctor_words.snippet({"key": "workers", "argument": ("num_workers", 2), "site": site})
+
+    assert workers("loader = DataLoader(d, num_workers=0, shuffle=True)").endswith(
+        "+ loader = DataLoader(d, num_workers=2, shuffle=True)"
+    )
+    assert workers("loader = DataLoader(d)").endswith("+ loader = DataLoader(d, num_workers=2)")
+    assert "add num_workers=2" in workers("loader = DataLoader(")  # a call over several lines
+    hf = workers("trainer.train()", built_by="/venv/site-packages/transformers/trainer.py:1100")
+    assert "/x/train.py:9" in hf and "TrainingArguments(dataloader_num_workers=2)" in hf
