@@ -65,6 +65,10 @@ def test_an_input_bound_script_is_prescribed_more_workers(doctor, tmp_path):
     # the training thread waited in __next__ (a sleep, as a read would): more workers than cores overlap it
     assert workers["basis"]["loader_cpu_frac"] < 0.5 and chosen > section["cores"]
     assert "input_free" not in section["verdict"]["order"]  # the ceiling is a bound, not a change
+    # where the time went, by dlscope diff's comparison: the data part, beyond its noise
+    went = {r["part"]: r for r in section["diff"]["parts"]}
+    assert went["data"]["significant"] and went["data"]["high_ms"] < 0
+    assert section["diff"]["b"]["path"].startswith("trials/workers-")
     ceiling = next((c for c in section["candidates"] if c["key"] == "input_free"), None)
     # tried last, when the budget leaves room (a busy machine starts each trial slowly)
     assert (

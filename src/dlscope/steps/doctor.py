@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dlscope.errors import ConfigError
+from dlscope.errors import ConfigError, RunDirError
 from dlscope.observe.script import prescribe
 from dlscope.observe.script.trials import MIN_STEPS, PROFILE, Stop, TrialResult, absolute_command, cores, run_trial
+from dlscope.steps import rundiff
 from dlscope.steps.base import Context, Step
 
 MARGIN_S = 3.0  # kept back from the budget: reading the trials, writing the report
@@ -101,7 +102,27 @@ def run(ctx: Context) -> dict[str, Any]:
         section["rounds"] = max(int(t.name.rsplit("-", 1)[1]) for t in trials)
     section["candidates"] = [judge(c, trials) for c in tried]
     section["not_tried"] = skipped
-    return finish(ctx, section, trials, began, hashes, verdict(section["candidates"]))
+    found = verdict(section["candidates"])
+    if found["key"] == "prescribe":
+        section["diff"] = where_time_went(ctx.run.path, found["order"][0], trials)
+    return finish(ctx, section, trials, began, hashes, found)
+
+
+def where_time_went(run: Path, key: str, trials: list[TrialResult]) -> dict[str, Any] | None:
+    """`dlscope diff` of the top prescription's last trial against the baseline of its round: the
+    parts of the step the change moved, with their noise bands (the same comparison as `diff`)."""
+    ok = {t.name: t for t in trials if t.ok}
+    rounds = sorted((int(n.rsplit("-", 1)[1]) for n in ok if n.rsplit("-", 1)[0] == key), reverse=True)
+    for r in rounds:
+        if f"baseline-{r}" in ok:
+            try:
+                section = rundiff.compare(ok[f"baseline-{r}"].run, ok[f"{key}-{r}"].run)
+            except RunDirError:  # a trial too short to compare: the table above still stands
+                return None
+            for side in ("a", "b"):
+                section[side]["path"] = str(Path(section[side]["path"]).relative_to(run))
+            return section
+    return None
 
 
 def fit(tried: list[dict[str, Any]], baseline: TrialResult, seconds: float, most_rounds: int) -> tuple | None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dlscope.report.blocks import Block, Code, Para, Table
+from dlscope.report.sections import rundiff
 from dlscope.report.wording import Words, worded
 
 TITLE = "Doctor: what to change, predicted and measured"
@@ -221,6 +222,15 @@ def render(section: dict[str, Any]) -> list[Block]:
     for key in section["verdict"].get("order", []):
         c = next(c for c in candidates if c["key"] == key)
         blocks.append(Code(snippet(c), "diff"))
+    diff = section.get("diff")
+    if diff:
+        blocks.append(
+            Para(
+                f"Where the time went, the top change against its round's baseline (`dlscope diff "
+                f"{diff['a']['path']} {diff['b']['path']}`):"
+            )
+        )
+        blocks += rundiff.render(diff, limit=5)
     not_tried = section.get("not_tried", [])
     if not_tried:
         rows = [[CHANGE_NAMES[s["key"]], REASONS[s["reason"]](s)] for s in not_tried]
