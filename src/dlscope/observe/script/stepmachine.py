@@ -144,9 +144,10 @@ class StepMachine:
         self.profiler = profiler
         self.steps: dict[str, StepParts | None] = {"optimizer": None, "backward": None}
         self.live: list[StepParts] = []  # the steps above that are not None: the hot path's loops
-        # a live step may be fresh / have no first work yet (set with every new StepParts): the
-        # hot path checks one flag, not each step
+        # a live step may be fresh / have no first work yet (set with every new StepParts)
         self.idle = self.unworked = True
+        # idle, unworked or in eval: a part opening has more to do than open (the hot path's one check)
+        self.attention = True
         self.counts = {"optimizer": 0, "backward": 0}
         self.optimizer_stepped = False
         self.has_optimizer = False
@@ -196,7 +197,7 @@ class StepMachine:
     def eval_begin(self, now: float) -> None:
         if not self.in_eval:
             self.begin("eval", now)
-            self.in_eval = True
+            self.in_eval = self.attention = True
 
     def eval_end(self, now: float) -> None:
         if not self.in_eval:
@@ -218,7 +219,7 @@ class StepMachine:
         self.steps[src] = step
         self.live = [s for s in self.steps.values() if s is not None]
         if step is not None:
-            self.idle = self.unworked = True
+            self.idle = self.unworked = self.attention = True
 
     # parts -----------------------------------------------------------------------------------
     def _open(self, part: int, now: float) -> None:
@@ -228,6 +229,20 @@ class StepMachine:
             for step in self.live:
                 if step.first_work is None:
                     step.first_work = now
+
+    def _attend(self, now: float) -> None:
+        """Before a part opens while `attention` is set: leave eval, start the step's work, mark
+        its first work (in that order)."""
+        if self.in_eval:
+            self.eval_end(now)
+        if self.idle:
+            self.activity(now)
+        if self.unworked:
+            self.unworked = False
+            for step in self.live:
+                if step.first_work is None:
+                    step.first_work = now
+        self.attention = self.in_eval or self.idle or self.unworked
 
     def _close(self, part: int, now: float) -> None:
         """Close the innermost open `part` (and anything a lost event left open inside it)."""
@@ -250,7 +265,7 @@ class StepMachine:
         if self.steps["optimizer"] is None:
             self.steps = {"optimizer": self._new_step(now), "backward": self._new_step(now)}
             self.live = list(self.steps.values())  # type: ignore[arg-type]
-            self.unworked = True
+            self.unworked = self.attention = True
             self._switch("startup", "first_batch", now)
         for step in self.live:
             step.fresh = False
@@ -269,11 +284,9 @@ class StepMachine:
         if not training:
             self.eval_begin(now)
             return
-        if self.in_eval:
-            self.eval_end(now)
-        if self.idle:
-            self.activity(now)
-        self._open(FORWARD, now)
+        if self.attention:
+            self._attend(now)
+        self.parts.append([FORWARD, now, 0.0])
 
     def forward_end(self, now: float) -> None:
         for part in self.parts:
@@ -282,11 +295,9 @@ class StepMachine:
                 return
 
     def backward_begin(self, now: float) -> None:
-        if self.in_eval:
-            self.eval_end(now)
-        if self.idle:
-            self.activity(now)
-        self._open(BACKWARD, now)
+        if self.attention:
+            self._attend(now)
+        self.parts.append([BACKWARD, now, 0.0])
 
     def backward_end(self, now: float) -> None:
         self._close(BACKWARD, now)
@@ -301,11 +312,9 @@ class StepMachine:
     def optimizer_begin(self, now: float) -> None:
         self.optimizer_depth += 1
         if self.optimizer_depth == 1:  # a wrapped optimizer's step calls the inner one: time the outer
-            if self.in_eval:
-                self.eval_end(now)
-            if self.idle:
-                self.activity(now)
-            self._open(OPTIMIZER, now)
+            if self.attention:
+                self._attend(now)
+            self.parts.append([OPTIMIZER, now, 0.0])
 
     def closure_begin(self, now: float) -> None:
         """optimizer.step's closure starts: its time is the step's forward (the loss, zero_grad)
@@ -400,10 +409,10 @@ class StepMachine:
             resumed - now,
             self.thread_id(),
         )
-        fresh = self._new_step(resumed)
+        fresh = StepParts(resumed, totals, self.backwards, self.batches)
         self.steps[src] = fresh
         self.live[self.live.index(step)] = fresh
-        self.idle = self.unworked = True
+        self.idle = self.unworked = self.attention = True
 
     def finish(self, now: float, torch_attached: bool) -> None:
         """At exit: the facts a report needs to say whether the steps were observed at all."""
