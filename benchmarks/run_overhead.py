@@ -195,6 +195,73 @@ def tiny_steps(steps: int, pairs: int, baseline: Path | None) -> None:
         print(f"{arm}: calibrated in the process, median {median(calibrated[arm])} µs/step")
 
 
+def count_ops(steps: int = 50) -> None:
+    """What a tiny step executes in Python, bare and through the hooks (a scratch observer, as the
+    calibration drives it): bytecodes and calls per step, dlscope's and torch's apart, and
+    dlscope's by function. Counts, not times: the same on a loaded machine as on an idle one."""
+    import collections
+    import tempfile
+
+    import torch
+
+    from dlscope.observe.hang.live import LiveStatus
+    from dlscope.observe.script.hooks import TorchHooks
+    from dlscope.observe.script.records import RecordFile
+
+    torch.set_num_threads(1)
+    model, x = torch.nn.Linear(16, 4), torch.randn(32, 16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+
+    ops: collections.Counter = collections.Counter()
+    calls: collections.Counter = collections.Counter()
+
+    def tracer(frame, event, arg):  # sys.settrace signature
+        code = frame.f_code
+        owner = "dlscope" if "/dlscope/" in code.co_filename else "torch and the loop"
+        if event == "call":
+            frame.f_trace_opcodes = True
+            calls[owner] += 1
+        elif event == "opcode":
+            ops[owner] += 1
+            if owner == "dlscope":
+                ops[f"{Path(code.co_filename).name}:{code.co_name}"] += 1
+        return tracer
+
+    def per_step() -> tuple[dict, dict]:
+        ops.clear()
+        calls.clear()
+        sys.settrace(tracer)
+        for _ in range(steps):
+            step()
+        sys.settrace(None)
+        return {k: v / steps for k, v in ops.items()}, {k: v / steps for k, v in calls.items()}
+
+    with tempfile.TemporaryDirectory() as scratch:
+        hooks = TorchHooks(RecordFile(scratch), (1, 0, 0, 0))
+        hooks.torch, hooks.is_compiling = torch, torch.compiler.is_compiling
+        hooks.machine.on_step = LiveStatus(scratch, None).step_ended
+        hooks.machine.memory = None  # sampled every 100 ms: tracing slows the steps past that
+        step()
+        bare_ops, bare_calls = per_step()
+        hooks.step_hooks(torch)
+        step()
+        hooked_ops, hooked_calls = per_step()
+    owner = "torch and the loop"
+    print(
+        f"per tiny step, bare: {bare_ops[owner]:.0f} bytecodes, {bare_calls[owner]:.0f} Python calls; hooked: "
+        f"torch and the loop {hooked_ops[owner]:.0f} bytecodes ({hooked_ops[owner] - bare_ops[owner]:+.0f}), "
+        f"{hooked_calls[owner]:.0f} calls ({hooked_calls[owner] - bare_calls[owner]:+.0f}); "
+        f"dlscope {hooked_ops['dlscope']:.0f} bytecodes, {hooked_calls['dlscope']:.0f} calls"
+    )
+    functions = sorted((k for k in hooked_ops if ":" in k), key=lambda k: -hooked_ops[k])
+    print("  " + ", ".join(f"{k} {hooked_ops[k]:.0f}" for k in functions))
+
+
 def long_run(steps: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out, ended = Path(tmp) / "long", Path(tmp) / "ended"
@@ -224,8 +291,11 @@ def main() -> None:
     parser.add_argument("--tiny-steps", type=int, default=0, help="tiny steps per run of the interleaved pairs")
     parser.add_argument("--pairs", type=int, default=3, help="interleaved rounds of --tiny-steps runs")
     parser.add_argument("--baseline", type=Path, help="another checkout: its `dlscope run` in each round too")
+    parser.add_argument("--ops", action="store_true", help="bytecodes and calls per tiny step (counts, not times)")
     parser.add_argument("--long-steps", type=int, default=0, help="steps of the long run (size, RSS, report time)")
     args = parser.parse_args()
+    if args.ops:
+        count_ops()
     if args.tiny_steps:
         tiny_steps(args.tiny_steps, args.pairs, args.baseline)
     if args.long_steps:
