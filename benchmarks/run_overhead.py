@@ -18,12 +18,15 @@ RUSAGE_SELF, the command not included) and the seconds from the job's last step 
 
     .venv/bin/python benchmarks/run_overhead.py [--rounds 3] [--train 1920] [--epochs 1] [--skip-script]
     .venv/bin/python benchmarks/run_overhead.py --skip-script --step-rounds 0 --tiny-steps 200000 --long-steps 1000000
+    .venv/bin/python benchmarks/run_overhead.py --skip-script --rounds 0 --tiny-steps 20000 --baseline /work/main
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -122,12 +125,12 @@ model = torch.nn.Linear(16, 4)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(32, 16)
 steps = int(sys.argv[1])
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.thread_time()
 for _ in range(steps):
     optimizer.zero_grad()
     model(x).sum().backward()
     optimizer.step()
-open(sys.argv[2], "w").write(repr(time.perf_counter() - start))
+open(sys.argv[2], "w").write(repr((time.perf_counter() - start, time.thread_time() - cpu)))
 """
 LONG_LOOP = """
 import sys, time
@@ -147,29 +150,116 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, time.time(), co
 """
 
 
-def loop_seconds(argv: list[str], written: Path) -> float:
-    """Run `argv`; the loop's own seconds, as the tiny loop wrote them to `written`."""
-    subprocess.run(argv, check=True, capture_output=True)
-    return float(written.read_text())
+def loop_seconds(argv: list[str], written: Path, env: dict[str, str] | None = None) -> tuple[float, float]:
+    """Run `argv`; the loop's own wall and CPU seconds, as the tiny loop wrote them to `written`."""
+    subprocess.run(argv, check=True, capture_output=True, env=env)
+    wall, cpu = ast.literal_eval(written.read_text())
+    return float(wall), float(cpu)
 
 
-def tiny_steps(steps: int, pairs: int) -> None:
-    bare, observed = [], []
+def tiny_steps(steps: int, pairs: int, baseline: Path | None) -> None:
+    """Wall time, and the loop thread's CPU time (on a shared machine the wall time also holds
+    the waits for a core, which the CPU time does not). With `baseline` (another checkout), a
+    third run in each round: `dlscope run` from that checkout's src, for a before/after side by side."""
+    arms = {"bare": None, "dlscope run": Path(__file__).resolve().parent.parent / "src"}
+    if baseline is not None:
+        arms["baseline run"] = baseline / "src"
+    seconds: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
+    calibrated: dict[str, list[float]] = {arm: [] for arm in arms if arms[arm] is not None}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(pairs):
-            loop, written = [sys.executable, "-c", TINY_LOOP, str(steps)], Path(tmp) / f"seconds-{i}"
-            bare.append(loop_seconds([*loop, str(written)], written))
-            out = Path(tmp) / f"tiny-{i}"
-            dlscope = [sys.executable, "-m", "dlscope.cli", "run", "--out", str(out), "--profile-steps", "0"]
-            observed.append(loop_seconds([*dlscope, "--", *loop, str(written)], written))
-            calibrated = json.loads((out / "results.json").read_text())["sections"]["anatomy"]["dlscope_us_per_step"]
-            print(
-                f"pair {i + 1}: bare {bare[-1] / steps * 1e6:.1f} µs/step, under dlscope run "
-                f"{observed[-1] / steps * 1e6:.1f} µs/step (calibrated in the process: {calibrated} µs)"
+            for arm, src in arms.items():
+                loop, written = [sys.executable, "-c", TINY_LOOP, str(steps)], Path(tmp) / f"seconds-{i}"
+                if src is None:
+                    seconds[arm].append(loop_seconds([*loop, str(written)], written))
+                    continue
+                out = Path(tmp) / f"tiny-{i}-{len(calibrated[arm])}-{arm[0]}"
+                dlscope = [sys.executable, "-m", "dlscope.cli", "run", "--out", str(out), "--profile-steps", "0"]
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+                seconds[arm].append(loop_seconds([*dlscope, "--", *loop, str(written)], written, env))
+                anatomy = json.loads((out / "results.json").read_text())["sections"]["anatomy"]
+                calibrated[arm].append(anatomy["dlscope_us_per_step"])
+            line = ", ".join(
+                f"{arm} {seconds[arm][-1][0] / steps * 1e6:.1f} µs/step ({seconds[arm][-1][1] / steps * 1e6:.1f} CPU)"
+                for arm in arms
             )
+            print(f"round {i + 1}: {line}; calibrated: {', '.join(f'{a} {c[-1]}' for a, c in calibrated.items())}")
     median = statistics.median
-    extra = [(o - b) / steps * 1e6 for o, b in zip(observed, bare, strict=True)]
-    print(f"{steps} tiny steps: always-on cost {median(extra):.1f} µs/step (median of {pairs} pairs: {extra})")
+    for arm in calibrated:
+        for n, name in enumerate(("wall", "CPU")):
+            extra = [(o[n] - b[n]) / steps * 1e6 for o, b in zip(seconds[arm], seconds["bare"], strict=True)]
+            print(
+                f"{steps} tiny steps, {arm}, {name} time: always-on cost {median(extra):.1f} µs/step "
+                f"(median of {pairs} interleaved rounds: {', '.join(f'{e:.1f}' for e in extra)})"
+            )
+        print(f"{arm}: calibrated in the process, median {median(calibrated[arm])} µs/step")
+
+
+def count_ops(steps: int = 50) -> None:
+    """What a tiny step executes in Python, bare and through the hooks (a scratch observer, as the
+    calibration drives it): bytecodes and calls per step, dlscope's and torch's apart, and
+    dlscope's by function. Counts, not times: the same on a loaded machine as on an idle one."""
+    import collections
+    import tempfile
+
+    import torch
+
+    from dlscope.observe.hang.live import LiveStatus
+    from dlscope.observe.script.hooks import TorchHooks
+    from dlscope.observe.script.records import RecordFile
+
+    torch.set_num_threads(1)
+    model, x = torch.nn.Linear(16, 4), torch.randn(32, 16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+
+    ops: collections.Counter = collections.Counter()
+    calls: collections.Counter = collections.Counter()
+
+    def tracer(frame, event, arg):  # sys.settrace signature
+        code = frame.f_code
+        owner = "dlscope" if "/dlscope/" in code.co_filename else "torch and the loop"
+        if event == "call":
+            frame.f_trace_opcodes = True
+            calls[owner] += 1
+        elif event == "opcode":
+            ops[owner] += 1
+            if owner == "dlscope":
+                ops[f"{Path(code.co_filename).name}:{code.co_name}"] += 1
+        return tracer
+
+    def per_step() -> tuple[dict, dict]:
+        ops.clear()
+        calls.clear()
+        sys.settrace(tracer)
+        for _ in range(steps):
+            step()
+        sys.settrace(None)
+        return {k: v / steps for k, v in ops.items()}, {k: v / steps for k, v in calls.items()}
+
+    with tempfile.TemporaryDirectory() as scratch:
+        hooks = TorchHooks(RecordFile(scratch), (1, 0, 0, 0))
+        hooks.torch, hooks.is_compiling = torch, torch.compiler.is_compiling
+        hooks.machine.on_step = LiveStatus(scratch, None).step_ended
+        hooks.machine.memory = None  # sampled every 100 ms: tracing slows the steps past that
+        step()
+        bare_ops, bare_calls = per_step()
+        hooks.step_hooks(torch)
+        step()
+        hooked_ops, hooked_calls = per_step()
+    owner = "torch and the loop"
+    print(
+        f"per tiny step, bare: {bare_ops[owner]:.0f} bytecodes, {bare_calls[owner]:.0f} Python calls; hooked: "
+        f"torch and the loop {hooked_ops[owner]:.0f} bytecodes ({hooked_ops[owner] - bare_ops[owner]:+.0f}), "
+        f"{hooked_calls[owner]:.0f} calls ({hooked_calls[owner] - bare_calls[owner]:+.0f}); "
+        f"dlscope {hooked_ops['dlscope']:.0f} bytecodes, {hooked_calls['dlscope']:.0f} calls"
+    )
+    functions = sorted((k for k in hooked_ops if ":" in k), key=lambda k: -hooked_ops[k])
+    print("  " + ", ".join(f"{k} {hooked_ops[k]:.0f}" for k in functions))
 
 
 def long_run(steps: int) -> None:
@@ -199,11 +289,15 @@ def main() -> None:
     parser.add_argument("--step-rounds", type=int, default=3, help="rounds of the 50-step in-process timing")
     parser.add_argument("--skip-script", action="store_true", help="only the hooks' cost per step")
     parser.add_argument("--tiny-steps", type=int, default=0, help="tiny steps per run of the interleaved pairs")
-    parser.add_argument("--pairs", type=int, default=3, help="interleaved pairs of --tiny-steps runs")
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved rounds of --tiny-steps runs")
+    parser.add_argument("--baseline", type=Path, help="another checkout: its `dlscope run` in each round too")
+    parser.add_argument("--ops", action="store_true", help="bytecodes and calls per tiny step (counts, not times)")
     parser.add_argument("--long-steps", type=int, default=0, help="steps of the long run (size, RSS, report time)")
     args = parser.parse_args()
+    if args.ops:
+        count_ops()
     if args.tiny_steps:
-        tiny_steps(args.tiny_steps, args.pairs)
+        tiny_steps(args.tiny_steps, args.pairs, args.baseline)
     if args.long_steps:
         long_run(args.long_steps)
     if args.rounds:

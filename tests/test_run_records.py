@@ -12,7 +12,15 @@ import pandas as pd
 import pytest
 
 from dlscope.observe.script import analysis, steptable
-from dlscope.observe.script.records import STRICT_ENV, RecordFile, StepFile, read_records, steps_header
+from dlscope.observe.script.records import (
+    STEP_STRUCT,
+    STEPS_WINDOW,
+    STRICT_ENV,
+    RecordFile,
+    StepFile,
+    read_records,
+    steps_header,
+)
 
 
 def step(i: int, start: float, seconds: float = 0.01, **fields) -> dict:
@@ -57,6 +65,8 @@ def test_each_step_is_one_small_row_that_numpy_and_pandas_read(tmp_path):
     records = RecordFile(str(tmp_path))
     for i in range(5):
         records.write_step(**step(i, 1.7e9 + i * 0.01, profiled="active" if i == 3 else None))
+    assert StepFile(tmp_path / f"{os.getpid()}.steps").count == 5  # read while the process runs
+    records.close_steps()  # at exit: the file cut to its last row
     steps = StepFile(tmp_path / f"{os.getpid()}.steps")
     assert steps.count == 5 and steps.dtype.itemsize <= 64
     size = (tmp_path / f"{os.getpid()}.steps").stat().st_size
@@ -69,10 +79,28 @@ def test_each_step_is_one_small_row_that_numpy_and_pandas_read(tmp_path):
     assert read_records(tmp_path) == {os.getpid(): []}  # no JSON line per step
 
 
+def test_rows_are_read_back_across_windows_before_and_after_exit(tmp_path):
+    """The mapped window moves along as it fills; a process killed before its exit leaves the
+    window's unwritten room (zero rows), which is not read."""
+    records = RecordFile(str(tmp_path))
+    n = 3 * STEPS_WINDOW // STEP_STRUCT.size + 7  # three windows and a bit
+    for i in range(n):
+        records.write_step(i, "optimizer", 1.7e9 + i, 1.7e9 + i + 0.5, 0.1, "gap", 0.1, 0.1, 0.1)
+    path = tmp_path / f"{os.getpid()}.steps"
+    assert path.stat().st_size > StepFile(path).offset + n * STEP_STRUCT.size  # room not yet written
+    for _ in range(2):  # as a kill leaves it, then as the exit leaves it
+        rows = StepFile(path).read()
+        assert rows["i"].tolist() == list(range(n))
+        assert np.allclose(rows["start"], 1.7e9 + np.arange(n)) and np.allclose(rows["seconds"], 0.5)
+        records.close_steps()
+    assert path.stat().st_size == StepFile(path).offset + n * STEP_STRUCT.size
+
+
 def test_a_row_cut_by_a_kill_is_not_read(tmp_path):
     records = RecordFile(str(tmp_path))
     for i in range(3):
         records.write_step(**step(i, 1.7e9 + i))
+    records.close_steps()
     path = tmp_path / f"{os.getpid()}.steps"
     with open(path, "ab") as f:
         f.write(b"\x01" * 20)

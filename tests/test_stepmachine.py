@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dlscope.observe.script.stepmachine import StepMachine
+from dlscope.observe.script.stepmachine import STEP_ARGS, StepMachine
 
 
 class Records:
@@ -17,8 +17,8 @@ class Records:
     def write(self, record: dict[str, Any]) -> None:
         self.other.append(record)
 
-    def write_step(self, **fields: Any) -> None:
-        self.steps.append(fields)
+    def write_step(self, *values: Any) -> None:
+        self.steps.append(dict(zip(STEP_ARGS, values, strict=True)))
 
     def phases(self) -> list[tuple[str, str]]:
         return [(r["k"], r["name"]) for r in self.other if r["k"] in "BE"]

@@ -190,7 +190,6 @@ class TorchHooks:
             self.new_profiler(),
             self._peak_memory,
             (self._mark_begin, self._mark_end),
-            on_step=self._step_ended,
         )
         self.forward_depth = self.train_depth = 0
         self.batches: batches.BatchRecorder | None = None  # the batch x-ray, once torch is attached
@@ -206,9 +205,9 @@ class TorchHooks:
         hang.phase(stack[-1] if stack else "")
 
     def _step_ended(self, steps: int, now: float) -> None:
-        hang.step_ended(steps, now)  # looked up at each call: the agent binds it at install
-        if self.trial is not None:
-            self.trial.step_ended(steps, now)
+        """A doctor trial's step end: the live status file's, then the trial's (it stops after K)."""
+        hang.step_ended(steps, now)
+        self.trial.step_ended(steps, now)
 
     def new_profiler(self) -> LateProfiler:
         return LateProfiler(self.records, *self.profile_settings)
@@ -245,6 +244,7 @@ class TorchHooks:
         try:
             self.machine.finish(time.time(), torch_attached=self.torch is not None)
         finally:
+            self.records.close_steps()
             self.records.write({"k": "end", "clocks": clocks()})
 
     # torch events ----------------------------------------------------------------------------
@@ -263,6 +263,10 @@ class TorchHooks:
             if self.batches is not None:
                 self.batches.delivered(iterator, start, end)
 
+    def timed_loader_next(self, next_: Callable) -> Callable:
+        """A DataLoader iterator's `__next__`, its time the step's data."""
+        return _wrap(next_, self.loader_next)
+
     def forward_pre(self, module: Any, args: Any) -> None:
         if self.forward_depth:  # a submodule: one compare, nothing else
             self.forward_depth += 1
@@ -270,7 +274,9 @@ class TorchHooks:
         if self.is_compiling():
             return
         self.forward_depth = 1
-        self.machine.forward_begin(time.time(), self._training(module))
+        now = time.time()
+        training = self.torch.is_grad_enabled() and (module.training or self._wrapper_training(module))
+        self.machine.forward_begin(now, training)
         if self.trial is not None:
             self.trial.forward_begin()
 
@@ -284,27 +290,33 @@ class TorchHooks:
         self.machine.forward_end(time.time())
         return self.trial.forward_end(output) if self.trial is not None else None
 
-    def _training(self, module: Any) -> bool:
-        if not self.torch.is_grad_enabled():
-            return False
-        if module.training:
-            return True
-        inner = getattr(module, "module", None)  # a DDP-style wrapper runs `module`: judge by it
+    def _wrapper_training(self, module: Any) -> bool:
+        """A module in eval mode around one in train mode: a DDP-style wrapper runs `module`."""
+        inner = getattr(module, "module", None)
         return isinstance(inner, self.torch.nn.Module) and inner.training
 
-    def backward(self, backward_: Callable, *args: Any, **kwargs: Any) -> Any:
-        if self.trial is not None:
-            self.trial.backward(args, kwargs)
-        self.machine.backward_begin(time.time())
-        try:
-            return backward_(*args, **kwargs)
-        finally:
-            self.machine.backward_end(time.time())
+    def timed_backward(self, backward_: Callable) -> Callable:
+        """`torch.autograd.backward` timed as the step's backward (one frame around it)."""
+        machine, clock, trial = self.machine, time.time, self.trial
+
+        @functools.wraps(backward_)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if trial is not None:  # a doctor trial reads the loss
+                trial.backward(args, kwargs)
+            machine.backward_begin(clock())
+            try:
+                return backward_(*args, **kwargs)
+            finally:
+                machine.backward_end(clock())
+
+        return backward
 
     def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         """The step begins; its closure (LBFGS, Lightning) is handed on timed, so the time inside
         it is forward and backward, not optimizer. `args` holds the optimizer first."""
         self.machine.optimizer_begin(time.time())
+        if not kwargs and len(args) == 1:  # optimizer.step(): no closure
+            return None
         if callable(kwargs.get("closure")):
             return args, {**kwargs, "closure": self._timed_closure(kwargs["closure"])}
         if len(args) > 1 and callable(args[1]):
@@ -369,28 +381,46 @@ class TorchHooks:
         return rss, cuda
 
     # attaching -------------------------------------------------------------------------------
-    def attach_torch(self, torch: Any) -> None:
+    def step_hooks(self, torch: Any) -> Callable[[], None]:
+        """Install what a training step runs through (the optimizer's step hooks, the global
+        module forward hooks, the timed backward); returns the function that removes them."""
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        handles = [
+            register_optimizer_step_pre_hook(self.optimizer_pre),
+            register_optimizer_step_post_hook(self.optimizer_post),
+            register_module_forward_pre_hook(self.forward_pre),
+            register_module_forward_hook(self.forward_post, always_call=True),
+        ]
+        backward = torch.autograd.backward
+        torch.autograd.backward = self.timed_backward(backward)
+
+        def remove() -> None:
+            for handle in handles:
+                handle.remove()
+            torch.autograd.backward = backward
+
+        return remove
+
+    def attach_torch(self, torch: Any) -> None:
         from torch.utils.data import dataloader
 
+        calibrate.record(self, torch)  # dlscope's own cost per step, measured here, once, before any hook
         self.torch = torch
         self.is_compiling = torch.compiler.is_compiling
-        register_optimizer_step_pre_hook(self.optimizer_pre)
-        register_optimizer_step_post_hook(self.optimizer_post)
-        register_module_forward_pre_hook(self.forward_pre)
-        register_module_forward_hook(self.forward_post, always_call=True)
+        self.step_hooks(torch)
         torch.optim.Optimizer.__init__ = _wrap(torch.optim.Optimizer.__init__, self.optimizer_init)
-        torch.autograd.backward = _wrap(torch.autograd.backward, self.backward)
         iterator = dataloader._BaseDataLoaderIter
-        iterator.__next__ = _wrap(iterator.__next__, self.loader_next)
+        iterator.__next__ = self.timed_loader_next(iterator.__next__)
         torch.nn.Module.train = _wrap(torch.nn.Module.train, self.module_train)
         torch.save = _wrap(torch.save, functools.partial(self.checkpoint, "checkpoint_save", 1))
         torch.load = _wrap(torch.load, functools.partial(self.checkpoint, "checkpoint_load", 0))
         self.batches = batches.attach(torch, self.records.directory, _wrap)
-        calibrate.record(self, torch)  # dlscope's own cost per step, measured here, once
         if self.trial is not None:
             self.trial.attach(torch)
+        # the live status file's step counter, bound now: the agent (installed before) has bound it
+        self.machine.on_step = hang.step_ended if self.trial is None else self._step_ended
 
     def attach_safetensors(self, module: Any) -> None:
         module.save_file = _wrap(module.save_file, functools.partial(self.checkpoint, "checkpoint_save", 1))

@@ -2,9 +2,12 @@
 stdout. Written by the observed process with the stdlib only; read back by `dlscope run`.
 
 `<run dir>/<pid>.steps`: every finished training step as one fixed-size binary row (58 bytes;
-a row is never more than 64), appended with one unbuffered write (a SIGKILL loses at most the
-step being written; a row cut short is ignored when read). The file starts with a header that
-describes the rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code to decode it:
+a row is never more than 64), packed straight into a small shared memory map of the file's end
+(STEPS_WINDOW bytes, moved along as it fills): no system call per step, and a SIGKILL loses
+nothing written (the rows are in the page cache). Until the process exits (when the file is cut
+to its last row) the file ends with room not yet written: zero rows, whose `start` is 0; a reader
+stops at the first of them (StepFile does). The file starts with a header that describes the
+rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code to decode it:
 
     b"DLSSTEPS"  uint32 little-endian n  n bytes of JSON {"version", "row_bytes", "fields": [[name,
     numpy dtype], ...], "codes": {field: [value of code 0, 1, ...]}, "none_u4"}  rows...
@@ -35,6 +38,7 @@ describes the rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import threading
@@ -69,33 +73,14 @@ STEP_ROW = (
     ("flags", "B", "u1"),
 )
 STEP_STRUCT = struct.Struct("<" + "".join(code for _, code, _ in STEP_ROW))
+STEPS_WINDOW = 1 << 16  # bytes of the step file mapped at a time (~1,100 rows; its pages count in the RSS)
 CODES: dict[str, tuple[str | None, ...]] = {
     "src": ("optimizer", "backward"),
     "data_source": ("gap", "loader"),
     "profiled": (None, "wait", "warmup", "active"),
 }
 _CODE_OF = {name: {value: n for n, value in enumerate(values)} for name, values in CODES.items()}
-# what the hooks hand to write_step (keyword names), beside the row's own names
-STEP_FIELDS = frozenset(
-    (
-        "i",
-        "src",
-        "start",
-        "end",
-        "data",
-        "data_source",
-        "forward",
-        "backward",
-        "optimizer",
-        "peak_rss",
-        "peak_cuda",
-        "profiled",
-        "profiler_seconds",
-        "profiler_step",
-        "backwards",
-        "tid",
-    )
-)
+_SRC, _DATA_SOURCE, _PROFILED = _CODE_OF["src"], _CODE_OF["data_source"], _CODE_OF["profiled"]
 # tests set it (tests/conftest.py): a step field the packing does not know fails loudly there;
 # in a user's job it is noted once in the records and the step is kept
 STRICT_ENV = "DLSCOPE_STRICT_RECORDS"
@@ -123,33 +108,8 @@ def steps_header() -> bytes:
     return STEPS_MAGIC + struct.pack("<I", len(text)) + text
 
 
-def _kib(value: int | None) -> int:
-    return NONE_U4 if value is None else min(int(value) >> 10, NONE_U4 - 1)
-
-
-def pack_step(fields: dict[str, Any]) -> bytes:
-    """One step's row. KeyError on a missing field; a code not in CODES raises KeyError too."""
-    get = fields.get
-    start = fields["start"]
-    return STEP_STRUCT.pack(
-        fields["i"],
-        get("tid") or 0,
-        start,
-        fields["end"] - start,
-        fields["data"],
-        fields["forward"],
-        fields["backward"],
-        fields["optimizer"],
-        get("profiler_seconds") or 0.0,
-        _kib(get("peak_rss")),
-        _kib(get("peak_cuda")),
-        NONE_U4 if get("profiler_step") is None else fields["profiler_step"],
-        min(get("backwards") or 0, 0xFFFF),
-        _CODE_OF["src"][fields["src"]],
-        _CODE_OF["data_source"][fields["data_source"]],
-        _CODE_OF["profiled"][get("profiled")],
-        0,
-    )
+def _kib(value: int) -> int:
+    return min(int(value) >> 10, NONE_U4 - 1)
 
 
 class RecordFile:
@@ -166,6 +126,9 @@ class RecordFile:
         path = os.path.join(self.directory, f"{self.pid}.jsonl")
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         self.steps_fd: int | None = None  # opened at the first step: DataLoader workers have none
+        self.steps_map: mmap.mmap | None = None  # a forked child drops its parent's (never written to)
+        self.steps_base = 0  # the map's offset in the file (a multiple of mmap.ALLOCATIONGRANULARITY)
+        self.steps_pos, self.steps_room = 0, -1  # where the next row goes in the map; past `room` it does not fit
         self.unknown_noted = False
 
     def write(self, record: dict[str, Any]) -> None:
@@ -173,24 +136,91 @@ class RecordFile:
         with self.lock:
             os.write(self.fd, line)
 
-    def write_step(self, **fields: Any) -> None:
-        """A finished step, as one row of `<pid>.steps` (one write(2): O_APPEND keeps rows whole)."""
-        if len(fields) > len(STEP_FIELDS) or not fields.keys() <= STEP_FIELDS:
-            self._unknown(fields)
-        row = pack_step(fields)
-        if self.steps_fd is None:
-            self._open_steps()
-        os.write(self.steps_fd, row)  # type: ignore[arg-type]
+    def write_step(
+        self,
+        i: int,
+        src: str,
+        start: float,
+        end: float,
+        data: float,
+        data_source: str,
+        forward: float,
+        backward: float,
+        optimizer: float,
+        backwards: int = 0,
+        peak_rss: int | None = None,
+        peak_cuda: int | None = None,
+        profiled: str | None = None,
+        profiler_step: int | None = None,
+        profiler_seconds: float = 0.0,
+        tid: int = 0,
+        **unknown: Any,
+    ) -> None:
+        """A finished step, as one row of `<pid>.steps` (one pack_into the mapped window).
+        Called positionally on the hot path (stepmachine.STEP_ARGS, the same names in this order)."""
+        if unknown:
+            self._unknown(unknown)
+        pos = self.steps_pos
+        if pos > self.steps_room:  # the window is full, or no step file yet
+            pos = self._next_window()
+        STEP_STRUCT.pack_into(
+            self.steps_map,  # type: ignore[arg-type]
+            pos,
+            i,
+            tid or 0,
+            start,
+            end - start,
+            data,
+            forward,
+            backward,
+            optimizer,
+            profiler_seconds or 0.0,
+            NONE_U4 if peak_rss is None else _kib(peak_rss),
+            NONE_U4 if peak_cuda is None else _kib(peak_cuda),
+            NONE_U4 if profiler_step is None else profiler_step,
+            backwards if backwards < 0xFFFF else 0xFFFF,
+            _SRC[src],
+            _DATA_SOURCE[data_source],
+            _PROFILED[profiled],
+            0,
+        )
+        self.steps_pos = pos + STEP_STRUCT.size
 
-    def _open_steps(self) -> None:
-        path = os.path.join(self.directory, f"{self.pid}.steps")
+    def _next_window(self) -> int:
+        """Map the STEPS_WINDOW bytes from the page holding the file's logical end (the step file
+        is opened, with its header, at the first step); the next row's position in the map."""
         with self.lock:
-            self.steps_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-            if os.fstat(self.steps_fd).st_size == 0:
-                os.write(self.steps_fd, steps_header())
+            if self.steps_fd is None:
+                path = os.path.join(self.directory, f"{self.pid}.steps")
+                self.steps_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                if os.fstat(self.steps_fd).st_size == 0:
+                    os.write(self.steps_fd, steps_header())
+                end = _written_end(self.steps_fd)
+            else:
+                end = self.steps_base + self.steps_pos
+            if self.steps_map is not None:
+                self.steps_map.close()
+            base = end - end % mmap.ALLOCATIONGRANULARITY
+            if os.fstat(self.steps_fd).st_size < base + STEPS_WINDOW:
+                os.ftruncate(self.steps_fd, base + STEPS_WINDOW)
+            self.steps_map = mmap.mmap(self.steps_fd, STEPS_WINDOW, offset=base)
+            self.steps_base, self.steps_pos = base, end - base
+            self.steps_room = STEPS_WINDOW - STEP_STRUCT.size
+            return self.steps_pos
+
+    def close_steps(self) -> None:
+        """At exit: the step file cut to its last row (the window's room not yet written goes)."""
+        with self.lock:
+            if self.steps_map is not None:
+                self.steps_map.close()
+                os.ftruncate(self.steps_fd, self.steps_base + self.steps_pos)  # type: ignore[arg-type]
+            if self.steps_fd is not None:
+                os.close(self.steps_fd)
+            self.steps_fd, self.steps_map = None, None
+            self.steps_base, self.steps_pos, self.steps_room = 0, 0, -1
 
     def _unknown(self, fields: dict[str, Any]) -> None:
-        unknown = sorted(fields.keys() - STEP_FIELDS)
+        unknown = sorted(fields)
         if self.strict:
             raise TypeError(f"write_step: fields the step row does not hold: {', '.join(unknown)}")
         if not self.unknown_noted:
@@ -200,7 +230,8 @@ class RecordFile:
 
 class StepFile:
     """A `<pid>.steps` file read back in chunks of rows (numpy structured arrays: no Python object
-    per step). The rows a kill cut short at the end are not counted."""
+    per step). Not counted: the room a running (or killed) process has not written yet at the
+    end (zero rows), and a row cut short."""
 
     def __init__(self, path: Path) -> None:
         import numpy as np
@@ -215,8 +246,8 @@ class StepFile:
         self.offset = len(STEPS_MAGIC) + 4 + length
         self.dtype = np.dtype([(name, dtype) for name, dtype in self.description["fields"]])
         self.codes: dict[str, list[str | None]] = self.description["codes"]
-        size = self.path.stat().st_size
-        self.count = max(size - self.offset, 0) // self.dtype.itemsize
+        whole = max(self.path.stat().st_size - self.offset, 0) // self.dtype.itemsize
+        self.count = _rows_written(self.path, self.offset, self.dtype, whole)
 
     def chunks(self, rows: int = 1 << 16) -> Iterator[Any]:
         import numpy as np
@@ -236,6 +267,29 @@ class StepFile:
         import numpy as np
 
         return np.fromfile(self.path, self.dtype, self.count, offset=self.offset)
+
+
+def _rows_written(path: Path, offset: int, dtype: Any, rows: int) -> int:
+    """How many of the file's `rows` were written: the room at the end (at most a window, zero
+    rows: `start` is 0) is not. Rows are written in order, so only the last window is looked at."""
+    import numpy as np
+
+    tail = min(rows, STEPS_WINDOW // dtype.itemsize + 1)
+    starts = np.fromfile(path, dtype, tail, offset=offset + (rows - tail) * dtype.itemsize)["start"]
+    written = np.flatnonzero(starts != 0.0)
+    return rows - tail + (int(written[-1]) + 1 if len(written) else 0)
+
+
+def _written_end(fd: int) -> int:
+    """The byte after a step file's last written row (a file a process of the same pid left)."""
+    size = os.fstat(fd).st_size
+    length = struct.unpack("<I", os.pread(fd, 4, len(STEPS_MAGIC)))[0]
+    offset = len(STEPS_MAGIC) + 4 + length
+    rows = max(size - offset, 0) // STEP_STRUCT.size
+    # zero rows at the end are room; a row's start is at byte 8 of the row
+    while rows and os.pread(fd, 8, offset + (rows - 1) * STEP_STRUCT.size + 8) == bytes(8):
+        rows -= 1
+    return offset + rows * STEP_STRUCT.size
 
 
 def read_records(directory: Path) -> dict[int, list[dict[str, Any]]]:

@@ -34,7 +34,47 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 PARTS = ("data", "forward", "backward", "optimizer")
+DATA, FORWARD, BACKWARD, OPTIMIZER = range(len(PARTS))  # a part's index in StepMachine.totals
+# what Sink.write_step receives, in this order (positional: a keyword call costs ~1 µs a step)
+STEP_ARGS = (
+    "i",
+    "src",
+    "start",
+    "end",
+    "data",
+    "data_source",
+    "forward",
+    "backward",
+    "optimizer",
+    "backwards",
+    "peak_rss",
+    "peak_cuda",
+    "profiled",
+    "profiler_step",
+    "profiler_seconds",
+    "tid",
+)
 MEMORY_INTERVAL_S = 0.1  # peak memory read at most this often: a /proc read costs ~10 µs
+
+
+_this_thread = threading.local()  # its native id, asked of the kernel once per thread
+
+
+def native_thread_id() -> int:
+    """The kernel's id of the calling thread: `threading.get_native_id` is a system call (~1 µs in
+    a VM), asked once per thread and kept in the thread's own storage (gone with the thread)."""
+    try:
+        return _this_thread.tid
+    except AttributeError:
+        _this_thread.tid = threading.get_native_id()
+        return _this_thread.tid
+
+
+def _forget_thread_id() -> None:
+    _this_thread.__dict__.clear()  # a forked child's one thread has an id of its own
+
+
+os.register_at_fork(after_in_child=_forget_thread_id)
 
 
 class Sink(Protocol):
@@ -42,7 +82,9 @@ class Sink(Protocol):
 
     def write(self, record: dict[str, Any]) -> None: ...
 
-    def write_step(self, **fields: Any) -> None: ...
+    def write_step(self, *values: Any) -> None:
+        """One finished step: the values named by STEP_ARGS, in that order."""
+        ...
 
 
 class StepProfiler(Protocol):
@@ -64,16 +106,16 @@ class NoProfiler:
 
 
 class StepParts:
-    """The step being accumulated: its start, seconds per part, what fed it."""
+    """The step being accumulated: its start, and the machine's running totals when it started
+    (its parts, backward() calls and batches drawn are the totals' growth since)."""
 
-    __slots__ = ("backward", "backwards", "data", "first_work", "forward", "fresh", "optimizer", "start", "used_loader")
+    __slots__ = ("backwards", "batches", "first_work", "fresh", "start", "totals")
 
-    def __init__(self, start: float) -> None:
+    def __init__(self, start: float, totals: list[float], backwards: int, batches: int) -> None:
         self.start = start
-        self.data = self.forward = self.backward = self.optimizer = 0.0
+        self.totals = totals[:]
+        self.backwards, self.batches = backwards, batches
         self.first_work: float | None = None  # when its first part opened: the gap ends there
-        self.used_loader = False
-        self.backwards = 0
         self.fresh = True  # no training work yet: an eval or checkpoint before it moves its start
 
 
@@ -87,7 +129,7 @@ class StepMachine:
         memory: Callable[[], tuple[int | None, int | None]] | None = None,
         marker: tuple[Callable[[str], None], Callable[[str], None]] | None = None,
         clock: Callable[[], float] = time.time,
-        thread_id: Callable[[], int] = threading.get_native_id,
+        thread_id: Callable[[], int] = native_thread_id,
         on_step: Callable[[int, float], None] | None = None,
     ) -> None:
         self.sink = sink
@@ -101,6 +143,11 @@ class StepMachine:
     def reset(self, profiler: StepProfiler) -> None:
         self.profiler = profiler
         self.steps: dict[str, StepParts | None] = {"optimizer": None, "backward": None}
+        self.live: list[StepParts] = []  # the steps above that are not None: the hot path's loops
+        # a live step may be fresh / have no first work yet (set with every new StepParts)
+        self.idle = self.unworked = True
+        # idle, unworked or in eval: a part opening has more to do than open (the hot path's one check)
+        self.attention = True
         self.counts = {"optimizer": 0, "backward": 0}
         self.optimizer_stepped = False
         self.has_optimizer = False
@@ -108,7 +155,12 @@ class StepMachine:
         self.last_end = float("-inf")
         self.checkpoint_files: list[str] = []  # of the open checkpoint phase
         self.in_eval = False
-        self.parts: list[list[Any]] = []  # open parts: [name, start, seconds of parts nested inside]
+        self.parts: list[list[Any]] = []  # open parts: [index in PARTS, start, seconds of parts nested inside]
+        # seconds per part, backward() calls and batches drawn since the start: a part closing adds
+        # to one total whatever the number of steps accumulating (the two streams before an
+        # optimizer has stepped)
+        self.totals = [0.0, 0.0, 0.0, 0.0]
+        self.backwards = self.batches = 0
         self.optimizer_depth = 0
         self.next_profiled: tuple[str | None, int | None] = (None, None)
         self.last_memory = float("-inf")
@@ -145,7 +197,7 @@ class StepMachine:
     def eval_begin(self, now: float) -> None:
         if not self.in_eval:
             self.begin("eval", now)
-            self.in_eval = True
+            self.in_eval = self.attention = True
 
     def eval_end(self, now: float) -> None:
         if not self.in_eval:
@@ -158,72 +210,98 @@ class StepMachine:
         """Time spent in eval or a checkpoint between two steps belongs to neither."""
         for src, step in self.steps.items():
             if step is not None and step.fresh:
-                self.steps[src] = StepParts(now)
+                self._set_step(src, self._new_step(now))
+
+    def _new_step(self, start: float) -> StepParts:
+        return StepParts(start, self.totals, self.backwards, self.batches)
+
+    def _set_step(self, src: str, step: StepParts | None) -> None:
+        self.steps[src] = step
+        self.live = [s for s in self.steps.values() if s is not None]
+        if step is not None:
+            self.idle = self.unworked = self.attention = True
 
     # parts -----------------------------------------------------------------------------------
-    def _open(self, name: str, now: float) -> None:
-        self.parts.append([name, now, 0.0])
-        for step in self.steps.values():
-            if step is not None and step.first_work is None:
-                step.first_work = now
+    def _open(self, part: int, now: float) -> None:
+        self.parts.append([part, now, 0.0])
+        if self.unworked:
+            self.unworked = False
+            for step in self.live:
+                if step.first_work is None:
+                    step.first_work = now
 
-    def _close(self, name: str, now: float) -> None:
-        """Close the innermost open `name` (and anything a lost event left open inside it)."""
-        while self.parts:
-            part, start, inner = self.parts.pop()
+    def _attend(self, now: float) -> None:
+        """Before a part opens while `attention` is set: leave eval, start the step's work, mark
+        its first work (in that order)."""
+        if self.in_eval:
+            self.eval_end(now)
+        if self.idle:
+            self.activity(now)
+        if self.unworked:
+            self.unworked = False
+            for step in self.live:
+                if step.first_work is None:
+                    step.first_work = now
+        self.attention = self.in_eval or self.idle or self.unworked
+
+    def _close(self, part: int, now: float) -> None:
+        """Close the innermost open `part` (and anything a lost event left open inside it)."""
+        parts = self.parts
+        while parts:
+            closed, start, inner = parts.pop()
             spent = now - start
-            if self.parts:
-                self.parts[-1][2] += spent
-            own = max(spent - inner, 0.0)
-            for step in self.steps.values():
-                if step is not None:
-                    setattr(step, part, getattr(step, part) + own)
-            if part == name:
+            if parts:
+                parts[-1][2] += spent
+            if spent > inner:
+                self.totals[closed] += spent - inner
+            if closed == part:
                 return
 
     # training activity -----------------------------------------------------------------------
     def activity(self, now: float) -> None:
-        """Training work starts (a batch is drawn, a forward runs in train mode, a backward)."""
+        """Training work starts (a batch is drawn, a forward runs in train mode, a backward);
+        called only while `idle` (the hot path checks the flag first)."""
+        self.idle = False
         if self.steps["optimizer"] is None:
-            self.steps = {"optimizer": StepParts(now), "backward": StepParts(now)}
+            self.steps = {"optimizer": self._new_step(now), "backward": self._new_step(now)}
+            self.live = list(self.steps.values())  # type: ignore[arg-type]
+            self.unworked = self.attention = True
             self._switch("startup", "first_batch", now)
-        for step in self.steps.values():
-            if step is not None:
-                step.fresh = False
+        for step in self.live:
+            step.fresh = False
 
     def loader_next(self, start: float, end: float) -> None:
         if self.in_eval:
             return
-        self.activity(start)
+        if self.idle:
+            self.activity(start)
         if self.parts:
             self.parts[-1][2] += end - start
-        for step in self.steps.values():
-            if step is not None:
-                step.data += end - start
-                step.used_loader = True
+        self.totals[DATA] += end - start
+        self.batches += 1
 
     def forward_begin(self, now: float, training: bool) -> None:
         if not training:
             self.eval_begin(now)
             return
-        self.eval_end(now)
-        self.activity(now)
-        self._open("forward", now)
+        if self.attention:
+            self._attend(now)
+        self.parts.append([FORWARD, now, 0.0])
 
     def forward_end(self, now: float) -> None:
-        if self.parts and any(p[0] == "forward" for p in self.parts):
-            self._close("forward", now)
+        for part in self.parts:
+            if part[0] == FORWARD:
+                self._close(FORWARD, now)
+                return
 
     def backward_begin(self, now: float) -> None:
-        self.eval_end(now)
-        self.activity(now)
-        self._open("backward", now)
+        if self.attention:
+            self._attend(now)
+        self.parts.append([BACKWARD, now, 0.0])
 
     def backward_end(self, now: float) -> None:
-        self._close("backward", now)
-        for step in self.steps.values():
-            if step is not None:
-                step.backwards += 1
+        self._close(BACKWARD, now)
+        self.backwards += 1
         # a closure's backward inside optimizer.step is part of that optimizer's step
         if self.optimizer_depth == 0 and not self.optimizer_stepped:
             self.end_step("backward", now)
@@ -234,17 +312,17 @@ class StepMachine:
     def optimizer_begin(self, now: float) -> None:
         self.optimizer_depth += 1
         if self.optimizer_depth == 1:  # a wrapped optimizer's step calls the inner one: time the outer
-            self.eval_end(now)
-            self.activity(now)
-            self._open("optimizer", now)
+            if self.attention:
+                self._attend(now)
+            self.parts.append([OPTIMIZER, now, 0.0])
 
     def closure_begin(self, now: float) -> None:
         """optimizer.step's closure starts: its time is the step's forward (the loss, zero_grad)
         and backward, never optimizer (module forwards and backward nest inside it)."""
-        self._open("forward", now)
+        self._open(FORWARD, now)
 
     def closure_end(self, now: float) -> None:
-        self._close("forward", now)
+        self._close(FORWARD, now)
 
     def optimizer_end(self, now: float) -> None:
         if self.optimizer_depth == 0:
@@ -252,9 +330,11 @@ class StepMachine:
         self.optimizer_depth -= 1
         if self.optimizer_depth:
             return
-        self._close("optimizer", now)
-        self.has_optimizer = self.optimizer_stepped = True
-        self.steps["backward"] = None  # the backward stream stops: the optimizer's steps are the steps
+        self._close(OPTIMIZER, now)
+        self.has_optimizer = True
+        if not self.optimizer_stepped:
+            self.optimizer_stepped = True
+            self._set_step("backward", None)  # the backward stream stops: the optimizer's steps are the steps
         self.end_step("optimizer", now)
 
     def train_mode(self, now: float, mode: bool) -> None:
@@ -288,39 +368,51 @@ class StepMachine:
             return
         primary = src == "optimizer" or not self.has_optimizer
         index = self.counts[src]
-        self.counts[src] += 1
+        self.counts[src] = index + 1
         peak_rss = peak_cuda = None
-        if primary and self.memory is not None and now - self.last_memory >= MEMORY_INTERVAL_S:
-            peak_rss, peak_cuda = self.memory()
-            self.last_memory = now
-        gap = (step.first_work if step.first_work is not None else now) - step.start
-        profiled, profiler_step = self.next_profiled if primary else (None, None)
+        profiled = profiler_step = None
+        resumed = now
         if primary:
+            if self.memory is not None and now - self.last_memory >= MEMORY_INTERVAL_S:
+                peak_rss, peak_cuda = self.memory()
+                self.last_memory = now
+            profiled, profiler_step = self.next_profiled
             if index == 0:
                 self._switch("first_batch", "train_steps", now)
             self.next_profiled = self.profiler.after_step(index, now)
             if self.on_step is not None:
                 self.on_step(index + 1, now)
-        resumed = max(self.clock(), now) if primary else now  # after dlscope's own work at this step end
+            resumed = self.clock()  # after dlscope's own work at this step end
+            if resumed < now:
+                resumed = now
+        totals, base = self.totals, step.totals
+        if self.batches > step.batches:
+            data, data_source = totals[DATA] - base[DATA], "loader"
+        else:
+            gap = (now if step.first_work is None else step.first_work) - step.start
+            data, data_source = (gap if gap > 0.0 else 0.0), "gap"
         self.sink.write_step(
-            i=index,
-            src=src,
-            start=step.start,
-            end=now,
-            data=step.data if step.used_loader else max(gap, 0.0),
-            data_source="loader" if step.used_loader else "gap",
-            forward=step.forward,
-            backward=step.backward,
-            optimizer=step.optimizer,
-            backwards=step.backwards,
-            peak_rss=peak_rss,
-            peak_cuda=peak_cuda,
-            profiled=profiled,
-            profiler_step=profiler_step,
-            profiler_seconds=resumed - now,
-            tid=self.thread_id(),
+            index,
+            src,
+            step.start,
+            now,
+            data,
+            data_source,
+            totals[FORWARD] - base[FORWARD],
+            totals[BACKWARD] - base[BACKWARD],
+            totals[OPTIMIZER] - base[OPTIMIZER],
+            self.backwards - step.backwards,
+            peak_rss,
+            peak_cuda,
+            profiled,
+            profiler_step,
+            resumed - now,
+            self.thread_id(),
         )
-        self.steps[src] = StepParts(resumed)
+        fresh = StepParts(resumed, totals, self.backwards, self.batches)
+        self.steps[src] = fresh
+        self.live[self.live.index(step)] = fresh
+        self.idle = self.unworked = self.attention = True
 
     def finish(self, now: float, torch_attached: bool) -> None:
         """At exit: the facts a report needs to say whether the steps were observed at all."""

@@ -1,0 +1,49 @@
+"""dlscope's own cost per step, calibrated in the observed process on a real tiny step: what it
+measures goes through the hooks a real step goes through, and leaves torch as it found it."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.nn.modules import module as torch_module
+from torch.optim import optimizer as torch_optimizer
+
+from dlscope.observe.script import calibrate
+from dlscope.observe.script.hooks import TorchHooks
+from dlscope.observe.script.records import RecordFile, read_records
+
+
+def global_hooks() -> list[int]:
+    return [
+        len(torch_module._global_forward_pre_hooks),
+        len(torch_module._global_forward_hooks),
+        len(torch_optimizer._global_optimizer_pre_hooks),
+        len(torch_optimizer._global_optimizer_post_hooks),
+    ]
+
+
+def test_calibration_runs_the_hooked_step_and_leaves_torch_as_it_was(tmp_path, monkeypatch):
+    before = (global_hooks(), torch.autograd.backward, torch.get_num_threads(), torch.random.get_rng_state())
+    hooked_steps: list[int] = []
+    original = TorchHooks.optimizer_post
+
+    def counted(self, optimizer, args, kwargs):
+        hooked_steps.append(1)
+        return original(self, optimizer, args, kwargs)
+
+    monkeypatch.setattr(TorchHooks, "optimizer_post", counted)
+    step_us, loader_us = calibrate.per_step_us(TorchHooks, torch)
+    assert len(hooked_steps) == calibrate.ROUNDS * calibrate.STEPS  # the hooked bursts ran through the hooks
+    assert step_us >= 0 and loader_us >= 0  # a cost (never negative), whatever the load
+    after = (global_hooks(), torch.autograd.backward, torch.get_num_threads(), torch.random.get_rng_state())
+    assert after[:3] == before[:3] and torch.equal(after[3], before[3])
+
+
+def test_calibration_is_recorded_in_the_observers_records_only(tmp_path):
+    observer = TorchHooks(RecordFile(str(tmp_path)), (1, 0, 0, 0))
+    calibrate.record(observer, torch)
+    [record] = read_records(tmp_path)[os.getpid()]
+    assert record["k"] == "calibration" and record["per_step_us"] >= 0
+    assert observer.machine.counts == {"optimizer": 0, "backward": 0}  # its steps were a scratch observer's
+    assert not list(tmp_path.glob("*.steps")) and not list(tmp_path.glob("live-*"))
