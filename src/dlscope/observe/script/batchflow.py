@@ -102,7 +102,7 @@ BUILT_ROW = np.dtype(
     ]
 )
 TAKEN_ROW = np.dtype([("pid", "<i8"), *[(n, TAKEN_RECORD.fields[n][0]) for n in TAKEN_RECORD.names]])
-READ_BYTES = 1 << 23  # a file is read in blocks: a week's records never sit in memory whole
+READ_BYTES = 1 << 20  # a file is read in blocks: a week's records never sit in memory whole
 GATHER_ROWS = 2048
 SAMPLES_KEPT = 1 << 21  # per-sample times kept for the median and p99; beyond, a uniform reservoir
 
@@ -141,8 +141,7 @@ class SampleTimes:
     the slowest SLOWEST samples and the maximum exact whatever the length."""
 
     def __init__(self) -> None:
-        self.kept = np.zeros(0)
-        self.parts: list[np.ndarray] = []
+        self.kept = np.empty(SAMPLES_KEPT)  # its pages are taken as they are written
         self.count = 0
         self.rng = np.random.default_rng(23)
         # (seconds, built row, position in its batch, sample index) of the slowest samples
@@ -159,27 +158,16 @@ class SampleTimes:
         found["at"], found["sample"] = best % width, indices.ravel()[best]
         merged = np.concatenate([self.top, found])
         self.top = merged[np.argsort(-merged["s"], kind="stable")[:SLOWEST]]
-        if self.count + m <= SAMPLES_KEPT:
-            self.parts.append(flat.copy())
-        else:
-            self._consolidate()
-            room = max(SAMPLES_KEPT - len(self.kept), 0)
-            self.kept = np.concatenate([self.kept, flat[:room]])
-            rest = flat[room:]
-            # reservoir sampling (algorithm R), a chunk at a time
+        room = max(min(SAMPLES_KEPT - self.count, m), 0)
+        self.kept[self.count : self.count + room] = flat[:room]
+        if room < m:  # reservoir sampling (algorithm R), a chunk at a time
             slot = self.rng.integers(0, np.arange(self.count + room, self.count + m) + 1)
             keep = slot < SAMPLES_KEPT
-            self.kept[slot[keep]] = rest[keep]
+            self.kept[slot[keep]] = flat[room:][keep]
         self.count += m
 
-    def _consolidate(self) -> None:
-        if self.parts:
-            self.kept = np.concatenate([self.kept, *self.parts])
-            self.parts = []
-
     def values(self) -> np.ndarray:
-        self._consolidate()
-        return self.kept
+        return self.kept[: min(self.count, SAMPLES_KEPT)]
 
 
 def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int]]]:
@@ -269,43 +257,70 @@ def _slowest_samples(
     samples.add(seconds, first_row + group, indices)
 
 
+class Rows:
+    """Rows appended into one array reserved ahead: its pages are taken only as rows are written,
+    so an over-estimate costs nothing, and the rows are never held twice (as chunks, then joined)."""
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.array = np.empty(0, dtype)
+        self.count = 0
+
+    def reserve(self, extra: int) -> None:
+        if self.count + extra > len(self.array):  # an under-estimate: grown geometrically
+            grown = np.empty(max(self.count + extra, 2 * len(self.array)), self.array.dtype)
+            grown[: self.count] = self.array[: self.count]
+            self.array = grown
+
+    def add(self, rows: np.ndarray) -> None:
+        self.reserve(len(rows))
+        self.array[self.count : self.count + len(rows)] = rows
+        self.count += len(rows)
+
+    def rows(self) -> np.ndarray:
+        return self.array[: self.count]
+
+
+def _first_record(path: Path) -> tuple[int, int]:
+    """The size and kind of a `<pid>.batches` file's first record ((0, -1): none)."""
+    with open(path, "rb") as f:
+        head = f.read(len(BATCHES_MAGIC) + 4)
+        if len(head) < len(BATCHES_MAGIC) + 4 or head[: len(BATCHES_MAGIC)] != BATCHES_MAGIC:
+            return 0, -1
+        f.seek(len(head) + struct.unpack_from("<I", head, len(BATCHES_MAGIC))[0])
+        first = f.read(5)
+    return struct.unpack("<IB", first) if len(first) == 5 else (0, -1)
+
+
 def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes]:
     """Every `<pid>.batches` file of a run's processes/ directory: its built batches (BUILT_ROW),
     the batches taken (TAKEN_ROW) and the timed samples' fetch times."""
-    built: list[np.ndarray] = []
-    taken: list[np.ndarray] = []
+    built, taken = Rows(BUILT_ROW), Rows(TAKEN_ROW)
     samples = SampleTimes()
-    rows = 0
     for path in sorted(directory.glob("*.batches")):
         if not path.stem.isdigit():
             continue
         pid = int(path.stem)
+        # as many rows as the file holds records like its first (a worker's are all built batches
+        # of one size, the training process's all taken; with num_workers=0 the two alternate)
+        size = path.stat().st_size
+        length, kind = _first_record(path)
+        if kind == KIND_TAKEN:
+            taken.reserve(size // TAKEN.size)
+        elif kind == KIND_BUILT:
+            built.reserve(size // max(length, BUILT.size))
+            taken.reserve(size // (max(length, BUILT.size) + TAKEN.size))
         for block, built_at, taken_at in _records(path):
             data = np.frombuffer(block, np.uint8)
             if built_at:
-                built.append(_built_rows(pid, data, np.array(built_at, np.int64), rows, samples))
-                rows += len(built[-1])
+                built.add(_built_rows(pid, data, np.array(built_at, np.int64), built.count, samples))
             if taken_at:
                 heads = _gather(data, np.array(taken_at, np.int64), TAKEN_RECORD)
                 t = np.zeros(len(heads), dtype=TAKEN_ROW)
                 t["pid"] = pid
                 for name in TAKEN_RECORD.names:
                     t[name] = heads[name]
-                taken.append(t)
-    return _concatenated(built, BUILT_ROW), _concatenated(taken, TAKEN_ROW), samples
-
-
-def _concatenated(parts: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
-    """The parts as one array, each part freed once copied: the rows are not held twice over."""
-    out = np.empty(sum(len(p) for p in parts), dtype)  # its pages are taken as they are written
-    at = 0
-    parts.reverse()
-    while parts:
-        part = parts.pop()
-        out[at : at + len(part)] = part
-        at += len(part)
-        del part
-    return out
+                taken.add(t)
+    return built.rows(), taken.rows(), samples
 
 
 # system calls -----------------------------------------------------------------------------------
@@ -387,25 +402,31 @@ def _inside_any(at: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray:
 def _match(built: np.ndarray, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each taken batch's built row on (worker pid, generation, idx) (NONE: not recorded), and which
     built batches were their worker process's first of an epoch, both by one sort."""
-    pid = np.concatenate([built["pid"], taken["worker_pid"].astype(np.int64)])
+    pid = np.concatenate([built["pid"], taken["worker_pid"]], dtype=np.uint32, casting="unsafe")
     generation = np.concatenate([built["generation"], taken["generation"]])
     idx = np.concatenate([built["idx"], taken["idx"]])
     is_taken = np.concatenate([np.zeros(len(built), bool), np.ones(len(taken), bool)])
-    order = np.lexsort((is_taken, idx, generation, pid))
-    same = np.zeros(len(order), dtype=bool)  # each row's key equals the row before it
-    same[1:] = (
-        (pid[order][1:] == pid[order][:-1])
-        & (generation[order][1:] == generation[order][:-1])
-        & (idx[order][1:] == idx[order][:-1])
-    )
-    # the last built row at or before each sorted position (the dict kept the last one)
-    positions = np.where(~is_taken[order], np.arange(len(order)), -1)
-    last_built = np.maximum.accumulate(positions) if len(order) else positions
+    order = np.lexsort((is_taken, idx, generation, pid)).astype(np.int32)  # rows < 2**31
+    same = np.ones(len(order), dtype=bool)  # each row's key equals the row before it
+    same[:1] = False
+    for key in (pid, generation, idx):
+        column = key[order]
+        same[1:] &= column[1:] == column[:-1]
+        del column
+    del pid, generation, idx
+    is_taken = is_taken[order]
+    # the last built row at or before each sorted position (the dict kept the last one), and the
+    # first position of each key
+    at = np.arange(len(order), dtype=np.int32)
+    last_built = np.maximum.accumulate(np.where(is_taken, -1, at).astype(np.int32)) if len(order) else at
+    key_start = np.maximum.accumulate(np.where(same, 0, at).astype(np.int32)) if len(order) else at
+    del at, same
+    sorted_taken = np.flatnonzero(is_taken)
+    hit = sorted_taken[last_built[sorted_taken] >= key_start[sorted_taken]]
+    del key_start
     match = np.full(len(taken), NONE, dtype=np.int64)
-    sorted_taken = np.flatnonzero(is_taken[order])
-    key_start = np.maximum.accumulate(np.where(~same, np.arange(len(order)), 0)) if len(order) else positions
-    hit = last_built[sorted_taken] >= key_start[sorted_taken]
-    match[order[sorted_taken[hit]] - len(built)] = order[last_built[sorted_taken[hit]]]
+    match[order[hit] - len(built)] = order[last_built[hit]]
+    del order, last_built, sorted_taken, hit
     # a worker process's first batch of an epoch: the lowest idx of its (pid, generation)
     b = np.lexsort((built["idx"], built["generation"], built["pid"]))
     first = np.ones(len(b), dtype=bool)
@@ -457,8 +478,9 @@ def join(
 ) -> Flow:
     """`evals`: the training process's eval phases (begin, end): a batch drawn inside one fed an
     evaluation, not the step whose interval happens to hold it."""
-    mine = taken[taken["pid"] == main] if main is not None else taken
-    mine = mine[np.argsort(mine["next_start"], kind="stable")]
+    mine = taken[taken["pid"] == main] if main is not None and np.any(taken["pid"] != main) else taken
+    if np.any(np.diff(mine["next_start"]) < 0):  # written in order: sorted already, no copy
+        mine = mine[np.argsort(mine["next_start"], kind="stable")]
     if len(steps):
         starts = steps["start"].astype(np.float64)
         ends = starts + steps["seconds"].astype(np.float64)
@@ -492,7 +514,7 @@ def read_flow(
 
 
 # the section ------------------------------------------------------------------------------------
-CSV_ROWS = 1 << 16  # batches.csv is written this many rows at a time
+CSV_ROWS = 1 << 13  # batches.csv is written this many rows at a time
 
 
 def _ms(seconds: Any) -> Any:
