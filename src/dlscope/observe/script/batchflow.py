@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import ctypes
 import functools
 import itertools
 import json
@@ -89,7 +90,7 @@ TAKEN_RECORD = np.dtype(
 # a built batch, with its slowest sample (slowest_at -1: its samples were not timed one by one)
 BUILT_ROW = np.dtype(
     [
-        ("pid", "<i8"),
+        ("pid", "<i4"),
         ("worker_id", "<i2"),
         ("generation", "<u4"),
         ("idx", "<u4"),
@@ -101,7 +102,7 @@ BUILT_ROW = np.dtype(
         ("slowest_end", "<f8"),
     ]
 )
-TAKEN_ROW = np.dtype([("pid", "<i8"), *[(n, TAKEN_RECORD.fields[n][0]) for n in TAKEN_RECORD.names]])
+TAKEN_ROW = np.dtype([("pid", "<i4"), *[(n, TAKEN_RECORD.fields[n][0]) for n in TAKEN_RECORD.names]])
 READ_BYTES = 1 << 20  # a file is read in blocks: a week's records never sit in memory whole
 GATHER_ROWS = 2048
 SAMPLES_KEPT = 1 << 21  # per-sample times kept for the median and p99; beyond, a uniform reservoir
@@ -424,7 +425,7 @@ def _match(built: np.ndarray, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray
     sorted_taken = np.flatnonzero(is_taken)
     hit = sorted_taken[last_built[sorted_taken] >= key_start[sorted_taken]]
     del key_start
-    match = np.full(len(taken), NONE, dtype=np.int64)
+    match = np.full(len(taken), NONE, dtype=np.int32)
     match[order[hit] - len(built)] = order[last_built[hit]]
     del order, last_built, sorted_taken, hit
     # a worker process's first batch of an epoch: the lowest idx of its (pid, generation)
@@ -492,7 +493,17 @@ def join(
     worker_first = np.zeros(len(mine), dtype=bool)
     matched = match != NONE
     worker_first[matched] = firsts[match[matched]]
-    return Flow(built, mine, match, step, in_step, worker_first, samples or SampleTimes())
+    flow = Flow(built, mine, match, step, in_step, worker_first, samples or SampleTimes())
+    _return_freed_memory()
+    return flow
+
+
+def _return_freed_memory() -> None:
+    """glibc keeps freed temporaries (arrays of a few MB: the join's, the CSV chunks') in its heap,
+    ~60 MB at a million batches: handed back to the system (nothing to do on another libc)."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def read_flow(
@@ -519,7 +530,10 @@ CSV_ROWS = 1 << 13  # batches.csv is written this many rows at a time
 
 def _ms(seconds: Any) -> Any:
     """Milliseconds rounded to the µs: a float, or an array of them."""
-    return round(seconds * 1e3, 3) if isinstance(seconds, float) else np.round(seconds * 1e3, 3)
+    if isinstance(seconds, float):
+        return round(seconds * 1e3, 3)
+    ms = seconds * 1e3
+    return np.round(ms, 3, out=ms)  # in place: a million-row column is not made twice
 
 
 class Columns:
@@ -638,7 +652,9 @@ def _top(keys: np.ndarray, positions: np.ndarray, n: int = SLOWEST) -> np.ndarra
 def section(flow: Flow, steps: np.ndarray, out_csv: Path, trace_io: bool) -> dict[str, Any]:
     """The "batches" section; the full per-batch table is written to `out_csv`."""
     write_csv(out_csv, flow)
+    _return_freed_memory()
     c = Columns(flow, slice(None))
+    workers = worker_table(flow, c)  # first: its temporaries freed before the columns below are made
     in_steps = np.flatnonzero(c.in_step)
     steady = in_steps[~c.worker_first[in_steps]]
     longest_steady = _top(c.waited_ms, steady, 1)
@@ -650,7 +666,7 @@ def section(flow: Flow, steps: np.ndarray, out_csv: Path, trace_io: bool) -> dic
         "in_steps": len(in_steps),
         "trace_io": trace_io,
         "shares": shares(c, in_steps, steps),
-        "workers": worker_table(flow, c),
+        "workers": workers,
         "keeping_ahead": keeping_ahead(c, in_steps),
         "longest_waits": [batch_row(flow, k) for k in _top(c.waited_ms, in_steps).tolist()],
         # a worker's first batch of an epoch also waits for the worker to start: the longest wait apart
