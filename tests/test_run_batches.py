@@ -17,6 +17,7 @@ from dlscope.cli import main
 from dlscope.observe.iotrace import strace
 from dlscope.observe.script import batches as batches_module
 from dlscope.observe.script import batchflow
+from dlscope.report.sections import batches as batches_report
 from dlscope.rundir import load_results
 
 SCRIPT = Path(__file__).parent / "scripts" / "batch_files.py"
@@ -203,6 +204,12 @@ def test_synthetic_records_analysed_in_bounded_chunks(tmp_path, monkeypatch):
     assert samples["count"] == 160 and samples["estimated_from"] == 64
     assert samples["median_ms"] == pytest.approx(2.0) and samples["max_ms"] == pytest.approx(200.0)
     assert [(s["sample"], s["batch"], s["worker"]) for s in samples["outliers"]] == [(1302, 13, 1)]
+    samples["outliers_total"] = 3  # as the reservoir could scale it: the report says it is an estimate
+    said = [text for level, text in batches_report.findings(section) if level == "info" and "About" in text]
+    assert said == [
+        "About 3 of 160 samples (estimated from 64 drawn uniformly) took ≥ 20 ms (10× the median, "
+        "1 ms at least); see the CSV."
+    ]
     assert section["longest_waits"][0]["step"] == 14 and section["longest_waits"][0]["slowest_sample"] == 1302
     assert [(w["worker"], w["pid"], w["batches"]) for w in section["workers"]] == [(0, 501, 20), (1, 502, 20)]
     assert section["keeping_ahead"]["batches"] == 40
