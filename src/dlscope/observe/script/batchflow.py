@@ -530,7 +530,7 @@ CSV_ROWS = 1 << 13  # batches.csv is written this many rows at a time
 
 def _ms(seconds: Any) -> Any:
     """Milliseconds rounded to the µs: a float, or an array of them."""
-    if isinstance(seconds, float):
+    if not isinstance(seconds, np.ndarray):  # a number (an empty window's syscall time is int 0)
         return round(seconds * 1e3, 3)
     ms = seconds * 1e3
     return np.round(ms, 3, out=ms)  # in place: a million-row column is not made twice
