@@ -8,13 +8,16 @@ import csv
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from dlscope.cli import main
 from dlscope.observe.iotrace import strace
 from dlscope.observe.script import batches as batches_module
 from dlscope.observe.script import batchflow
+from dlscope.report.sections import batches as batches_report
 from dlscope.rundir import load_results
 
 SCRIPT = Path(__file__).parent / "scripts" / "batch_files.py"
@@ -138,6 +141,83 @@ def test_batch_records_cut_short_by_a_kill_are_left_out(tmp_path):
     recorder.file.flush()
     path = tmp_path / f"{recorder.pid}.batches"
     path.write_bytes(path.read_bytes()[:-5])  # the last record cut short
-    built, taken = batchflow.read_file(path)
-    assert [b.idx for b in built] == [0, 1] and taken == []
-    assert built[1].indices == [2, 3] and built[1].ends == pytest.approx([0.2, 0.5])
+    built, taken, samples = batchflow.read_all(tmp_path)
+    assert built["idx"].tolist() == [0, 1] and len(taken) == 0
+    # batch 1's samples 2 and 3 took 0.2 s and 0.3 s: the second its slowest
+    assert built["slowest_sample"][1] == 3 and built["slowest_end"][1] - built["slowest_begin"][1] == pytest.approx(0.3)
+    assert samples.count == 4 and sorted(samples.values()) == pytest.approx([0.2, 0.2, 0.3, 0.3])
+
+
+def write_batches(directory: Path, pid: int, worker_id: int, batches: list[tuple[int, list[float]]]) -> None:
+    """`<pid>.batches` of a worker that built `batches` (idx, its samples' seconds), one every 10 ms
+    from t=1000 s, with the real writer; sample i of batch idx is 100 * idx + i."""
+    scratch = directory / f"scratch-{pid}"
+    scratch.mkdir()
+    recorder = batches_module.BatchRecorder(str(scratch))
+    recorder.worker_id = worker_id
+    for idx, seconds in batches:
+        b = batches_module.Building()
+        b.start, b.flags = 1000.0 + idx * 0.01, batches_module.SAMPLE_TIMES
+        b.indices = [100 * idx + i for i in range(len(seconds))]
+        b.ends = (b.start + np.cumsum(seconds)).tolist()
+        b.fetched = b.ends[-1]
+        b.collated = b.fetched + 1e-4
+        recorder.write_built(b, 0, idx, b.collated)
+    recorder.file.flush()
+    (scratch / f"{recorder.pid}.batches").rename(directory / f"{pid}.batches")
+    scratch.rmdir()
+
+
+def test_synthetic_records_analysed_in_bounded_chunks(tmp_path, monkeypatch):
+    # few samples kept and few CSV rows at a time: the reservoir and the chunked CSV both used
+    monkeypatch.setattr(batchflow, "SAMPLES_KEPT", 64)
+    monkeypatch.setattr(batchflow, "CSV_ROWS", 7)
+    processes = tmp_path / "processes"
+    processes.mkdir()
+    seconds = {idx: [0.002] * 4 for idx in range(40)}
+    seconds[13][2] = 0.2  # the slow sample: 1302, in batch 13 (worker 1)
+    write_batches(processes, 501, 0, [(i, s) for i, s in seconds.items() if i % 2 == 0])
+    write_batches(processes, 502, 1, [(i, s) for i, s in seconds.items() if i % 2 == 1])
+    main_dir = tmp_path / "main"
+    main_dir.mkdir()
+    taker = batches_module.BatchRecorder(str(main_dir))
+    for idx in range(41):  # batch 40 was never recorded as built (its worker was killed)
+        asked = 1000.0 + idx * 0.01 + 0.009
+        wait = 0.2 if idx == 13 else 0.0005
+        taken = (idx % 2, 501 + idx % 2, 0, idx, asked + wait, float("nan"))
+        taker.delivered(SimpleNamespace(_dlscope_taken=taken), asked, asked + wait)
+    taker.file.flush()
+    (main_dir / f"{taker.pid}.batches").rename(processes / "500.batches")
+    steps = np.zeros(41, dtype=[("i", "<u8"), ("start", "<f8"), ("seconds", "<f4")])
+    steps["i"] = np.arange(41) + 1
+    steps["start"] = 1000.0 + np.arange(41) * 0.01 + 0.0085
+    steps["seconds"] = 0.0099
+    flow = batchflow.read_flow(processes, 500, steps, [])
+    section = batchflow.section(flow, steps, tmp_path / "batches.csv", False)
+    assert (section["batches_taken"], section["batches_built"], section["joined"], section["in_steps"]) == (
+        41,
+        40,
+        40,
+        41,
+    )
+    samples = section["samples"]
+    assert samples["count"] == 160 and samples["estimated_from"] == 64
+    assert samples["median_ms"] == pytest.approx(2.0) and samples["max_ms"] == pytest.approx(200.0)
+    assert [(s["sample"], s["batch"], s["worker"]) for s in samples["outliers"]] == [(1302, 13, 1)]
+    samples["outliers_total"] = 3  # as the reservoir could scale it: the report says it is an estimate
+    said = [text for level, text in batches_report.findings(section) if level == "info" and "About" in text]
+    assert said == [
+        "About 3 of 160 samples (estimated from 64 drawn uniformly) took ≥ 20 ms (10× the median, "
+        "1 ms at least); see the CSV."
+    ]
+    assert section["longest_waits"][0]["step"] == 14 and section["longest_waits"][0]["slowest_sample"] == 1302
+    assert [(w["worker"], w["pid"], w["batches"]) for w in section["workers"]] == [(0, 501, 20), (1, 502, 20)]
+    assert section["keeping_ahead"]["batches"] == 40
+    with open(tmp_path / "batches.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["batch"] for r in rows] == [str(i) for i in range(41)] and [r["step"] for r in rows][:3] == [
+        "1",
+        "2",
+        "3",
+    ]
+    assert rows[13]["slowest_sample"] == "1302" and rows[40]["fetch_ms"] == "" and rows[39]["samples"] == "4"

@@ -14,18 +14,29 @@ from __future__ import annotations
 
 import bisect
 import csv
+import ctypes
+import functools
+import itertools
 import json
 import math
 import struct
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dlscope.observe.script.batches import BATCHES_MAGIC, BUILT, KIND_BUILT, KIND_TAKEN, SAMPLE_TIMES, TAKEN
+from dlscope.observe.script.batches import (
+    BATCHES_MAGIC,
+    BUILT,
+    BUILT_TIMES,
+    KIND_BUILT,
+    KIND_TAKEN,
+    SAMPLE_TIMES,
+    TAKEN,
+)
 
 SLOWEST = 10  # rows kept in results.json per list: the full table is batches.csv
 OUTLIER_FACTOR = 10.0  # a sample or a file at ≥ 10× the median is named
@@ -59,20 +70,57 @@ CSV_COLUMNS = (
 )
 
 
+# The records as numpy rows: a million batches are ~130 MB of arrays, not a Python object each.
+BUILT_RECORD = np.dtype(
+    {
+        "names": ["length", "flags", "worker_id", "generation", "idx", "samples", *BUILT_TIMES],
+        "formats": ["<u4", "u1", "<i2", "<u4", "<u4", "<u4", "<f8", "<f8", "<f8", "<f8"],
+        "offsets": [0, 5, 6, 8, 12, 16, 20, 28, 36, 44],
+        "itemsize": BUILT.size,
+    }
+)
+TAKEN_RECORD = np.dtype(
+    {
+        "names": ["worker_id", "worker_pid", "generation", "idx", "next_start", "next_end", "taken", "pin"],
+        "formats": ["<i2", "<u4", "<u4", "<u4", "<f8", "<f8", "<f8", "<f4"],
+        "offsets": [6, 8, 12, 16, 20, 28, 36, 44],
+        "itemsize": TAKEN.size,
+    }
+)
+# a built batch, with its slowest sample (slowest_at -1: its samples were not timed one by one)
+BUILT_ROW = np.dtype(
+    [
+        ("pid", "<i4"),
+        ("worker_id", "<i2"),
+        ("generation", "<u4"),
+        ("idx", "<u4"),
+        ("samples", "<u4"),
+        *[(name, "<f8") for name in BUILT_TIMES],
+        ("slowest_at", "<i4"),
+        ("slowest_sample", "<i8"),
+        ("slowest_begin", "<f8"),  # seconds from the batch's start
+        ("slowest_end", "<f8"),
+    ]
+)
+TAKEN_ROW = np.dtype([("pid", "<i4"), *[(n, TAKEN_RECORD.fields[n][0]) for n in TAKEN_RECORD.names]])
+READ_BYTES = 1 << 20  # a file is read in blocks: a week's records never sit in memory whole
+GATHER_ROWS = 2048
+SAMPLES_KEPT = 1 << 21  # per-sample times kept for the median and p99; beyond, a uniform reservoir
+
+
 @dataclass
 class Built:
+    """One built batch, for the few rows a report or a timeline names."""
+
     pid: int
     worker_id: int
     generation: int
     idx: int
-    flags: int
+    samples: int
     start: float
     fetched: float
     collated: float
     ready: float
-    indices: list[int]
-    ends: list[float] | None  # seconds from start to the end of each sample
-    io: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -88,41 +136,192 @@ class Taken:
     pin: float
 
 
-def read_file(path: Path) -> tuple[list[Built], list[Taken]]:
-    """One `<pid>.batches` file; a record a kill cut short at the end is left out."""
-    pid = int(path.stem)
-    data = path.read_bytes()
-    if data[: len(BATCHES_MAGIC)] != BATCHES_MAGIC:
-        return [], []
-    (length,) = struct.unpack_from("<I", data, len(BATCHES_MAGIC))
-    at = len(BATCHES_MAGIC) + 4 + length
-    built, taken = [], []
-    while at + 5 <= len(data):
-        size, kind = struct.unpack_from("<IB", data, at)
-        if size < 5 or at + size > len(data):
-            break
-        if kind == KIND_BUILT:
-            _, _, flags, worker, generation, idx, n, start, fetched, collated, ready = BUILT.unpack_from(data, at)
-            tail = at + BUILT.size
-            indices = list(np.frombuffer(data, "<i8", n, tail).tolist())
-            ends = (np.frombuffer(data, "<f8", n, tail + 8 * n) - start).tolist() if flags & SAMPLE_TIMES else None
-            built.append(Built(pid, worker, generation, idx, flags, start, fetched, collated, ready, indices, ends))
-        elif kind == KIND_TAKEN:
-            _, _, worker, worker_pid, generation, idx, next_start, next_end, when, pin = TAKEN.unpack_from(data, at)
-            taken.append(Taken(pid, worker, worker_pid, generation, idx, next_start, next_end, when, pin))
-        at += size
-    return built, taken
+class SampleTimes:
+    """Every timed sample's fetch time, bounded: all of them up to SAMPLES_KEPT, then a uniform
+    reservoir of that many (the median and p99 estimated from it, the count above a bar scaled);
+    the slowest SLOWEST samples and the maximum exact whatever the length."""
+
+    def __init__(self) -> None:
+        self.kept = np.empty(SAMPLES_KEPT)  # its pages are taken as they are written
+        self.count = 0
+        self.rng = np.random.default_rng(23)
+        # (seconds, built row, position in its batch, sample index) of the slowest samples
+        self.top = np.zeros(0, dtype=[("s", "<f8"), ("row", "<i8"), ("at", "<i4"), ("sample", "<i8")])
+
+    def add(self, seconds: np.ndarray, rows: np.ndarray, indices: np.ndarray) -> None:
+        """`seconds`, `indices`: (batches, samples) of batches built at global `rows`."""
+        flat = seconds.ravel()
+        m = len(flat)
+        best = np.argpartition(-flat, SLOWEST)[:SLOWEST] if m > SLOWEST else np.arange(m)
+        width = seconds.shape[1]
+        found = np.empty(len(best), dtype=self.top.dtype)
+        found["s"], found["row"] = flat[best], rows[best // width]
+        found["at"], found["sample"] = best % width, indices.ravel()[best]
+        merged = np.concatenate([self.top, found])
+        self.top = merged[np.argsort(-merged["s"], kind="stable")[:SLOWEST]]
+        room = max(min(SAMPLES_KEPT - self.count, m), 0)
+        self.kept[self.count : self.count + room] = flat[:room]
+        if room < m:  # reservoir sampling (algorithm R), a chunk at a time
+            slot = self.rng.integers(0, np.arange(self.count + room, self.count + m) + 1)
+            keep = slot < SAMPLES_KEPT
+            self.kept[slot[keep]] = flat[room:][keep]
+        self.count += m
+
+    def values(self) -> np.ndarray:
+        return self.kept[: min(self.count, SAMPLES_KEPT)]
 
 
-def read_all(directory: Path) -> tuple[list[Built], list[Taken]]:
-    built: list[Built] = []
-    taken: list[Taken] = []
+def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int]]]:
+    """A `<pid>.batches` file block by block: (block, offsets of built records, of taken ones);
+    a record a kill cut short at the end is left out, and so is all after a corrupt length."""
+    with open(path, "rb") as f:
+        head = f.read(len(BATCHES_MAGIC) + 4)
+        if len(head) < len(BATCHES_MAGIC) + 4 or head[: len(BATCHES_MAGIC)] != BATCHES_MAGIC:
+            return
+        (length,) = struct.unpack_from("<I", head, len(BATCHES_MAGIC))
+        f.seek(len(head) + length)
+        data, at = b"", 0
+        while True:
+            block = f.read(READ_BYTES)
+            if not block:
+                return
+            data = data[at:] + block
+            at, end = 0, len(data)
+            built, taken = [], []
+            unpack = struct.Struct("<IB").unpack_from
+            while at + 5 <= end:
+                size, kind = unpack(data, at)
+                if size < 5:
+                    if built or taken:
+                        yield data, built, taken
+                    return
+                if at + size > end:
+                    break
+                if kind == KIND_BUILT:
+                    built.append(at)
+                elif kind == KIND_TAKEN:
+                    taken.append(at)
+                at += size
+            if built or taken:
+                yield data, built, taken
+
+
+def _gather(data: np.ndarray, offsets: np.ndarray, record: np.dtype) -> np.ndarray:
+    return data[offsets[:, None] + np.arange(record.itemsize)].view(record).reshape(-1)
+
+
+def _built_rows(pid: int, data: np.ndarray, offsets: np.ndarray, first_row: int, samples: SampleTimes) -> np.ndarray:
+    heads = _gather(data, offsets, BUILT_RECORD)
+    n = heads["samples"].astype(np.int64)
+    timed = (heads["flags"] & SAMPLE_TIMES) != 0
+    whole = heads["length"] == BUILT.size + 8 * n * (1 + timed)  # a corrupt record is left out
+    heads, offsets, n, timed = heads[whole], offsets[whole], n[whole], timed[whole]
+    rows = np.zeros(len(heads), dtype=BUILT_ROW)
+    rows["pid"] = pid
+    for name in ("worker_id", "generation", "idx", "samples", *BUILT_TIMES):
+        rows[name] = heads[name]
+    rows["slowest_at"] = -1
+    rows["slowest_sample"] = -1
+    for width in np.unique(n[timed]).tolist():
+        if width == 0:
+            continue
+        for first in range(0, len(offsets), GATHER_ROWS):  # the byte gathers' indices stay small
+            part = slice(first, first + GATHER_ROWS)
+            group = first + np.flatnonzero(timed[part] & (n[part] == width))
+            if len(group):
+                _slowest_samples(rows, group, data, offsets, heads, width, first_row, samples)
+    return rows
+
+
+def _slowest_samples(
+    rows: np.ndarray,
+    group: np.ndarray,
+    data: np.ndarray,
+    offsets: np.ndarray,
+    heads: np.ndarray,
+    width: int,
+    first_row: int,
+    samples: SampleTimes,
+) -> None:
+    """The timed batches `group` of `width` samples: each one's slowest sample, all into `samples`."""
+    at = offsets[group][:, None] + BUILT.size
+    columns = np.arange(8 * width)
+    indices = data[at + columns].view("<i8")
+    ends = data[at + 8 * width + columns].view("<f8") - heads["start"][group][:, None]
+    seconds = np.diff(ends, axis=1, prepend=0.0)
+    k = np.argmax(seconds, axis=1)
+    line = np.arange(len(group))
+    rows["slowest_at"][group] = k
+    rows["slowest_sample"][group] = indices[line, k]
+    rows["slowest_end"][group] = ends[line, k]
+    rows["slowest_begin"][group] = ends[line, k] - seconds[line, k]
+    samples.add(seconds, first_row + group, indices)
+
+
+class Rows:
+    """Rows appended into one array reserved ahead: its pages are taken only as rows are written,
+    so an over-estimate costs nothing, and the rows are never held twice (as chunks, then joined)."""
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.array = np.empty(0, dtype)
+        self.count = 0
+
+    def reserve(self, extra: int) -> None:
+        if self.count + extra > len(self.array):  # an under-estimate: grown geometrically
+            grown = np.empty(max(self.count + extra, 2 * len(self.array)), self.array.dtype)
+            grown[: self.count] = self.array[: self.count]
+            self.array = grown
+
+    def add(self, rows: np.ndarray) -> None:
+        self.reserve(len(rows))
+        self.array[self.count : self.count + len(rows)] = rows
+        self.count += len(rows)
+
+    def rows(self) -> np.ndarray:
+        return self.array[: self.count]
+
+
+def _first_record(path: Path) -> tuple[int, int]:
+    """The size and kind of a `<pid>.batches` file's first record ((0, -1): none)."""
+    with open(path, "rb") as f:
+        head = f.read(len(BATCHES_MAGIC) + 4)
+        if len(head) < len(BATCHES_MAGIC) + 4 or head[: len(BATCHES_MAGIC)] != BATCHES_MAGIC:
+            return 0, -1
+        f.seek(len(head) + struct.unpack_from("<I", head, len(BATCHES_MAGIC))[0])
+        first = f.read(5)
+    return struct.unpack("<IB", first) if len(first) == 5 else (0, -1)
+
+
+def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes]:
+    """Every `<pid>.batches` file of a run's processes/ directory: its built batches (BUILT_ROW),
+    the batches taken (TAKEN_ROW) and the timed samples' fetch times."""
+    built, taken = Rows(BUILT_ROW), Rows(TAKEN_ROW)
+    samples = SampleTimes()
     for path in sorted(directory.glob("*.batches")):
-        if path.stem.isdigit():
-            b, t = read_file(path)
-            built += b
-            taken += t
-    return built, taken
+        if not path.stem.isdigit():
+            continue
+        pid = int(path.stem)
+        # as many rows as the file holds records like its first (a worker's are all built batches
+        # of one size, the training process's all taken; with num_workers=0 the two alternate)
+        size = path.stat().st_size
+        length, kind = _first_record(path)
+        if kind == KIND_TAKEN:
+            taken.reserve(size // TAKEN.size)
+        elif kind == KIND_BUILT:
+            built.reserve(size // max(length, BUILT.size))
+            taken.reserve(size // (max(length, BUILT.size) + TAKEN.size))
+        for block, built_at, taken_at in _records(path):
+            data = np.frombuffer(block, np.uint8)
+            if built_at:
+                built.add(_built_rows(pid, data, np.array(built_at, np.int64), built.count, samples))
+            if taken_at:
+                heads = _gather(data, np.array(taken_at, np.int64), TAKEN_RECORD)
+                t = np.zeros(len(heads), dtype=TAKEN_ROW)
+                t["pid"] = pid
+                for name in TAKEN_RECORD.names:
+                    t[name] = heads[name]
+                taken.add(t)
+    return built.rows(), taken.rows(), samples
 
 
 # system calls -----------------------------------------------------------------------------------
@@ -159,125 +358,152 @@ def io_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def attach_io(built: list[Built], syscalls: Iterable[dict[str, Any]], to_realtime: Callable[[float], float]) -> None:
-    """Each batch's (and its slowest sample's) system calls, from its worker's own events."""
-    pids = {b.pid for b in built}
+def attach_io(
+    built: np.ndarray, syscalls: Iterable[dict[str, Any]], to_realtime: Callable[[float], float]
+) -> dict[int, dict[str, Any]]:
+    """Each batch's (and its slowest sample's) system calls, from its worker's own events, by
+    built row (only batches whose process made system calls)."""
+    pids = set(np.unique(built["pid"]).tolist())
     per_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for e in syscalls:
         if e.get("pid") in pids and e.get("call") != "phase":
             per_pid[e["pid"]].append({**e, "ts": to_realtime(float(e["ts"]))})
     calls = {pid: WorkerCalls(events) for pid, events in per_pid.items()}
-    for b in built:
-        found = calls.get(b.pid)
-        if found is None:
-            continue
-        b.io = io_summary(found.window(b.start, b.collated))
-        slowest = _slowest(b)
-        if slowest is not None:
-            _, begin, end = slowest
-            b.io["slowest"] = io_summary(found.window(b.start + begin, b.start + end))
-
-
-def _slowest(b: Built) -> tuple[int, float, float] | None:
-    """(position, start offset, end offset) of the batch's slowest sample."""
-    if not b.ends:
-        return None
-    begins = [0.0, *b.ends[:-1]]
-    k = max(range(len(b.ends)), key=lambda j: b.ends[j] - begins[j])
-    return k, begins[k], b.ends[k]
+    io: dict[int, dict[str, Any]] = {}
+    for row in np.flatnonzero(np.isin(built["pid"], list(calls))).tolist():
+        b = built[row]
+        found = calls[int(b["pid"])]
+        start = float(b["start"])
+        io[row] = summary = io_summary(found.window(start, float(b["collated"])))
+        if b["slowest_at"] >= 0:
+            window = found.window(start + float(b["slowest_begin"]), start + float(b["slowest_end"]))
+            summary["slowest"] = io_summary(window)
+    return io
 
 
 # the join ---------------------------------------------------------------------------------------
-def step_of(taken: list[Taken], starts: np.ndarray, ends: np.ndarray, numbers: np.ndarray) -> list[int | None]:
-    """The step whose interval holds each batch's `__next__` start (None: outside every step, an
-    evaluation loader or a batch drawn after the last step)."""
-    at = np.array([t.next_start for t in taken], dtype=np.float64)
-    k = np.searchsorted(starts, at, side="right") - 1
-    out: list[int | None] = []
-    for j, pos in enumerate(k.tolist()):
-        inside = pos >= 0 and at[j] <= ends[pos]
-        out.append(int(numbers[pos]) if inside else None)
+NONE = -1  # no built batch / no step
+
+
+def step_of(next_start: np.ndarray, starts: np.ndarray, ends: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+    """The step whose interval holds each batch's `__next__` start, and whether there is one (not:
+    an evaluation loader, or a batch drawn after the last step)."""
+    k = np.searchsorted(starts, next_start, side="right") - 1
+    inside = (k >= 0) & (next_start <= ends[np.maximum(k, 0)])
+    return np.where(inside, numbers[np.maximum(k, 0)].astype(np.int64), 0), inside
+
+
+def _inside_any(at: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray:
+    out = np.zeros(len(at), dtype=bool)
+    for begin, end in spans:  # an eval phase each: a handful
+        out |= (begin <= at) & (at <= end)
     return out
 
 
-def batch_row(t: Taken, b: Built | None, step: int | None, firsts: set[tuple[int, int, int]]) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "step": step,
-        "epoch": t.generation,
-        "batch": t.idx,
-        "worker": None if t.worker_id < 0 else t.worker_id,
-        "worker_pid": t.worker_pid,
-        "waited_ms": _ms(t.next_end - t.next_start),
-        "pin_ms": None if math.isnan(t.pin) else _ms(t.pin),
-        # its worker's first batch of the epoch: the wait for it holds the worker's start
-        "worker_first": (t.worker_pid, t.generation, t.idx) in firsts,
-    }
-    if b is None:
-        return row
-    slowest = _slowest(b)
-    row.update(
-        samples=len(b.indices),
-        fetch_ms=_ms(b.fetched - b.start),
-        collate_ms=_ms(b.collated - b.fetched),
-        queued_ms=_ms(max(t.taken - b.ready, 0.0)),
-        ready_before_asked=b.ready <= t.next_start,
+def _match(built: np.ndarray, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each taken batch's built row on (worker pid, generation, idx) (NONE: not recorded), and which
+    built batches were their worker process's first of an epoch, both by one sort."""
+    pid = np.concatenate([built["pid"], taken["worker_pid"]], dtype=np.uint32, casting="unsafe")
+    generation = np.concatenate([built["generation"], taken["generation"]])
+    idx = np.concatenate([built["idx"], taken["idx"]])
+    is_taken = np.concatenate([np.zeros(len(built), bool), np.ones(len(taken), bool)])
+    order = np.lexsort((is_taken, idx, generation, pid)).astype(np.int32)  # rows < 2**31
+    same = np.ones(len(order), dtype=bool)  # each row's key equals the row before it
+    same[:1] = False
+    for key in (pid, generation, idx):
+        column = key[order]
+        same[1:] &= column[1:] == column[:-1]
+        del column
+    del pid, generation, idx
+    is_taken = is_taken[order]
+    # the last built row at or before each sorted position (the dict kept the last one), and the
+    # first position of each key
+    at = np.arange(len(order), dtype=np.int32)
+    last_built = np.maximum.accumulate(np.where(is_taken, -1, at).astype(np.int32)) if len(order) else at
+    key_start = np.maximum.accumulate(np.where(same, 0, at).astype(np.int32)) if len(order) else at
+    del at, same
+    sorted_taken = np.flatnonzero(is_taken)
+    hit = sorted_taken[last_built[sorted_taken] >= key_start[sorted_taken]]
+    del key_start
+    match = np.full(len(taken), NONE, dtype=np.int32)
+    match[order[hit] - len(built)] = order[last_built[hit]]
+    del order, last_built, sorted_taken, hit
+    # a worker process's first batch of an epoch: the lowest idx of its (pid, generation)
+    b = np.lexsort((built["idx"], built["generation"], built["pid"]))
+    first = np.ones(len(b), dtype=bool)
+    first[1:] = (built["pid"][b][1:] != built["pid"][b][:-1]) | (
+        built["generation"][b][1:] != built["generation"][b][:-1]
     )
-    if slowest is not None:
-        k, begin, end = slowest
-        row.update(slowest_sample=b.indices[k], slowest_sample_ms=_ms(end - begin))
-    if b.io:
-        row.update(reads=b.io["reads"], bytes_read=b.io["bytes_read"], syscall_ms=_ms(b.io["syscall_s"]))
-        row["files"] = [f["path"] for f in b.io["files"]]
-        if b.io["files"]:  # the file the batch read most from (files are sorted by bytes)
-            top = b.io["files"][0]
-            row.update(top_file=top["path"], top_file_reads=top["reads"], top_file_bytes=top["bytes"])
-        top = (b.io.get("slowest") or {}).get("files") or []
-        if top:
-            row.update(
-                slowest_sample_file=top[0]["path"],
-                slowest_sample_reads=top[0]["reads"],
-                slowest_sample_bytes=top[0]["bytes"],
-            )
-    return row
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1e3, 3)
+    firsts = np.zeros(len(built), dtype=bool)
+    firsts[b[first]] = True
+    return match, firsts
 
 
 @dataclass
 class Flow:
-    """What the processes recorded, joined: (taken, built or None, step or None) per batch the
-    training process took, in the order it took them."""
+    """What the processes recorded, joined: the batches the training process took, in the order it
+    took them, each with its built row (`match`, NONE: not recorded) and step (`step` where
+    `in_step`)."""
 
-    built: list[Built]
-    pairs: list[tuple[Taken, Built | None, int | None]]
-    firsts: set[tuple[int, int, int]] = field(default_factory=set)  # each worker's first batch of an epoch
+    built: np.ndarray  # BUILT_ROW
+    taken: np.ndarray  # TAKEN_ROW
+    match: np.ndarray
+    step: np.ndarray
+    in_step: np.ndarray
+    worker_first: np.ndarray  # its worker's first batch of the epoch: the wait holds the worker's start
+    samples: SampleTimes = field(default_factory=SampleTimes)
+    io: dict[int, dict[str, Any]] = field(default_factory=dict)  # built row -> its system calls
+
+    def __len__(self) -> int:
+        return len(self.taken)
+
+    def pair(self, k: int) -> tuple[Taken, Built | None, int | None]:
+        """Taken batch k, the batch built for it and its step."""
+        t = self.taken[k]
+        taken = Taken(*(v.item() for v in (t[n] for n in TAKEN_ROW.names)))
+        row = int(self.match[k])
+        built = None
+        if row != NONE:
+            b = self.built[row]
+            built = Built(*(b[n].item() for n in Built.__dataclass_fields__))
+        return taken, built, int(self.step[k]) if self.in_step[k] else None
 
 
 def join(
-    built: list[Built], taken: list[Taken], main: int | None, steps: np.ndarray, evals: list[tuple[float, float]]
+    built: np.ndarray,
+    taken: np.ndarray,
+    main: int | None,
+    steps: np.ndarray,
+    evals: list[tuple[float, float]],
+    samples: SampleTimes | None = None,
 ) -> Flow:
     """`evals`: the training process's eval phases (begin, end): a batch drawn inside one fed an
     evaluation, not the step whose interval happens to hold it."""
-    by_key = {(b.pid, b.generation, b.idx): b for b in built}
-    mine = [t for t in taken if t.pid == main] if main is not None else taken
-    mine.sort(key=lambda t: t.next_start)
+    mine = taken[taken["pid"] == main] if main is not None and np.any(taken["pid"] != main) else taken
+    if np.any(np.diff(mine["next_start"]) < 0):  # written in order: sorted already, no copy
+        mine = mine[np.argsort(mine["next_start"], kind="stable")]
     if len(steps):
         starts = steps["start"].astype(np.float64)
         ends = starts + steps["seconds"].astype(np.float64)
-        consumed = step_of(mine, starts, ends, steps["i"])
+        step, in_step = step_of(mine["next_start"], starts, ends, steps["i"])
     else:
-        consumed = [None] * len(mine)
-    consumed = [
-        None if any(a <= t.next_start <= b for a, b in evals) else s for t, s in zip(mine, consumed, strict=True)
-    ]
-    pairs = [(t, by_key.get((t.worker_pid, t.generation, t.idx)), s) for t, s in zip(mine, consumed, strict=True)]
-    first: dict[tuple[int, int], int] = {}
-    for b in built:
-        key = (b.pid, b.generation)
-        first[key] = min(first.get(key, b.idx), b.idx)
-    return Flow(built, pairs, {(pid, generation, idx) for (pid, generation), idx in first.items()})
+        step, in_step = np.zeros(len(mine), np.int64), np.zeros(len(mine), bool)
+    in_step &= ~_inside_any(mine["next_start"], evals)
+    match, firsts = _match(built, mine)
+    worker_first = np.zeros(len(mine), dtype=bool)
+    matched = match != NONE
+    worker_first[matched] = firsts[match[matched]]
+    flow = Flow(built, mine, match, step, in_step, worker_first, samples or SampleTimes())
+    _return_freed_memory()
+    return flow
+
+
+def _return_freed_memory() -> None:
+    """glibc keeps freed temporaries (arrays of a few MB: the join's, the CSV chunks') in its heap,
+    ~60 MB at a million batches: handed back to the system (nothing to do on another libc)."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def read_flow(
@@ -289,55 +515,181 @@ def read_flow(
     to_realtime: Callable[[float], float] = float,
 ) -> Flow | None:
     """The batches of a run's processes/ directory joined; None when no DataLoader batch was seen."""
-    built, taken = read_all(directory)
-    if not built and not taken:
+    built, taken, samples = read_all(directory)
+    if not len(built) and not len(taken):
         return None
+    flow = join(built, taken, main, steps, evals, samples)
     if syscalls is not None:
-        attach_io(built, syscalls, to_realtime)
-    return join(built, taken, main, steps, evals)
+        flow.io = attach_io(built, syscalls, to_realtime)
+    return flow
 
 
 # the section ------------------------------------------------------------------------------------
+CSV_ROWS = 1 << 13  # batches.csv is written this many rows at a time
+
+
+def _ms(seconds: Any) -> Any:
+    """Milliseconds rounded to the µs: a float, or an array of them."""
+    if not isinstance(seconds, np.ndarray):  # a number (an empty window's syscall time is int 0)
+        return round(seconds * 1e3, 3)
+    ms = seconds * 1e3
+    return np.round(ms, 3, out=ms)  # in place: a million-row column is not made twice
+
+
+class Columns:
+    """The per-batch facts of taken batches `rows` (positions in flow.taken), as arrays computed
+    when first asked (a million-batch run's section makes only the few it needs); a fact unknown
+    for a batch (not built where recorded, not timed) is masked by `joined`/`timed`."""
+
+    def __init__(self, flow: Flow, rows: np.ndarray | slice) -> None:
+        self.flow = flow
+        self.taken = flow.taken[rows]
+        self.match = flow.match[rows]
+        self.joined = self.match != NONE
+        self.at = np.where(self.joined, self.match, 0)  # built rows (0 where not joined: masked)
+        self.step, self.in_step = flow.step[rows], flow.in_step[rows]
+        self.worker_first = flow.worker_first[rows]
+
+    def built(self, name: str) -> np.ndarray:
+        column = self.flow.built[name]
+        return column[self.at] if len(column) else np.zeros(len(self.at), column.dtype)
+
+    @functools.cached_property
+    def waited_ms(self) -> np.ndarray:
+        return _ms(self.taken["next_end"] - self.taken["next_start"])
+
+    @functools.cached_property
+    def fetch_ms(self) -> np.ndarray:
+        return _ms(self.built("fetched") - self.built("start"))
+
+    @functools.cached_property
+    def collate_ms(self) -> np.ndarray:
+        return _ms(self.built("collated") - self.built("fetched"))
+
+    @functools.cached_property
+    def ready_before_asked(self) -> np.ndarray:
+        return self.built("ready") <= self.taken["next_start"]
+
+
+def batch_row(flow: Flow, k: int) -> dict[str, Any]:
+    """Taken batch k as one row (results.json's lists, batches.csv)."""
+    c = Columns(flow, np.array([k]))
+    return next(_rows(flow, c))
+
+
+def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
+    t = c.taken
+    columns = {
+        "step": c.step.tolist(),
+        "in_step": c.in_step.tolist(),
+        "epoch": t["generation"].tolist(),
+        "batch": t["idx"].tolist(),
+        "worker": t["worker_id"].tolist(),
+        "worker_pid": t["worker_pid"].tolist(),
+        "waited_ms": c.waited_ms.tolist(),
+        "pin_ms": _ms(t["pin"].astype(np.float64)).tolist(),
+        "worker_first": c.worker_first.tolist(),
+        "match": c.match.tolist(),
+        "samples": c.built("samples").tolist(),
+        "fetch_ms": c.fetch_ms.tolist(),
+        "collate_ms": c.collate_ms.tolist(),
+        "queued_ms": _ms(np.maximum(t["taken"] - c.built("ready"), 0.0)).tolist(),
+        "ready_before_asked": c.ready_before_asked.tolist(),
+        "timed": (c.built("slowest_at") >= 0).tolist(),
+        "slowest_sample": c.built("slowest_sample").tolist(),
+        "slowest_sample_ms": _ms(c.built("slowest_end") - c.built("slowest_begin")).tolist(),
+    }
+    for v in zip(*columns.values(), strict=True):
+        r = dict(zip(columns, v, strict=True))
+        row: dict[str, Any] = {
+            "step": r["step"] if r["in_step"] else None,
+            "epoch": r["epoch"],
+            "batch": r["batch"],
+            "worker": None if r["worker"] < 0 else r["worker"],
+            "worker_pid": r["worker_pid"],
+            "waited_ms": r["waited_ms"],
+            "pin_ms": None if math.isnan(r["pin_ms"]) else r["pin_ms"],
+            "worker_first": r["worker_first"],
+        }
+        if r["match"] == NONE:
+            yield row
+            continue
+        row.update(
+            samples=r["samples"],
+            fetch_ms=r["fetch_ms"],
+            collate_ms=r["collate_ms"],
+            queued_ms=r["queued_ms"],
+            ready_before_asked=r["ready_before_asked"],
+        )
+        if r["timed"]:
+            row.update(slowest_sample=r["slowest_sample"], slowest_sample_ms=r["slowest_sample_ms"])
+        io = flow.io.get(r["match"])
+        if io:
+            _io_cells(row, io)
+        yield row
+
+
+def _io_cells(row: dict[str, Any], io: dict[str, Any]) -> None:
+    row.update(reads=io["reads"], bytes_read=io["bytes_read"], syscall_ms=_ms(io["syscall_s"]))
+    row["files"] = [f["path"] for f in io["files"]]
+    if io["files"]:  # the file the batch read most from (files are sorted by bytes)
+        top = io["files"][0]
+        row.update(top_file=top["path"], top_file_reads=top["reads"], top_file_bytes=top["bytes"])
+    top = (io.get("slowest") or {}).get("files") or []
+    if top:
+        row.update(
+            slowest_sample_file=top[0]["path"],
+            slowest_sample_reads=top[0]["reads"],
+            slowest_sample_bytes=top[0]["bytes"],
+        )
+
+
+def _top(keys: np.ndarray, positions: np.ndarray, n: int = SLOWEST) -> np.ndarray:
+    """The positions of the n largest keys, in descending order, ties in their order."""
+    return positions[np.argsort(-keys[positions], kind="stable")[:n]]
+
+
 def section(flow: Flow, steps: np.ndarray, out_csv: Path, trace_io: bool) -> dict[str, Any]:
     """The "batches" section; the full per-batch table is written to `out_csv`."""
-    built = flow.built
-    rows = [batch_row(*pair, flow.firsts) for pair in flow.pairs]
-    write_csv(out_csv, rows)
-    in_steps = [r for r in rows if r["step"] is not None]
+    write_csv(out_csv, flow)
+    _return_freed_memory()
+    c = Columns(flow, slice(None))
+    workers = worker_table(flow, c)  # first: its temporaries freed before the columns below are made
+    in_steps = np.flatnonzero(c.in_step)
+    steady = in_steps[~c.worker_first[in_steps]]
+    longest_steady = _top(c.waited_ms, steady, 1)
+    joined = np.flatnonzero(c.joined)
     return {
-        "batches_taken": len(rows),
-        "batches_built": len(built),
-        "joined": sum(1 for r in rows if "fetch_ms" in r),
+        "batches_taken": len(flow),
+        "batches_built": len(flow.built),
+        "joined": len(joined),
         "in_steps": len(in_steps),
         "trace_io": trace_io,
-        "shares": shares(in_steps, steps),
-        "workers": worker_table(built, rows),
-        "keeping_ahead": keeping_ahead(in_steps),
-        "longest_waits": sorted(in_steps, key=lambda r: -r["waited_ms"])[:SLOWEST],
+        "shares": shares(c, in_steps, steps),
+        "workers": workers,
+        "keeping_ahead": keeping_ahead(c, in_steps),
+        "longest_waits": [batch_row(flow, k) for k in _top(c.waited_ms, in_steps).tolist()],
         # a worker's first batch of an epoch also waits for the worker to start: the longest wait apart
-        "longest_steady_wait": max(
-            (r for r in in_steps if not r["worker_first"]), key=lambda r: r["waited_ms"], default=None
-        ),
-        "first_batches": first_batches(in_steps),
-        "slowest_batches": sorted(
-            (r for r in rows if "fetch_ms" in r), key=lambda r: -(r["fetch_ms"] + r["collate_ms"])
-        )[:SLOWEST],
-        "samples": sample_outliers(built),
-        "files": file_outliers(built) if trace_io else None,
+        "longest_steady_wait": batch_row(flow, int(longest_steady[0])) if len(longest_steady) else None,
+        "first_batches": first_batches(c, in_steps),
+        "slowest_batches": [batch_row(flow, k) for k in _top(c.fetch_ms + c.collate_ms, joined).tolist()],
+        "samples": sample_outliers(flow),
+        "files": file_outliers(flow.io) if trace_io else None,
     }
 
 
-def shares(rows: list[dict[str, Any]], steps: np.ndarray) -> dict[str, Any]:
+def shares(c: Columns, rows: np.ndarray, steps: np.ndarray) -> dict[str, Any]:
     """Over the steps that drew a batch: the share of their time spent waiting for one; and of the
     build time of those batches, the share in fetch and in collate."""
-    used = {r["step"] for r in rows}
-    if not used or not len(steps):
+    used = np.unique(c.step[rows])
+    if not len(used) or not len(steps):
         return {}
-    mask = np.isin(steps["i"], np.array(sorted(used), dtype=steps["i"].dtype))
+    mask = np.isin(steps["i"], used.astype(steps["i"].dtype))
     step_s = float(steps["seconds"][mask].astype(np.float64).sum())
-    waited = sum(r["waited_ms"] for r in rows) / 1e3
-    fetch = sum(r.get("fetch_ms") or 0.0 for r in rows)
-    collate = sum(r.get("collate_ms") or 0.0 for r in rows)
+    waited = float(c.waited_ms[rows].sum()) / 1e3
+    joined = rows[c.joined[rows]]
+    fetch = float(c.fetch_ms[joined].sum())
+    collate = float(c.collate_ms[joined].sum())
     build = fetch + collate
     return {
         "steps": len(used),
@@ -349,120 +701,131 @@ def shares(rows: list[dict[str, Any]], steps: np.ndarray) -> dict[str, Any]:
     }
 
 
-def first_batches(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def first_batches(c: Columns, rows: np.ndarray) -> dict[str, Any]:
     """Each worker's first batch of an epoch: its wait holds the worker's start (non-persistent
     workers start at every epoch) and the first fetches."""
-    firsts = [r["waited_ms"] for r in rows if r["worker_first"]]
-    return {"count": len(firsts), "waited_ms": round(sum(firsts), 3), "max_ms": max(firsts, default=0.0)}
+    firsts = c.waited_ms[rows[c.worker_first[rows]]]
+    return {
+        "count": len(firsts),
+        "waited_ms": round(float(firsts.sum()), 3),
+        "max_ms": float(firsts.max()) if len(firsts) else 0.0,
+    }
 
 
-def worker_table(built: list[Built], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def worker_table(flow: Flow, c: Columns) -> list[dict[str, Any]]:
     """Per worker (its id: non-persistent workers are new processes every epoch, so the table stays
     as long as num_workers): batches built, time building them (busy) against the time from each
     process's first batch's start to its last batch's hand-off (busy + idle)."""
-    waits: dict[int, float] = defaultdict(float)
-    for r in rows:
-        waits[r["worker_pid"]] += r["waited_ms"]
-    per: dict[int, dict[int, list[Built]]] = defaultdict(lambda: defaultdict(list))
-    for b in built:
-        per[b.worker_id][b.pid].append(b)
+    built = flow.built
+    if not len(built):
+        return []
+    pids, process = np.unique(built["pid"], return_inverse=True)
+    first = np.full(len(pids), np.inf)
+    last = np.full(len(pids), -np.inf)
+    np.minimum.at(first, process, built["start"])
+    np.maximum.at(last, process, built["ready"])
+    waited = np.zeros(len(pids))
+    known = np.isin(c.taken["worker_pid"], pids)
+    np.add.at(waited, np.searchsorted(pids, c.taken["worker_pid"][known]), c.waited_ms[known])
+    worker_of = np.zeros(len(pids), dtype=np.int64)
+    worker_of[process] = built["worker_id"]
+    busy = built["ready"] - built["start"]
     table = []
-    for worker, processes in sorted(per.items()):
-        busy = sum(b.ready - b.start for bs in processes.values() for b in bs)
-        span = sum(max(b.ready for b in bs) - min(b.start for b in bs) for bs in processes.values())
-        count = sum(len(bs) for bs in processes.values())
+    for worker in np.unique(built["worker_id"]).tolist():
+        mine = built["worker_id"] == worker
+        processes = worker_of == worker
+        count = int(mine.sum())
+        busy_s = float(busy[mine].sum())
+        span = float((last[processes] - first[processes]).sum())
         table.append(
             {
                 "worker": None if worker < 0 else worker,
-                "pid": min(processes),
-                "processes": len(processes),
+                "pid": int(pids[processes].min()),
+                "processes": int(processes.sum()),
                 "batches": count,
-                "busy_s": round(busy, 6),
+                "busy_s": round(busy_s, 6),
                 "span_s": round(span, 6),
-                "busy_pct": round(100.0 * busy / span, 2) if span > 0 else 100.0,
-                "mean_build_ms": _ms(busy / count),
-                "waited_ms": round(sum(waits.get(pid, 0.0) for pid in processes), 3),
+                "busy_pct": round(100.0 * busy_s / span, 2) if span > 0 else 100.0,
+                "mean_build_ms": _ms(busy_s / count),
+                "waited_ms": round(float(waited[processes].sum()), 3),
             }
         )
     return table
 
 
-def keeping_ahead(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def keeping_ahead(c: Columns, rows: np.ndarray) -> dict[str, Any]:
     """Whether the workers keep ahead: the share of batches ready before the loop asked, overall
     and in each tenth of the run (batches ready over time)."""
-    known = [r for r in rows if "ready_before_asked" in r and r["worker"] is not None]
-    if not known:
-        return {}
-    tenths = []
+    known = rows[c.joined[rows] & (c.taken["worker_id"][rows] >= 0)]
     n = len(known)
-    for k in range(min(10, n)):
-        part = known[k * n // min(10, n) : (k + 1) * n // min(10, n)]
-        tenths.append(round(100.0 * sum(r["ready_before_asked"] for r in part) / len(part), 1))
+    if not n:
+        return {}
+    ready = c.ready_before_asked[known]
+    parts = min(10, n)
+    bounds = [k * n // parts for k in range(parts + 1)]
+    tenths = [round(100.0 * float(ready[a:b].mean()), 1) for a, b in itertools.pairwise(bounds)]
     return {
         "batches": n,
-        "ready_pct": round(100.0 * sum(r["ready_before_asked"] for r in known) / n, 2),
+        "ready_pct": round(100.0 * int(ready.sum()) / n, 2),
         "ready_pct_by_tenth": tenths,
     }
 
 
-def sample_outliers(built: list[Built]) -> dict[str, Any]:
-    """Per-sample fetch time: its distribution and the samples at ≥ OUTLIER_FACTOR × the median."""
-    seconds, where = [], []
-    for b in built:
-        if not b.ends:
-            continue
-        begin = 0.0
-        for k, end in enumerate(b.ends):
-            seconds.append(end - begin)
-            where.append((b, k))
-            begin = end
-    if not seconds:
+def sample_outliers(flow: Flow) -> dict[str, Any]:
+    """Per-sample fetch time: its distribution and the samples at ≥ OUTLIER_FACTOR × the median
+    (from a uniform reservoir past SAMPLES_KEPT samples: then `estimated_from` says how many)."""
+    times = flow.samples
+    values = times.values()
+    if not times.count:
         return {"count": 0}
-    values = np.array(seconds)
     median = float(np.median(values))
-    order = np.argsort(-values)
     bar = max(OUTLIER_FACTOR * median, OUTLIER_MIN_S)
     outliers = []
-    for j in order[:SLOWEST].tolist():
-        if values[j] < bar:
+    for s in times.top.tolist():
+        seconds, row, at, sample = s
+        if seconds < bar:
             break
-        b, k = where[j]
+        b = flow.built[row]
         outliers.append(
             {
-                "sample": b.indices[k],
-                "ms": _ms(float(values[j])),
-                "times_median": round(float(values[j]) / median, 1) if median > 0 else None,
-                "worker": None if b.worker_id < 0 else b.worker_id,
-                "epoch": b.generation,
-                "batch": b.idx,
-                "file": _sample_file(b, k),
+                "sample": sample,
+                "ms": _ms(seconds),
+                "times_median": round(seconds / median, 1) if median > 0 else None,
+                "worker": None if b["worker_id"] < 0 else int(b["worker_id"]),
+                "epoch": int(b["generation"]),
+                "batch": int(b["idx"]),
+                "file": _sample_file(flow, row, at),
             }
         )
-    return {
-        "count": len(values),
+    above = int(np.count_nonzero(values >= bar))
+    out = {
+        "count": times.count,
         "median_ms": _ms(median),
         "p99_ms": _ms(float(np.percentile(values, 99))),
-        "max_ms": _ms(float(values.max())),
+        "max_ms": _ms(float(times.top["s"][0])),
         "outliers": outliers,
         "outlier_ms": _ms(bar),
-        "outliers_total": int(np.count_nonzero(values >= bar)),
+        "outliers_total": above if len(values) == times.count else round(above * times.count / len(values)),
     }
+    if len(values) < times.count:
+        out["estimated_from"] = len(values)
+    return out
 
 
-def _sample_file(b: Built, k: int) -> str | None:
-    slowest = _slowest(b)
-    if slowest is None or slowest[0] != k:
+def _sample_file(flow: Flow, row: int, at: int) -> str | None:
+    """The file its batch's slowest sample read most from, when it is that sample."""
+    if flow.built["slowest_at"][row] != at:
         return None
-    files = (b.io.get("slowest") or {}).get("files") or []
+    files = (flow.io.get(row, {}).get("slowest") or {}).get("files") or []
     return files[0]["path"] if files else None
 
 
-def file_outliers(built: list[Built]) -> dict[str, Any]:
+def file_outliers(io: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Per file read while building batches: reads, bytes, time in system calls; the files at
     ≥ OUTLIER_FACTOR × the median bytes or time named."""
     files: dict[str, dict[str, Any]] = {}
-    for b in built:
-        for f in b.io.get("files", []):
+    for summary in io.values():
+        for f in summary.get("files", []):
             t = files.setdefault(f["path"], {"path": f["path"], "reads": 0, "bytes": 0, "seconds": 0.0, "batches": 0})
             t["reads"] += f["reads"]
             t["bytes"] += f["bytes"]
@@ -493,12 +856,14 @@ def file_outliers(built: list[Built]) -> dict[str, Any]:
     }
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+def write_csv(path: Path, flow: Flow) -> None:
+    """batches.csv, CSV_ROWS batches at a time (a week's batches never held as rows at once)."""
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_COLUMNS)
-        for r in rows:
-            writer.writerow([_cell(r.get(c)) for c in CSV_COLUMNS])
+        for first in range(0, len(flow), CSV_ROWS):
+            rows = _rows(flow, Columns(flow, slice(first, first + CSV_ROWS)))
+            writer.writerows([_cell(r.get(c)) for c in CSV_COLUMNS] for r in rows)
 
 
 def _cell(value: Any) -> Any:

@@ -190,12 +190,12 @@ class TimelineWriter:
         """A "batches built" track per worker (a slice per batch, from its fetch to its hand-off),
         a "batches taken" track in the training process (the `__next__` that waited for it), and
         a flow arrow from each batch to the `__next__` — and so the step — that used it."""
-        pairs = flow.pairs
-        keep = steptable.stride_positions(len(pairs), TIMELINE_BATCHES).tolist()
-        longest = sorted(range(len(pairs)), key=lambda k: -(pairs[k][0].next_end - pairs[k][0].next_start))
+        keep = steptable.stride_positions(len(flow), TIMELINE_BATCHES).tolist()
+        waited = flow.taken["next_end"] - flow.taken["next_start"]
+        longest = np.argsort(-waited, kind="stable")[: steptable.SLOWEST].tolist()
         to_us = self.clock.realtime_s
-        for n, k in enumerate(sorted(set(keep) | set(longest[: steptable.SLOWEST]))):
-            taken, built, step = pairs[k]
+        for n, k in enumerate(sorted(set(keep) | set(longest))):
+            taken, built, step = flow.pair(k)
             name = f"batch {taken.idx}" + (f" (epoch {taken.generation})" if taken.generation else "")
             start, end = to_us(taken.next_start), to_us(taken.next_end)
             self.track(taken.pid, TAKEN_TID, "batches taken", 3)
@@ -220,7 +220,7 @@ class TimelineWriter:
             built_args = {
                 "fetch_ms": round(built.fetched - built.start, 6) * 1e3,
                 "collate_ms": round(built.collated - built.fetched, 6) * 1e3,
-                "samples": len(built.indices),
+                "samples": built.samples,
                 "step": step,
             }
             self.events.append(
@@ -236,10 +236,10 @@ class TimelineWriter:
                 }
             )
             # each end inside its own slice, so Perfetto binds the arrow to both
-            flow = {"cat": "batch", "name": "batch", "id": n + 1}
-            self.events.append({**flow, "ph": "s", "pid": built.pid, "tid": BUILT_TID, "ts": (b0 + b1) / 2})
+            arrow = {"cat": "batch", "name": "batch", "id": n + 1}
+            self.events.append({**arrow, "ph": "s", "pid": built.pid, "tid": BUILT_TID, "ts": (b0 + b1) / 2})
             self.events.append(
-                {**flow, "ph": "f", "bp": "e", "pid": taken.pid, "tid": TAKEN_TID, "ts": (start + end) / 2}
+                {**arrow, "ph": "f", "bp": "e", "pid": taken.pid, "tid": TAKEN_TID, "ts": (start + end) / 2}
             )
 
     def write(self, path: Path) -> Path:

@@ -100,7 +100,13 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         )
     if samples.get("outliers_total", 0) > len(samples.get("outliers", [])):
         bar = f"≥ {samples['outlier_ms']:.3g} ms (10× the median, 1 ms at least)"
-        items.append(("info", f"{samples['outliers_total']} samples in all took {bar}; see the CSV."))
+        count = f"{samples['outliers_total']} samples in all"
+        if samples.get("estimated_from"):  # past SAMPLES_KEPT: the median and the count from a reservoir
+            count = (
+                f"About {samples['outliers_total']} of {samples['count']} samples (estimated from "
+                f"{samples['estimated_from']} drawn uniformly)"
+            )
+        items.append(("info", f"{count} took {bar}; see the CSV."))
     files = section.get("files") or {}
     for f in files.get("outliers", []):
         items.append(
