@@ -62,6 +62,10 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("dlscope run --trace-io --out runs/mine -- python train.py --epochs 1", "and its file I/O"),
         ("dlscope run -- torchrun --nproc-per-node 2 train.py", "every rank: comm, overlap, stragglers"),
     ],
+    "doctor": [
+        ("dlscope doctor -- python train.py", "what to change, predicted then measured (2 minutes)"),
+        ("dlscope doctor --budget 300 --out runs/doc -- python train.py", "more rounds, a tighter noise band"),
+    ],
     "diff": [
         ("dlscope diff runs/before runs/after", "where step time went between two runs of `dlscope run`"),
         ("dlscope diff runs/before runs/after --json", "the same as JSON: every part's band, operators, I/O"),
