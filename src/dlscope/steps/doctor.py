@@ -305,33 +305,34 @@ BUSY_S = 0.25  # each count of busy processes spins this long, BUSY_ROUNDS times
 BUSY_ROUNDS = 2
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+def _spin(start: Any, shares: Any, seconds: float) -> None:
+    """Busy for `seconds` once all the spinners are ready: the share of a core this one got."""
+    start.wait()
+    wall, cpu = time.perf_counter(), time.process_time()
+    while time.perf_counter() - wall < seconds:
         pass
+    shares.put((time.process_time() - cpu) / (time.perf_counter() - wall))
 
 
 def cores_busy(most: int) -> list[float]:
     """The cores 1, 2, … `most` busy processes of this one's got here, now: each count spins for
-    BUSY_S, the counts in turn BUSY_ROUNDS times, the median. What other jobs, a CPU quota or a
+    BUSY_S, all at once (each its own CPU over its own wall time: forking and joining not
+    counted), the counts in turn BUSY_ROUNDS times, the median. What other jobs, a CPU quota or a
     scheduler that shares the CPUs by session (autogroup) leave a DataLoader's workers, measured."""
     import multiprocessing
-    import resource
     import statistics
 
     context = multiprocessing.get_context("fork")
     got: dict[int, list[float]] = {n: [] for n in range(1, most + 1)}
     for _ in range(BUSY_ROUNDS):
         for n in got:
-            use = resource.getrusage(resource.RUSAGE_CHILDREN)
-            before, start = use.ru_utime + use.ru_stime, time.perf_counter()
-            spinners = [context.Process(target=_spin, args=(BUSY_S,)) for _ in range(n)]
+            start, shares = context.Barrier(n), context.Queue()
+            spinners = [context.Process(target=_spin, args=(start, shares, BUSY_S)) for _ in range(n)]
             for p in spinners:
                 p.start()
+            got[n].append(sum(shares.get() for _ in spinners))
             for p in spinners:
                 p.join()
-            use = resource.getrusage(resource.RUSAGE_CHILDREN)
-            got[n].append((use.ru_utime + use.ru_stime - before) / (time.perf_counter() - start))
     return [round(statistics.median(v), 3) for v in got.values()]
 
 

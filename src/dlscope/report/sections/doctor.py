@@ -177,13 +177,18 @@ def workers_basis(b: dict[str, Any]) -> str:
     cpu = b.get("loader_cpu_frac")
     share = b.get("thread_share")
     fetch = f"{b['data_ms']:.3g} ms of fetching a step" + ("" if cpu is None else f" ({100 * cpu:.0f}% on a CPU)")
-    busy = ", ".join(f"{n} {c:.2f}" for n, c in enumerate(b["cores_busy"], 1))
+    busy = ", ".join(f"{n}: {c:.2f}" for n, c in enumerate(b["cores_busy"], 1))
     return (
         f"Workers predicted from: {fetch} moved to {b['workers']} workers; handing a batch over costs "
         f"{b['handover_send_ms']:.2f} ms of a worker's CPU and {b['handover_recv_ms']:.2f} ms of the training "
         "thread's (measured on a DataLoader of this batch's tensors); the training thread had "
         + ("a whole core" if share is None or share >= 0.95 else f"{share:.2f} of a core")
-        + f", and busy processes of ours got these cores here (processes cores): {busy}."
+        + f", and busy processes of ours got these cores here (processes: cores) {busy}"
+        + (
+            "."
+            if (idle := b.get("machine_idle_frac")) is None
+            else f"; the CPUs were {100 * idle:.0f}% idle in the first run."
+        )
     )
 
 
