@@ -1,5 +1,8 @@
 """`dlscope doctor` on known-truth and third-party scripts: each candidate's predicted gain against
-its measured one (issue 25), with the machine's load before and after each script.
+its measured one (issue 25), with the machine's load before and after each script. For the
+workers candidate, "idle model" is what its prediction would be on idle cores with a free hand-over
+(the model before the hand-over and the cores we get were measured), beside the basis's
+hand-over CPU (worker/training thread, ms a batch) and the cores 1, 2, … busy processes got.
 
     .venv/bin/python benchmarks/doctor_scripts.py [--budget 120] [--only NAME ...]
 
@@ -15,6 +18,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from dlscope.observe.script import prescribe
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests" / "scripts"
@@ -50,10 +55,10 @@ def main() -> None:
     args = parser.parse_args()
     dlscope = Path(PY).with_name("dlscope")
     print(
-        "| script | load before/after | baseline ms | data % | change | predicted × | measured × | noise ±% "
-        "| rounds | verdict | prescribed |"
+        "| script | load before/after | baseline ms | data % | change | predicted × | idle model × | measured × "
+        "| noise ±% | rounds | verdict | prescribed | hand-over ms | cores for 1, 2, … busy |"
     )
-    print("|---|---|---:|---:|---|---:|---:|---:|---:|---|---|")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|")
     for name, command in SCRIPTS.items():
         if args.only and not any(o in name for o in args.only):
             continue
@@ -77,6 +82,14 @@ def main() -> None:
         rows = section.get("candidates") or [{"key": "—", "predicted": None, "measured": None}]
         for c in rows:
             m = c.get("measured") or {}
+            basis = c.get("basis") or {}
+            idle, handover, busy = "—", "—", "—"
+            if c["key"] == "workers":
+                nominal = [float(min(n, basis["cores"])) for n in range(1, len(basis["cores_busy"]) + 1)]
+                free = {"thread_share": None, "cores_busy": nominal, "handover_send_ms": 0.0, "handover_recv_ms": 0.0}
+                idle = f"{prescribe.workers_prediction({**basis, **free}):.2f}"
+                handover = f"{basis['handover_send_ms']:.2f}/{basis['handover_recv_ms']:.2f}"
+                busy = " ".join(f"{c:.2f}" for c in basis["cores_busy"])
             cells = [
                 name,
                 f"{before}/{after}",
@@ -84,11 +97,14 @@ def main() -> None:
                 "—" if data is None else f"{data:.0f}",
                 c["key"],
                 "—" if c["predicted"] is None else f"{c['predicted']:.2f}",
+                idle,
                 f"{m['gain']:.2f}" if m else "—",
                 f"{m['noise_pct']:.0f}" if m else "—",
                 " ".join(f"{r:.2f}" for r in m.get("rounds", [])) or "—",
                 m.get("verdict", section.get("verdict", {}).get("key", "—")),
                 "yes" if c["key"] in order else "",
+                handover,
+                busy,
             ]
             print("| " + " | ".join(cells) + " |", flush=True)
 

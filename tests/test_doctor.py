@@ -150,6 +150,28 @@ def test_predictions_follow_the_anatomy():
     assert prescribe.scaled_prediction(tried[0], scaling=2.0) == pytest.approx(1 / (0.02 + 0.98 / 2), rel=1e-3)
 
 
+def test_the_workers_prediction_counts_the_hand_over_and_the_cores_it_gets():
+    # 8 ms of CPU fetching, 2 ms of compute a step, 2 workers on 2 idle cores
+    workers = next(c for c in prescribe.candidates(baseline(80.0), cores=2)[0] if c["key"] == "workers")
+    assert workers["basis"]["cores_busy"] == [1.0, 2.0, 2.0]  # nominal, until measured
+    # each batch handed over: 0.5 ms of a worker's CPU, 0.5 ms of the training thread's: 11 ms of
+    # CPU a step on 2 cores
+    workers["basis"].update(handover_send_ms=0.5, handover_recv_ms=0.5)
+    assert prescribe.workers_prediction(workers["basis"]) == pytest.approx(10 / 5.5, rel=1e-3)
+    # other jobs held the cores: the training thread got half a core (the same 10 ms step was 4 ms of
+    # fetching CPU and 1 of compute), and 2 or 3 busy processes of ours got 0.75 cores between them:
+    # the 5 ms of CPU a step at 0.75 cores against 0.5
+    busy = baseline(80.0)
+    busy["facts"]["thread_share"] = 0.5
+    workers = next(c for c in prescribe.candidates(busy, cores=2)[0] if c["key"] == "workers")
+    workers["basis"]["cores_busy"] = [0.5, 0.75, 0.75]
+    assert prescribe.workers_prediction(workers["basis"]) == pytest.approx(0.75 / 0.5, rel=1e-3)
+    # a scheduler that shares the CPUs by session: more processes of ours get no more cores, and the
+    # hand-over makes workers slower
+    workers["basis"].update(cores_busy=[0.5, 0.5, 0.5], handover_send_ms=0.5, handover_recv_ms=0.5)
+    assert prescribe.workers_prediction(workers["basis"]) == pytest.approx(5 / 6, rel=1e-3)
+
+
 def test_a_gain_counts_only_beyond_its_noise():
     steady = [0.010 + 0.0001 * (i % 3) for i in range(20)]
     half = [s / 2 for s in steady]

@@ -66,6 +66,15 @@ def run(ctx: Context) -> dict[str, Any]:
         return finish(ctx, section, trials, began, hashes, {"key": "baseline_failed", **failure(baseline)})
     tried, skipped = prescribe.candidates(section["baseline"], n_cores, bf16_cpu=bf16_cpu(), cuda=cuda())
     for candidate in tried:
+        if candidate["key"] == "workers":
+            basis = candidate["basis"]
+            basis["cores_busy"] = cores_busy(len(basis["cores_busy"]))
+            if section["baseline"]["facts"].get("batch_tensors"):
+                basis["handover_send_ms"], basis["handover_recv_ms"] = handover_cost(
+                    section["baseline"]["facts"]["batch_tensors"]
+                )
+            candidate["predicted"] = prescribe.workers_prediction(basis)
+            continue
         if candidate["key"] == "threads":
             scaling = matmul_speedup(threads=(candidate["basis"]["threads_now"], candidate["basis"]["threads"]))
         elif candidate["key"] == "autocast":
@@ -249,6 +258,82 @@ def matmul_speedup(threads: tuple[int, int] | None = None, bf16: bool = False) -
         return round(statistics.median(ratios), 3)
     finally:
         torch.set_num_threads(saved)
+
+
+HANDOVER_BATCHES = 400  # batches a hand-over calibration sends, at most
+HANDOVER_S = 1.5  # or for this long
+
+
+def handover_cost(tensors: list[list[Any]]) -> tuple[float, float]:
+    """(worker, training thread) CPU milliseconds a batch of these tensors ([shape, dtype]) costs
+    to hand from a DataLoader worker to the training process — pickling into shared memory, the
+    queue, unpickling — measured by a DataLoader of 2 workers whose dataset returns that batch
+    ready-made: the workers' CPU (their rusage once joined) and the training thread's, a batch."""
+    import resource
+
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    batch = tuple(torch.zeros(shape, dtype=getattr(torch, dtype)) for shape, dtype in tensors)
+
+    class Ready(Dataset):
+        def __len__(self) -> int:
+            return HANDOVER_BATCHES
+
+        def __getitem__(self, i: int) -> tuple:
+            return batch
+
+    def children_cpu() -> float:
+        use = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return use.ru_utime + use.ru_stime
+
+    workers_from = children_cpu()
+    iterator = iter(DataLoader(Ready(), batch_size=None, num_workers=2))
+    next(iterator)  # the workers started, the first batch through
+    received, start, thread_from = 0, time.perf_counter(), time.thread_time()
+    for _ in iterator:
+        received += 1
+        if time.perf_counter() - start > HANDOVER_S:
+            break
+    thread_cpu = time.thread_time() - thread_from
+    del iterator  # its workers joined: their CPU is in this process's children's rusage
+    sent = received + 1 + 2 * 2  # and those prefetched (2 workers × prefetch 2), taken or not
+    return round(1e3 * (children_cpu() - workers_from) / sent, 4), round(1e3 * thread_cpu / max(received, 1), 4)
+
+
+BUSY_S = 0.25  # each count of busy processes spins this long, BUSY_ROUNDS times in turn
+BUSY_ROUNDS = 2
+
+
+def _spin(start: Any, shares: Any, seconds: float) -> None:
+    """Busy for `seconds` once all the spinners are ready: the share of a core this one got."""
+    start.wait()
+    wall, cpu = time.perf_counter(), time.process_time()
+    while time.perf_counter() - wall < seconds:
+        pass
+    shares.put((time.process_time() - cpu) / (time.perf_counter() - wall))
+
+
+def cores_busy(most: int) -> list[float]:
+    """The cores 1, 2, … `most` busy processes of this one's got here, now: each count spins for
+    BUSY_S, all at once (each its own CPU over its own wall time: forking and joining not
+    counted), the counts in turn BUSY_ROUNDS times, the median. What other jobs, a CPU quota or a
+    scheduler that shares the CPUs by session (autogroup) leave a DataLoader's workers, measured."""
+    import multiprocessing
+    import statistics
+
+    context = multiprocessing.get_context("fork")
+    got: dict[int, list[float]] = {n: [] for n in range(1, most + 1)}
+    for _ in range(BUSY_ROUNDS):
+        for n in got:
+            start, shares = context.Barrier(n), context.Queue()
+            spinners = [context.Process(target=_spin, args=(start, shares, BUSY_S)) for _ in range(n)]
+            for p in spinners:
+                p.start()
+            got[n].append(sum(shares.get() for _ in spinners))
+            for p in spinners:
+                p.join()
+    return [round(statistics.median(v), 3) for v in got.values()]
 
 
 def bf16_cpu() -> bool:

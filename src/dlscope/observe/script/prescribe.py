@@ -4,8 +4,16 @@ reason) out; then trials in, each candidate's measured gain, noise band, verdict
 
 Predictions, from the baseline's anatomy (mean shares applied to the median step):
     input made free   step / (step - data): the ceiling of any input fix (1 / (1 - data share))
-    workers w         step / max(compute, data / w, (data on a CPU + compute) / cores): fetching
-                      moves to w processes beside training, all sharing the cores; w = ⌈data /
+    workers w         step / the step with w workers, from CPU times measured in the baseline:
+                      the training thread computes (compute × its share of a core) and receives
+                      each batch (the hand-over's unpickling, measured by a calibration queue of the
+                      batch's own tensors); each worker fetches (data's CPU part), waits (the rest)
+                      and sends its batch (the hand-over's pickling). The step is the slower of the
+                      training thread and the workers' pipeline (fetch / w), each CPU part divided
+                      by the share of a core a runnable thread of ours gets: the baseline's own,
+                      scaled as the cores 1, 2, … w + 1 busy processes got when measured here (other
+                      jobs, a CPU quota, a scheduler that shares by session: all in the figure),
+                      solved to a fixed point with how many of our threads run at once. w = ⌈data /
                       compute⌉, at least 2, at most the cores — twice the cores when fetching
                       mostly waits (the training thread on a CPU < half its time in __next__)
     threads t         data and the loop's own time stay, compute (forward, backward, optimizer)
@@ -34,6 +42,7 @@ WAITING_FRAC = 0.5  # fetching is waiting when the training thread is on a CPU f
 WAITING_WORKERS_PER_CORE = 2  # workers that mostly wait: up to this many per core
 AUTOCAST_PCT = 30.0  # bf16 autocast is tried when matrix products and convolutions are this much of the step
 GEMM_OPS = ("mm", "conv", "matmul")  # in an operator's name: a matrix product or a convolution
+FIXED_POINT_ROUNDS = 60  # of the workers prediction's share of a core: damped, it settles in far fewer
 NUMERICS_RTOL = 1e-3  # the first losses of a change that keeps numerics: within this of the baseline's
 NOT_BUILT = ("pin_memory", "persistent_workers", "prefetch_factor", "channels_last", "autocast", "compile", "batch")
 
@@ -74,20 +83,28 @@ def candidates(
         waits = cpu_frac is not None and cpu_frac < WAITING_FRAC
         most = WAITING_WORKERS_PER_CORE * cores if waits else cores
         workers = min(most, max(2, math.ceil(data_ms / max(compute_ms, 1e-9))))
-        data_cpu_ms = data_ms * (cpu_frac if cpu_frac is not None else 1.0)
         if cores < 2 and not waits:
             skipped.append({"key": "workers", "reason": "one_core"})
         elif workers_now >= workers:
             skipped.append({"key": "workers", "reason": "workers_enough", "workers": workers_now, "cores": cores})
         else:
-            predicted_ms = max(compute_ms, data_ms / workers, (data_cpu_ms + compute_ms) / cores)
             basis = {**input_facts, "workers": workers, "workers_now": workers_now, "cores": cores}
+            basis.update(
+                step_ms=step_ms,
+                data_ms=round(data_ms, 3),
+                loader_cpu_frac=cpu_frac,
+                thread_share=facts.get("thread_share"),
+                machine_idle_frac=facts.get("machine_idle_frac"),
+                cores_busy=[float(min(n, cores)) for n in range(1, workers + 2)],
+                handover_send_ms=0.0,
+                handover_recv_ms=0.0,
+            )
             tried.append(
                 {
                     "key": "workers",
                     "change": {"loader": {"num_workers": workers}},
-                    "predicted": round(step_ms / predicted_ms, 3),
-                    "basis": {**basis, "loader_cpu_frac": cpu_frac},
+                    "predicted": workers_prediction(basis),
+                    "basis": basis,
                     "site": first_site(loaders),
                     "argument": ("num_workers", workers),
                 }
@@ -146,6 +163,34 @@ def candidates(
         skipped.append({"key": "pin_memory", "reason": "no_gpu"})
     skipped += [{"key": k, "reason": "not_built"} for k in NOT_BUILT if k not in ("pin_memory", "autocast")]
     return tried, skipped
+
+
+def workers_prediction(basis: dict[str, Any]) -> float:
+    """The gain of `workers` DataLoader workers (the module's docstring), from the baseline's facts
+    in a workers candidate's basis, the hand-over's measured CPU per batch (0 until measured) and
+    the cores 1, 2, … w + 1 busy processes got here (the nominal cores until measured)."""
+    w, step_ms, data_ms = basis["workers"], basis["step_ms"], basis["data_ms"]
+    share_now = basis.get("thread_share") or 1.0
+    cpu_frac = basis["loader_cpu_frac"] if basis.get("loader_cpu_frac") is not None else 1.0
+    data_cpu = data_ms * cpu_frac * share_now + basis["handover_send_ms"]  # CPU ms a batch, in a worker
+    data_wait = data_ms * (1 - cpu_frac)
+    main_cpu = (step_ms - data_ms) * share_now + basis["handover_recv_ms"]  # CPU ms a step, training thread
+    cores = basis["cores_busy"]  # the cores 1, 2, … w + 1 busy processes of ours got
+
+    def share(runnable: float) -> float:
+        """A runnable thread's share of a core with `runnable` of ours at once: the baseline's own,
+        scaled as the measured cores (linear between whole counts)."""
+        r = min(max(runnable, 1.0), len(cores))
+        low = int(r)
+        got = cores[low - 1] + (cores[min(low, len(cores) - 1)] - cores[low - 1]) * (r - low)
+        return min(1.0, share_now * got / r / cores[0])
+
+    runnable, step = float(w + 1), step_ms
+    for _ in range(FIXED_POINT_ROUNDS):  # the share sets the step, the step how many of ours run at once
+        s = share(runnable)
+        step = max(main_cpu / s, (data_cpu / s + data_wait) / w)
+        runnable = (runnable + (main_cpu + data_cpu) / s / step) / 2
+    return round(step_ms / step, 3)
 
 
 def gemm_pct(top10: dict[str, Any]) -> float | None:

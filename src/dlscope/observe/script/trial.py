@@ -13,7 +13,9 @@ hooks.install when DLSCOPE_DOCTOR holds the trial's settings (JSON); nothing her
 
 Recorded (`k` in the process's records): "site" (where a DataLoader, an optimizer or a
 zero_grad call is in the user's code, with the arguments it was given), "threads", "loss",
-"zero_grad" (its mean seconds), "refused" (a write outside the scratch directory), "trial_stop".
+"zero_grad" (its mean seconds), "batch_layout" (the first batch's tensors: shapes and dtypes),
+"loader" (the counted steps' fetching and thread times, this process's CPU, the machine's idle
+share), "refused" (a write outside the scratch directory), "trial_stop".
 
 Writes: a trial runs in a scratch working directory; a write anywhere else (an absolute output
 path) is refused (PermissionError in the script) and recorded, so a trial never overwrites
@@ -64,6 +66,45 @@ def call_sites() -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
     return None, direct
 
 
+TENSORS_KEPT = 64  # a batch's tensors described, at most (the hand-over calibration rebuilds them)
+
+
+def tensor_layout(torch: Any, batch: Any) -> list[list[Any]]:
+    """[shape, dtype name] of each tensor in a batch (tuples, lists, dicts, nested): what a
+    DataLoader worker would hand to the training process."""
+    found: list[list[Any]] = []
+    stack = [batch]
+    while stack and len(found) < TENSORS_KEPT:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append([list(item.shape), str(item.dtype).removeprefix("torch.")])
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return found
+
+
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(idle, total) clock ticks of all the machine's CPUs so far (/proc/stat); None: not Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return fields[3] + fields[4], sum(fields)  # idle + iowait, of user nice system idle iowait irq softirq steal
+
+
+def machine_use(process_cpu: float, jiffies: tuple[int, int] | None) -> dict[str, Any]:
+    """Since the counted steps began: this process's CPU seconds, and the machine's idle share of
+    its CPUs (what other jobs left free)."""
+    now = cpu_jiffies()
+    use: dict[str, Any] = {"process_cpu_s": time.process_time() - process_cpu}
+    if jiffies is not None and now is not None and now[1] > jiffies[1]:
+        use["machine_idle_frac"] = (now[0] - jiffies[0]) / (now[1] - jiffies[1])
+    return use
+
+
 class Trial:
     """One per process of a trial (a forked DataLoader worker inherits it and stays quiet)."""
 
@@ -75,7 +116,9 @@ class Trial:
         self.zero_grad_seconds, self.zero_grads = 0.0, 0
         self.replayed: dict[int, list[Any]] = {}
         self.loader_cpu_s = self.loader_wall_s = 0.0
+        self.batch_seen = False
         self.counted_from: tuple[float, float, float, float] | None = None
+        self.machine_from: tuple[float, tuple[int, int] | None] | None = None
         self.autocast: Any = None  # the open bf16 autocast context of an outermost forward
         self.allowed = [os.path.abspath(config["scratch"]), *map(os.path.abspath, config.get("keep", []))]
         self.main_pid = os.getpid()
@@ -209,10 +252,14 @@ class Trial:
         decoding in the process, or a wait (a read, a worker's batch) that more workers overlap."""
         start_cpu, start = time.thread_time(), time.perf_counter()
         try:
-            return timed(next_, iterator)
+            batch = timed(next_, iterator)
         finally:
             self.loader_cpu_s += time.thread_time() - start_cpu
             self.loader_wall_s += time.perf_counter() - start
+        if not self.batch_seen:
+            self.batch_seen = True
+            self.records.write({"k": "batch_layout", "tensors": tensor_layout(self.hooks.torch, batch)})
+        return batch
 
     def forward_begin(self) -> None:
         """The outermost forward starts: under bf16 autocast when the trial says so."""
@@ -256,6 +303,7 @@ class Trial:
             self.warm_at = now
             # from here on: the thread's CPU and wall time, and the loader's share of each
             self.counted_from = (time.thread_time(), time.perf_counter(), self.loader_cpu_s, self.loader_wall_s)
+            self.machine_from = (time.process_time(), cpu_jiffies())
         # the ranks of a distributed job end at the same step, never on their own clocks (the others
         # would wait in a collective for the one that left)
         limit = self.config.get("stop_seconds", float("inf")) if self.world_size <= 1 else float("inf")
@@ -279,6 +327,7 @@ class Trial:
                     "wall_s": self.loader_wall_s - loader_wall,
                     "thread_cpu_s": time.thread_time() - cpu,
                     "thread_wall_s": time.perf_counter() - wall,
+                    **machine_use(*self.machine_from),
                 }
             )
         self.records.write({"k": "trial_stop", "steps": steps, "ts": time.time()})

@@ -181,12 +181,15 @@ def trial_facts(records: list[dict[str, Any]], main: list[dict[str, Any]]) -> di
     threads = next((r["threads"] for r in main if r.get("k") == "threads"), None)
     zero_grad = next((r for r in main if r.get("k") == "zero_grad"), {})
     loader = next((r for r in main if r.get("k") == "loader"), {})
+    layout = next((r["tensors"] for r in main if r.get("k") == "batch_layout"), None)
     return {
         "sites": sites,
         "threads": threads,
         "losses": [r["v"] for r in sorted((r for r in main if r.get("k") == "loss"), key=lambda r: r["i"])],
         "zero_grad_s": zero_grad.get("mean_s"),
         "loader_cpu_frac": loader_cpu_frac(loader),
+        **cpu_shares(loader),
+        "batch_tensors": layout,
         "refused": sorted({r["path"] for r in records if r.get("k") == "refused"}),
         "stopped": any(r.get("k") == "trial_stop" for r in main),
     }
@@ -202,6 +205,23 @@ def loader_cpu_frac(loader: dict[str, Any]) -> float | None:
     except (KeyError, ZeroDivisionError):
         return None
     return round(min(inside / outside, 1.0), 3) if outside > 0 else None
+
+
+def cpu_shares(loader: dict[str, Any]) -> dict[str, float | None]:
+    """Over the counted steps: the share of a core the training thread got while it computed
+    (outside DataLoader.__next__; below 1 when other jobs held the cores), the cores this process
+    used, and the share of the machine's CPUs that stayed idle. None: not known."""
+    try:
+        outside = (loader["thread_cpu_s"] - loader["cpu_s"]) / (loader["thread_wall_s"] - loader["wall_s"])
+        process = loader["process_cpu_s"] / loader["thread_wall_s"]
+    except (KeyError, ZeroDivisionError):
+        outside = process = None
+    idle = loader.get("machine_idle_frac")
+    return {
+        "thread_share": None if outside is None else round(min(outside, 1.0), 3),
+        "process_cores": None if process is None else round(process, 3),
+        "machine_idle_frac": None if idle is None else round(idle, 3),
+    }
 
 
 def tail(path: Path, lines: int = 5) -> list[str]:

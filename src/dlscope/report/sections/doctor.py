@@ -92,8 +92,9 @@ WORDS: Words = {
     "doctor.changed": lambda v: f"The script file {v['file']} changed while doctor ran.",
     "doctor.busy": lambda v: (
         f"The machine was busy (load {v['load']:.1f} on {v['cores']} cores): other jobs "
-        "took cores the trials shared, so gains that need idle cores (workers, threads) may measure below their "
-        "prediction, which assumes the cores are free; measure again when it is quieter."
+        "took cores the trials shared. The workers prediction counts the cores our processes got when it was made, "
+        "but a load that moves between trials moves what gains that need idle cores (workers, threads) "
+        "measure; measure again when it is quieter."
     ),
 }
 
@@ -171,6 +172,26 @@ def snippet(candidate: dict[str, Any]) -> str:
     return f"{where}\n- {line.strip()}\n+ {changed.strip()}"
 
 
+def workers_basis(b: dict[str, Any]) -> str:
+    """How the workers prediction was made, in the baseline's measured terms."""
+    cpu = b.get("loader_cpu_frac")
+    share = b.get("thread_share")
+    fetch = f"{b['data_ms']:.3g} ms of fetching a step" + ("" if cpu is None else f" ({100 * cpu:.0f}% on a CPU)")
+    busy = ", ".join(f"{n}: {c:.2f}" for n, c in enumerate(b["cores_busy"], 1))
+    return (
+        f"Workers predicted from: {fetch} moved to {b['workers']} workers; handing a batch over costs "
+        f"{b['handover_send_ms']:.2f} ms of a worker's CPU and {b['handover_recv_ms']:.2f} ms of the training "
+        "thread's (measured on a DataLoader of this batch's tensors); the training thread had "
+        + ("a whole core" if share is None or share >= 0.95 else f"{share:.2f} of a core")
+        + f", and busy processes of ours got these cores here (processes: cores) {busy}"
+        + (
+            "."
+            if (idle := b.get("machine_idle_frac")) is None
+            else f"; the CPUs were {100 * idle:.0f}% idle in the first run."
+        )
+    )
+
+
 def _cell(value: float | None, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
@@ -219,6 +240,9 @@ def render(section: dict[str, Any]) -> list[Block]:
                 optional=("rounds ×", "numerics"),
             )
         )
+    workers = next((c for c in candidates if c["key"] == "workers"), None)
+    if workers is not None and "cores_busy" in workers["basis"]:  # runs before the hand-over was measured: none
+        blocks.append(Para(workers_basis(workers["basis"])))
     for key in section["verdict"].get("order", []):
         c = next(c for c in candidates if c["key"] == key)
         blocks.append(Code(snippet(c), "diff"))
