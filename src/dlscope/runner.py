@@ -419,8 +419,9 @@ def child_main(argv: list[str]) -> int:
 
         # the hang agent before torch loads (building the plan's config does): it counts the
         # collectives as the ranks enter them
-        out = json.loads(argv[1])["options"]["out"]
-        agent.install(str(processes_dir(Path(out or "."))), follow_markers=True)
+        processes = processes_dir(Path(json.loads(argv[1])["options"]["out"] or "."))
+        processes.mkdir(parents=True, exist_ok=True)  # a scaling round's run dir has none yet
+        agent.install(str(processes), follow_markers=True)
         from dlscope.distributed.worker import train_rank
 
         try:
