@@ -36,17 +36,17 @@ from dlscope.plan import Plan, plan_from_json, plan_to_json
 
 def check_plan(plan: Plan) -> None:
     """Refuse a plan that cannot run, before anything is created."""
-    from dlscope.steps.registry import STEPS_BY_NAME
+    from dlscope.steps.registry import STEP_MODULES, step_named
 
     if "train" in plan.steps and plan.step_options.train.resume:
         from dlscope.restore import load_checkpoint
 
         load_checkpoint(plan.step_options.train.resume)  # a bad file: one line, and nothing created
-    unknown = [s for s in plan.steps if s not in STEPS_BY_NAME]
+    unknown = [s for s in plan.steps if s not in STEP_MODULES]
     if unknown:
-        raise ConfigError(f"unknown step {', '.join(unknown)}; choose from {', '.join(STEPS_BY_NAME)}")
+        raise ConfigError(f"unknown step {', '.join(unknown)}; choose from {', '.join(STEP_MODULES)}")
     for i, name in enumerate(plan.steps):
-        if "trained" in STEPS_BY_NAME[name].needs and "train" not in plan.steps[:i]:
+        if "trained" in step_named(name).needs and "train" not in plan.steps[:i]:
             raise ConfigError(f"step {name} needs the train step before it")
     plan.step_options.dist.check(plan.config.batch_size, plan.config.autotune)
     keras_on_tf = "ckpt_anatomy" in plan.steps and plan.step_options.ckpt_anatomy.keras_backend == "tensorflow"
@@ -120,7 +120,7 @@ def run_steps(plan: Plan, run: Any) -> None:
     from dlscope.report.sections import SECTIONS
     from dlscope.report.terminal import print_blocks
     from dlscope.steps.base import Context
-    from dlscope.steps.registry import STEPS_BY_NAME
+    from dlscope.steps.registry import step_named
 
     if plan.config.threads:  # once, for every step (the Trainer applies it again for API users)
         import torch
@@ -131,7 +131,7 @@ def run_steps(plan: Plan, run: Any) -> None:
     step = None
     try:
         for name in plan.steps:
-            step = STEPS_BY_NAME[name]
+            step = step_named(name)
             section_renderer = SECTIONS[name]
             console.rule(f"[phase]{section_renderer.TITLE}", align="left", style="dim")
             provide(ctx, step.needs)
