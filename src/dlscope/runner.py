@@ -15,9 +15,10 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,8 @@ def run_command(plan: Plan, render: bool = True) -> dict[str, Any]:
     from dlscope.rundir import RunDir
 
     check_plan(plan)
+    if render and set(plan.steps) <= OBSERVING_STEPS:
+        start_importing_the_renderer()
     run = RunDir.create(plan.options.out, plan.command, argv=plan.argv)
     try:
         if render:
@@ -113,6 +116,23 @@ def run_command(plan: Plan, render: bool = True) -> dict[str, Any]:
             finish_report(run)
         run.release()
     return run.results
+
+
+# Steps that observe a command in a child process: their own process waits while it runs
+OBSERVING_STEPS = {"iotrace", "run", "doctor"}
+
+
+def start_importing_the_renderer() -> None:
+    """Import the report's renderer and matplotlib (~2 s on a quiet 2-core machine, several under
+    load) in a thread while this process waits for a command, so the report is written sooner
+    once the command ends."""
+
+    def load() -> None:
+        # a failure is left to the report's own import, which raises it where the user sees it
+        with suppress(Exception):
+            from dlscope.report import plots, render  # noqa: F401
+
+    threading.Thread(target=load, name="dlscope-report-import", daemon=True).start()
 
 
 def run_steps(plan: Plan, run: Any) -> None:
@@ -376,6 +396,7 @@ def run_traced(plan: Plan, backend: str) -> int:
     from dlscope.steps import iotrace
 
     check_plan(plan)
+    start_importing_the_renderer()  # this process only waits for the traced child
     run = RunDir.create(plan.options.out, plan.command, argv=plan.argv)
     child = [sys.executable, "-m", "dlscope.runner", plan_to_json(plan, str(run.path))]
     trace = dataclasses.replace(plan.step_options.iotrace, command=child, backend=backend)
