@@ -43,9 +43,9 @@ def test_lab_end_to_end_writes_every_section(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "where everything is" in proc.stdout and "report.html" in proc.stdout
     results = json.loads((run / "results.json").read_text())
-    from dlscope.steps.registry import STEPS
+    from dlscope.cli.lab import LAB_STEPS
 
-    expected = [step.name for step in STEPS]
+    expected = LAB_STEPS
     assert results["steps"] == expected and results["run"]["status"] == "ok"
     html = (run / "report.html").read_text()
     for name in expected:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dlscope.config import MODEL_NAMES
 from dlscope.data.loaders import ResidentBatches, TorchLoaderBatches, normalise
 from dlscope.errors import ConfigError
 from dlscope.models import MODELS, build_model
@@ -19,6 +20,11 @@ def test_model_output_shape(name, batch):
     out = model(torch.randn(batch, 1, 28, 28))
     assert out.shape == (batch, 10)
     assert sum(p.numel() for p in model.parameters()) == EXPECTED_PARAMS[name]
+
+
+def test_config_names_exactly_the_zoo():
+    # TrainConfig checks names without torch; a model added to the zoo must be nameable there
+    assert tuple(MODELS) == MODEL_NAMES
 
 
 def test_unknown_model_is_config_error():

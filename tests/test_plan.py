@@ -36,3 +36,15 @@ def test_every_field_of_every_step_option_survives_the_json():
     assert back == dataclasses.replace(plan, options=RunOptions(out="runs/x", data_dir="d"))
     # every option class, defaults included, comes back as the same types (tuples stay tuples)
     assert plan_from_json(plan_to_json(Plan("lab", []), "o")).step_options == StepOptions()
+
+
+def test_every_registered_step_is_the_one_its_name_says():
+    # the registry imports a step's module only when a plan runs it; each name must lead to its step,
+    # and every step a command runs must have a renderer for its section
+    from dlscope.cli.lab import LAB_STEPS
+    from dlscope.report.sections import SECTIONS
+    from dlscope.steps.registry import STEP_MODULES, step_named
+
+    assert set(LAB_STEPS) <= set(STEP_MODULES)
+    for name in STEP_MODULES:
+        assert step_named(name).name == name and name in SECTIONS

@@ -164,6 +164,40 @@ def test_exception_passes_its_exit_status_and_leaves_a_report(tmp_path):
     assert len(events) > 0 and {r["name"] for r in sections["top10"]["rows"]} <= names
 
 
+# dlscope's own process, with the run's outcome and whether it ever imported torch
+PARENT = """
+import sys
+from dlscope.cli import main
+code = main(sys.argv[1:])
+print(code, "torch" in sys.modules)
+"""
+
+
+def test_the_run_process_never_imports_torch(tmp_path):
+    # the observed script uses torch and is profiled; dlscope's own process reads its records, top-10
+    # and TensorBoard scalars included, without torch (~250 MiB of RSS and seconds of import on a long run's report)
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import torch\nmodel = torch.nn.Linear(4, 2)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(8):\n    optimizer.zero_grad()\n    model(torch.randn(8, 4)).sum().backward()\n"
+        "    optimizer.step()\n"
+    )
+    out = tmp_path / "run"
+    argv = ["run", "--out", str(out), "--tensorboard", *FAST_PROFILE, "--", sys.executable, str(script)]
+    done = subprocess.run([sys.executable, "-c", PARENT, *argv], capture_output=True, text=True, check=True)
+    assert done.stdout.split()[-2:] == ["0", "False"]
+    sections = load_results(out)["sections"]
+    assert sections["top10"]["rows"]  # the profile was read, without torch
+    # and the scalars written with TensorBoard's own writer read back with its reader, one a step
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    scalars = events.Scalars("step/ms")
+    assert len(scalars) == sections["steps"]["count"] and all(s.value > 0 for s in scalars)
+    assert "anatomy/optimizer_ms" in events.Tags()["scalars"]
+
+
 def test_sigkill_still_leaves_steps_and_a_report(tmp_path):
     code, sections, out = dlscope_run(tmp_path, "raises.py", "--kill", options=("--profile-steps", "0"))
     assert code == 137  # 128 + SIGKILL, as a shell reports it

@@ -9,13 +9,9 @@ from typing import Any
 
 from dlscope.errors import ConfigError
 
-
-def model_names() -> list[str]:
-    from dlscope.models import MODELS  # torch: only once a config is really built
-
-    return list(MODELS)
-
-
+# The model zoo's names (dlscope.models.MODELS builds them; named here so checking a config never
+# imports torch: `dlscope run` observes a script and its parent process never needs it)
+MODEL_NAMES = ("cnn", "small", "net", "lenet", "mlp")
 OPTIMIZERS = ("adam", "sgd", "adadelta")
 SCHEDULES = ("onecycle", "step", "constant")
 LOADERS = ("resident", "torch")
@@ -58,7 +54,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.model in model_names(), f"unknown model {self.model!r}; choose from {', '.join(model_names())}"),
+            (self.model in MODEL_NAMES, f"unknown model {self.model!r}; choose from {', '.join(MODEL_NAMES)}"),
             (self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}"),
             (self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}"),
             (self.loader in LOADERS, f"loader must be one of {', '.join(LOADERS)}"),

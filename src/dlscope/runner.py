@@ -15,9 +15,10 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +37,17 @@ from dlscope.plan import Plan, plan_from_json, plan_to_json
 
 def check_plan(plan: Plan) -> None:
     """Refuse a plan that cannot run, before anything is created."""
-    from dlscope.steps.registry import STEPS_BY_NAME
+    from dlscope.steps.registry import STEP_MODULES, step_named
 
     if "train" in plan.steps and plan.step_options.train.resume:
         from dlscope.restore import load_checkpoint
 
         load_checkpoint(plan.step_options.train.resume)  # a bad file: one line, and nothing created
-    unknown = [s for s in plan.steps if s not in STEPS_BY_NAME]
+    unknown = [s for s in plan.steps if s not in STEP_MODULES]
     if unknown:
-        raise ConfigError(f"unknown step {', '.join(unknown)}; choose from {', '.join(STEPS_BY_NAME)}")
+        raise ConfigError(f"unknown step {', '.join(unknown)}; choose from {', '.join(STEP_MODULES)}")
     for i, name in enumerate(plan.steps):
-        if "trained" in STEPS_BY_NAME[name].needs and "train" not in plan.steps[:i]:
+        if "trained" in step_named(name).needs and "train" not in plan.steps[:i]:
             raise ConfigError(f"step {name} needs the train step before it")
     plan.step_options.dist.check(plan.config.batch_size, plan.config.autotune)
     keras_on_tf = "ckpt_anatomy" in plan.steps and plan.step_options.ckpt_anatomy.keras_backend == "tensorflow"
@@ -98,6 +99,8 @@ def run_command(plan: Plan, render: bool = True) -> dict[str, Any]:
     from dlscope.rundir import RunDir
 
     check_plan(plan)
+    if render and set(plan.steps) <= OBSERVING_STEPS:
+        start_importing_the_renderer()
     run = RunDir.create(plan.options.out, plan.command, argv=plan.argv)
     try:
         if render:
@@ -115,12 +118,29 @@ def run_command(plan: Plan, render: bool = True) -> dict[str, Any]:
     return run.results
 
 
+# Steps that observe a command in a child process: their own process waits while it runs
+OBSERVING_STEPS = {"iotrace", "run", "doctor"}
+
+
+def start_importing_the_renderer() -> None:
+    """Import the report's renderer and matplotlib (~2 s on a quiet 2-core machine, several under
+    load) in a thread while this process waits for a command, so the report is written sooner
+    once the command ends."""
+
+    def load() -> None:
+        # a failure is left to the report's own import, which raises it where the user sees it
+        with suppress(Exception):
+            from dlscope.report import plots, render  # noqa: F401
+
+    threading.Thread(target=load, name="dlscope-report-import", daemon=True).start()
+
+
 def run_steps(plan: Plan, run: Any) -> None:
     from dlscope.console import console
     from dlscope.report.sections import SECTIONS
     from dlscope.report.terminal import print_blocks
     from dlscope.steps.base import Context
-    from dlscope.steps.registry import STEPS_BY_NAME
+    from dlscope.steps.registry import step_named
 
     if plan.config.threads:  # once, for every step (the Trainer applies it again for API users)
         import torch
@@ -131,7 +151,7 @@ def run_steps(plan: Plan, run: Any) -> None:
     step = None
     try:
         for name in plan.steps:
-            step = STEPS_BY_NAME[name]
+            step = step_named(name)
             section_renderer = SECTIONS[name]
             console.rule(f"[phase]{section_renderer.TITLE}", align="left", style="dim")
             provide(ctx, step.needs)
@@ -376,6 +396,7 @@ def run_traced(plan: Plan, backend: str) -> int:
     from dlscope.steps import iotrace
 
     check_plan(plan)
+    start_importing_the_renderer()  # this process only waits for the traced child
     run = RunDir.create(plan.options.out, plan.command, argv=plan.argv)
     child = [sys.executable, "-m", "dlscope.runner", plan_to_json(plan, str(run.path))]
     trace = dataclasses.replace(plan.step_options.iotrace, command=child, backend=backend)

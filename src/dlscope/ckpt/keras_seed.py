@@ -128,7 +128,8 @@ def profile_steps(model: Any, x: Any, y: Any, batch_size: int, backend: str, ste
     else:
         from torch.profiler import ProfilerActivity, profile
 
-        from dlscope.observe.profiler import quiet_native_stderr, table_from_events
+        from dlscope.observe.optable import table_from_events
+        from dlscope.observe.profiler import quiet_native_stderr
 
         with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
             model.fit(x, y, epochs=1, batch_size=batch_size, verbose=0)

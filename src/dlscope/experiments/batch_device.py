@@ -43,7 +43,8 @@ from dlscope.measure.peaks import measure_copy_bandwidth, measure_gemm_peak
 from dlscope.measure.stats import percentile
 from dlscope.measure.timing import Contender, StepTimer, time_interleaved
 from dlscope.models import build_model
-from dlscope.observe.profiler import TopOpsTable, clone_for_profiling, quiet_native_stderr, table_from_events
+from dlscope.observe.optable import TopOpsTable, table_from_events
+from dlscope.observe.profiler import clone_for_profiling, quiet_native_stderr
 from dlscope.observe.summary import count_flops
 from dlscope.train import TrainConfig, make_optimizer, seed_everything, train_step
 

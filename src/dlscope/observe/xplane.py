@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from dlscope.errors import DlscopeError
-from dlscope.observe.profiler import OpRow, TopOpsTable
+from dlscope.observe.optable import OpRow, TopOpsTable
 from dlscope.protowire import FormatError, proto_fields
 
 OP_TYPE = re.compile(r"^_?[A-Z][A-Za-z0-9_]*$")

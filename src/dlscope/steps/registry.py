@@ -1,44 +1,40 @@
-"""The lab's steps, in the order `dlscope lab` runs them. Adding a capability: a step module in
-steps/, a section module in report/sections, one line in each registry."""
+"""The steps by name, each module imported only when a plan runs its step: `dlscope run` observes
+a script in a child process, and its own process never pays for the lab's torch-heavy steps.
+Adding a capability: a step module in steps/, a section module in report/sections, one line in
+each registry."""
 
-from dlscope.steps import (
-    checkpoint,
-    ckpt_anatomy,
-    dataset,
-    distributed,
-    distributed_ranks,
-    doctor,
-    environment,
-    graph,
-    iotrace,
-    model,
-    ops,
-    pipeline,
-    profile,
-    scaling,
-    script,
-    sweep,
-    train,
-)
+from __future__ import annotations
+
+import importlib
+
 from dlscope.steps.base import Step
 
-STEPS: list[Step] = [
-    environment.STEP,
-    dataset.STEP,
-    model.STEP,
-    train.STEP,
-    profile.STEP,
-    sweep.STEP,
-    checkpoint.STEP,
-    ckpt_anatomy.STEP,
-    ops.STEP,
-    graph.STEP,
-    pipeline.STEP,
-]
-# iotrace runs around a command (dlscope trace, dlscope lab --trace-io), never inside the lab; run
-# observes a user's command (dlscope run); ranks, distributed and the lab's scaling follow train when
-# it ran in several ranks (--nproc-per-node)
-STEPS_BY_NAME = {
-    step.name: step
-    for step in [*STEPS, distributed_ranks.STEP, distributed.STEP, scaling.STEP, iotrace.STEP, script.STEP, doctor.STEP]
+# Every step's name -> the module in dlscope.steps whose STEP it is (the lab's, in the order `dlscope
+# lab` runs them: dlscope.cli.lab.LAB_STEPS). iotrace runs around a command (dlscope trace, dlscope
+# lab --trace-io), never inside the lab; run observes a user's command (dlscope run); ranks,
+# distributed and the lab's scaling follow train when it ran in several ranks (--nproc-per-node)
+STEP_MODULES = {
+    "environment": "environment",
+    "dataset": "dataset",
+    "model": "model",
+    "train": "train",
+    "profile": "profile",
+    "sweep": "sweep",
+    "checkpoint": "checkpoint",
+    "ckpt_anatomy": "ckpt_anatomy",
+    "ops": "ops",
+    "graph": "graph",
+    "pipeline": "pipeline",
+    "ranks": "distributed_ranks",
+    "distributed": "distributed",
+    "scaling": "scaling",
+    "iotrace": "iotrace",
+    "run": "script",
+    "doctor": "doctor",
 }
+
+
+def step_named(name: str) -> Step:
+    """The step `name` (a name of STEP_MODULES), its module imported now."""
+    step: Step = importlib.import_module(f"dlscope.steps.{STEP_MODULES[name]}").STEP
+    return step

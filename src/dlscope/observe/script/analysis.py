@@ -209,7 +209,7 @@ def ops_per_step(trace_path: Path) -> list[dict[str, Any]]:
 def profile_window(pid: int, record: dict[str, Any], sort_by: str, rows: int = 10) -> dict[str, Any]:
     """One profiler window as a process recorded it: how it was started, its step range, its
     top operators."""
-    from dlscope.observe.profiler import table_from_events  # torch: only once the command is done
+    from dlscope.observe.optable import table_from_events
 
     events = [SimpleNamespace(**op) for op in record["ops"]]
     active = sum(e.count for e in events if e.key.startswith("ProfilerStep"))  # one per recorded step

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -203,16 +205,29 @@ TENSORBOARD_POINTS = 20_000  # per scalar: a longer run is written every k-th st
 
 
 def write_tensorboard(directory: Path, table: Any, codes: dict[str, list[str | None]]) -> None:
-    """Step time and its anatomy per step, as TensorBoard scalars."""
-    from torch.utils.tensorboard import SummaryWriter
+    """Step time and its anatomy per step, as TensorBoard scalars in an event file written with
+    TensorBoard's own record writer. Not torch's SummaryWriter nor TensorBoard's EventFileWriter:
+    they load TensorFlow when it is installed (and Keras, and torch through it), hundreds of MiB
+    in this process for a file of records."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    def scalar(tag: str, value: float, step: int) -> bytes:
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
+        return Event(wall_time=time.time(), step=step, summary=summary).SerializeToString()
 
     loader = codes["data_source"].index("loader")
     positions = steptable.stride_positions(len(table), TENSORBOARD_POINTS)
-    with SummaryWriter(str(directory)) as writer:
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"events.out.tfevents.{time.time():.0f}.{socket.gethostname()}"  # the name TensorBoard looks for
+    with open(directory / name, "wb") as file:
+        records = RecordWriter(file)
+        records.write(Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
         for first in range(0, len(positions), steptable.CHUNK):
             chunk = table[positions[first : first + steptable.CHUNK]]
             parts = steptable.part_seconds(chunk, loader)
             for k, step in enumerate(chunk["i"].tolist()):
-                writer.add_scalar("step/ms", float(chunk["seconds"][k]) * 1e3, step)
+                records.write(scalar("step/ms", float(chunk["seconds"][k]) * 1e3, step))
                 for part in steptable.PARTS:
-                    writer.add_scalar(f"anatomy/{part}_ms", parts[part][k] * 1e3, step)
+                    records.write(scalar(f"anatomy/{part}_ms", parts[part][k] * 1e3, step))
