@@ -56,7 +56,8 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         items.append(
             (
                 "info",
-                f"Each worker's first batch of an epoch ({first['count']} batches) kept the loop waiting "
+                f"Each worker's first batch of an epoch ({first['count']} batch{'es' * (first['count'] != 1)}) "
+                "kept the loop waiting "
                 f"{first['waited_ms']:.4g} ms in all (at most {first['max_ms']:.4g} ms): those waits hold the "
                 "workers' start (non-persistent workers start at every epoch); the longest wait above is "
                 "the longest of the others.",
