@@ -140,15 +140,7 @@ def add_dist_args(p: argparse.ArgumentParser) -> None:
 def dist_options(args: argparse.Namespace) -> DistOptions:
     from dlscope.options import DistOptions
 
-    return DistOptions(
-        nproc_per_node=args.nproc_per_node,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        rdzv_endpoint=args.rdzv_endpoint,
-        max_restarts=args.max_restarts,
-        bucket_cap_mb=args.bucket_cap_mb,
-        ckpt_format=args.ckpt_format,
-    )
+    return from_flags(DistOptions, args)
 
 
 def _seconds_or_off(text: str) -> float | None:
@@ -182,7 +174,7 @@ def add_hang_args(p: argparse.ArgumentParser) -> None:
 def hang_options(args: argparse.Namespace) -> HangOptions:
     from dlscope.options import HangOptions
 
-    return HangOptions(hang_after=args.hang_after, hang_factor=args.hang_factor, on_hang=args.on_hang)
+    return from_flags(HangOptions, args)
 
 
 def add_run_args(p: argparse.ArgumentParser, tensorboard: bool = False) -> None:

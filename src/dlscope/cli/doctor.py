@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from dlscope.cli.common import command_of
+from dlscope.cli.common import command_of, from_flags
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from dlscope.options import DoctorOptions, RunOptions, StepOptions
     from dlscope.runner import Plan, run_command
 
-    command = command_of(args)
-    doctor = DoctorOptions(
-        command=command,
-        budget_s=args.budget,
-        warmup_steps=args.warmup_steps,
-        max_steps=args.max_steps,
-        rounds=args.rounds,
-    )
+    doctor = from_flags(DoctorOptions, args, command=command_of(args), budget_s=args.budget)
     plan = Plan("doctor", ["doctor"], options=RunOptions(out=args.out), step_options=StepOptions(doctor=doctor))
     return run_command(plan)["sections"]["doctor"]["exit_code"]
 
