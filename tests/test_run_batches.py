@@ -69,7 +69,9 @@ def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persi
 
 @pytest.mark.skipif(strace.available() is not None, reason="strace not installed (scripts/install-tracers)")
 def test_a_large_file_is_named_with_its_read_calls_and_bytes_under_strace(tmp_path):
-    size = 8 * CHUNK
+    # 32 reads per file, 1,600 for the large one: under strace its batch waits 100+ ms, far above
+    # what a busy machine's scheduling adds to another batch's wait (up to ~30 ms seen in CI)
+    size = 32 * CHUNK
     # file 33 is in batch 8, sent to worker 0: after the prefetch has filled, so the loop (faster
     # than its two workers) waits for it
     paths = make_files(tmp_path / "data", 40, size, big=33)
