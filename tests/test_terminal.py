@@ -67,10 +67,17 @@ def test_numbers_are_right_aligned():
     assert len(rows[0].rstrip()) == len(rows[1].rstrip())
 
 
-def test_code_folds_at_the_terminal_edge():
-    line = "MaxPool2d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=False) # " + "x" * 40
-    lines = render([Code(line)], 80)
-    assert max(len(x) for x in lines) <= 80 and "".join(x.strip() for x in lines).endswith("x" * 40)
+def test_code_folds_at_the_terminal_edge_with_a_hanging_indent():
+    line = "MaxPool2d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=False) # " + "x" * 100
+    diff = "- loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)"
+    lines = [x for x in render([Code(line + "\n" + diff + "\n+ short")], 80) if x.strip()]
+    assert max(len(x) for x in lines) <= 80
+    first = lines[: next(i for i, x in enumerate(lines) if x.startswith("- loader"))]
+    assert "".join(x.strip() for x in first).replace(" ", "") == line.replace(" ", "")  # nothing lost
+    # each folded part reads as the same line: indented, never starting at column 0 like a line of its own
+    starts = [x for x in lines if not x.startswith(" ")]
+    assert starts == [lines[0], next(x for x in lines if x.startswith("- loader")), "+ short"]
+    assert lines[-2].strip() == "num_workers=args.workers)" and lines[-2].startswith("    ")
 
 
 def test_short_text_columns_are_not_padded_past_the_edge():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dlscope.cli.common import add_hang_args, command_of, hang_options
+from dlscope.cli.common import add_hang_args, command_of, from_flags, hang_options
 from dlscope.options import TRACE_BACKENDS
 
 SORT_KEYS = ["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"]
@@ -14,19 +14,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dlscope.options import RunOptions, ScriptOptions, StepOptions
     from dlscope.runner import Plan, run_command
 
-    command = command_of(args)
-    script = ScriptOptions(
-        command=command,
-        trace_io=args.trace_io,
-        trace_backend=args.trace_backend,
-        profile_steps=args.profile_steps,
-        wait=args.wait,
-        warmup=args.warmup,
-        start_after=args.start_after,
-        sort_by=args.sort_by,
-        tensorboard=args.tensorboard,
-        hang=hang_options(args),
-    )
+    script = from_flags(ScriptOptions, args, command=command_of(args), hang=hang_options(args))
     plan = Plan("run", ["run"], options=RunOptions(out=args.out), step_options=StepOptions(script=script))
     return run_command(plan)["sections"]["run"]["exit_code"]
 

@@ -19,6 +19,7 @@ from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Svg, Tabl
 
 FINDING_STYLE = {"good": ("✔", "good"), "info": ("•", "metric"), "warn": ("⚠", "warn"), "bad": ("✘", "bad")}
 GAP = 2  # spaces between columns
+HANG = 4  # columns a folded code line's continuation is indented by
 MIN_TEXT = 12  # a text column narrower than this would read as stubs: print rows as lists instead
 
 
@@ -42,8 +43,7 @@ def print_blocks(blocks: Iterable[Block], console: Console | None = None) -> Non
         elif isinstance(block, Table):
             print_table(block, console)
         elif isinstance(block, Code):
-            # long lines fold at the terminal's edge instead of running past it
-            console.print(safe(block.text), style="dim", overflow="fold")
+            console.print(safe(hang_lines(block.text, console.width)), style="dim", soft_wrap=True)
         elif isinstance(block, Figure | Svg):
             continue  # drawings live in report.html and report.md
         elif isinstance(block, Verdict):
@@ -53,6 +53,24 @@ def print_blocks(blocks: Iterable[Block], console: Console | None = None) -> Non
         else:
             raise TypeError(f"unknown block {block!r}")
         console.print()
+
+
+def hang_lines(code: str, width: int) -> str:
+    """Code lines longer than `width` folded at a space where one falls in the line's second half,
+    each continuation indented past the line's own indent, so a folded line never reads as the next
+    line of the code (a diff's `-`/`+` lines above all)."""
+    out = []
+    for line in code.splitlines():
+        indent = " " * (len(line) - len(line.lstrip(" ")) + HANG)
+        first = True
+        while cell_len(line) > width:
+            room = width if first else width - len(indent)
+            cut = line.rfind(" ", room // 2, room + 1)
+            cut = room if cut <= 0 else cut
+            out.append(line[:cut] if first else indent + line[:cut])
+            line, first = line[cut:].lstrip(" "), False
+        out.append(line if first else indent + line)
+    return "\n".join(out)
 
 
 def blocks_text(blocks: Iterable[Block], like: Console) -> Text:

@@ -192,8 +192,9 @@ def workers_basis(b: dict[str, Any]) -> str:
     )
 
 
-def _cell(value: float | None, fmt: str) -> str:
-    return "—" if value is None else format(value, fmt)
+def _rounded(value: float | None, digits: int) -> float | None:
+    """A number cell (right-aligned, '—' when missing) at the precision its measurement carries."""
+    return None if value is None else round(value, digits)
 
 
 def render(section: dict[str, Any]) -> list[Block]:
@@ -220,9 +221,9 @@ def render(section: dict[str, Any]) -> list[Block]:
             rows.append(
                 [
                     CHANGE_NAMES[c["key"]],
-                    _cell(c["predicted"], ".2f"),
-                    _cell(m.get("gain"), ".2f"),
-                    _cell(m.get("noise_pct"), ".1f"),
+                    _rounded(c["predicted"], 2),
+                    _rounded(m.get("gain"), 2),
+                    _rounded(m.get("noise_pct"), 1),
                     " ".join(f"{r:.2f}" for r in m.get("rounds", [])) or "—",
                     m.get("verdict", "failed"),
                     numerics,
@@ -262,7 +263,7 @@ def render(section: dict[str, Any]) -> list[Block]:
     trials = section.get("trials", [])
     if trials:
         rows = [
-            [t["name"], _cell(t["median_ms"], ".3g"), t["steps"], f"{t['wall_s']:.1f}", "ok" if t["ok"] else "failed"]
+            [t["name"], _rounded(t["median_ms"], 2), t["steps"], round(t["wall_s"], 1), "ok" if t["ok"] else "failed"]
             for t in trials
         ]
         blocks.append(Table(["trial", "median ms", "steps", "wall s", "status"], rows, "The trials, in the order run"))
