@@ -192,9 +192,9 @@ def workers_basis(b: dict[str, Any]) -> str:
     )
 
 
-def _rounded(value: float | None, digits: int) -> float | None:
+def _rounded(value: float | None, digits: int) -> float | int | None:
     """A number cell (right-aligned, '—' when missing) at the precision its measurement carries."""
-    return None if value is None else round(value, digits)
+    return None if value is None else round(value, digits or None)
 
 
 def render(section: dict[str, Any]) -> list[Block]:
@@ -223,7 +223,7 @@ def render(section: dict[str, Any]) -> list[Block]:
                     CHANGE_NAMES[c["key"]],
                     _rounded(c["predicted"], 2),
                     _rounded(m.get("gain"), 2),
-                    _rounded(m.get("noise_pct"), 1),
+                    _rounded(m.get("noise_pct"), 0),
                     " ".join(f"{r:.2f}" for r in m.get("rounds", [])) or "—",
                     m.get("verdict", "failed"),
                     numerics,
