@@ -1,13 +1,14 @@
 """The batch x-ray's analysis: the `<pid>.batches` records (batches.py) of every process joined
 into one row per batch the training process took — the worker that built it, its samples, fetch,
 collate, queue and wait times, the step that consumed it — and, with --trace-io, the system calls
-of that worker inside the batch's window (and inside its slowest sample's). Facts only: the words
-are in report/sections/batches.py. No torch import.
+of the thread that built it inside the batch's window (and inside its slowest sample's). Facts
+only: the words are in report/sections/batches.py. No torch import.
 
 Joins: a taken batch to the batch built on (worker pid, generation, idx), DataLoader's own
 numbering; a taken batch to the step whose interval holds the start of its `__next__` (the same
-thread's clock, so the step is exact); a batch to its worker's system calls by time, inside that
-worker process only (a worker builds one batch at a time).
+thread's clock, so the step is exact); a batch to its worker's system calls by time, inside the
+thread that fetched it only (a worker builds one batch at a time; its other threads — the data
+queue's feeder, a dataset's own — are counted apart).
 """
 
 from __future__ import annotations
@@ -30,12 +31,17 @@ import numpy as np
 
 from dlscope.observe.script.batches import (
     BATCHES_MAGIC,
+    BATCHES_VERSION,
     BUILT,
     BUILT_TIMES,
     KIND_BUILT,
+    KIND_LOADER,
     KIND_TAKEN,
+    LOADER,
     SAMPLE_TIMES,
     TAKEN,
+    UNKNOWN,
+    WHOLE,
 )
 
 SLOWEST = 10  # rows kept in results.json per list: the full table is batches.csv
@@ -43,7 +49,8 @@ OUTLIER_FACTOR = 10.0  # a sample or a file at ≥ 10× the median is named
 OUTLIER_MIN_S = 1e-3  # and a sample only when it took ≥ 1 ms: a 30 µs sample makes no step wait
 CSV_COLUMNS = (
     "step",
-    "epoch",
+    "loader",
+    "pass",
     "worker_first",
     "batch",
     "worker",
@@ -67,23 +74,36 @@ CSV_COLUMNS = (
     "top_file_reads",
     "top_file_bytes",
     "files",
+    "other_threads_reads",
+    "other_threads_bytes",
 )
 
 
 # The records as numpy rows: a million batches are ~130 MB of arrays, not a Python object each.
 BUILT_RECORD = np.dtype(
     {
-        "names": ["length", "flags", "worker_id", "generation", "idx", "samples", *BUILT_TIMES],
-        "formats": ["<u4", "u1", "<i2", "<u4", "<u4", "<u4", "<f8", "<f8", "<f8", "<f8"],
-        "offsets": [0, 5, 6, 8, 12, 16, 20, 28, 36, 44],
+        "names": ["length", "flags", "worker_id", "generation", "idx", "samples", "tid", *BUILT_TIMES],
+        "formats": ["<u4", "u1", "<i2", "<u4", "<u4", "<u4", "<u4", "<f8", "<f8", "<f8", "<f8"],
+        "offsets": [0, 5, 6, 8, 12, 16, 20, 24, 32, 40, 48],
         "itemsize": BUILT.size,
     }
 )
 TAKEN_RECORD = np.dtype(
     {
-        "names": ["worker_id", "worker_pid", "generation", "idx", "next_start", "next_end", "taken", "pin"],
-        "formats": ["<i2", "<u4", "<u4", "<u4", "<f8", "<f8", "<f8", "<f4"],
-        "offsets": [6, 8, 12, 16, 20, 28, 36, 44],
+        "names": [
+            "worker_id",
+            "worker_pid",
+            "generation",
+            "idx",
+            "loader",
+            "pass",
+            "next_start",
+            "next_end",
+            "taken",
+            "pin",
+        ],
+        "formats": ["<i2", "<u4", "<u4", "<u4", "<u4", "<u4", "<f8", "<f8", "<f8", "<f4"],
+        "offsets": [6, 8, 12, 16, 20, 24, 28, 36, 44, 52],
         "itemsize": TAKEN.size,
     }
 )
@@ -95,6 +115,8 @@ BUILT_ROW = np.dtype(
         ("generation", "<u4"),
         ("idx", "<u4"),
         ("samples", "<u4"),
+        ("flags", "u1"),
+        ("tid", "<u4"),
         *[(name, "<f8") for name in BUILT_TIMES],
         ("slowest_at", "<i4"),
         ("slowest_sample", "<i8"),
@@ -117,6 +139,8 @@ class Built:
     generation: int
     idx: int
     samples: int
+    flags: int
+    tid: int
     start: float
     fetched: float
     collated: float
@@ -130,6 +154,8 @@ class Taken:
     worker_pid: int
     generation: int
     idx: int
+    loader: int
+    pass_: int
     next_start: float
     next_end: float
     taken: float
@@ -171,15 +197,26 @@ class SampleTimes:
         return self.kept[: min(self.count, SAMPLES_KEPT)]
 
 
-def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int]]]:
-    """A `<pid>.batches` file block by block: (block, offsets of built records, of taken ones);
-    a record a kill cut short at the end is left out, and so is all after a corrupt length."""
+def _skip_header(f: Any) -> bool:
+    """Past a `<pid>.batches` file's header; False: not one, or another version's (left out)."""
+    head = f.read(len(BATCHES_MAGIC) + 4)
+    if len(head) < len(BATCHES_MAGIC) + 4 or head[: len(BATCHES_MAGIC)] != BATCHES_MAGIC:
+        return False
+    (length,) = struct.unpack_from("<I", head, len(BATCHES_MAGIC))
+    try:
+        version = json.loads(f.read(length)).get("version")
+    except ValueError:
+        return False
+    return version == BATCHES_VERSION
+
+
+def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int], list[int]]]:
+    """A `<pid>.batches` file block by block: (block, offsets of built records, of taken ones, of
+    loader ones); a record a kill cut short at the end is left out, and so is all after a corrupt
+    length."""
     with open(path, "rb") as f:
-        head = f.read(len(BATCHES_MAGIC) + 4)
-        if len(head) < len(BATCHES_MAGIC) + 4 or head[: len(BATCHES_MAGIC)] != BATCHES_MAGIC:
+        if not _skip_header(f):
             return
-        (length,) = struct.unpack_from("<I", head, len(BATCHES_MAGIC))
-        f.seek(len(head) + length)
         data, at = b"", 0
         while True:
             block = f.read(READ_BYTES)
@@ -187,23 +224,21 @@ def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int]]]:
                 return
             data = data[at:] + block
             at, end = 0, len(data)
-            built, taken = [], []
+            found: tuple[list[int], list[int], list[int]] = ([], [], [])  # by kind
             unpack = struct.Struct("<IB").unpack_from
             while at + 5 <= end:
                 size, kind = unpack(data, at)
                 if size < 5:
-                    if built or taken:
-                        yield data, built, taken
+                    if any(found):
+                        yield data, *found
                     return
                 if at + size > end:
                     break
-                if kind == KIND_BUILT:
-                    built.append(at)
-                elif kind == KIND_TAKEN:
-                    taken.append(at)
+                if kind <= KIND_LOADER:
+                    found[kind].append(at)
                 at += size
-            if built or taken:
-                yield data, built, taken
+            if any(found):
+                yield data, *found
 
 
 def _gather(data: np.ndarray, offsets: np.ndarray, record: np.dtype) -> np.ndarray:
@@ -218,7 +253,7 @@ def _built_rows(pid: int, data: np.ndarray, offsets: np.ndarray, first_row: int,
     heads, offsets, n, timed = heads[whole], offsets[whole], n[whole], timed[whole]
     rows = np.zeros(len(heads), dtype=BUILT_ROW)
     rows["pid"] = pid
-    for name in ("worker_id", "generation", "idx", "samples", *BUILT_TIMES):
+    for name in ("flags", "worker_id", "generation", "idx", "samples", "tid", *BUILT_TIMES):
         rows[name] = heads[name]
     rows["slowest_at"] = -1
     rows["slowest_sample"] = -1
@@ -284,19 +319,17 @@ class Rows:
 def _first_record(path: Path) -> tuple[int, int]:
     """The size and kind of a `<pid>.batches` file's first record ((0, -1): none)."""
     with open(path, "rb") as f:
-        head = f.read(len(BATCHES_MAGIC) + 4)
-        if len(head) < len(BATCHES_MAGIC) + 4 or head[: len(BATCHES_MAGIC)] != BATCHES_MAGIC:
-            return 0, -1
-        f.seek(len(head) + struct.unpack_from("<I", head, len(BATCHES_MAGIC))[0])
-        first = f.read(5)
+        first = f.read(5) if _skip_header(f) else b""
     return struct.unpack("<IB", first) if len(first) == 5 else (0, -1)
 
 
-def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes]:
+def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes, dict[tuple[int, int], dict[str, Any]]]:
     """Every `<pid>.batches` file of a run's processes/ directory: its built batches (BUILT_ROW),
-    the batches taken (TAKEN_ROW) and the timed samples' fetch times."""
+    the batches taken (TAKEN_ROW), the timed samples' fetch times and the loaders, by (pid,
+    loader number)."""
     built, taken = Rows(BUILT_ROW), Rows(TAKEN_ROW)
     samples = SampleTimes()
+    loaders: dict[tuple[int, int], dict[str, Any]] = {}
     for path in sorted(directory.glob("*.batches")):
         if not path.stem.isdigit():
             continue
@@ -310,7 +343,7 @@ def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes]:
         elif kind == KIND_BUILT:
             built.reserve(size // max(length, BUILT.size))
             taken.reserve(size // (max(length, BUILT.size) + TAKEN.size))
-        for block, built_at, taken_at in _records(path):
+        for block, built_at, taken_at, loader_at in _records(path):
             data = np.frombuffer(block, np.uint8)
             if built_at:
                 built.add(_built_rows(pid, data, np.array(built_at, np.int64), built.count, samples))
@@ -321,7 +354,13 @@ def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes]:
                 for name in TAKEN_RECORD.names:
                     t[name] = heads[name]
                 taken.add(t)
-    return built.rows(), taken.rows(), samples
+            for at in loader_at:
+                size, _, number = LOADER.unpack_from(block, at)
+                try:
+                    loaders[pid, number] = json.loads(block[at + LOADER.size : at + size])
+                except ValueError:
+                    continue
+    return built.rows(), taken.rows(), samples, loaders
 
 
 # system calls -----------------------------------------------------------------------------------
@@ -361,23 +400,33 @@ def io_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
 def attach_io(
     built: np.ndarray, syscalls: Iterable[dict[str, Any]], to_realtime: Callable[[float], float]
 ) -> dict[int, dict[str, Any]]:
-    """Each batch's (and its slowest sample's) system calls, from its worker's own events, by
-    built row (only batches whose process made system calls)."""
+    """Each batch's (and its slowest sample's) system calls, from the events of the thread that
+    fetched it, by built row (only batches whose process made system calls); the calls of its
+    process's other threads in the same window (the data queue's feeder thread, a pin-memory
+    thread, a dataset's own threads) are summed apart, as `others`. A trace without thread ids
+    (all 0) is attributed to the process."""
     pids = set(np.unique(built["pid"]).tolist())
-    per_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    per_thread: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for e in syscalls:
         if e.get("pid") in pids and e.get("call") != "phase":
-            per_pid[e["pid"]].append({**e, "ts": to_realtime(float(e["ts"]))})
-    calls = {pid: WorkerCalls(events) for pid, events in per_pid.items()}
+            per_thread[e["pid"], e.get("tid") or 0].append({**e, "ts": to_realtime(float(e["ts"]))})
+    calls = {key: WorkerCalls(events) for key, events in per_thread.items()}
+    threads: dict[int, list[int]] = defaultdict(list)
+    for pid, tid in calls:
+        threads[pid].append(tid)
     io: dict[int, dict[str, Any]] = {}
-    for row in np.flatnonzero(np.isin(built["pid"], list(calls))).tolist():
+    for row in np.flatnonzero(np.isin(built["pid"], list(threads))).tolist():
         b = built[row]
-        found = calls[int(b["pid"])]
-        start = float(b["start"])
-        io[row] = summary = io_summary(found.window(start, float(b["collated"])))
-        if b["slowest_at"] >= 0:
-            window = found.window(start + float(b["slowest_begin"]), start + float(b["slowest_end"]))
-            summary["slowest"] = io_summary(window)
+        pid, start, end = int(b["pid"]), float(b["start"]), float(b["collated"])
+        tid = int(b["tid"]) if threads[pid] != [0] else 0
+        own = calls.get((pid, tid))
+        io[row] = summary = io_summary(own.window(start, end) if own else [])
+        others = [e for t in threads[pid] if t != tid for e in calls[pid, t].window(start, end)]
+        summary["others"] = {k: v for k, v in io_summary(others).items() if k != "files"}
+        if b["slowest_at"] >= 0 and own:
+            summary["slowest"] = io_summary(
+                own.window(start + float(b["slowest_begin"]), start + float(b["slowest_end"]))
+            )
     return io
 
 
@@ -453,6 +502,7 @@ class Flow:
     worker_first: np.ndarray  # its worker's first batch of the epoch: the wait holds the worker's start
     samples: SampleTimes = field(default_factory=SampleTimes)
     io: dict[int, dict[str, Any]] = field(default_factory=dict)  # built row -> its system calls
+    loaders: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)  # (pid, number) -> what
 
     def __len__(self) -> int:
         return len(self.taken)
@@ -515,10 +565,11 @@ def read_flow(
     to_realtime: Callable[[float], float] = float,
 ) -> Flow | None:
     """The batches of a run's processes/ directory joined; None when no DataLoader batch was seen."""
-    built, taken, samples = read_all(directory)
+    built, taken, samples, loaders = read_all(directory)
     if not len(built) and not len(taken):
         return None
     flow = join(built, taken, main, steps, evals, samples)
+    flow.loaders = loaders
     if syscalls is not None:
         flow.io = attach_io(built, syscalls, to_realtime)
     return flow
@@ -571,6 +622,12 @@ class Columns:
         return self.built("ready") <= self.taken["next_start"]
 
 
+def batch_name(idx: int, loader: int, passes: int) -> str:
+    """ "batch 3", "batch 3 (loader 1, pass 2)": loader 0 and pass 0 (the first) go unsaid."""
+    where = [f"{word} {n}" for word, n in (("loader", loader), ("pass", passes)) if n not in (0, UNKNOWN)]
+    return f"batch {idx}" + (f" ({', '.join(where)})" if where else "")
+
+
 def batch_row(flow: Flow, k: int) -> dict[str, Any]:
     """Taken batch k as one row (results.json's lists, batches.csv)."""
     c = Columns(flow, np.array([k]))
@@ -582,7 +639,8 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
     columns = {
         "step": c.step.tolist(),
         "in_step": c.in_step.tolist(),
-        "epoch": t["generation"].tolist(),
+        "loader": t["loader"].tolist(),
+        "pass": t["pass"].tolist(),
         "batch": t["idx"].tolist(),
         "worker": t["worker_id"].tolist(),
         "worker_pid": t["worker_pid"].tolist(),
@@ -596,6 +654,7 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
         "queued_ms": _ms(np.maximum(t["taken"] - c.built("ready"), 0.0)).tolist(),
         "ready_before_asked": c.ready_before_asked.tolist(),
         "timed": (c.built("slowest_at") >= 0).tolist(),
+        "whole": (c.built("flags") & WHOLE != 0).tolist(),
         "slowest_sample": c.built("slowest_sample").tolist(),
         "slowest_sample_ms": _ms(c.built("slowest_end") - c.built("slowest_begin")).tolist(),
     }
@@ -603,7 +662,8 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
         r = dict(zip(columns, v, strict=True))
         row: dict[str, Any] = {
             "step": r["step"] if r["in_step"] else None,
-            "epoch": r["epoch"],
+            "loader": None if r["loader"] == UNKNOWN else r["loader"],
+            "pass": None if r["pass"] == UNKNOWN else r["pass"],
             "batch": r["batch"],
             "worker": None if r["worker"] < 0 else r["worker"],
             "worker_pid": r["worker_pid"],
@@ -623,6 +683,8 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
         )
         if r["timed"]:
             row.update(slowest_sample=r["slowest_sample"], slowest_sample_ms=r["slowest_sample_ms"])
+        elif r["whole"]:
+            row["fetched_whole"] = True  # by the dataset's __getitems__: no sample timed alone
         io = flow.io.get(r["match"])
         if io:
             _io_cells(row, io)
@@ -631,6 +693,8 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
 
 def _io_cells(row: dict[str, Any], io: dict[str, Any]) -> None:
     row.update(reads=io["reads"], bytes_read=io["bytes_read"], syscall_ms=_ms(io["syscall_s"]))
+    others = io.get("others") or {}
+    row.update(other_threads_reads=others.get("reads", 0), other_threads_bytes=others.get("bytes_read", 0))
     row["files"] = [f["path"] for f in io["files"]]
     if io["files"]:  # the file the batch read most from (files are sorted by bytes)
         top = io["files"][0]
@@ -665,6 +729,8 @@ def section(flow: Flow, steps: np.ndarray, out_csv: Path, trace_io: bool) -> dic
         "joined": len(joined),
         "in_steps": len(in_steps),
         "trace_io": trace_io,
+        "loaders": loader_table(flow, c),
+        "fetched_whole": int(np.count_nonzero(c.joined & (c.built("flags") & WHOLE != 0))),
         "shares": shares(c, in_steps, steps),
         "workers": workers,
         "keeping_ahead": keeping_ahead(c, in_steps),
@@ -676,6 +742,25 @@ def section(flow: Flow, steps: np.ndarray, out_csv: Path, trace_io: bool) -> dic
         "samples": sample_outliers(flow),
         "files": file_outliers(flow.io) if trace_io else None,
     }
+
+
+def loader_table(flow: Flow, c: Columns) -> list[dict[str, Any]]:
+    """Per DataLoader of the training process, in the order first iterated: what it is, its passes,
+    the batches taken from it and how many fed a step."""
+    main = int(c.taken["pid"][0]) if len(c.taken) else None
+    table = []
+    for number in np.unique(c.taken["loader"]).tolist():
+        mine = c.taken["loader"] == number
+        table.append(
+            {
+                "loader": None if number == UNKNOWN else number,
+                **flow.loaders.get((main, number), {}),  # type: ignore[arg-type]
+                "passes": len(np.unique(c.taken["pass"][mine])),
+                "batches_taken": int(mine.sum()),
+                "in_steps": int((mine & c.in_step).sum()),
+            }
+        )
+    return table
 
 
 def shares(c: Columns, rows: np.ndarray, steps: np.ndarray) -> dict[str, Any]:
@@ -786,13 +871,16 @@ def sample_outliers(flow: Flow) -> dict[str, Any]:
         if seconds < bar:
             break
         b = flow.built[row]
+        taken = np.flatnonzero(flow.match == row)  # the batch's pass, where the loop took it
+        t = flow.taken[taken[0]] if len(taken) else None
         outliers.append(
             {
                 "sample": sample,
                 "ms": _ms(seconds),
                 "times_median": round(seconds / median, 1) if median > 0 else None,
                 "worker": None if b["worker_id"] < 0 else int(b["worker_id"]),
-                "epoch": int(b["generation"]),
+                "loader": None if t is None or t["loader"] == UNKNOWN else int(t["loader"]),
+                "pass": None if t is None or t["pass"] == UNKNOWN else int(t["pass"]),
                 "batch": int(b["idx"]),
                 "file": _sample_file(flow, row, at),
             }
