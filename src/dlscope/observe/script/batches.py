@@ -403,7 +403,7 @@ def describe_loader(loader: Any) -> dict[str, Any]:
     return {
         "dataset": _type_name(loader.dataset),
         "sampler": _type_name(sampler) + (f"({_type_name(inner)})" if inner is not None else ""),
-        "batch_size": loader.batch_size,
+        "batch_size": loader.batch_size if loader.batch_size is not None else getattr(sampler, "batch_size", None),
         "num_workers": loader.num_workers,
         "persistent_workers": bool(loader.persistent_workers),
         "pin_memory": bool(loader.pin_memory),

@@ -542,7 +542,8 @@ def join(
     match, firsts = _match(built, mine)
     worker_first = np.zeros(len(mine), dtype=bool)
     matched = match != NONE
-    worker_first[matched] = firsts[match[matched]]
+    # (a worker's: the training process's own first batch of a pass waits for no process to start)
+    worker_first[matched] = firsts[match[matched]] & (built["worker_id"][match[matched]] >= 0)
     flow = Flow(built, mine, match, step, in_step, worker_first, samples or SampleTimes())
     _return_freed_memory()
     return flow
