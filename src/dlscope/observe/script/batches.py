@@ -161,7 +161,7 @@ class BatchRecorder:
         self.worker_id = -1
         self.serial = 0  # in the training process: single-process iterators numbered as they start
         self.pins: dict[int, float] = {}  # id(pinned batch) -> seconds, from the pin-memory thread
-        self.shapes: dict[int, tuple[struct.Struct, struct.Struct]] = {}
+        self.shapes: dict[tuple[int, bool], struct.Struct] = {}  # a built record's, by (samples, timed)
         self.time_samples = True  # the next batch's samples are timed one by one
         self.pid = os.getpid()  # getpid(2) is a system call: kept, and renewed in a forked child
         self.fetches = 0
@@ -191,18 +191,17 @@ class BatchRecorder:
         dataset = fetcher.dataset
         if fetcher.auto_collation:
             b.indices = index
-            base, fetched = _per_sample(dataset, index)
+            base, fetched = dataset, index  # most datasets: no __getitems__, fetched one by one as they are
+            if getattr(dataset, "__getitems__", None):
+                base, fetched = _per_sample(dataset, index)
             if base is None:  # the dataset's own batched fetch
                 b.flags = WHOLE
                 data = dataset.__getitems__(index)
             elif self.time_samples:
                 b.flags = SAMPLE_TIMES
-                ends: list[float] = []
                 data = []
-                for i in fetched:
-                    data.append(base[i])
-                    ends.append(clock())
-                b.ends = ends
+                keep = data.append  # returns None: each sample kept, then its end read
+                b.ends = [keep(base[i]) or clock() for i in fetched]
             else:
                 data = [base[i] for i in fetched]
         else:
@@ -258,23 +257,20 @@ class BatchRecorder:
 
     def write_built(self, b: Building, generation: int, idx: int, ready: float) -> None:
         n = len(b.indices)
-        shapes = self.shapes.get(n)
-        if shapes is None:  # a Struct per batch size: ~3x faster than array() on a list
-            shapes = self.shapes[n] = (struct.Struct(f"<{n}q"), struct.Struct(f"<{n}d"))
-        try:
-            indices = shapes[0].pack(*b.indices)
-        except struct.error:  # a sampler that yields keys, not integers
-            indices = shapes[0].pack(
-                *(i if isinstance(i, int) and -(1 << 63) <= i < 1 << 63 else -1 for i in b.indices)
-            )
         ends = b.ends
-        times = shapes[1].pack(*ends) if ends is not None and len(ends) == n else b""
-        flags = b.flags if times else b.flags & ~SAMPLE_TIMES
-        length = BUILT.size + len(indices) + len(times)
-        head = BUILT.pack(
-            length, KIND_BUILT, flags, self.worker_id, generation, idx, n, b.tid, b.start, b.fetched, b.collated, ready
-        )
-        self.file.write(b"".join((head, indices, times)), ready)
+        timed = ends is not None and len(ends) == n
+        record = self.shapes.get((n, timed))
+        if record is None:  # the whole record in one Struct per batch size: one pack, no join
+            record = self.shapes[n, timed] = struct.Struct(BUILT.format + f"{n}q" + (f"{n}d" if timed else ""))
+        flags = b.flags if timed else b.flags & ~SAMPLE_TIMES
+        head = (record.size, KIND_BUILT, flags, self.worker_id, generation, idx, n, b.tid)
+        times = (b.start, b.fetched, b.collated, ready)
+        try:
+            packed = record.pack(*head, *times, *b.indices, *(ends if timed else ()))  # type: ignore[misc]
+        except struct.error:  # a sampler that yields keys, not integers
+            indices = [i if isinstance(i, int) and -(1 << 63) <= i < 1 << 63 else -1 for i in b.indices]
+            packed = record.pack(*head, *times, *indices, *(ends if timed else ()))  # type: ignore[misc]
+        self.file.write(packed, ready)
 
     # a worker -------------------------------------------------------------------------------
     def worker_loop(self, loop: Callable, positions: tuple[int, int, int], *args: Any, **kwargs: Any) -> Any:
@@ -299,15 +295,17 @@ class BatchRecorder:
         data = next_data(iterator)
         built = self.take_built()
         if built is not None:
-            idx = getattr(iterator, "_dlscope_idx", 0)
+            own = iterator.__dict__
+            idx = own.get("_dlscope_idx", 0)
             if not idx:
                 self.serial += 1
-                iterator._dlscope_serial = self.serial
-            iterator._dlscope_idx = idx + 1
+                own["_dlscope_serial"] = self.serial
+            own["_dlscope_idx"] = idx + 1
+            serial = own["_dlscope_serial"]
             now = time.time()
-            self.write_built(built, iterator._dlscope_serial, idx, now)
+            self.write_built(built, serial, idx, now)
             pin = self.pins.pop(id(data), NAN) if self.pins else NAN
-            iterator._dlscope_taken = (-1, self.pid, iterator._dlscope_serial, idx, now, pin)
+            own["_dlscope_taken"] = (-1, self.pid, serial, idx, now, pin)
         return data
 
     def get_data(self, get: Callable, iterator: Any) -> Any:
@@ -382,10 +380,11 @@ _ITERATORS: tuple[type, ...] = ()  # DataLoader's iterators, looked up at attach
 
 
 def _per_sample(dataset: Any, index: Any) -> tuple[Any, Any]:
-    """What torch fetches sample by sample for `index`, and at which indices: the dataset itself;
-    under torch's own Subsets (random_split's: their `__getitems__` maps the indices, then fetches
-    one by one where the dataset below has no `__getitems__`), the dataset below at the mapped
-    indices. (None, None): a `__getitems__` of the dataset's own, fetched whole."""
+    """A dataset with a `__getitems__`: what torch fetches sample by sample for `index`, and at
+    which indices, under torch's own Subsets (random_split's: their `__getitems__` maps the
+    indices, then fetches one by one where the dataset below has no `__getitems__`): the dataset
+    below, at the mapped indices. (None, None): a `__getitems__` of the dataset's own, fetched
+    whole."""
     fetched = index
     while _SUBSET_GETITEMS is not None and getattr(type(dataset), "__getitems__", None) is _SUBSET_GETITEMS:
         positions = dataset.indices
