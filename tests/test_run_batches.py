@@ -49,7 +49,7 @@ def built_indices(processes: Path) -> dict[tuple[int, int], list[int]]:
     layout docs/commands/run.md documents (an epoch's batch numbers are unique in these runs)."""
     out = {}
     for path in processes.glob("*.batches"):
-        for block, built_at, _, _ in batchflow._records(path):
+        for block, built_at, *_ in batchflow._records(path):
             for at in built_at:
                 head = batches_module.BUILT.unpack_from(block, at)
                 n = head[BUILT_SAMPLES]
@@ -133,6 +133,8 @@ def test_known_fetch_collate_and_wait_shares_in_the_main_process(tmp_path):
     assert shares["fetch_pct_of_build"] == pytest.approx(fetch_pct, abs=3.0)
     assert shares["wait_pct"] == pytest.approx(100.0 * truth["waited_s"] / truth["loop_s"], abs=3.0)
     assert [w["worker"] for w in batches["workers"]] == [None]  # the main process built them
+    cost = batches["own_cost"]  # measured as the script exited, at its loader's batch size
+    assert cost["samples"] == 4 and cost["per_batch_us"] >= cost["batch_us"] >= 0 and cost["pct_of_build"] is not None
 
 
 def test_iterable_dataset_batches_are_joined_to_their_forkserver_workers(tmp_path):
@@ -285,7 +287,7 @@ def test_repeated_and_skipped_indices_through_a_subset_are_the_ones_fetched(tmp_
     assert (steady["batch"], steady["slowest_sample"], steady["loader"]) == (2, must, 0)
     loaders = batches["loaders"]
     assert [(lo["dataset"], lo["num_workers"], lo["batches_taken"], lo["in_steps"]) for lo in loaders] == [
-        ("torch.utils.data.dataset.Subset", 2, 6, 6),
+        ("Subset", 2, 6, 6),
         ("WholeFiles", 0, 6, 0),
     ]
     assert loaders[0]["sampler"] == "RepeatSkip"

@@ -37,6 +37,8 @@ FLUSH_SECONDS of batches.
                  (CLOCK_REALTIME s)
     taken        TAKEN below
     loader       LOADER below, then JSON {"dataset", "sampler", "batch_size", "num_workers", ...}
+    cost         LOADER below (loader 0), then JSON {"batch_us", "sample_ns", "samples"}: the x-ray's
+                 own cost, measured at exit in a process that iterated a DataLoader (batchcost.py)
 
 A batch is joined across processes on (worker pid, generation, idx): DataLoader numbers batches
 as it sends them, from 0 at every epoch, and a persistent worker's generation counts the epochs
@@ -57,7 +59,7 @@ from typing import Any
 
 BATCHES_MAGIC = b"DLSBATCH"
 BATCHES_VERSION = 2
-KIND_BUILT, KIND_TAKEN, KIND_LOADER = 0, 1, 2
+KIND_BUILT, KIND_TAKEN, KIND_LOADER, KIND_COST = 0, 1, 2, 3
 # built flags: samples timed one by one; an iterable dataset; fetched whole by `__getitems__`
 SAMPLE_TIMES, ITERABLE, WHOLE = 1, 2, 4
 # length, kind, flags, worker_id (-1: the training process), generation, idx, samples, tid (the
@@ -88,6 +90,7 @@ def header() -> bytes:
         "built": {"struct": BUILT.format, "fields": [*BUILT_FIELDS, *BUILT_TIMES], "then": ["<q", "<d"]},
         "taken": {"struct": TAKEN.format, "fields": [*TAKEN_FIELDS, *TAKEN_TIMES]},
         "loader": {"struct": LOADER.format, "fields": ["length", "kind", "loader"], "then": ["json"]},
+        "cost": {"struct": LOADER.format, "fields": ["length", "kind", "loader"], "then": ["json"]},
     }
     text = json.dumps(description).encode()
     return BATCHES_MAGIC + struct.pack("<I", len(text)) + text
@@ -166,6 +169,8 @@ class BatchRecorder:
         self.pid = os.getpid()  # getpid(2) is a system call: kept, and renewed in a forked child
         self.fetches = 0
         self.loaders = 0  # DataLoaders iterated in this process
+        self.batch_size = 0  # the first loader's: the x-ray's own cost is measured at it
+        self.wrap: Callable[[Callable, Callable], Callable] | None = None  # hooks._wrap, from attach
 
     def forked(self) -> None:
         self.pid = os.getpid()
@@ -350,12 +355,29 @@ class BatchRecorder:
         if number is None:
             number = own["_dlscope_loader"] = self.loaders
             self.loaders += 1
-            text = json.dumps(describe_loader(loader)).encode()
-            self.file.write(LOADER.pack(LOADER.size + len(text), KIND_LOADER, number) + text, time.time())
+            described = describe_loader(loader)
+            self.batch_size = self.batch_size or described["batch_size"] or 0
+            self.write_json(KIND_LOADER, number, described)
         passes = own["_dlscope_passes"] = own.get("_dlscope_passes", -1) + 1
         if isinstance(it, _ITERATORS):  # not a loader's own iterator type
             it.__dict__["_dlscope_pass"] = (number, passes)
         return it
+
+    def write_json(self, kind: int, number: int, value: dict[str, Any]) -> None:
+        text = json.dumps(value).encode()
+        self.file.write(LOADER.pack(LOADER.size + len(text), kind, number) + text, time.time())
+
+    def close(self) -> None:
+        """At exit: where a DataLoader was iterated, the x-ray's own cost measured, then all written."""
+        if self.loaders and self.wrap is not None:
+            from dlscope.observe.script import batchcost
+
+            try:
+                cost = batchcost.measure(BatchRecorder, BatchFile, _as_method, self.wrap, self.batch_size or 64)
+            except Exception as e:  # never fail the job's exit: the report then says it is unmeasured
+                cost = {"error": f"{type(e).__name__}: {e}"}
+            self.write_json(KIND_COST, 0, cost)
+        self.file.flush()
 
     def pin(self, pin_memory: Callable, data: Any, *args: Any, **kwargs: Any) -> Any:
         """The outermost pin_memory call of a batch (it recurses through the module's own name)."""
@@ -411,10 +433,11 @@ def describe_loader(loader: Any) -> dict[str, Any]:
 
 
 def _type_name(value: Any) -> str:
+    """A class's name, with its module unless it is the script's own, a builtin or torch.utils.data's."""
     kind = type(value)
-    return (
-        kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
-    )
+    if kind.__module__ in ("builtins", "__main__") or kind.__module__.startswith("torch.utils.data."):
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 class IndexQueue:
@@ -464,6 +487,7 @@ def attach(torch: Any, directory: str, wrap: Callable[[Callable, Callable], Call
     _SUBSET_GETITEMS = getattr(Subset, "__getitems__", None)
     _ITERATORS = (dataloader._BaseDataLoaderIter,)
     recorder = BatchRecorder(directory)
+    recorder.wrap = wrap
     fetch._MapDatasetFetcher.fetch = _as_method(fetch._MapDatasetFetcher.fetch, recorder.fetch_map)
     fetch._IterableDatasetFetcher.fetch = _as_method(fetch._IterableDatasetFetcher.fetch, recorder.fetch_iterable)
     names = list(inspect.signature(worker._worker_loop).parameters)
@@ -479,7 +503,7 @@ def attach(torch: Any, directory: str, wrap: Callable[[Callable, Callable], Call
     dataloader.DataLoader.__iter__ = wrap(dataloader.DataLoader.__iter__, recorder.loader_iter)
     pinning.pin_memory = wrap(pinning.pin_memory, recorder.pin)
     os.register_at_fork(after_in_child=recorder.forked)
-    atexit.register(recorder.file.flush)
+    atexit.register(recorder.close)
     return recorder
 
 

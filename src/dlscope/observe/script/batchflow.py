@@ -35,7 +35,7 @@ from dlscope.observe.script.batches import (
     BUILT,
     BUILT_TIMES,
     KIND_BUILT,
-    KIND_LOADER,
+    KIND_COST,
     KIND_TAKEN,
     LOADER,
     SAMPLE_TIMES,
@@ -210,10 +210,10 @@ def _skip_header(f: Any) -> bool:
     return version == BATCHES_VERSION
 
 
-def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int], list[int]]]:
+def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int], list[int], list[int]]]:
     """A `<pid>.batches` file block by block: (block, offsets of built records, of taken ones, of
-    loader ones); a record a kill cut short at the end is left out, and so is all after a corrupt
-    length."""
+    loader ones, of cost ones); a record a kill cut short at the end is left out, and so is all
+    after a corrupt length."""
     with open(path, "rb") as f:
         if not _skip_header(f):
             return
@@ -224,7 +224,7 @@ def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int], list[int
                 return
             data = data[at:] + block
             at, end = 0, len(data)
-            found: tuple[list[int], list[int], list[int]] = ([], [], [])  # by kind
+            found: tuple[list[int], ...] = ([], [], [], [])  # by kind
             unpack = struct.Struct("<IB").unpack_from
             while at + 5 <= end:
                 size, kind = unpack(data, at)
@@ -234,7 +234,7 @@ def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int], list[int
                     return
                 if at + size > end:
                     break
-                if kind <= KIND_LOADER:
+                if kind <= KIND_COST:
                     found[kind].append(at)
                 at += size
             if any(found):
@@ -325,8 +325,8 @@ def _first_record(path: Path) -> tuple[int, int]:
 
 def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes, dict[tuple[int, int], dict[str, Any]]]:
     """Every `<pid>.batches` file of a run's processes/ directory: its built batches (BUILT_ROW),
-    the batches taken (TAKEN_ROW), the timed samples' fetch times and the loaders, by (pid,
-    loader number)."""
+    the batches taken (TAKEN_ROW), the timed samples' fetch times and the JSON records: loaders
+    by (pid, loader number), the x-ray's own cost by (pid, -1)."""
     built, taken = Rows(BUILT_ROW), Rows(TAKEN_ROW)
     samples = SampleTimes()
     loaders: dict[tuple[int, int], dict[str, Any]] = {}
@@ -343,7 +343,7 @@ def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes, dict
         elif kind == KIND_BUILT:
             built.reserve(size // max(length, BUILT.size))
             taken.reserve(size // (max(length, BUILT.size) + TAKEN.size))
-        for block, built_at, taken_at, loader_at in _records(path):
+        for block, built_at, taken_at, loader_at, cost_at in _records(path):
             data = np.frombuffer(block, np.uint8)
             if built_at:
                 built.add(_built_rows(pid, data, np.array(built_at, np.int64), built.count, samples))
@@ -354,10 +354,10 @@ def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes, dict
                 for name in TAKEN_RECORD.names:
                     t[name] = heads[name]
                 taken.add(t)
-            for at in loader_at:
-                size, _, number = LOADER.unpack_from(block, at)
+            for at in (*loader_at, *cost_at):
+                size, kind, number = LOADER.unpack_from(block, at)
                 try:
-                    loaders[pid, number] = json.loads(block[at + LOADER.size : at + size])
+                    loaders[pid, -1 if kind == KIND_COST else number] = json.loads(block[at + LOADER.size : at + size])
                 except ValueError:
                     continue
     return built.rows(), taken.rows(), samples, loaders
@@ -731,6 +731,7 @@ def section(flow: Flow, steps: np.ndarray, out_csv: Path, trace_io: bool) -> dic
         "in_steps": len(in_steps),
         "trace_io": trace_io,
         "loaders": loader_table(flow, c),
+        "own_cost": own_cost(flow),
         "fetched_whole": int(np.count_nonzero(c.joined & (c.built("flags") & WHOLE != 0))),
         "shares": shares(c, in_steps, steps),
         "workers": workers,
@@ -745,12 +746,31 @@ def section(flow: Flow, steps: np.ndarray, out_csv: Path, trace_io: bool) -> dic
     }
 
 
+def own_cost(flow: Flow) -> dict[str, Any] | None:
+    """The x-ray's own CPU cost as the training process measured it at exit (batchcost.py), per
+    batch of this run: its part per batch plus its part per timed sample times the timed samples
+    a batch had on average, against the mean time a batch took to build."""
+    main = int(flow.taken["pid"][0]) if len(flow.taken) else None
+    measured = flow.loaders.get((main, -1)) if main is not None else None  # type: ignore[arg-type]
+    if measured is None or "batch_us" not in measured or not len(flow.built):
+        return measured
+    built = flow.built
+    build_us = float(np.mean(built["collated"] - built["start"])) * 1e6
+    per_batch = measured["batch_us"] + measured["sample_ns"] / 1e3 * flow.samples.count / len(built)
+    return {
+        **measured,
+        "per_batch_us": round(per_batch, 2),
+        "build_us": round(build_us, 2),
+        "pct_of_build": round(100.0 * per_batch / build_us, 2) if build_us > 0 else None,
+    }
+
+
 def loader_table(flow: Flow, c: Columns) -> list[dict[str, Any]]:
     """Per DataLoader of the training process, in the order first iterated: what it is, its passes,
     the batches taken from it and how many fed a step."""
     main = int(c.taken["pid"][0]) if len(c.taken) else None
     table = []
-    for number in np.unique(c.taken["loader"]).tolist():
+    for number in np.unique(c.taken["loader"]).tolist():  # (the cost record, -1, is none of them)
         mine = c.taken["loader"] == number
         table.append(
             {

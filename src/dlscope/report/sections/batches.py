@@ -137,6 +137,21 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{samples['estimated_from']} drawn uniformly)"
             )
         items.append(("info", f"{count} took {bar}; see the CSV."))
+    cost = section.get("own_cost")
+    if cost and cost.get("per_batch_us") is not None:
+        share = f", {cost['pct_of_build']:.2g}% of the {_ms(cost['build_us'] / 1e3)} ms a batch took to build here"
+        items.append(
+            (
+                "info",
+                f"The x-ray's own cost, measured in the training process as it exited: {cost['batch_us']:.3g} µs a "
+                f"batch of {cost['samples']} samples plus {cost['sample_ns']:.3g} ns a sample timed one by one, so "
+                f"~{cost['per_batch_us']:.3g} µs a batch of this run"
+                f"{share if cost.get('pct_of_build') is not None else ''} (CPU time; with num_workers=0 the "
+                "training process pays it inside the steps' data time, with workers they pay the building side).",
+            )
+        )
+    elif cost and cost.get("error"):
+        items.append(("info", f"The x-ray's own cost could not be measured: {cost['error']}."))
     files = section.get("files") or {}
     for f in files.get("outliers", []):
         items.append(
