@@ -401,9 +401,9 @@ def attach_io(
     built: np.ndarray, syscalls: Iterable[dict[str, Any]], to_realtime: Callable[[float], float]
 ) -> dict[int, dict[str, Any]]:
     """Each batch's (and its slowest sample's) system calls, from the events of the thread that
-    fetched it, by built row (only batches whose process made system calls); the calls of its
-    process's other threads in the same window (the data queue's feeder thread, a pin-memory
-    thread, a dataset's own threads) are summed apart, as `others`. A trace without thread ids
+    fetched it, by built row (only batches whose process made system calls); the file reads of its
+    process's other threads in the same window (a dataset's own reader threads; not the feeder's
+    and resource sharer's pipes and sockets) are summed apart, as `others`. A trace without thread ids
     (all 0) is attributed to the process."""
     pids = set(np.unique(built["pid"]).tolist())
     per_thread: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
@@ -422,7 +422,8 @@ def attach_io(
         own = calls.get((pid, tid))
         io[row] = summary = io_summary(own.window(start, end) if own else [])
         others = [e for t in threads[pid] if t != tid for e in calls[pid, t].window(start, end)]
-        summary["others"] = {k: v for k, v in io_summary(others).items() if k != "files"}
+        files = io_summary(others)["files"]  # files only: not the pipes and sockets torch passes batches by
+        summary["others"] = {"reads": sum(f["reads"] for f in files), "bytes_read": sum(f["bytes"] for f in files)}
         if b["slowest_at"] >= 0 and own:
             summary["slowest"] = io_summary(
                 own.window(start + float(b["slowest_begin"]), start + float(b["slowest_end"]))

@@ -63,8 +63,8 @@ def wait_sentence(r: dict[str, Any]) -> str:
             text += f", most from {r['top_file']} ({r['top_file_reads']} reads, {_bytes(r['top_file_bytes'])})"
         if r.get("other_threads_reads"):
             text += (
-                f"; its process's other threads made {r['other_threads_reads']} reads "
-                f"({_bytes(r['other_threads_bytes'])}) meanwhile, not counted in the batch"
+                f"; its process's other threads read files meanwhile ({r['other_threads_reads']} reads, "
+                f"{_bytes(r['other_threads_bytes'])}), not counted in the batch"
             )
     return text + "."
 
@@ -176,9 +176,11 @@ def batch_table(
     section: dict[str, Any], rows: list[dict[str, Any]], columns: list[tuple[str, str]], *text: str, **kw: Any
 ) -> Table:
     """A table of batch rows, (header, key) per column; the loader column only when there are
-    several loaders."""
+    several loaders, the pass column only when a row is past a loader's first pass."""
     if len(section.get("loaders") or []) <= 1:
         columns = [c for c in columns if c[1] != "loader"]
+    if not any(r.get("pass") for r in rows):
+        columns = [c for c in columns if c[1] != "pass"]
     return Table([h for h, _ in columns], cells(rows, tuple(k for _, k in columns)), *text, **kw)
 
 
