@@ -353,17 +353,20 @@ class BatchRecorder:
         """`DataLoader.__iter__`: one more pass of this loader (numbered at its first, with a
         "loader" record saying what it is); its iterator's batches are taken in that pass."""
         it = iter_(loader)
-        own = loader.__dict__
-        number = own.get("_dlscope_loader")
-        if number is None:
-            number = own["_dlscope_loader"] = self.loaders
-            self.loaders += 1
-            described = describe_loader(loader)
-            self.batch_size = self.batch_size or described["batch_size"] or 0
-            self.write_json(KIND_LOADER, number, described)
-        passes = own["_dlscope_passes"] = own.get("_dlscope_passes", -1) + 1
-        if isinstance(it, _ITERATORS):  # not a loader's own iterator type
-            it.__dict__["_dlscope_pass"] = (number, passes)
+        try:
+            own = loader.__dict__
+            number = own.get("_dlscope_loader")
+            if number is None:
+                number = own["_dlscope_loader"] = self.loaders
+                self.loaders += 1
+                described = describe_loader(loader)
+                self.batch_size = self.batch_size or described["batch_size"] or 0
+                self.write_json(KIND_LOADER, number, described)
+            passes = own["_dlscope_passes"] = own.get("_dlscope_passes", -1) + 1
+            if isinstance(it, _ITERATORS):  # not a loader's own iterator type
+                it.__dict__["_dlscope_pass"] = (number, passes)
+        except Exception:  # a loader dlscope cannot describe: its batches are still recorded, loader "?"
+            pass
         return it
 
     def write_json(self, kind: int, number: int, value: dict[str, Any]) -> None:
