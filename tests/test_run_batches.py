@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import struct
 import sys
 from collections import Counter
 from pathlib import Path
@@ -44,21 +43,18 @@ def observe(tmp_path: Path, *args: str, options: tuple[str, ...] = ()) -> tuple[
     return load_results(out)["sections"], json.loads(truth.read_text()), out
 
 
-def built_indices(processes: Path) -> dict[tuple[int, int], list[int]]:
-    """(pid, batch idx) -> the sample indices the process recorded for that batch, read by the
-    layout docs/commands/run.md documents (an epoch's batch numbers are unique in these runs)."""
-    out = {}
-    for path in processes.glob("*.batches"):
-        for block, built_at, *_ in batchflow._records(path):
-            for at in built_at:
-                head = batches_module.BUILT.unpack_from(block, at)
-                n = head[BUILT_SAMPLES]
-                indices = struct.unpack_from(f"<{n}q", block, at + batches_module.BUILT.size)
-                out[int(path.stem), head[BUILT_IDX]] = list(indices)
-    return out
+def built_indices(processes: Path) -> dict[tuple[int, int, int], list[int]]:
+    """(pid, generation, batch idx) -> the sample indices that process recorded for that batch."""
+    return {
+        (int(path.stem), generation, idx): indices.tolist()
+        for path in processes.glob("*.batches")
+        for generation, idx, indices in batchflow.sample_indices(path)
+    }
 
 
-BUILT_IDX, BUILT_SAMPLES = batches_module.BUILT_FIELDS.index("idx"), batches_module.BUILT_FIELDS.index("samples")
+def indices_of(recorded: dict, row: dict[str, str]) -> list[int]:
+    """The recorded sample indices of a batches.csv row."""
+    return recorded[int(row["worker_pid"]), int(row["generation"]), int(row["batch"])]
 
 
 def csv_rows(out: Path, batches: dict) -> list[dict[str, str]]:
@@ -274,7 +270,7 @@ def test_repeated_and_skipped_indices_through_a_subset_are_the_ones_fetched(tmp_
     assert batches["joined"] == batches["batches_taken"] == len(rows) == 12 and len(training) == truth["steps"] == 6
     recorded = built_indices(out / "processes")
     for r in training:  # the sampler's indices as fetched, repeats included, in its order
-        assert recorded[int(r["worker_pid"]), int(r["batch"])] == truth["batches"][int(r["batch"])]
+        assert indices_of(recorded, r) == truth["batches"][int(r["batch"])]
     for pid in {int(r["worker_pid"]) for r in training}:  # and the files each worker really read
         read = Counter(int(line) for line in (fetched / str(pid)).read_text().split())
         mine = [i for r in training if int(r["worker_pid"]) == pid for i in truth["batches"][int(r["batch"])]]
@@ -292,10 +288,9 @@ def test_repeated_and_skipped_indices_through_a_subset_are_the_ones_fetched(tmp_
     ]
     assert loaders[0]["sampler"] == "RepeatSkip"
     # the batched fetch: indices recorded in order, timed whole, said so
-    main_pid = sections["steps"]["main_pid"]
-    assert [recorded[main_pid, b] for b in range(6)] == [list(range(4 * b, 4 * b + 4)) for b in range(6)]
-    assert batches["fetched_whole"] == 6
     whole = [r for r in rows if r["loader"] == "1"]
+    assert [indices_of(recorded, r) for r in whole] == [list(range(4 * b, 4 * b + 4)) for b in range(6)]
+    assert batches["fetched_whole"] == 6
     assert all(r["fetch_ms"] and not r["slowest_sample"] and not r["step"] for r in whole)
 
 
@@ -313,4 +308,4 @@ def test_the_labs_own_loader_a_new_dataloader_every_epoch(tmp_path):
     recorded = built_indices(out / "processes")
     for r in csv_rows(out, batches):
         b, order = int(r["batch"]), truth["orders"][int(r["loader"])]
-        assert recorded[int(r["worker_pid"]), b] == order[8 * b : 8 * b + 8]
+        assert indices_of(recorded, r) == order[8 * b : 8 * b + 8]

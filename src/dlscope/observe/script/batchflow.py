@@ -55,6 +55,7 @@ CSV_COLUMNS = (
     "batch",
     "worker",
     "worker_pid",
+    "generation",
     "samples",
     "waited_ms",
     "fetch_ms",
@@ -239,6 +240,17 @@ def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int], list[int
                 at += size
             if any(found):
                 yield data, *found
+
+
+def sample_indices(path: Path) -> Iterator[tuple[int, int, np.ndarray]]:
+    """The batches one `<pid>.batches` file recorded as built, in order: (generation, batch idx,
+    its sample indices as int64, repeats included) — what each batch of batches.csv held (its
+    worker_pid's file, `batch`; generation: a persistent worker's epoch, or the training process's
+    iterator count with num_workers=0)."""
+    for block, built_at, *_ in _records(path):
+        for at in built_at:
+            _, _, _, _, generation, idx, n, *_ = BUILT.unpack_from(block, at)
+            yield generation, idx, np.frombuffer(block, "<i8", n, at + BUILT.size)
 
 
 def _gather(data: np.ndarray, offsets: np.ndarray, record: np.dtype) -> np.ndarray:
@@ -643,6 +655,7 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
         "in_step": c.in_step.tolist(),
         "loader": t["loader"].tolist(),
         "pass": t["pass"].tolist(),
+        "generation": t["generation"].tolist(),
         "batch": t["idx"].tolist(),
         "worker": t["worker_id"].tolist(),
         "worker_pid": t["worker_pid"].tolist(),
@@ -669,6 +682,7 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
             "batch": r["batch"],
             "worker": None if r["worker"] < 0 else r["worker"],
             "worker_pid": r["worker_pid"],
+            "generation": r["generation"],  # with worker_pid and batch: its record (sample_indices)
             "waited_ms": r["waited_ms"],
             "pin_ms": None if math.isnan(r["pin_ms"]) else r["pin_ms"],
             "worker_first": r["worker_first"],
