@@ -23,14 +23,14 @@ Where it hooks (torch.utils.data, looked up once at attach):
 Per batch, one binary record in `<pid>.batches`, never one per sample in the training process:
 "built" where the batch was built (a worker, or the training process with num_workers=0) and
 "taken" in the training process (written by hooks.loader_next with the wait); per DataLoader,
-one "loader" record in the training process. Records are
-buffered and written at FLUSH_BYTES or FLUSH_SECONDS after the oldest, when a worker's loop ends
-and at exit: a write(2) per batch was half the cost on a fast dataset; a SIGKILL loses at most
+one "loader" record in the training process, and at its exit one "cost". Records are buffered
+and written at FLUSH_BYTES or FLUSH_SECONDS after the oldest, when a worker's loop ends and at
+exit: a write(2) per batch was half the cost on a fast dataset; a SIGKILL loses at most
 FLUSH_SECONDS of batches.
 
-    b"DLSBATCH"  uint32 n  n bytes of JSON {"version", "built", "taken"}  records...
-    a record:    uint32 its length in bytes, uint8 kind (0 built, 1 taken, 2 loader), the rest
-                 per kind:
+    b"DLSBATCH"  uint32 n  n bytes of JSON {"version", "built", "taken", "loader", "cost"}  records...
+    a record:    uint32 its length in bytes, uint8 kind (0 built, 1 taken, 2 loader, 3 cost), the
+                 rest per kind:
     built        BUILT below, then n int64 sample indices (map-style: the sampler's, as fetched,
                  repeats included; iterable: the position in this worker's stream; -1: not an
                  integer), then, when flag SAMPLE_TIMES is set, n float64: when each sample ended
