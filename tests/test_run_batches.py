@@ -309,3 +309,26 @@ def test_the_labs_own_loader_a_new_dataloader_every_epoch(tmp_path):
     for r in csv_rows(out, batches):
         b, order = int(r["batch"]), truth["orders"][int(r["loader"])]
         assert indices_of(recorded, r) == order[8 * b : 8 * b + 8]
+
+
+def test_a_batch_has_its_threads_system_calls_or_its_process_when_the_trace_has_no_thread_ids():
+    built = np.zeros(1, dtype=batchflow.BUILT_ROW)
+    built["pid"], built["tid"], built["start"], built["collated"], built["slowest_at"] = 7, 8, 10.0, 11.0, -1
+
+    def read(tid: int | None, path: str, n: int) -> dict:
+        event = {"ts": 10.5, "pid": 7, "call": "read", "kind": "read", "path": path, "bytes": n, "dur": 1e-4}
+        return event if tid is None else {**event, "tid": tid}
+
+    # the building thread read a.bin; another thread of the worker read b.bin and a pipe meanwhile
+    io = batchflow.attach_io(built, [read(8, "/a.bin", 10), read(9, "/b.bin", 20), read(9, "pipe:[1]", 4)], float)[0]
+    assert (io["reads"], io["bytes_read"], [f["path"] for f in io["files"]]) == (1, 10, ["/a.bin"])
+    assert io["others"] == {"reads": 1, "bytes_read": 20} and io["per_thread"]
+    row: dict = {}
+    batchflow._io_cells(row, io)
+    assert (row["other_threads_reads"], row["other_threads_bytes"]) == (1, 20) and "io_of_process" not in row
+    io = batchflow.attach_io(built, [read(None, "/a.bin", 10), read(None, "/b.bin", 20)], float)[0]
+    assert (io["reads"], io["bytes_read"], io["per_thread"]) == (2, 30, False)
+    batchflow._io_cells(row, io)
+    assert row["io_of_process"] and "no thread ids" in batches_report.wait_sentence(
+        {"step": 0, "batch": 0, "worker": 0, "waited_ms": 1, "fetch_ms": 1, "collate_ms": 0, "queued_ms": 0, **row}
+    )

@@ -433,6 +433,7 @@ def attach_io(
         tid = int(b["tid"]) if threads[pid] != [0] else 0
         own = calls.get((pid, tid))
         io[row] = summary = io_summary(own.window(start, end) if own else [])
+        summary["per_thread"] = tid != 0
         others = [e for t in threads[pid] if t != tid for e in calls[pid, t].window(start, end)]
         files = io_summary(others)["files"]  # files only: not the pipes and sockets torch passes batches by
         summary["others"] = {"reads": sum(f["reads"] for f in files), "bytes_read": sum(f["bytes"] for f in files)}
@@ -709,6 +710,8 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
 
 def _io_cells(row: dict[str, Any], io: dict[str, Any]) -> None:
     row.update(reads=io["reads"], bytes_read=io["bytes_read"], syscall_ms=_ms(io["syscall_s"]))
+    if not io.get("per_thread", True):
+        row["io_of_process"] = True  # a trace without thread ids: all the process's threads
     others = io.get("others") or {}
     row.update(other_threads_reads=others.get("reads", 0), other_threads_bytes=others.get("bytes_read", 0))
     row["files"] = [f["path"] for f in io["files"]]

@@ -58,7 +58,10 @@ def wait_sentence(r: dict[str, Any]) -> str:
         text += f", pin memory {_ms(r['pin_ms'])} ms"
     if r.get("reads") is not None:
         calls = f"{r['reads']} reads ({_bytes(r['bytes_read'])}) in {_ms(r['syscall_ms'])} ms of system calls"
-        text += f"; the thread that built it made {calls}"
+        if r.get("io_of_process"):
+            text += f"; its process made {calls} while building it (all its threads: the trace has no thread ids)"
+        else:
+            text += f"; the thread that built it made {calls}"
         if r.get("top_file") and r.get("top_file") != r.get("slowest_sample_file"):
             text += f", most from {r['top_file']} ({r['top_file_reads']} reads, {_bytes(r['top_file_bytes'])})"
         if r.get("other_threads_reads"):
