@@ -11,6 +11,9 @@ Datasets, from cheap to realistic:
   file     each sample read from its own 4 KiB file (open, read, close)
   decode   a file read, then 20 µs of decoding work (a small image's decode)
 
+Then the training process's side alone with workers (num_workers ≥ 1: the worker pays the rest):
+the `_get_data`/`_process_data` wrappers and the taken record, against the bare calls on stubs.
+
 --compare REF also runs batches.py as it was at git revision REF (its own patches of torch, swapped
 in the same way), interleaved with the bare loader and this tree's: its cost beside this one's.
 
@@ -29,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -121,6 +125,38 @@ def epoch_seconds(loader: DataLoader, recorder: batches.BatchRecorder, batches_n
     return time.thread_time() - start
 
 
+def taken_side_us(recorder: batches.BatchRecorder, rounds: int, calls: int = 5000) -> float:
+    """µs of CPU a batch taken from a worker costs the training process: the iterator wrappers and
+    the taken record (stub iterator and queue; the record file's buffer dropped, not written)."""
+    recorder.file._flush = lambda: setattr(recorder.file, "buffer", bytearray())  # type: ignore[method-assign]
+    it = SimpleNamespace(_rcvd_idx=1, _in_order=True, _workers=[SimpleNamespace(pid=1)], _dlscope_pass=(0, 0))
+
+    def get(iterator: Any) -> tuple[int, str]:
+        return 0, "batch"
+
+    def process(iterator: Any, data: Any, worker_idx: int) -> Any:
+        return data
+
+    wrapped_get, wrapped_process = _wrap(get, recorder.get_data), _wrap(process, recorder.process_data)
+
+    def bare() -> None:
+        process(it, get(it)[1], 0)
+
+    def recorded() -> None:
+        wrapped_process(it, wrapped_get(it)[1], 0)
+        recorder.delivered(it, 1.0, 2.0)
+
+    spent: dict[str, list[float]] = {"bare": [], "recorded": []}
+    order = [("bare", bare), ("recorded", recorded)]
+    for r in range(rounds):
+        for name, call in order if r % 2 else order[::-1]:
+            start = time.thread_time()
+            for _ in range(calls):
+                call()
+            spent[name].append((time.thread_time() - start) / calls * 1e6)
+    return statistics.median(x - b for x, b in zip(spent["recorded"], spent["bare"], strict=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -171,6 +207,8 @@ def main() -> None:
                     share = 100 * cost / b
                     print(f"{label:14} {which:>9} {b * 1e3:17.3f} {x * 1e3:8.3f} {cost * 1e6:14.1f} {share:10.2f}%")
         written = sum(p.stat().st_size for p in (root / "records").glob("*.batches"))
+        taken = taken_side_us(batches.BatchRecorder(str(root / "scratch")), args.rounds)
+        print(f"the training process's side with workers: {taken:.2f} µs a batch (median of paired rounds)")
         print(f"records written: {written:,} bytes in all")
 
 
