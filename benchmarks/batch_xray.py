@@ -11,17 +11,29 @@ Datasets, from cheap to realistic:
   file     each sample read from its own 4 KiB file (open, read, close)
   decode   a file read, then 20 µs of decoding work (a small image's decode)
 
+Then the training process's side alone with workers (num_workers ≥ 1: the worker pays the rest):
+the `_get_data`/`_process_data` wrappers and the taken record, against the bare calls on stubs.
+
+--compare REF also runs batches.py as it was at git revision REF (its own patches of torch, swapped
+in the same way), interleaved with the bare loader and this tree's: its cost beside this one's.
+
     .venv/bin/python benchmarks/batch_xray.py [--rounds 15] [--batches 40] [--batch-size 64]
+        [--compare 696200e]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, dataloader
@@ -86,6 +98,20 @@ def put(values: list) -> None:
         setattr(owner, name, value)
 
 
+def batches_at(ref: str, directory: Path) -> Any:  # a module
+    """observe/script/batches.py as it was at git revision `ref`, imported as a module of its own."""
+    source = subprocess.run(
+        ["git", "show", f"{ref}:src/dlscope/observe/script/batches.py"], check=True, capture_output=True, text=True
+    ).stdout
+    path = directory / f"batches_{ref}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"batches_{ref}", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
 def epoch_seconds(loader: DataLoader, recorder: batches.BatchRecorder, batches_n: int) -> float:
     """CPU seconds of this thread to draw `batches_n` batches, with the loader hook's call made as
     hooks.py makes it. CPU time, not wall time: the cost is CPU work, and on a shared machine the
@@ -99,11 +125,44 @@ def epoch_seconds(loader: DataLoader, recorder: batches.BatchRecorder, batches_n
     return time.thread_time() - start
 
 
+def taken_side_us(recorder: batches.BatchRecorder, rounds: int, calls: int = 5000) -> float:
+    """µs of CPU a batch taken from a worker costs the training process: the iterator wrappers and
+    the taken record (stub iterator and queue; the record file's buffer dropped, not written)."""
+    recorder.file._flush = lambda: setattr(recorder.file, "buffer", bytearray())  # type: ignore[method-assign]
+    it = SimpleNamespace(_rcvd_idx=1, _in_order=True, _workers=[SimpleNamespace(pid=1)], _dlscope_pass=(0, 0))
+
+    def get(iterator: Any) -> tuple[int, str]:
+        return 0, "batch"
+
+    def process(iterator: Any, data: Any, worker_idx: int) -> Any:
+        return data
+
+    wrapped_get, wrapped_process = _wrap(get, recorder.get_data), _wrap(process, recorder.process_data)
+
+    def bare() -> None:
+        process(it, get(it)[1], 0)
+
+    def recorded() -> None:
+        wrapped_process(it, wrapped_get(it)[1], 0)
+        recorder.delivered(it, 1.0, 2.0)
+
+    spent: dict[str, list[float]] = {"bare": [], "recorded": []}
+    order = [("bare", bare), ("recorded", recorded)]
+    for r in range(rounds):
+        for name, call in order if r % 2 else order[::-1]:
+            start = time.thread_time()
+            for _ in range(calls):
+                call()
+            spent[name].append((time.thread_time() - start) / calls * 1e6)
+    return statistics.median(x - b for x, b in zip(spent["recorded"], spent["bare"], strict=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--compare", metavar="REF", help="also the x-ray of git revision REF")
     args = parser.parse_args()
     torch.set_num_threads(1)
     n = args.batches * args.batch_size
@@ -118,24 +177,38 @@ def main() -> None:
             "decode": Files(root / "decode", n, decode_us=20.0),
         }
         bare = state()
+        modes = {}  # mode -> (its patches, its recorder)
+        if args.compare:
+            (root / "before").mkdir()
+            before = batches_at(args.compare, root).attach(torch, str(root / "before"), _wrap)
+            modes[args.compare] = (state(), before)
+            put(bare)
         recorder = batches.attach(torch, str(root / "records"), _wrap)
-        recorded = state()
-        print(f"{'dataset':14} {'bare CPU ms/batch':>8} {'x-ray':>8} {'cost µs/batch':>14} {'% of fetch':>11}")
+        modes["xray"] = (state(), recorder)
+        put(bare)
+        print(
+            f"{'dataset':14} {'x-ray':>8} {'bare CPU ms/batch':>8} {'with':>8} {'cost µs/batch':>14} {'% of fetch':>11}"
+        )
         for name, dataset in datasets.items():
             loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=0)
-            times: dict[str, list[float]] = {"bare": [], "xray": []}
+            times: dict[str, list[float]] = {"bare": [], **{mode: [] for mode in modes}}
             for r in range(args.rounds):
-                order = (("bare", bare), ("xray", recorded)) if r % 2 else (("xray", recorded), ("bare", bare))
-                for mode, values in order:
+                order = [("bare", (bare, recorder)), *modes.items()]
+                for mode, (values, rec) in order if r % 2 else order[::-1]:
                     put(values)
-                    times[mode].append(epoch_seconds(loader, recorder, args.batches) / args.batches)
+                    times[mode].append(epoch_seconds(loader, rec, args.batches) / args.batches)
             put(bare)
-            for stat in (statistics.median, min):
-                b, x = stat(times["bare"]), stat(times["xray"])
-                cost = x - b
-                label = f"{name} {stat.__name__}"
-                print(f"{label:14} {b * 1e3:17.3f} {x * 1e3:8.3f} {cost * 1e6:14.1f} {100 * cost / b:10.2f}%")
+            for mode in modes:
+                for stat in (statistics.median, min):
+                    b, x = stat(times["bare"]), stat(times[mode])
+                    cost = x - b
+                    label = f"{name} {stat.__name__}"
+                    which = "this tree" if mode == "xray" else mode
+                    share = 100 * cost / b
+                    print(f"{label:14} {which:>9} {b * 1e3:17.3f} {x * 1e3:8.3f} {cost * 1e6:14.1f} {share:10.2f}%")
         written = sum(p.stat().st_size for p in (root / "records").glob("*.batches"))
+        taken = taken_side_us(batches.BatchRecorder(str(root / "scratch")), args.rounds)
+        print(f"the training process's side with workers: {taken:.2f} µs a batch (median of paired rounds)")
         print(f"records written: {written:,} bytes in all")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -42,6 +43,25 @@ def observe(tmp_path: Path, *args: str, options: tuple[str, ...] = ()) -> tuple[
     return load_results(out)["sections"], json.loads(truth.read_text()), out
 
 
+def built_indices(processes: Path) -> dict[tuple[int, int, int], list[int]]:
+    """(pid, generation, batch idx) -> the sample indices that process recorded for that batch."""
+    return {
+        (int(path.stem), generation, idx): indices.tolist()
+        for path in processes.glob("*.batches")
+        for generation, idx, indices in batchflow.sample_indices(path)
+    }
+
+
+def indices_of(recorded: dict, row: dict[str, str]) -> list[int]:
+    """The recorded sample indices of a batches.csv row."""
+    return recorded[int(row["worker_pid"]), int(row["generation"]), int(row["batch"])]
+
+
+def csv_rows(out: Path, batches: dict) -> list[dict[str, str]]:
+    with open(out / batches["file"], newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persistent_epochs(tmp_path):
     make_files(tmp_path / "data", 24, 4096)
     options = ("--workers", "2", "--sleep-index", "9", "--sleep-ms", "300", "--persistent", "--epochs", "2")
@@ -54,7 +74,7 @@ def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persi
     assert steady["waited_ms"] > 150 and steady["fetch_ms"] >= 300 and steady["slowest_sample_ms"] >= 300
     outliers = batches["samples"]["outliers"][:2]  # the slowest first (a loaded machine may add others)
     assert [(s["sample"], s["batch"], s["worker"]) for s in outliers] == [(9, 2, 0), (9, 2, 0)]
-    assert sorted(s["epoch"] for s in outliers) == [0, 1]  # persistent workers: the same batch each epoch
+    assert sorted(s["pass"] for s in outliers) == [0, 1]  # persistent workers: the same batch each epoch
     assert [(w["worker"], w["processes"], w["batches"]) for w in batches["workers"]] == [(0, 1, 6), (1, 1, 6)]
     assert steady["pin_ms"] is None  # pin_memory without an accelerator: torch warns and pins nothing
     with open(out / batches["file"], newline="") as f:
@@ -75,7 +95,12 @@ def test_a_large_file_is_named_with_its_read_calls_and_bytes_under_strace(tmp_pa
     # file 33 is in batch 8, sent to worker 0: after the prefetch has filled, so the loop (faster
     # than its two workers) waits for it
     paths = make_files(tmp_path / "data", 40, size, big=33)
-    sections, truth, _ = observe(tmp_path, "--workers", "2", options=("--trace-io", "--trace-backend", "strace"))
+    # each worker also reads another file in a thread of its own all along: the batch's reads are
+    # its fetching thread's, the others' are counted apart
+    noise = tmp_path / "noise.bin"
+    noise.write_bytes(b"n" * 4096)
+    args = ("--workers", "2", "--noise-thread", str(noise))
+    sections, truth, _ = observe(tmp_path, *args, options=("--trace-io", "--trace-backend", "strace"))
     batches = sections["batches"]
     assert batches["joined"] == truth["steps"] == 10
     steady = batches["longest_steady_wait"]
@@ -84,6 +109,8 @@ def test_a_large_file_is_named_with_its_read_calls_and_bytes_under_strace(tmp_pa
     # os.read of CHUNK bytes until it returns nothing: size / CHUNK reads with data, one empty
     assert steady["slowest_sample_reads"] == 50 * size // CHUNK + 1
     assert steady["slowest_sample_bytes"] == 50 * size
+    assert str(noise) not in steady["files"] and steady["other_threads_reads"] > 0
+    assert steady["reads"] == 4 * (size // CHUNK + 1) + 49 * size // CHUNK  # its 4 files' reads, no more
     files = batches["files"]["outliers"]
     assert files[0]["path"] == str(paths[33]) and files[0]["bytes"] == 50 * size
     assert all(f["bytes"] == size for f in files[1:])  # any other file named is named for its time
@@ -102,6 +129,8 @@ def test_known_fetch_collate_and_wait_shares_in_the_main_process(tmp_path):
     assert shares["fetch_pct_of_build"] == pytest.approx(fetch_pct, abs=3.0)
     assert shares["wait_pct"] == pytest.approx(100.0 * truth["waited_s"] / truth["loop_s"], abs=3.0)
     assert [w["worker"] for w in batches["workers"]] == [None]  # the main process built them
+    cost = batches["own_cost"]  # measured as the script exited, at its loader's batch size
+    assert cost["samples"] == 4 and cost["per_batch_us"] >= cost["batch_us"] >= 0 and cost["pct_of_build"] is not None
 
 
 def test_iterable_dataset_batches_are_joined_to_their_forkserver_workers(tmp_path):
@@ -143,7 +172,7 @@ def test_batch_records_cut_short_by_a_kill_are_left_out(tmp_path):
     recorder.file.flush()
     path = tmp_path / f"{recorder.pid}.batches"
     path.write_bytes(path.read_bytes()[:-5])  # the last record cut short
-    built, taken, samples = batchflow.read_all(tmp_path)
+    built, taken, samples, _ = batchflow.read_all(tmp_path)
     assert built["idx"].tolist() == [0, 1] and len(taken) == 0
     # batch 1's samples 2 and 3 took 0.2 s and 0.3 s: the second its slowest
     assert built["slowest_sample"][1] == 3 and built["slowest_end"][1] - built["slowest_begin"][1] == pytest.approx(0.3)
@@ -223,3 +252,83 @@ def test_synthetic_records_analysed_in_bounded_chunks(tmp_path, monkeypatch):
         "3",
     ]
     assert rows[13]["slowest_sample"] == "1302" and rows[40]["fetch_ms"] == "" and rows[39]["samples"] == "4"
+
+
+def test_repeated_and_skipped_indices_through_a_subset_are_the_ones_fetched(tmp_path):
+    """A batch sampler that repeats indices and skips others, over torch's random_split (a Subset,
+    whose __getitems__ maps the indices: fetched here sample by sample all the same), in a loader
+    made inside a function; then a second loader whose dataset fetches batches whole with its own
+    __getitems__, outside any step."""
+    make_files(tmp_path / "data", 24, 4096)
+    fetched = tmp_path / "fetched"
+    fetched.mkdir()
+    options = ("--workers", "2", "--subset", "--sampler", "repeat", "--sleep-index", "7", "--sleep-ms", "200")
+    sections, truth, out = observe(tmp_path, *options, "--whole-loader", "--fetched-log", str(fetched))
+    batches, subset = sections["batches"], truth["subset"]
+    rows = csv_rows(out, batches)
+    training = [r for r in rows if r["loader"] == "0"]
+    assert batches["joined"] == batches["batches_taken"] == len(rows) == 12 and len(training) == truth["steps"] == 6
+    recorded = built_indices(out / "processes")
+    for r in training:  # the sampler's indices as fetched, repeats included, in its order
+        assert indices_of(recorded, r) == truth["batches"][int(r["batch"])]
+    for pid in {int(r["worker_pid"]) for r in training}:  # and the files each worker really read
+        read = Counter(int(line) for line in (fetched / str(pid)).read_text().split())
+        mine = [i for r in training if int(r["worker_pid"]) == pid for i in truth["batches"][int(r["batch"])]]
+        assert read == Counter(subset[i] for i in mine)
+    must = subset.index(7)  # twice in batch 2, and only there: both its samples timed one by one
+    outliers = batches["samples"]["outliers"][:2]
+    assert [(s["sample"], s["batch"], s["loader"]) for s in outliers] == [(must, 2, 0)] * 2
+    assert all(s["ms"] >= 200 for s in outliers)
+    steady = batches["longest_steady_wait"]
+    assert (steady["batch"], steady["slowest_sample"], steady["loader"]) == (2, must, 0)
+    loaders = batches["loaders"]
+    assert [(lo["dataset"], lo["num_workers"], lo["batches_taken"], lo["in_steps"]) for lo in loaders] == [
+        ("Subset", 2, 6, 6),
+        ("WholeFiles", 0, 6, 0),
+    ]
+    assert loaders[0]["sampler"] == "RepeatSkip"
+    # the batched fetch: indices recorded in order, timed whole, said so
+    whole = [r for r in rows if r["loader"] == "1"]
+    assert [indices_of(recorded, r) for r in whole] == [list(range(4 * b, 4 * b + 4)) for b in range(6)]
+    assert batches["fetched_whole"] == 6
+    assert all(r["fetch_ms"] and not r["slowest_sample"] and not r["step"] for r in whole)
+
+
+def test_the_labs_own_loader_a_new_dataloader_every_epoch(tmp_path):
+    """dlscope's own DataLoader path (`dlscope train --loader torch`), run as a library from a
+    script: each epoch's batches hold the epoch's order as the lab computes it."""
+    make_files(tmp_path / "data", 1, 16)
+    sections, truth, out = observe(tmp_path, "--lab-loader", "--workers", "2", "--epochs", "2", "--batch-size", "8")
+    batches = sections["batches"]
+    assert batches["joined"] == batches["in_steps"] == truth["steps"] == 12
+    assert [(lo["loader"], lo["dataset"], lo["passes"], lo["batches_taken"]) for lo in batches["loaders"]] == [
+        (0, "dlscope.data.loaders.MnistSamples", 1, 6),
+        (1, "dlscope.data.loaders.MnistSamples", 1, 6),
+    ]
+    recorded = built_indices(out / "processes")
+    for r in csv_rows(out, batches):
+        b, order = int(r["batch"]), truth["orders"][int(r["loader"])]
+        assert indices_of(recorded, r) == order[8 * b : 8 * b + 8]
+
+
+def test_a_batch_has_its_threads_system_calls_or_its_process_when_the_trace_has_no_thread_ids():
+    built = np.zeros(1, dtype=batchflow.BUILT_ROW)
+    built["pid"], built["tid"], built["start"], built["collated"], built["slowest_at"] = 7, 8, 10.0, 11.0, -1
+
+    def read(tid: int | None, path: str, n: int) -> dict:
+        event = {"ts": 10.5, "pid": 7, "call": "read", "kind": "read", "path": path, "bytes": n, "dur": 1e-4}
+        return event if tid is None else {**event, "tid": tid}
+
+    # the building thread read a.bin; another thread of the worker read b.bin and a pipe meanwhile
+    io = batchflow.attach_io(built, [read(8, "/a.bin", 10), read(9, "/b.bin", 20), read(9, "pipe:[1]", 4)], float)[0]
+    assert (io["reads"], io["bytes_read"], [f["path"] for f in io["files"]]) == (1, 10, ["/a.bin"])
+    assert io["others"] == {"reads": 1, "bytes_read": 20} and io["per_thread"]
+    row: dict = {}
+    batchflow._io_cells(row, io)
+    assert (row["other_threads_reads"], row["other_threads_bytes"]) == (1, 20) and "io_of_process" not in row
+    io = batchflow.attach_io(built, [read(None, "/a.bin", 10), read(None, "/b.bin", 20)], float)[0]
+    assert (io["reads"], io["bytes_read"], io["per_thread"]) == (2, 30, False)
+    batchflow._io_cells(row, io)
+    assert row["io_of_process"] and "no thread ids" in batches_report.wait_sentence(
+        {"step": 0, "batch": 0, "worker": 0, "waited_ms": 1, "fetch_ms": 1, "collate_ms": 0, "queued_ms": 0, **row}
+    )

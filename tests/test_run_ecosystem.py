@@ -112,6 +112,10 @@ def check_batches(sections: dict, truth: dict[str, str], out: Path) -> None:
     with open(out / batches["file"], newline="") as f:
         drawn = {int(r["step"]) for r in csv.DictReader(f) if r["step"]}
     assert set(range(1, int(truth["steps"]))) <= drawn <= set(range(int(truth["steps"])))
+    # one loader fed the steps; the evaluation loaders' passes are the evaluations, drawn in no step
+    training = [lo for lo in batches["loaders"] if lo["in_steps"]]
+    assert len(training) == 1 and training[0]["in_steps"] >= int(truth["steps"]) - 1
+    assert sum(lo["passes"] for lo in batches["loaders"] if not lo["in_steps"]) == int(truth["evaluations"])
 
 
 def check_trainer_run(sections: dict, truth: dict[str, str]) -> None:

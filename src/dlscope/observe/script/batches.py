@@ -6,7 +6,9 @@ to torch by the script hooks (hooks.py) once the script imports torch.
 Where it hooks (torch.utils.data, looked up once at attach):
   - the dataset fetchers (`_MapDatasetFetcher.fetch`, `_IterableDatasetFetcher.fetch`): the same
     loop as torch's, with one clock read after each sample (map-style `__getitem__`, or the
-    iterable's `next`) and around `collate_fn`; a dataset with `__getitems__` is timed whole;
+    iterable's `next`) and around `collate_fn`; torch's own `Subset` (random_split's), whose
+    `__getitems__` only maps the indices, is fetched as it would fetch, `base[indices[i]]`,
+    sample by sample; any other dataset with a `__getitems__` (a batched fetch) is timed whole;
   - the worker loop (`_worker_loop`, the target DataLoader starts its workers with — by name, so a
     spawned worker, which unpickles it, gets the wrapped one too): its index queue and data queue
     are handed on wrapped, so a batch is known by DataLoader's own number (the send index `idx`)
@@ -14,21 +16,29 @@ Where it hooks (torch.utils.data, looked up once at attach):
   - in the training process, `_MultiProcessingDataLoaderIter._process_data` (each batch handed to
     `__next__`, with its worker) and `_get_data`, `_reset` (persistent workers' epochs), and
     `_SingleProcessDataLoaderIter._next_data` (num_workers=0: the batch is built right there);
-  - `pin_memory` (the pin-memory thread's and the single-process path's).
+  - `pin_memory` (the pin-memory thread's and the single-process path's);
+  - `DataLoader.__iter__`: each loader is numbered at its first pass (a "loader" record says what
+    it is), each `iter()` of it is one pass (an epoch of a training loader).
 
 Per batch, one binary record in `<pid>.batches`, never one per sample in the training process:
 "built" where the batch was built (a worker, or the training process with num_workers=0) and
-"taken" in the training process (written by hooks.loader_next with the wait). Records are
-buffered and written at FLUSH_BYTES or FLUSH_SECONDS after the oldest, when a worker's loop ends
-and at exit: a write(2) per batch was half the cost on a fast dataset; a SIGKILL loses at most
+"taken" in the training process (written by hooks.loader_next with the wait); per DataLoader,
+one "loader" record in the training process, and at its exit one "cost". Records are buffered
+and written at FLUSH_BYTES or FLUSH_SECONDS after the oldest, when a worker's loop ends and at
+exit: a write(2) per batch was half the cost on a fast dataset; a SIGKILL loses at most
 FLUSH_SECONDS of batches.
 
-    b"DLSBATCH"  uint32 n  n bytes of JSON {"version", "built", "taken"}  records...
-    a record:    uint32 its length in bytes, uint8 kind (0 built, 1 taken), the rest per kind:
-    built        BUILT below, then n int64 sample indices (map-style: the sampler's; iterable:
-                 the position in this worker's stream; -1: not an integer), then, when flag
-                 SAMPLE_TIMES is set, n float64: when each sample ended (CLOCK_REALTIME s)
+    b"DLSBATCH"  uint32 n  n bytes of JSON {"version", "built", "taken", "loader", "cost"}  records...
+    a record:    uint32 its length in bytes, uint8 kind (0 built, 1 taken, 2 loader, 3 cost), the
+                 rest per kind:
+    built        BUILT below, then n int64 sample indices (map-style: the sampler's, as fetched,
+                 repeats included; iterable: the position in this worker's stream; -1: not an
+                 integer), then, when flag SAMPLE_TIMES is set, n float64: when each sample ended
+                 (CLOCK_REALTIME s)
     taken        TAKEN below
+    loader       LOADER below, then JSON {"dataset", "sampler", "batch_size", "num_workers", ...}
+    cost         LOADER below (loader 0), then JSON {"batch_us", "sample_ns", "samples"}: the x-ray's
+                 own cost, measured at exit in a process that iterated a DataLoader (batchcost.py)
 
 A batch is joined across processes on (worker pid, generation, idx): DataLoader numbers batches
 as it sends them, from 0 at every epoch, and a persistent worker's generation counts the epochs
@@ -48,19 +58,24 @@ from collections.abc import Callable
 from typing import Any
 
 BATCHES_MAGIC = b"DLSBATCH"
-BATCHES_VERSION = 1
-KIND_BUILT, KIND_TAKEN = 0, 1
-SAMPLE_TIMES, ITERABLE = 1, 2  # built flags
-# length, kind, flags, worker_id (-1: the training process), generation, idx, samples,
-# start (fetch began), fetched (collate began), collated, ready (handed to the data queue)
-BUILT = struct.Struct("<IBBhIIIdddd")
-BUILT_FIELDS = ("length", "kind", "flags", "worker_id", "generation", "idx", "samples")
+BATCHES_VERSION = 2
+KIND_BUILT, KIND_TAKEN, KIND_LOADER, KIND_COST = 0, 1, 2, 3
+# built flags: samples timed one by one; an iterable dataset; fetched whole by `__getitems__`
+SAMPLE_TIMES, ITERABLE, WHOLE = 1, 2, 4
+# length, kind, flags, worker_id (-1: the training process), generation, idx, samples, tid (the
+# thread that fetched it: its system calls are the batch's), start (fetch began), fetched
+# (collate began), collated, ready (handed to the data queue)
+BUILT = struct.Struct("<IBBhIIIIdddd")
+BUILT_FIELDS = ("length", "kind", "flags", "worker_id", "generation", "idx", "samples", "tid")
 BUILT_TIMES = ("start", "fetched", "collated", "ready")
-# length, kind, pad, worker_id, worker_pid, generation, idx, next_start, next_end (the loader's
-# __next__), taken (the training process had the batch in hand), pin seconds (NaN: not pinned)
-TAKEN = struct.Struct("<IBxhIIIdddf")
-TAKEN_FIELDS = ("length", "kind", "worker_id", "worker_pid", "generation", "idx")
+# length, kind, pad, worker_id, worker_pid, generation, idx, loader, pass (UNKNOWN: a loader
+# iterated without DataLoader.__iter__), next_start, next_end (the loader's __next__), taken (the
+# training process had the batch in hand), pin seconds (NaN: not pinned)
+TAKEN = struct.Struct("<IBxhIIIIIdddf")
+TAKEN_FIELDS = ("length", "kind", "worker_id", "worker_pid", "generation", "idx", "loader", "pass")
 TAKEN_TIMES = ("next_start", "next_end", "taken", "pin")
+LOADER = struct.Struct("<IBxxxI")  # length, kind, loader; then its description as JSON
+UNKNOWN = 0xFFFFFFFF
 NAN = float("nan")
 FLUSH_BYTES, FLUSH_SECONDS = 1 << 16, 0.5
 # A clock read per sample costs ~55 ns: ≤ 1.1% of a sample of ≥ 5 µs. A process whose last batch's
@@ -74,6 +89,8 @@ def header() -> bytes:
         "version": BATCHES_VERSION,
         "built": {"struct": BUILT.format, "fields": [*BUILT_FIELDS, *BUILT_TIMES], "then": ["<q", "<d"]},
         "taken": {"struct": TAKEN.format, "fields": [*TAKEN_FIELDS, *TAKEN_TIMES]},
+        "loader": {"struct": LOADER.format, "fields": ["length", "kind", "loader"], "then": ["json"]},
+        "cost": {"struct": LOADER.format, "fields": ["length", "kind", "loader"], "then": ["json"]},
     }
     text = json.dumps(description).encode()
     return BATCHES_MAGIC + struct.pack("<I", len(text)) + text
@@ -127,13 +144,14 @@ class BatchFile:
 class Building:
     """The batch being built in this thread: filled by the fetcher, written when it is handed on."""
 
-    __slots__ = ("collated", "ends", "fetched", "flags", "indices", "start")
+    __slots__ = ("collated", "ends", "fetched", "flags", "indices", "start", "tid")
 
     def __init__(self) -> None:
         self.start = self.fetched = self.collated = 0.0
         self.indices: list[Any] = []
         self.ends: list[float] | None = None
         self.flags = 0
+        self.tid = 0
 
 
 class BatchRecorder:
@@ -146,36 +164,54 @@ class BatchRecorder:
         self.worker_id = -1
         self.serial = 0  # in the training process: single-process iterators numbered as they start
         self.pins: dict[int, float] = {}  # id(pinned batch) -> seconds, from the pin-memory thread
-        self.shapes: dict[int, tuple[struct.Struct, struct.Struct]] = {}
+        self.shapes: dict[tuple[int, bool], struct.Struct] = {}  # a built record's, by (samples, timed)
         self.time_samples = True  # the next batch's samples are timed one by one
         self.pid = os.getpid()  # getpid(2) is a system call: kept, and renewed in a forked child
         self.fetches = 0
+        self.loaders = 0  # DataLoaders iterated in this process
+        self.batch_size = 0  # the first loader's: the x-ray's own cost is measured at it
+        self.wrap: Callable[[Callable, Callable], Callable] | None = None  # hooks._wrap, from attach
 
     def forked(self) -> None:
         self.pid = os.getpid()
+        self.local = threading.local()  # the parent's thread ids are not this process's
         self.pins.clear()
         self.file.forked()
 
     # the fetchers ---------------------------------------------------------------------------
+    def thread_id(self) -> int:
+        """This thread's id as the system-call tracers see it, asked once per thread (gettid(2)
+        is a system call)."""
+        local = self.local
+        tid = getattr(local, "tid", 0)
+        if not tid:
+            tid = local.tid = threading.get_native_id()
+        return tid
+
     def fetch_map(self, fetcher: Any, index: Any) -> Any:
         clock = time.time
         b = Building()
         b.start = clock()
+        b.tid = self.thread_id()
         dataset = fetcher.dataset
         if fetcher.auto_collation:
             b.indices = index
+            base, fetched = dataset, index  # most datasets: no __getitems__, fetched one by one as they are
             if getattr(dataset, "__getitems__", None):
+                base, fetched = _per_sample(dataset, index)
+            if base is None:  # the dataset's own batched fetch
+                b.flags = WHOLE
                 data = dataset.__getitems__(index)
             elif self.time_samples:
                 b.flags = SAMPLE_TIMES
                 ends: list[float] = []
                 data = []
-                for i in index:
-                    data.append(dataset[i])
+                for i in fetched:  # (a comprehension or an array('d') measured no cheaper: BENCHMARKS.md)
+                    data.append(base[i])
                     ends.append(clock())
                 b.ends = ends
             else:
-                data = [dataset[i] for i in index]
+                data = [base[i] for i in fetched]
         else:
             b.indices = [index]
             data = dataset[index]
@@ -196,6 +232,7 @@ class BatchRecorder:
         b = Building()
         b.flags = SAMPLE_TIMES | ITERABLE
         b.start = clock()
+        b.tid = self.thread_id()
         first = getattr(fetcher, "_dlscope_drawn", 0)
         ends: list[float] = []
         it = fetcher.dataset_iter
@@ -228,23 +265,20 @@ class BatchRecorder:
 
     def write_built(self, b: Building, generation: int, idx: int, ready: float) -> None:
         n = len(b.indices)
-        shapes = self.shapes.get(n)
-        if shapes is None:  # a Struct per batch size: ~3x faster than array() on a list
-            shapes = self.shapes[n] = (struct.Struct(f"<{n}q"), struct.Struct(f"<{n}d"))
-        try:
-            indices = shapes[0].pack(*b.indices)
-        except struct.error:  # a sampler that yields keys, not integers
-            indices = shapes[0].pack(
-                *(i if isinstance(i, int) and -(1 << 63) <= i < 1 << 63 else -1 for i in b.indices)
-            )
         ends = b.ends
-        times = shapes[1].pack(*ends) if ends is not None and len(ends) == n else b""
-        flags = b.flags if times else b.flags & ~SAMPLE_TIMES
-        length = BUILT.size + len(indices) + len(times)
-        head = BUILT.pack(
-            length, KIND_BUILT, flags, self.worker_id, generation, idx, n, b.start, b.fetched, b.collated, ready
-        )
-        self.file.write(b"".join((head, indices, times)), ready)
+        timed = ends is not None and len(ends) == n
+        record = self.shapes.get((n, timed))
+        if record is None:  # the whole record in one Struct per batch size: one pack, no join
+            record = self.shapes[n, timed] = struct.Struct(BUILT.format + f"{n}q" + (f"{n}d" if timed else ""))
+        flags = b.flags if timed else b.flags & ~SAMPLE_TIMES
+        head = (record.size, KIND_BUILT, flags, self.worker_id, generation, idx, n, b.tid)
+        times = (b.start, b.fetched, b.collated, ready)
+        try:
+            packed = record.pack(*head, *times, *b.indices, *(ends if timed else ()))  # type: ignore[misc]
+        except struct.error:  # a sampler that yields keys, not integers
+            indices = [i if isinstance(i, int) and -(1 << 63) <= i < 1 << 63 else -1 for i in b.indices]
+            packed = record.pack(*head, *times, *indices, *(ends if timed else ()))  # type: ignore[misc]
+        self.file.write(packed, ready)
 
     # a worker -------------------------------------------------------------------------------
     def worker_loop(self, loop: Callable, positions: tuple[int, int, int], *args: Any, **kwargs: Any) -> Any:
@@ -269,15 +303,17 @@ class BatchRecorder:
         data = next_data(iterator)
         built = self.take_built()
         if built is not None:
-            idx = getattr(iterator, "_dlscope_idx", 0)
+            own = iterator.__dict__
+            idx = own.get("_dlscope_idx", 0)
             if not idx:
                 self.serial += 1
-                iterator._dlscope_serial = self.serial
-            iterator._dlscope_idx = idx + 1
+                own["_dlscope_serial"] = self.serial
+            own["_dlscope_idx"] = idx + 1
+            serial = own["_dlscope_serial"]
             now = time.time()
-            self.write_built(built, iterator._dlscope_serial, idx, now)
+            self.write_built(built, serial, idx, now)
             pin = self.pins.pop(id(data), NAN) if self.pins else NAN
-            iterator._dlscope_taken = (-1, self.pid, iterator._dlscope_serial, idx, now, pin)
+            own["_dlscope_taken"] = (-1, self.pid, serial, idx, now, pin)
         return data
 
     def get_data(self, get: Callable, iterator: Any) -> Any:
@@ -307,7 +343,47 @@ class BatchRecorder:
         if taken is None:
             return
         worker_id, pid, generation, idx, when, pin = taken
-        self.file.write(TAKEN.pack(TAKEN.size, KIND_TAKEN, worker_id, pid, generation, idx, start, end, when, pin), end)
+        loader, passes = iterator.__dict__.get("_dlscope_pass", UNKNOWN_PASS)
+        record = TAKEN.pack(
+            TAKEN.size, KIND_TAKEN, worker_id, pid, generation, idx, loader, passes, start, end, when, pin
+        )
+        self.file.write(record, end)
+
+    def loader_iter(self, iter_: Callable, loader: Any) -> Any:
+        """`DataLoader.__iter__`: one more pass of this loader (numbered at its first, with a
+        "loader" record saying what it is); its iterator's batches are taken in that pass."""
+        it = iter_(loader)
+        try:
+            own = loader.__dict__
+            number = own.get("_dlscope_loader")
+            if number is None:
+                number = own["_dlscope_loader"] = self.loaders
+                self.loaders += 1
+                described = describe_loader(loader)
+                self.batch_size = self.batch_size or described["batch_size"] or 0
+                self.write_json(KIND_LOADER, number, described)
+            passes = own["_dlscope_passes"] = own.get("_dlscope_passes", -1) + 1
+            if isinstance(it, _ITERATORS):  # not a loader's own iterator type
+                it.__dict__["_dlscope_pass"] = (number, passes)
+        except Exception:  # a loader dlscope cannot describe: its batches are still recorded, loader "?"
+            pass
+        return it
+
+    def write_json(self, kind: int, number: int, value: dict[str, Any]) -> None:
+        text = json.dumps(value).encode()
+        self.file.write(LOADER.pack(LOADER.size + len(text), kind, number) + text, time.time())
+
+    def close(self) -> None:
+        """At exit: where a DataLoader was iterated, the x-ray's own cost measured, then all written."""
+        if self.loaders and self.wrap is not None:
+            from dlscope.observe.script import batchcost
+
+            try:
+                cost = batchcost.measure(BatchRecorder, BatchFile, _as_method, self.wrap, self.batch_size or 64)
+            except Exception as e:  # never fail the job's exit: the report then says it is unmeasured
+                cost = {"error": f"{type(e).__name__}: {e}"}
+            self.write_json(KIND_COST, 0, cost)
+        self.file.flush()
 
     def pin(self, pin_memory: Callable, data: Any, *args: Any, **kwargs: Any) -> Any:
         """The outermost pin_memory call of a batch (it recurses through the module's own name)."""
@@ -324,6 +400,50 @@ class BatchRecorder:
         if len(self.pins) > 1024:  # batches pinned but never handed on (an abandoned iterator)
             self.pins.clear()
         return out
+
+
+UNKNOWN_PASS = (UNKNOWN, UNKNOWN)
+_SUBSET_GETITEMS: Any = None  # torch's Subset.__getitems__, looked up at attach
+_ITERATORS: tuple[type, ...] = ()  # DataLoader's iterators, looked up at attach
+
+
+def _per_sample(dataset: Any, index: Any) -> tuple[Any, Any]:
+    """A dataset with a `__getitems__`: what torch fetches sample by sample for `index`, and at
+    which indices, under torch's own Subsets (random_split's: their `__getitems__` maps the
+    indices, then fetches one by one where the dataset below has no `__getitems__`): the dataset
+    below, at the mapped indices. (None, None): a `__getitems__` of the dataset's own, fetched
+    whole."""
+    fetched = index
+    while _SUBSET_GETITEMS is not None and getattr(type(dataset), "__getitems__", None) is _SUBSET_GETITEMS:
+        positions = dataset.indices
+        fetched = [positions[i] for i in fetched]
+        dataset = dataset.dataset
+    if getattr(dataset, "__getitems__", None):
+        return None, None
+    return dataset, fetched
+
+
+def describe_loader(loader: Any) -> dict[str, Any]:
+    """What a DataLoader is, for the report: its dataset, sampler and settings."""
+    sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    inner = getattr(sampler, "sampler", None)  # a BatchSampler's
+    return {
+        "dataset": _type_name(loader.dataset),
+        "sampler": _type_name(sampler) + (f"({_type_name(inner)})" if inner is not None else ""),
+        "batch_size": loader.batch_size if loader.batch_size is not None else getattr(sampler, "batch_size", None),
+        "num_workers": loader.num_workers,
+        "persistent_workers": bool(loader.persistent_workers),
+        "pin_memory": bool(loader.pin_memory),
+        "class": _type_name(loader),  # DataLoader, or a subclass (accelerate's DataLoaderShard)
+    }
+
+
+def _type_name(value: Any) -> str:
+    """A class's name, with its module unless it is the script's own, a builtin or torch.utils.data's."""
+    kind = type(value)
+    if kind.__module__ in ("builtins", "__main__") or kind.__module__.startswith("torch.utils.data."):
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 class IndexQueue:
@@ -367,7 +487,13 @@ def attach(torch: Any, directory: str, wrap: Callable[[Callable, Callable], Call
     from torch.utils.data._utils import fetch, worker
     from torch.utils.data._utils import pin_memory as pinning
 
+    global _SUBSET_GETITEMS, _ITERATORS
+    from torch.utils.data import Subset
+
+    _SUBSET_GETITEMS = getattr(Subset, "__getitems__", None)
+    _ITERATORS = (dataloader._BaseDataLoaderIter,)
     recorder = BatchRecorder(directory)
+    recorder.wrap = wrap
     fetch._MapDatasetFetcher.fetch = _as_method(fetch._MapDatasetFetcher.fetch, recorder.fetch_map)
     fetch._IterableDatasetFetcher.fetch = _as_method(fetch._IterableDatasetFetcher.fetch, recorder.fetch_iterable)
     names = list(inspect.signature(worker._worker_loop).parameters)
@@ -380,9 +506,10 @@ def attach(torch: Any, directory: str, wrap: Callable[[Callable, Callable], Call
     multi._get_data = wrap(multi._get_data, recorder.get_data)
     multi._process_data = wrap(multi._process_data, recorder.process_data)
     multi._reset = wrap(multi._reset, recorder.reset)
+    dataloader.DataLoader.__iter__ = wrap(dataloader.DataLoader.__iter__, recorder.loader_iter)
     pinning.pin_memory = wrap(pinning.pin_memory, recorder.pin)
     os.register_at_fork(after_in_child=recorder.forked)
-    atexit.register(recorder.file.flush)
+    atexit.register(recorder.close)
     return recorder
 
 

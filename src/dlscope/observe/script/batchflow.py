@@ -1,13 +1,14 @@
 """The batch x-ray's analysis: the `<pid>.batches` records (batches.py) of every process joined
 into one row per batch the training process took — the worker that built it, its samples, fetch,
 collate, queue and wait times, the step that consumed it — and, with --trace-io, the system calls
-of that worker inside the batch's window (and inside its slowest sample's). Facts only: the words
-are in report/sections/batches.py. No torch import.
+of the thread that built it inside the batch's window (and inside its slowest sample's). Facts
+only: the words are in report/sections/batches.py. No torch import.
 
 Joins: a taken batch to the batch built on (worker pid, generation, idx), DataLoader's own
 numbering; a taken batch to the step whose interval holds the start of its `__next__` (the same
-thread's clock, so the step is exact); a batch to its worker's system calls by time, inside that
-worker process only (a worker builds one batch at a time).
+thread's clock, so the step is exact); a batch to its worker's system calls by time, inside the
+thread that fetched it only (a worker builds one batch at a time; its other threads — the data
+queue's feeder, a dataset's own — are counted apart).
 """
 
 from __future__ import annotations
@@ -30,12 +31,17 @@ import numpy as np
 
 from dlscope.observe.script.batches import (
     BATCHES_MAGIC,
+    BATCHES_VERSION,
     BUILT,
     BUILT_TIMES,
     KIND_BUILT,
+    KIND_COST,
     KIND_TAKEN,
+    LOADER,
     SAMPLE_TIMES,
     TAKEN,
+    UNKNOWN,
+    WHOLE,
 )
 
 SLOWEST = 10  # rows kept in results.json per list: the full table is batches.csv
@@ -43,11 +49,13 @@ OUTLIER_FACTOR = 10.0  # a sample or a file at ≥ 10× the median is named
 OUTLIER_MIN_S = 1e-3  # and a sample only when it took ≥ 1 ms: a 30 µs sample makes no step wait
 CSV_COLUMNS = (
     "step",
-    "epoch",
+    "loader",
+    "pass",
     "worker_first",
     "batch",
     "worker",
     "worker_pid",
+    "generation",
     "samples",
     "waited_ms",
     "fetch_ms",
@@ -67,23 +75,36 @@ CSV_COLUMNS = (
     "top_file_reads",
     "top_file_bytes",
     "files",
+    "other_threads_reads",
+    "other_threads_bytes",
 )
 
 
 # The records as numpy rows: a million batches are ~130 MB of arrays, not a Python object each.
 BUILT_RECORD = np.dtype(
     {
-        "names": ["length", "flags", "worker_id", "generation", "idx", "samples", *BUILT_TIMES],
-        "formats": ["<u4", "u1", "<i2", "<u4", "<u4", "<u4", "<f8", "<f8", "<f8", "<f8"],
-        "offsets": [0, 5, 6, 8, 12, 16, 20, 28, 36, 44],
+        "names": ["length", "flags", "worker_id", "generation", "idx", "samples", "tid", *BUILT_TIMES],
+        "formats": ["<u4", "u1", "<i2", "<u4", "<u4", "<u4", "<u4", "<f8", "<f8", "<f8", "<f8"],
+        "offsets": [0, 5, 6, 8, 12, 16, 20, 24, 32, 40, 48],
         "itemsize": BUILT.size,
     }
 )
 TAKEN_RECORD = np.dtype(
     {
-        "names": ["worker_id", "worker_pid", "generation", "idx", "next_start", "next_end", "taken", "pin"],
-        "formats": ["<i2", "<u4", "<u4", "<u4", "<f8", "<f8", "<f8", "<f4"],
-        "offsets": [6, 8, 12, 16, 20, 28, 36, 44],
+        "names": [
+            "worker_id",
+            "worker_pid",
+            "generation",
+            "idx",
+            "loader",
+            "pass",
+            "next_start",
+            "next_end",
+            "taken",
+            "pin",
+        ],
+        "formats": ["<i2", "<u4", "<u4", "<u4", "<u4", "<u4", "<f8", "<f8", "<f8", "<f4"],
+        "offsets": [6, 8, 12, 16, 20, 24, 28, 36, 44, 52],
         "itemsize": TAKEN.size,
     }
 )
@@ -95,6 +116,8 @@ BUILT_ROW = np.dtype(
         ("generation", "<u4"),
         ("idx", "<u4"),
         ("samples", "<u4"),
+        ("flags", "u1"),
+        ("tid", "<u4"),
         *[(name, "<f8") for name in BUILT_TIMES],
         ("slowest_at", "<i4"),
         ("slowest_sample", "<i8"),
@@ -117,6 +140,8 @@ class Built:
     generation: int
     idx: int
     samples: int
+    flags: int
+    tid: int
     start: float
     fetched: float
     collated: float
@@ -130,6 +155,8 @@ class Taken:
     worker_pid: int
     generation: int
     idx: int
+    loader: int
+    pass_: int
     next_start: float
     next_end: float
     taken: float
@@ -171,15 +198,26 @@ class SampleTimes:
         return self.kept[: min(self.count, SAMPLES_KEPT)]
 
 
-def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int]]]:
-    """A `<pid>.batches` file block by block: (block, offsets of built records, of taken ones);
-    a record a kill cut short at the end is left out, and so is all after a corrupt length."""
+def _skip_header(f: Any) -> bool:
+    """Past a `<pid>.batches` file's header; False: not one, or another version's (left out)."""
+    head = f.read(len(BATCHES_MAGIC) + 4)
+    if len(head) < len(BATCHES_MAGIC) + 4 or head[: len(BATCHES_MAGIC)] != BATCHES_MAGIC:
+        return False
+    (length,) = struct.unpack_from("<I", head, len(BATCHES_MAGIC))
+    try:
+        version = json.loads(f.read(length)).get("version")
+    except ValueError:
+        return False
+    return version == BATCHES_VERSION
+
+
+def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int], list[int], list[int]]]:
+    """A `<pid>.batches` file block by block: (block, offsets of built records, of taken ones, of
+    loader ones, of cost ones); a record a kill cut short at the end is left out, and so is all
+    after a corrupt length."""
     with open(path, "rb") as f:
-        head = f.read(len(BATCHES_MAGIC) + 4)
-        if len(head) < len(BATCHES_MAGIC) + 4 or head[: len(BATCHES_MAGIC)] != BATCHES_MAGIC:
+        if not _skip_header(f):
             return
-        (length,) = struct.unpack_from("<I", head, len(BATCHES_MAGIC))
-        f.seek(len(head) + length)
         data, at = b"", 0
         while True:
             block = f.read(READ_BYTES)
@@ -187,23 +225,32 @@ def _records(path: Path) -> Iterable[tuple[bytes, list[int], list[int]]]:
                 return
             data = data[at:] + block
             at, end = 0, len(data)
-            built, taken = [], []
+            found: tuple[list[int], ...] = ([], [], [], [])  # by kind
             unpack = struct.Struct("<IB").unpack_from
             while at + 5 <= end:
                 size, kind = unpack(data, at)
                 if size < 5:
-                    if built or taken:
-                        yield data, built, taken
+                    if any(found):
+                        yield data, *found
                     return
                 if at + size > end:
                     break
-                if kind == KIND_BUILT:
-                    built.append(at)
-                elif kind == KIND_TAKEN:
-                    taken.append(at)
+                if kind <= KIND_COST:
+                    found[kind].append(at)
                 at += size
-            if built or taken:
-                yield data, built, taken
+            if any(found):
+                yield data, *found
+
+
+def sample_indices(path: Path) -> Iterator[tuple[int, int, np.ndarray]]:
+    """The batches one `<pid>.batches` file recorded as built, in order: (generation, batch idx,
+    its sample indices as int64, repeats included) — what each batch of batches.csv held (its
+    worker_pid's file, `batch`; generation: a persistent worker's epoch, or the training process's
+    iterator count with num_workers=0)."""
+    for block, built_at, *_ in _records(path):
+        for at in built_at:
+            _, _, _, _, generation, idx, n, *_ = BUILT.unpack_from(block, at)
+            yield generation, idx, np.frombuffer(block, "<i8", n, at + BUILT.size)
 
 
 def _gather(data: np.ndarray, offsets: np.ndarray, record: np.dtype) -> np.ndarray:
@@ -218,7 +265,7 @@ def _built_rows(pid: int, data: np.ndarray, offsets: np.ndarray, first_row: int,
     heads, offsets, n, timed = heads[whole], offsets[whole], n[whole], timed[whole]
     rows = np.zeros(len(heads), dtype=BUILT_ROW)
     rows["pid"] = pid
-    for name in ("worker_id", "generation", "idx", "samples", *BUILT_TIMES):
+    for name in ("flags", "worker_id", "generation", "idx", "samples", "tid", *BUILT_TIMES):
         rows[name] = heads[name]
     rows["slowest_at"] = -1
     rows["slowest_sample"] = -1
@@ -284,19 +331,17 @@ class Rows:
 def _first_record(path: Path) -> tuple[int, int]:
     """The size and kind of a `<pid>.batches` file's first record ((0, -1): none)."""
     with open(path, "rb") as f:
-        head = f.read(len(BATCHES_MAGIC) + 4)
-        if len(head) < len(BATCHES_MAGIC) + 4 or head[: len(BATCHES_MAGIC)] != BATCHES_MAGIC:
-            return 0, -1
-        f.seek(len(head) + struct.unpack_from("<I", head, len(BATCHES_MAGIC))[0])
-        first = f.read(5)
+        first = f.read(5) if _skip_header(f) else b""
     return struct.unpack("<IB", first) if len(first) == 5 else (0, -1)
 
 
-def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes]:
+def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes, dict[tuple[int, int], dict[str, Any]]]:
     """Every `<pid>.batches` file of a run's processes/ directory: its built batches (BUILT_ROW),
-    the batches taken (TAKEN_ROW) and the timed samples' fetch times."""
+    the batches taken (TAKEN_ROW), the timed samples' fetch times and the JSON records: loaders
+    by (pid, loader number), the x-ray's own cost by (pid, -1)."""
     built, taken = Rows(BUILT_ROW), Rows(TAKEN_ROW)
     samples = SampleTimes()
+    loaders: dict[tuple[int, int], dict[str, Any]] = {}
     for path in sorted(directory.glob("*.batches")):
         if not path.stem.isdigit():
             continue
@@ -310,7 +355,7 @@ def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes]:
         elif kind == KIND_BUILT:
             built.reserve(size // max(length, BUILT.size))
             taken.reserve(size // (max(length, BUILT.size) + TAKEN.size))
-        for block, built_at, taken_at in _records(path):
+        for block, built_at, taken_at, loader_at, cost_at in _records(path):
             data = np.frombuffer(block, np.uint8)
             if built_at:
                 built.add(_built_rows(pid, data, np.array(built_at, np.int64), built.count, samples))
@@ -321,7 +366,13 @@ def read_all(directory: Path) -> tuple[np.ndarray, np.ndarray, SampleTimes]:
                 for name in TAKEN_RECORD.names:
                     t[name] = heads[name]
                 taken.add(t)
-    return built.rows(), taken.rows(), samples
+            for at in (*loader_at, *cost_at):
+                size, kind, number = LOADER.unpack_from(block, at)
+                try:
+                    loaders[pid, -1 if kind == KIND_COST else number] = json.loads(block[at + LOADER.size : at + size])
+                except ValueError:
+                    continue
+    return built.rows(), taken.rows(), samples, loaders
 
 
 # system calls -----------------------------------------------------------------------------------
@@ -361,23 +412,35 @@ def io_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
 def attach_io(
     built: np.ndarray, syscalls: Iterable[dict[str, Any]], to_realtime: Callable[[float], float]
 ) -> dict[int, dict[str, Any]]:
-    """Each batch's (and its slowest sample's) system calls, from its worker's own events, by
-    built row (only batches whose process made system calls)."""
+    """Each batch's (and its slowest sample's) system calls, from the events of the thread that
+    fetched it, by built row (only batches whose process made system calls); the file reads of its
+    process's other threads in the same window (a dataset's own reader threads; not the feeder's
+    and resource sharer's pipes and sockets) are summed apart, as `others`. A trace without thread ids
+    (all 0) is attributed to the process."""
     pids = set(np.unique(built["pid"]).tolist())
-    per_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    per_thread: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for e in syscalls:
         if e.get("pid") in pids and e.get("call") != "phase":
-            per_pid[e["pid"]].append({**e, "ts": to_realtime(float(e["ts"]))})
-    calls = {pid: WorkerCalls(events) for pid, events in per_pid.items()}
+            per_thread[e["pid"], e.get("tid") or 0].append({**e, "ts": to_realtime(float(e["ts"]))})
+    calls = {key: WorkerCalls(events) for key, events in per_thread.items()}
+    threads: dict[int, list[int]] = defaultdict(list)
+    for pid, tid in calls:
+        threads[pid].append(tid)
     io: dict[int, dict[str, Any]] = {}
-    for row in np.flatnonzero(np.isin(built["pid"], list(calls))).tolist():
+    for row in np.flatnonzero(np.isin(built["pid"], list(threads))).tolist():
         b = built[row]
-        found = calls[int(b["pid"])]
-        start = float(b["start"])
-        io[row] = summary = io_summary(found.window(start, float(b["collated"])))
-        if b["slowest_at"] >= 0:
-            window = found.window(start + float(b["slowest_begin"]), start + float(b["slowest_end"]))
-            summary["slowest"] = io_summary(window)
+        pid, start, end = int(b["pid"]), float(b["start"]), float(b["collated"])
+        tid = int(b["tid"]) if threads[pid] != [0] else 0
+        own = calls.get((pid, tid))
+        io[row] = summary = io_summary(own.window(start, end) if own else [])
+        summary["per_thread"] = tid != 0
+        others = [e for t in threads[pid] if t != tid for e in calls[pid, t].window(start, end)]
+        files = io_summary(others)["files"]  # files only: not the pipes and sockets torch passes batches by
+        summary["others"] = {"reads": sum(f["reads"] for f in files), "bytes_read": sum(f["bytes"] for f in files)}
+        if b["slowest_at"] >= 0 and own:
+            summary["slowest"] = io_summary(
+                own.window(start + float(b["slowest_begin"]), start + float(b["slowest_end"]))
+            )
     return io
 
 
@@ -453,6 +516,7 @@ class Flow:
     worker_first: np.ndarray  # its worker's first batch of the epoch: the wait holds the worker's start
     samples: SampleTimes = field(default_factory=SampleTimes)
     io: dict[int, dict[str, Any]] = field(default_factory=dict)  # built row -> its system calls
+    loaders: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)  # (pid, number) -> what
 
     def __len__(self) -> int:
         return len(self.taken)
@@ -492,7 +556,8 @@ def join(
     match, firsts = _match(built, mine)
     worker_first = np.zeros(len(mine), dtype=bool)
     matched = match != NONE
-    worker_first[matched] = firsts[match[matched]]
+    # (a worker's: the training process's own first batch of a pass waits for no process to start)
+    worker_first[matched] = firsts[match[matched]] & (built["worker_id"][match[matched]] >= 0)
     flow = Flow(built, mine, match, step, in_step, worker_first, samples or SampleTimes())
     _return_freed_memory()
     return flow
@@ -515,10 +580,11 @@ def read_flow(
     to_realtime: Callable[[float], float] = float,
 ) -> Flow | None:
     """The batches of a run's processes/ directory joined; None when no DataLoader batch was seen."""
-    built, taken, samples = read_all(directory)
+    built, taken, samples, loaders = read_all(directory)
     if not len(built) and not len(taken):
         return None
     flow = join(built, taken, main, steps, evals, samples)
+    flow.loaders = loaders
     if syscalls is not None:
         flow.io = attach_io(built, syscalls, to_realtime)
     return flow
@@ -571,6 +637,12 @@ class Columns:
         return self.built("ready") <= self.taken["next_start"]
 
 
+def batch_name(idx: int, loader: int, passes: int) -> str:
+    """ "batch 3", "batch 3 (loader 1, pass 2)": loader 0 and pass 0 (the first) go unsaid."""
+    where = [f"{word} {n}" for word, n in (("loader", loader), ("pass", passes)) if n not in (0, UNKNOWN)]
+    return f"batch {idx}" + (f" ({', '.join(where)})" if where else "")
+
+
 def batch_row(flow: Flow, k: int) -> dict[str, Any]:
     """Taken batch k as one row (results.json's lists, batches.csv)."""
     c = Columns(flow, np.array([k]))
@@ -582,7 +654,9 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
     columns = {
         "step": c.step.tolist(),
         "in_step": c.in_step.tolist(),
-        "epoch": t["generation"].tolist(),
+        "loader": t["loader"].tolist(),
+        "pass": t["pass"].tolist(),
+        "generation": t["generation"].tolist(),
         "batch": t["idx"].tolist(),
         "worker": t["worker_id"].tolist(),
         "worker_pid": t["worker_pid"].tolist(),
@@ -596,6 +670,7 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
         "queued_ms": _ms(np.maximum(t["taken"] - c.built("ready"), 0.0)).tolist(),
         "ready_before_asked": c.ready_before_asked.tolist(),
         "timed": (c.built("slowest_at") >= 0).tolist(),
+        "whole": (c.built("flags") & WHOLE != 0).tolist(),
         "slowest_sample": c.built("slowest_sample").tolist(),
         "slowest_sample_ms": _ms(c.built("slowest_end") - c.built("slowest_begin")).tolist(),
     }
@@ -603,10 +678,12 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
         r = dict(zip(columns, v, strict=True))
         row: dict[str, Any] = {
             "step": r["step"] if r["in_step"] else None,
-            "epoch": r["epoch"],
+            "loader": None if r["loader"] == UNKNOWN else r["loader"],
+            "pass": None if r["pass"] == UNKNOWN else r["pass"],
             "batch": r["batch"],
             "worker": None if r["worker"] < 0 else r["worker"],
             "worker_pid": r["worker_pid"],
+            "generation": r["generation"],  # with worker_pid and batch: its record (sample_indices)
             "waited_ms": r["waited_ms"],
             "pin_ms": None if math.isnan(r["pin_ms"]) else r["pin_ms"],
             "worker_first": r["worker_first"],
@@ -623,6 +700,8 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
         )
         if r["timed"]:
             row.update(slowest_sample=r["slowest_sample"], slowest_sample_ms=r["slowest_sample_ms"])
+        elif r["whole"]:
+            row["fetched_whole"] = True  # by the dataset's __getitems__: no sample timed alone
         io = flow.io.get(r["match"])
         if io:
             _io_cells(row, io)
@@ -631,6 +710,10 @@ def _rows(flow: Flow, c: Columns) -> Iterator[dict[str, Any]]:
 
 def _io_cells(row: dict[str, Any], io: dict[str, Any]) -> None:
     row.update(reads=io["reads"], bytes_read=io["bytes_read"], syscall_ms=_ms(io["syscall_s"]))
+    if not io.get("per_thread", True):
+        row["io_of_process"] = True  # a trace without thread ids: all the process's threads
+    others = io.get("others") or {}
+    row.update(other_threads_reads=others.get("reads", 0), other_threads_bytes=others.get("bytes_read", 0))
     row["files"] = [f["path"] for f in io["files"]]
     if io["files"]:  # the file the batch read most from (files are sorted by bytes)
         top = io["files"][0]
@@ -665,6 +748,9 @@ def section(flow: Flow, steps: np.ndarray, out_csv: Path, trace_io: bool) -> dic
         "joined": len(joined),
         "in_steps": len(in_steps),
         "trace_io": trace_io,
+        "loaders": loader_table(flow, c),
+        "own_cost": own_cost(flow),
+        "fetched_whole": int(np.count_nonzero(c.joined & (c.built("flags") & WHOLE != 0))),
         "shares": shares(c, in_steps, steps),
         "workers": workers,
         "keeping_ahead": keeping_ahead(c, in_steps),
@@ -676,6 +762,44 @@ def section(flow: Flow, steps: np.ndarray, out_csv: Path, trace_io: bool) -> dic
         "samples": sample_outliers(flow),
         "files": file_outliers(flow.io) if trace_io else None,
     }
+
+
+def own_cost(flow: Flow) -> dict[str, Any] | None:
+    """The x-ray's own CPU cost as the training process measured it at exit (batchcost.py), per
+    batch of this run: its part per batch plus its part per timed sample times the timed samples
+    a batch had on average, against the mean time a batch took to build."""
+    main = int(flow.taken["pid"][0]) if len(flow.taken) else None
+    measured = flow.loaders.get((main, -1)) if main is not None else None  # type: ignore[arg-type]
+    if measured is None or "batch_us" not in measured or not len(flow.built):
+        return measured
+    built = flow.built
+    build_us = float(np.mean(built["collated"] - built["start"])) * 1e6
+    per_batch = measured["batch_us"] + measured["sample_ns"] / 1e3 * flow.samples.count / len(built)
+    return {
+        **measured,
+        "per_batch_us": round(per_batch, 2),
+        "build_us": round(build_us, 2),
+        "pct_of_build": round(100.0 * per_batch / build_us, 2) if build_us > 0 else None,
+    }
+
+
+def loader_table(flow: Flow, c: Columns) -> list[dict[str, Any]]:
+    """Per DataLoader of the training process, in the order first iterated: what it is, its passes,
+    the batches taken from it and how many fed a step."""
+    main = int(c.taken["pid"][0]) if len(c.taken) else None
+    table = []
+    for number in np.unique(c.taken["loader"]).tolist():  # (the cost record, -1, is none of them)
+        mine = c.taken["loader"] == number
+        table.append(
+            {
+                "loader": None if number == UNKNOWN else number,
+                **flow.loaders.get((main, number), {}),  # type: ignore[arg-type]
+                "passes": len(np.unique(c.taken["pass"][mine])),
+                "batches_taken": int(mine.sum()),
+                "in_steps": int((mine & c.in_step).sum()),
+            }
+        )
+    return table
 
 
 def shares(c: Columns, rows: np.ndarray, steps: np.ndarray) -> dict[str, Any]:
@@ -786,13 +910,16 @@ def sample_outliers(flow: Flow) -> dict[str, Any]:
         if seconds < bar:
             break
         b = flow.built[row]
+        taken = np.flatnonzero(flow.match == row)  # the batch's pass, where the loop took it
+        t = flow.taken[taken[0]] if len(taken) else None
         outliers.append(
             {
                 "sample": sample,
                 "ms": _ms(seconds),
                 "times_median": round(seconds / median, 1) if median > 0 else None,
                 "worker": None if b["worker_id"] < 0 else int(b["worker_id"]),
-                "epoch": int(b["generation"]),
+                "loader": None if t is None or t["loader"] == UNKNOWN else int(t["loader"]),
+                "pass": None if t is None or t["pass"] == UNKNOWN else int(t["pass"]),
                 "batch": int(b["idx"]),
                 "file": _sample_file(flow, row, at),
             }

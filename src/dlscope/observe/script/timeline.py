@@ -196,7 +196,7 @@ class TimelineWriter:
         to_us = self.clock.realtime_s
         for n, k in enumerate(sorted(set(keep) | set(longest))):
             taken, built, step = flow.pair(k)
-            name = f"batch {taken.idx}" + (f" (epoch {taken.generation})" if taken.generation else "")
+            name = batchflow.batch_name(taken.idx, taken.loader, taken.pass_)
             start, end = to_us(taken.next_start), to_us(taken.next_end)
             self.track(taken.pid, TAKEN_TID, "batches taken", 3)
             args = {"step": step, "worker": None if taken.worker_id < 0 else taken.worker_id}

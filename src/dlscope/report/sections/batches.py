@@ -19,30 +19,56 @@ def _bytes(n: int) -> str:
     return f"{n:,} bytes"
 
 
+def _ms(value: float) -> str:
+    """3 significant digits, and whole milliseconds from a second up (never 2.06e+03)."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def where(r: dict[str, Any]) -> str:
+    """ "batch 3", "batch 3 of loader 1, pass 2": the first loader and its first pass go unsaid."""
+    text = f"batch {r['batch']}"
+    if r.get("loader"):
+        text += f" of loader {r['loader']}"
+    if r.get("pass"):
+        text += f", pass {r['pass']}"
+    return text
+
+
 def wait_sentence(r: dict[str, Any]) -> str:
     """ "step S waited W ms for batch b (worker k): fetch F ms (slowest sample i, X ms, file /path,
     R reads, B bytes), collate C ms, queued Q ms"."""
-    epoch = f", epoch {r['epoch']}" if r.get("epoch") else ""
-    text = f"step {r['step']} waited {r['waited_ms']:.3g} ms for batch {r['batch']}{epoch} ({worker_name(r['worker'])})"
+    text = f"step {r['step']} waited {_ms(r['waited_ms'])} ms for {where(r)} ({worker_name(r['worker'])})"
     if "fetch_ms" not in r:
         return text + "; its worker's record was not found."
     sample = ""
     if r.get("slowest_sample") is not None:
-        sample = f"slowest sample {r['slowest_sample']}, {r['slowest_sample_ms']:.3g} ms"
+        sample = f"slowest sample {r['slowest_sample']}, {_ms(r['slowest_sample_ms'])} ms"
         if r.get("slowest_sample_file"):
             sample += (
                 f", file {r['slowest_sample_file']}, {r['slowest_sample_reads']} reads, "
                 f"{_bytes(r['slowest_sample_bytes'])}"
             )
         sample = f" ({sample})"
-    text += f": fetch {r['fetch_ms']:.3g} ms{sample}, collate {r['collate_ms']:.3g} ms, queued {r['queued_ms']:.3g} ms"
+    elif r.get("fetched_whole"):
+        sample = " (fetched whole by the dataset's __getitems__)"
+    text += (
+        f": fetch {_ms(r['fetch_ms'])} ms{sample}, collate {_ms(r['collate_ms'])} ms, queued {_ms(r['queued_ms'])} ms"
+    )
     if r.get("pin_ms") is not None:
-        text += f", pin memory {r['pin_ms']:.3g} ms"
+        text += f", pin memory {_ms(r['pin_ms'])} ms"
     if r.get("reads") is not None:
-        calls = f"{r['reads']} reads ({_bytes(r['bytes_read'])}) in {r['syscall_ms']:.3g} ms of system calls"
-        text += f"; its worker made {calls} while building it"
+        calls = f"{r['reads']} reads ({_bytes(r['bytes_read'])}) in {_ms(r['syscall_ms'])} ms of system calls"
+        if r.get("io_of_process"):
+            text += f"; its process made {calls} while building it (all its threads: the trace has no thread ids)"
+        else:
+            text += f"; the thread that built it made {calls}"
         if r.get("top_file") and r.get("top_file") != r.get("slowest_sample_file"):
             text += f", most from {r['top_file']} ({r['top_file_reads']} reads, {_bytes(r['top_file_bytes'])})"
+        if r.get("other_threads_reads"):
+            text += (
+                f"; its process's other threads read files meanwhile ({r['other_threads_reads']} reads, "
+                f"{_bytes(r['other_threads_bytes'])}), not counted in the batch"
+            )
     return text + "."
 
 
@@ -88,15 +114,21 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         )
     samples = section["samples"]
     for s in samples.get("outliers", []):
-        where = (
-            f"batch {s['batch']}" + (f", epoch {s['epoch']}" if s["epoch"] else "") + f", {worker_name(s['worker'])}"
-        )
         file = f", file {s['file']}" if s.get("file") else ""
         items.append(
             (
                 "warn",
-                f"Sample {s['sample']} took {s['ms']:.3g} ms to fetch, {s['times_median']:,.0f}× the median "
-                f"{samples['median_ms']:.3g} ms ({where}{file}).",
+                f"Sample {s['sample']} took {_ms(s['ms'])} ms to fetch, {s['times_median']:,.0f}× the median "
+                f"{samples['median_ms']:.3g} ms ({where(s)}, {worker_name(s['worker'])}{file}).",
+            )
+        )
+    whole = section.get("fetched_whole", 0)
+    if whole:
+        items.append(
+            (
+                "info",
+                f"{whole} batch{'es' * (whole != 1)} were fetched whole by their dataset's own __getitems__ "
+                "(a batched fetch): their fetch time is known, not each sample's.",
             )
         )
     if samples.get("outliers_total", 0) > len(samples.get("outliers", [])):
@@ -108,12 +140,27 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{samples['estimated_from']} drawn uniformly)"
             )
         items.append(("info", f"{count} took {bar}; see the CSV."))
+    cost = section.get("own_cost")
+    if cost and cost.get("per_batch_us") is not None:
+        share = f", {cost['pct_of_build']:.2g}% of the {_ms(cost['build_us'] / 1e3)} ms a batch took to build here"
+        items.append(
+            (
+                "info",
+                f"The x-ray's own cost, measured in the training process as it exited: {cost['batch_us']:.3g} µs a "
+                f"batch of {cost['samples']} samples plus {cost['sample_ns']:.3g} ns a sample timed one by one, so "
+                f"~{cost['per_batch_us']:.3g} µs a batch of this run"
+                f"{share if cost.get('pct_of_build') is not None else ''} (CPU time; with num_workers=0 the "
+                "training process pays it inside the steps' data time, with workers they pay the building side).",
+            )
+        )
+    elif cost and cost.get("error"):
+        items.append(("info", f"The x-ray's own cost could not be measured: {cost['error']}."))
     files = section.get("files") or {}
     for f in files.get("outliers", []):
         items.append(
             (
                 "warn",
-                f"File {f['path']}: {f['reads']} reads, {_bytes(f['bytes'])}, {f['ms']:.3g} ms of system calls "
+                f"File {f['path']}: {f['reads']} reads, {_bytes(f['bytes'])}, {_ms(f['ms'])} ms of system calls "
                 f"over {f['batches']} batch(es); the median file: {_bytes(files['median_bytes'])}, "
                 f"{files['median_ms']:.3g} ms (named at ≥ 10× either, time ≥ 1 ms).",
             )
@@ -128,6 +175,18 @@ def cells(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[list[Any]]:
     ]
 
 
+def batch_table(
+    section: dict[str, Any], rows: list[dict[str, Any]], columns: list[tuple[str, str]], *text: str, **kw: Any
+) -> Table:
+    """A table of batch rows, (header, key) per column; the loader column only when there are
+    several loaders, the pass column only when a row is past a loader's first pass."""
+    if len(section.get("loaders") or []) <= 1:
+        columns = [c for c in columns if c[1] != "loader"]
+    if not any(r.get("pass") for r in rows):
+        columns = [c for c in columns if c[1] != "pass"]
+    return Table([h for h, _ in columns], cells(rows, tuple(k for _, k in columns)), *text, **kw)
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     blocks: list[Block] = [
         Para(
@@ -139,29 +198,70 @@ def render(section: dict[str, Any]) -> list[Block]:
     items = findings(section)
     if items:
         blocks.append(Findings(items))
-    waits = section["longest_waits"]
-    if waits:
-        keys = ("step", "batch", "worker", "waited_ms", "fetch_ms", "collate_ms", "queued_ms", "slowest_sample")
+    loaders = section.get("loaders") or []
+    if len(loaders) > 1 or any(lo["loader"] is None for lo in loaders):
         blocks.append(
             Table(
-                ["step", "batch", "worker", "wait ms", "fetch ms", "collate ms", "queued ms", "slowest", "its ms"],
-                cells(waits, (*keys, "slowest_sample_ms")),
+                ["loader", "dataset", "batch", "workers", "passes", "batches", "in steps"],
+                [
+                    [
+                        "?" if lo["loader"] is None else lo["loader"],
+                        lo.get("dataset", "?"),
+                        lo.get("batch_size"),
+                        lo.get("num_workers"),
+                        lo["passes"],
+                        lo["batches_taken"],
+                        lo["in_steps"],
+                    ]
+                    for lo in loaders
+                ],
+                "The DataLoaders, in the order the process first iterated them",
+                "passes: iter() of the loader (an epoch of a training loader); in steps: batches drawn inside a "
+                "training step (the others fed an evaluation or were drawn outside any step); ?: a loader "
+                "iterated without DataLoader.__iter__.",
+            )
+        )
+    waits = section["longest_waits"]
+    if waits:
+        columns = [
+            ("step", "step"),
+            ("loader", "loader"),
+            ("pass", "pass"),
+            ("batch", "batch"),
+            ("worker", "worker"),
+            ("wait ms", "waited_ms"),
+            ("fetch ms", "fetch_ms"),
+            ("collate ms", "collate_ms"),
+            ("queued ms", "queued_ms"),
+            ("slowest", "slowest_sample"),
+            ("its ms", "slowest_sample_ms"),
+        ]
+        blocks.append(
+            batch_table(
+                section,
+                waits,
+                columns,
                 "The steps that waited longest for their batch",
                 "wait: inside DataLoader.__next__; queued: from ready in the worker to taken by the loop; "
-                "slowest: the batch's slowest sample (its index).",
-                optional=("queued ms", "collate ms"),
+                "slowest: the batch's slowest sample (its index); pass: the loader's iter() it was drawn in.",
+                optional=("loader", "pass", "queued ms", "collate ms"),
             )
         )
     slowest = section["slowest_batches"]
     if slowest:
-        keys = ("batch", "epoch", "worker", "samples", "fetch_ms", "collate_ms", "step", "waited_ms")
+        columns = [
+            ("loader", "loader"),
+            ("pass", "pass"),
+            ("batch", "batch"),
+            ("worker", "worker"),
+            ("samples", "samples"),
+            ("fetch ms", "fetch_ms"),
+            ("collate ms", "collate_ms"),
+            ("step", "step"),
+            ("wait ms", "waited_ms"),
+        ]
         blocks.append(
-            Table(
-                ["batch", "epoch", "worker", "samples", "fetch ms", "collate ms", "step", "wait ms"],
-                cells(slowest, keys),
-                "The slowest batches to build",
-                optional=("epoch",),
-            )
+            batch_table(section, slowest, columns, "The slowest batches to build", optional=("loader", "pass"))
         )
     workers = section["workers"]
     if workers:
