@@ -233,19 +233,8 @@ def render(section: dict[str, Any]) -> list[Block]:
     rows = section["rows"]
     settings = section["settings"]
     has_cuda = any(r["device_type"] == "cuda" for r in rows)
-    speed_rows = [
-        [
-            r["config"],
-            r["samples_per_s"],
-            r["step_p50_ms"],
-            r["step_p95_ms"],
-            r["per_sample_us"],
-            r["cold_step_ms"],
-            r["cold_ratio"],
-            *([r["h2d_pinned_us"], r["h2d_pageable_us"]] if has_cuda else []),
-        ]
-        for r in rows
-    ]
+    speed = ("config", "samples_per_s", "step_p50_ms", "step_p95_ms", "per_sample_us", "cold_step_ms", "cold_ratio")
+    speed_rows = [[r[k] for k in speed + (("h2d_pinned_us", "h2d_pageable_us") if has_cuda else ())] for r in rows]
     where_rows = [
         [
             r["config"],

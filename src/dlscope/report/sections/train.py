@@ -131,20 +131,8 @@ def render(section: dict[str, Any]) -> list[Block]:
         items.append(("info", f"Resumed from a checkpoint after epoch {section['resumed_from_epoch']}."))
     if section.get("schedule_restarted"):
         items.append(("info", "--epochs changed on resume: a new one-cycle schedule ran over the epochs still to run."))
-    rows = [
-        [
-            e["epoch"],
-            e["train_loss"],
-            e["train_acc"],
-            e["test_loss"],
-            e["test_acc"],
-            e["lr"],
-            e["samples_per_s"],
-            e["train_seconds"],
-            e["eval_seconds"],
-        ]
-        for e in section["epochs"]
-    ]
+    keys = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "samples_per_s", "train_seconds")
+    rows = [[*(e[k] for k in keys), e["eval_seconds"]] for e in section["epochs"]]
     lr = section.get("peak_lr") or config["lr"]
     # the settings as they ran: the learning rate the optimizer used, the device torch chose
     ran = {**config, "lr": lr, "device": section["device"]}
