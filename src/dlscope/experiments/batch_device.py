@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from dlscope.errors import ConfigError, require
+from dlscope.errors import ConfigError
 from dlscope.experiments.conv_directions import SLOW_RATE_RATIO, conv_directions, slow_kernels
 from dlscope.findings import Finding, Level
 from dlscope.measure.memory import SOURCE as MEMORY_SOURCE
@@ -232,12 +232,14 @@ class SweepSettings:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        require(
-            (self.steps >= 2, "the sweep needs at least 2 timed steps per configuration (for p50/p95)"),
-            (self.warmup >= 0, "warm-up steps must be ≥ 0"),
-            (self.profile_steps >= 1, "profiled steps must be ≥ 1"),
-            (self.rounds >= 1, "rounds must be ≥ 1"),
-        )
+        if self.steps < 2:
+            raise ConfigError("the sweep needs at least 2 timed steps per configuration (for p50/p95)")
+        if self.warmup < 0:
+            raise ConfigError("warm-up steps must be ≥ 0")
+        if self.profile_steps < 1:
+            raise ConfigError("profiled steps must be ≥ 1")
+        if self.rounds < 1:
+            raise ConfigError("rounds must be ≥ 1")
 
 
 class PointRun:
