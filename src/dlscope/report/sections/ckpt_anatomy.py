@@ -288,18 +288,11 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = N
             )
         )
     for s in a["shared_storages"]:
-        blocks.append(
-            Findings(
-                [
-                    (
-                        "warn",
-                        f"Storage {s['storage']} ({s['storage_bytes']:,} bytes) is shared by "
-                        f"{', '.join(s['tensors'])}: the views use {s['viewed_bytes']:,} bytes, the whole storage "
-                        "is saved.",
-                    )
-                ]
-            )
+        shared = (
+            f"Storage {s['storage']} ({s['storage_bytes']:,} bytes) is shared by {', '.join(s['tensors'])}: the "
+            f"views use {s['viewed_bytes']:,} bytes, the whole storage is saved."
         )
+        blocks.append(Findings([("warn", shared)]))
     return blocks
 
 
@@ -371,17 +364,11 @@ def render(section: dict[str, Any]) -> list[Block]:
         )
         blocks += render_anatomy(a, stats_columns=True)
         d = a["reload_diff"]
-        blocks.append(
-            Findings(
-                [
-                    (
-                        "good" if d["identical"] else "bad",
-                        f"Reload is exact: {d['a']['path']} loaded with weights_only and saved again as "
-                        f"{d['b']['path']} — dlscope ckpt diff: {diff_verdict(d)}.",
-                    )
-                ]
-            )
+        exact = (
+            f"Reload is exact: {d['a']['path']} loaded with weights_only and saved again as {d['b']['path']} — "
+            f"dlscope ckpt diff: {diff_verdict(d)}."
         )
+        blocks.append(Findings([("good" if d["identical"] else "bad", exact)]))
     if "keras" in section:
         k = section["keras"]
         tr = k["training"]

@@ -200,7 +200,7 @@ def top_by_time(section: dict[str, Any]) -> Table:
 def render(section: dict[str, Any]) -> list[Block]:
     phases = [p["phase"] for p in section["phases"]]
     svg, engine = render_svg(section["flow"], phases)
-    command = " ".join(section["command"])
+    command, exports = " ".join(section["command"]), section["exports"]
     blocks: list[Block] = [
         Para(
             f"Traced `{command}` with the {section['backend']} backend: {section['events']:,} file-related "
@@ -233,15 +233,9 @@ def render(section: dict[str, Any]) -> list[Block]:
             "Hook points for the syscalls seen: where an eBPF program could attach, and whether this kernel has it",
         ),
         Para(
-            "Exports: events as JSON Lines ("
-            + section["exports"]["events"]
-            + "), a Perfetto/Chrome trace with a track per thread, syscall slices and phase slices ("
-            + section["exports"]["perfetto_trace"]
-            + "; open it at ui.perfetto.dev), and the tables as CSV ("
-            + section["exports"]["phases_csv"]
-            + ", "
-            + section["exports"]["files_csv"]
-            + ")."
+            f"Exports: events as JSON Lines ({exports['events']}), a Perfetto/Chrome trace with a track per thread, "
+            f"syscall slices and phase slices ({exports['perfetto_trace']}; open it at ui.perfetto.dev), and the "
+            f"tables as CSV ({exports['phases_csv']}, {exports['files_csv']})."
         ),
     ]
     return blocks
