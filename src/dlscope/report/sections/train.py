@@ -104,25 +104,17 @@ def render(section: dict[str, Any]) -> list[Block]:
     final_acc = section.get("final_test_acc")
     target = config.get("target_acc")
     items: list[tuple[str, str]] = []
-    if target is not None and final_acc is not None:
-        if section.get("target_reached_epoch"):
-            items.append(
-                (
-                    "good",
-                    f"Reached the {target}% target at step {section.get('target_reached_step')} "
-                    f"(epoch {section['target_reached_epoch']}) "
-                    f"in {section['time_to_target_s']:.1f} s (training and evaluation).",
-                )
-            )
-        else:
-            items.append(
-                (
-                    "bad",
-                    f"Did not reach the {target}% target: {final_acc:.2f}% after {len(section['epochs'])} epoch(s).",
-                )
-            )
+    after = f"{final_acc:.2f}% after {len(section['epochs'])} epoch(s)" if final_acc is not None else ""
+    if target is not None and final_acc is not None and section.get("target_reached_epoch"):
+        reached = (
+            f"Reached the {target}% target at step {section.get('target_reached_step')} (epoch "
+            f"{section['target_reached_epoch']}) in {section['time_to_target_s']:.1f} s (training and evaluation)."
+        )
+        items.append(("good", reached))
+    elif target is not None and final_acc is not None:
+        items.append(("bad", f"Did not reach the {target}% target: {after}."))
     if final_acc is not None and target is None:
-        items.append(("info", f"Test accuracy {final_acc:.2f}% after {len(section['epochs'])} epoch(s)."))
+        items.append(("info", f"Test accuracy {after}."))
     if section.get("already_finished"):
         items.append(
             ("info", f"The checkpoint was already at epoch {section['resumed_from_epoch']}: nothing left to train.")
