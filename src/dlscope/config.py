@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from dlscope.errors import ConfigError
+from dlscope.errors import ConfigError, require
 
 # The model zoo's names (dlscope.models.MODELS builds them; named here so checking a config never
 # imports torch: `dlscope run` observes a script and its parent process never needs it)
@@ -53,7 +53,7 @@ class TrainConfig:
     test_subset: int | None = None
 
     def __post_init__(self) -> None:
-        checks = [
+        require(
             (self.model in MODEL_NAMES, f"unknown model {self.model!r}; choose from {', '.join(MODEL_NAMES)}"),
             (self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}"),
             (self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}"),
@@ -70,10 +70,7 @@ class TrainConfig:
                 "device must be auto, cpu, cuda, cuda:N or mps",
             ),
             (self.target_acc is None or 0 < self.target_acc <= 100, "target accuracy is a percentage in (0, 100]"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        )
 
     @property
     def peak_lr(self) -> float:

@@ -31,6 +31,13 @@ class ConfigError(DlscopeError):
     """A configuration value is out of range or inconsistent."""
 
 
+def require(*checks: tuple[bool, str]) -> None:
+    """Raises ConfigError with the message of the first check that fails."""
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
 class RunDirError(DlscopeError):
     """A run directory or its results.json is missing or unreadable."""
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from dlscope.errors import ConfigError
+from dlscope.errors import ConfigError, require
 
 PIPELINE_FORMATS = ("files", "tfrecord", "array")  # how `dlscope pipeline prepare` lays samples out
 TRACE_BACKENDS = ("ebpf", "strace", "proc")  # what `--trace-io` and `dlscope trace` can trace with, best first
+OP_SORT_KEYS = ("self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops")  # top-10 table orders
 
 
 @dataclass
@@ -36,14 +37,11 @@ class HangOptions:
     on_hang: str = "wait"
 
     def __post_init__(self) -> None:
-        checks = [
+        require(
             (self.hang_after is None or self.hang_after > 0, "--hang-after must be > 0 seconds (or off)"),
             (self.hang_factor >= 1, "--hang-factor must be ≥ 1"),
             (self.on_hang in HANG_ACTIONS, f"--on-hang must be one of {', '.join(HANG_ACTIONS)}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        )
 
 
 @dataclass
@@ -69,7 +67,7 @@ class DistOptions:
     ckpt_format: str = "torch"
 
     def __post_init__(self) -> None:
-        checks = [
+        require(
             (self.nproc_per_node >= 1, "--nproc-per-node must be ≥ 1"),
             (self.nnodes >= 1, "--nnodes must be ≥ 1"),
             (0 <= self.node_rank < self.nnodes, "--node-rank must be in [0, --nnodes)"),
@@ -77,10 +75,7 @@ class DistOptions:
             (self.max_restarts >= 0, "--max-restarts must be ≥ 0"),
             (self.bucket_cap_mb > 0, "--bucket-cap-mb must be > 0"),
             (self.ckpt_format in CKPT_FORMATS, f"--ckpt-format must be one of {', '.join(CKPT_FORMATS)}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        )
         if self.rdzv_endpoint is not None:
             host, _, port = self.rdzv_endpoint.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -410,15 +405,12 @@ class DoctorOptions:
     extra_env: dict[str, str] = field(default_factory=dict)  # set for the command (tests: PYTHONPATH)
 
     def __post_init__(self) -> None:
-        checks = [
+        require(
             (bool(self.command), "doctor needs a command after --"),
             (self.budget_s >= 10, "--budget must be at least 10 seconds"),
             (self.warmup_steps >= 1 and self.max_steps >= 5, "--warmup-steps must be ≥ 1 and --max-steps ≥ 5"),
             (self.rounds >= 1, "--rounds must be ≥ 1"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        )
 
 
 @dataclass
@@ -469,11 +461,8 @@ class ScriptOptions:
     output: str | None = None  # the command's stdout and stderr go to this file (None: the terminal's)
 
     def __post_init__(self) -> None:
-        checks = [
+        require(
             (self.profile_steps >= 0, "--profile-steps must be ≥ 0"),
             (self.wait >= 0 and self.warmup >= 0, "--wait and --warmup must be ≥ 0"),
             (self.start_after >= 1, "--start-after must be ≥ 1"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        )

@@ -55,18 +55,13 @@ def check_plan(plan: Plan) -> None:
         from dlscope.data.pipeline.tfdata import import_tensorflow
 
         import_tensorflow()  # missing TF: one line before any run directory is made
-    if "iotrace" in plan.steps:  # `dlscope trace -- CMD`
+    # `dlscope trace|run|doctor -- CMD`: a command that cannot start, one line and nothing created
+    given = plan.step_options
+    observed = {"iotrace": given.iotrace, "run": given.script, "doctor": given.doctor}
+    for name in OBSERVING_STEPS & set(plan.steps):
         from dlscope.observe.iotrace.tracer import check_command
 
-        check_command(plan.step_options.iotrace.command)
-    if "run" in plan.steps:  # `dlscope run -- CMD`: a command that cannot start, one line and nothing created
-        from dlscope.observe.iotrace.tracer import check_command
-
-        check_command(plan.step_options.script.command if plan.step_options.script else [])
-    if "doctor" in plan.steps:  # `dlscope doctor -- CMD`: the same
-        from dlscope.observe.iotrace.tracer import check_command
-
-        check_command(plan.step_options.doctor.command if plan.step_options.doctor else [])
+        check_command(observed[name].command if observed[name] else [])
     if "sweep" in plan.steps:
         from dlscope.steps.sweep import grid
 
@@ -172,9 +167,7 @@ def run_steps(plan: Plan, run: Any) -> None:
         raise
     except Exception as e:
         run.results["run"]["error"] = str(e) if isinstance(e, DlscopeError) else f"{type(e).__name__}: {e}"
-        if (
-            isinstance(e, DlscopeError) and step is not None
-        ):  # what the failed step recorded of its failure (a hung job's verdict)
+        if isinstance(e, DlscopeError) and step is not None:  # what it recorded of its failure (a hang's verdict)
             print_also(step, run)
         raise
     finally:

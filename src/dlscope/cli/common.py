@@ -10,19 +10,24 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dlscope.cli.help import HelpFormatter, Subcommands, examples_epilog
+from dlscope.options import OP_SORT_KEYS
 
 if TYPE_CHECKING:
     from dlscope.config import TrainConfig
-    from dlscope.options import DistOptions, HangOptions, ProfileOptions, RunOptions, StepOptions
+    from dlscope.options import ProfileOptions, RunOptions, StepOptions
 
 
 Options = TypeVar("Options")
 
 
+def flag_values(kind: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The fields of `kind` (a dataclass) that have a flag of the same name, with the flags' values."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(kind) if hasattr(args, f.name)}
+
+
 def from_flags(kind: type[Options], args: argparse.Namespace, **given: Any) -> Options:
     """Options (a dataclass) from the flags of the same names; `given`: the fields whose flags differ."""
-    named = {f.name for f in dataclasses.fields(kind)} - set(given)  # type: ignore[arg-type]
-    return kind(**{name: getattr(args, name) for name in named if hasattr(args, name)}, **given)
+    return kind(**{**flag_values(kind, args), **given})
 
 
 class Given(argparse.Action):
@@ -137,12 +142,6 @@ def add_dist_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def dist_options(args: argparse.Namespace) -> DistOptions:
-    from dlscope.options import DistOptions
-
-    return from_flags(DistOptions, args)
-
-
 def _seconds_or_off(text: str) -> float | None:
     if text == "off":
         return None
@@ -171,12 +170,6 @@ def add_hang_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def hang_options(args: argparse.Namespace) -> HangOptions:
-    from dlscope.options import HangOptions
-
-    return from_flags(HangOptions, args)
-
-
 def add_run_args(p: argparse.ArgumentParser, tensorboard: bool = False) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--out", default=None, help="run directory (default runs/<command>-<time>)")
@@ -192,7 +185,7 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--sort-by",
         default="self_cpu",
-        choices=["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"],
+        choices=OP_SORT_KEYS,
         metavar="KEY",
         help="order of the top-10 operator table: self_cpu, cpu_total, self_device, device_total, calls or flops "
         "(default self_cpu)",
@@ -208,28 +201,7 @@ def profile_options(args: argparse.Namespace) -> ProfileOptions:
 def train_config(args: argparse.Namespace) -> TrainConfig:
     from dlscope.config import TrainConfig
 
-    return TrainConfig.from_recipe(
-        args.recipe,
-        model=args.model,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        test_batch_size=args.test_batch_size,
-        optimizer=args.optimizer,
-        lr=args.lr,
-        schedule=args.schedule,
-        gamma=args.gamma,
-        seed=args.seed,
-        device=args.device,
-        threads=args.threads,
-        target_acc=args.target_acc,
-        loader=args.loader,
-        workers=args.workers,
-        log_every=args.log_every,
-        eval_every=args.eval_every,
-        autotune=args.autotune,
-        train_subset=args.train_subset,
-        test_subset=args.test_subset,
-    )
+    return TrainConfig.from_recipe(args.recipe, **flag_values(TrainConfig, args))
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:

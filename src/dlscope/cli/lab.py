@@ -12,8 +12,7 @@ from dlscope.cli.common import (
     add_run_args,
     add_training_args,
     device_list,
-    dist_options,
-    hang_options,
+    from_flags,
     int_list,
     profile_options,
     run_builtin_command,
@@ -25,6 +24,7 @@ from dlscope.options import (
     AnatomyOptions,
     DistOptions,
     GraphOptions,
+    HangOptions,
     ScalingOptions,
     StepOptions,
     SweepOptions,
@@ -71,7 +71,7 @@ def keras_seed_options(args: argparse.Namespace) -> AnatomyOptions:
 def train_options(args: argparse.Namespace) -> TrainOptions:
     """--resume, --epochs only when typed (a resumed run keeps its checkpoint's otherwise), the watchdog."""
     epochs = args.epochs if getattr(args, "epochs_given", False) else None
-    return TrainOptions(resume=args.resume, epochs=epochs, hang=hang_options(args))
+    return TrainOptions(resume=args.resume, epochs=epochs, hang=from_flags(HangOptions, args))
 
 
 def with_rank_steps(steps: list[str], dist: DistOptions) -> list[str]:
@@ -100,14 +100,14 @@ def cmd_lab(args: argparse.Namespace) -> int:
         profile=profile_options(args),
         graph=GraphOptions(compile=args.compile),
         ckpt_anatomy=keras_seed_options(args) if args.keras_seed else AnatomyOptions(),
-        dist=dist_options(args),
+        dist=from_flags(DistOptions, args),
         scaling=ScalingOptions(steps=args.scaling_steps, rounds=args.scaling_rounds),
     )
     return run_builtin_command(args, "lab", lab_steps(args.steps, options.dist), step_options=options)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    options = StepOptions(train=train_options(args), dist=dist_options(args))
+    options = StepOptions(train=train_options(args), dist=from_flags(DistOptions, args))
     return run_builtin_command(args, "train", with_rank_steps(TRAIN_STEPS, options.dist), step_options=options)
 
 
@@ -119,18 +119,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from dlscope.config import TrainConfig
 
-    sweep = SweepOptions(
-        batch_sizes=args.batch_sizes,
-        devices=args.devices,
-        threads=args.threads,
-        cudnn_benchmark=args.cudnn_benchmark,
-        steps=args.steps,
-        warmup=args.warmup,
-        profile_steps=args.profile_steps,
-        rounds=args.rounds,
-        gemm_n=2048,
-        copy_mbytes=256,
-    )
+    sweep = from_flags(SweepOptions, args, gemm_n=2048, copy_mbytes=256)
     # the sweep trains nothing to completion: the config names the model and optimizer it times
     config = TrainConfig(model=args.model, optimizer=args.optimizer, lr=args.lr, seed=args.seed, target_acc=None)
     steps = ["environment", "dataset", "sweep"]

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from dlscope.cli.common import add_hang_args, command_of, from_flags, hang_options
-from dlscope.options import TRACE_BACKENDS
-
-SORT_KEYS = ["self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops"]
+from dlscope.cli.common import add_hang_args, command_of, from_flags
+from dlscope.options import OP_SORT_KEYS, TRACE_BACKENDS
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from dlscope.options import RunOptions, ScriptOptions, StepOptions
+    from dlscope.options import HangOptions, RunOptions, ScriptOptions, StepOptions
     from dlscope.runner import Plan, run_command
 
-    script = from_flags(ScriptOptions, args, command=command_of(args), hang=hang_options(args))
+    script = from_flags(ScriptOptions, args, command=command_of(args), hang=from_flags(HangOptions, args))
     plan = Plan("run", ["run"], options=RunOptions(out=args.out), step_options=StepOptions(script=script))
     return run_command(plan)["sections"]["run"]["exit_code"]
 
@@ -37,7 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--start-after", type=int, default=1, metavar="N", help="steps before the profiler starts (default 1)"
     )
     p.add_argument(
-        "--sort-by", default="self_cpu", choices=SORT_KEYS, metavar="KEY", help=f"top-10 order: {', '.join(SORT_KEYS)}"
+        "--sort-by",
+        default="self_cpu",
+        choices=OP_SORT_KEYS,
+        metavar="KEY",
+        help=f"top-10 order: {', '.join(OP_SORT_KEYS)}",
     )
     p.add_argument("--tensorboard", action="store_true", help="write step time and anatomy as TensorBoard scalars")
     add_hang_args(p)

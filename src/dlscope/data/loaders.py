@@ -40,12 +40,11 @@ def rank_shard(order: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 class EpochBatches:
     """What both batch sources share: a size, a seeded per-epoch order, a rank's shard of it, a length."""
 
-    def __init__(self, num_samples: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool) -> None:
+    def __init__(self, num_samples: int, batch_size: int, shuffle: bool, seed: int) -> None:
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
-        self.drop_last = drop_last
         self.epoch = 0
         self.rank, self.world_size = 0, 1
 
@@ -62,7 +61,7 @@ class EpochBatches:
 
     def __len__(self) -> int:
         n = -(-self.num_samples // self.world_size)  # the shard's size
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return -(-n // self.batch_size)  # the last batch may be short
 
 
 class ResidentBatches(EpochBatches):
@@ -80,9 +79,8 @@ class ResidentBatches(EpochBatches):
         shuffle: bool = True,
         seed: int = 0,
         device: torch.device | str = "cpu",
-        drop_last: bool = False,
     ):
-        super().__init__(len(labels), batch_size, shuffle, seed, drop_last)
+        super().__init__(len(labels), batch_size, shuffle, seed)
         self.images = normalise(images).to(device)
         self.labels = labels.to(device)
 
@@ -119,9 +117,8 @@ class TorchLoaderBatches(EpochBatches):
         seed: int = 0,
         workers: int = 0,
         device: torch.device | str = "cpu",
-        drop_last: bool = False,
     ):
-        super().__init__(len(labels), batch_size, shuffle, seed, drop_last)
+        super().__init__(len(labels), batch_size, shuffle, seed)
         self.dataset = MnistSamples(images, labels)
         self.workers = workers
         self.device = torch.device(device)
@@ -133,7 +130,6 @@ class TorchLoaderBatches(EpochBatches):
             sampler=self.order().tolist(),
             num_workers=self.workers,
             pin_memory=self.device.type == "cuda",
-            drop_last=self.drop_last,
             persistent_workers=False,
         )
         non_blocking = self.device.type == "cuda"

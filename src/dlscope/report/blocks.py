@@ -81,6 +81,11 @@ class Section:
     blocks: list[Block]
 
 
+def is_number(value: Any) -> bool:
+    """A cell that is a number (right-aligned everywhere); a bool is not one."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def fmt(value: Any, digits: int = 3) -> str:
     """A cell as text: thousands separators, sensible float precision, '—' for missing."""
     if value is None:

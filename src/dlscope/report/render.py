@@ -13,15 +13,11 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from dlscope.console import printable
 from dlscope.fsutil import atomic_write_bytes
-from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Section, Svg, Table, fmt
+from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Section, Svg, Table, fmt, is_number
 from dlscope.rundir import SCHEMA_VERSION, load_results
 
 FINDING_MARK = {"good": "✔", "info": "•", "warn": "⚠", "bad": "✘"}
 MD_FINDING_MARK = {"good": "✔ ", "warn": "⚠ ", "bad": "✘ "}
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
@@ -51,7 +47,7 @@ def block_html(block: Block) -> str:
         body = "".join(
             "<tr>"
             + "".join(
-                f'<td class="num">{html.escape(fmt(v))}</td>' if _is_number(v) else f"<td>{inline_html(fmt(v))}</td>"
+                f'<td class="num">{html.escape(fmt(v))}</td>' if is_number(v) else f"<td>{inline_html(fmt(v))}</td>"
                 for v in row
             )
             + "</tr>"
@@ -113,7 +109,7 @@ def block_md(block: Block, figures_dir: Path, run_dir: Path) -> str:
         lines.append(
             "|"
             + "|".join(
-                "---:" if block.rows and _is_number(v) else "---"
+                "---:" if block.rows and is_number(v) else "---"
                 for v in (block.rows[0] if block.rows else block.columns)
             )
             + "|"
@@ -123,13 +119,10 @@ def block_md(block: Block, figures_dir: Path, run_dir: Path) -> str:
             lines += ["", printable(block.legend)]
         return "\n".join(lines)
     figures_dir.mkdir(parents=True, exist_ok=True)
-    if isinstance(block, Figure):
-        path = figures_dir / f"{block.name}.png"
-        atomic_write_bytes(path, block.png)
-        return f"![{printable(block.caption or block.name)}]({path.relative_to(run_dir)})"
-    if isinstance(block, Svg):
-        path = figures_dir / f"{block.name}.svg"
-        atomic_write_bytes(path, printable(block.svg).encode())  # printable: no surrogate-escaped bytes left
+    if isinstance(block, Figure | Svg):
+        # an SVG made printable: no surrogate-escaped bytes left
+        suffix, data = ("png", block.png) if isinstance(block, Figure) else ("svg", printable(block.svg).encode())
+        path = atomic_write_bytes(figures_dir / f"{block.name}.{suffix}", data)
         return f"![{printable(block.caption or block.name)}]({path.relative_to(run_dir)})"
     if isinstance(block, Code):
         return f"```{block.language}\n{printable(block.text)}\n```"

@@ -15,16 +15,12 @@ from rich.text import Text
 
 from dlscope.console import console as default_console
 from dlscope.console import safe
-from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Svg, Table, Verdict, fmt
+from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Svg, Table, Verdict, fmt, is_number
 
 FINDING_STYLE = {"good": ("✔", "good"), "info": ("•", "metric"), "warn": ("⚠", "warn"), "bad": ("✘", "bad")}
 GAP = 2  # spaces between columns
 HANG = 4  # columns a folded code line's continuation is indented by
 MIN_TEXT = 12  # a text column narrower than this would read as stubs: print rows as lists instead
-
-
-def is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def print_blocks(blocks: Iterable[Block], console: Console | None = None) -> None:
@@ -91,11 +87,17 @@ def blocks_text(blocks: Iterable[Block], like: Console) -> Text:
     return Text.from_ansi(buffer.file.getvalue().rstrip("\n"))
 
 
+def column_kinds(table: Table, cells: list[list[str]]) -> tuple[list[bool], list[int]]:
+    """Each column: whether it holds numbers only, and its natural width (its widest cell or header)."""
+    n = len(table.columns)
+    numeric = [all(is_number(row[i]) or row[i] is None for row in table.rows) for i in range(n)]
+    return numeric, [max([cell_len(table.columns[i]), *(cell_len(row[i]) for row in cells)]) for i in range(n)]
+
+
 def fit_columns(table: Table, cells: list[list[str]], width: int) -> tuple[list[int], bool] | None:
     """The columns to show at this width and whether text must wrap to fit; None when nothing fits."""
     n = len(table.columns)
-    numeric = [all(is_number(row[i]) or row[i] is None for row in table.rows) for i in range(n)]
-    natural = [max([cell_len(table.columns[i]), *(cell_len(row[i]) for row in cells)]) for i in range(n)]
+    numeric, natural = column_kinds(table, cells)
 
     def need(shown: list[int], wrap: bool) -> int:
         # wrapped text columns go down to MIN_TEXT; numbers and headers never wrap
@@ -126,16 +128,15 @@ def print_table(table: Table, console: Console) -> None:
     else:
         shown, wrap = fit
         rich = RichTable(box=None, padding=(0, GAP // 2), pad_edge=False, header_style="bold", show_edge=False)
+        numeric, natural = column_kinds(table, cells)
         for i in shown:
-            numeric = all(is_number(row[i]) or row[i] is None for row in table.rows)
-            natural = max([cell_len(table.columns[i]), *(cell_len(row[i]) for row in cells)])
             rich.add_column(
                 safe(table.columns[i]),
-                justify="right" if numeric else "left",
-                no_wrap=numeric or not wrap,
+                justify="right" if numeric[i] else "left",
+                no_wrap=numeric[i] or not wrap,
                 overflow="fold",
                 # numbers keep their full width; text may wrap, never below MIN_TEXT (or its own width)
-                min_width=natural if numeric or not wrap else min(natural, MIN_TEXT),
+                min_width=natural[i] if numeric[i] or not wrap else min(natural[i], MIN_TEXT),
             )
         for row in cells:
             rich.add_row(*(safe(row[i]) for i in shown))

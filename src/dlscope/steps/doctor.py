@@ -88,13 +88,11 @@ def run(ctx: Context) -> dict[str, Any]:
     tried = [c for c in tried if c["predicted"] > 1]
     tried.sort(key=lambda c: (bool(c.get("ceiling")), -c["predicted"]))  # the ceiling only if room is left
     plan = fit(tried, baseline, left(), options.rounds)
-    if plan is None:
-        skipped = [{"key": c["key"], "reason": "budget", "budget_s": options.budget_s} for c in tried] + skipped
-        tried = []
-    else:
-        rounds, count, steady = plan
-        skipped = [{"key": c["key"], "reason": "budget", "budget_s": options.budget_s} for c in tried[count:]] + skipped
-        tried = tried[:count]
+    count = plan[1] if plan else 0
+    skipped = [{"key": c["key"], "reason": "budget", "budget_s": options.budget_s} for c in tried[count:]] + skipped
+    tried = tried[:count]
+    if plan is not None:
+        rounds, _, steady = plan
         section.update(rounds=rounds, steady_s=round(steady, 3))
         startup = max(baseline.cost_s - sum(baseline.seconds), 0.0)
         with ctx.task("doctor trials", total=rounds * (len(tried) + 1) - 1) as bar:
@@ -108,7 +106,7 @@ def run(ctx: Context) -> dict[str, Any]:
                     )
                     trial(f"{key}-{r}", change, stop)
                     bar.update(advance=1)
-        section["rounds"] = max(int(t.name.rsplit("-", 1)[1]) for t in trials)
+        section["rounds"] = max(trial_round(t.name)[1] for t in trials)
     section["candidates"] = [judge(c, trials) for c in tried]
     section["not_tried"] = skipped
     found = verdict(section["candidates"])
@@ -121,7 +119,7 @@ def where_time_went(run: Path, key: str, trials: list[TrialResult]) -> dict[str,
     """`dlscope diff` of the top prescription's last trial against the baseline of its round: the
     parts of the step the change moved, with their noise bands (the same comparison as `diff`)."""
     ok = {t.name: t for t in trials if t.ok}
-    rounds = sorted((int(n.rsplit("-", 1)[1]) for n in ok if n.rsplit("-", 1)[0] == key), reverse=True)
+    rounds = sorted((r for k, r in map(trial_round, ok) if k == key), reverse=True)
     for r in rounds:
         if f"baseline-{r}" in ok:
             try:
@@ -150,13 +148,17 @@ def fit(tried: list[dict[str, Any]], baseline: TrialResult, seconds: float, most
     return None
 
 
+def trial_round(name: str) -> tuple[str, int]:
+    """A trial's name, `<key>-<round>`, as (key, round)."""
+    key, _, r = name.rpartition("-")
+    return key, int(r)
+
+
 def judge(candidate: dict[str, Any], trials: list[TrialResult]) -> dict[str, Any]:
     """The candidate's trials against the baseline of the same round: gain, noise, numerics."""
-    baselines = {int(t.name.rsplit("-", 1)[1]): t for t in trials if t.name.startswith("baseline-") and t.ok}
-    own = [t for t in trials if t.name.rsplit("-", 1)[0] == candidate["key"]]
-    pairs = [
-        (baselines[r].seconds, t.seconds) for t in own if t.ok and (r := int(t.name.rsplit("-", 1)[1])) in baselines
-    ]
+    baselines = {trial_round(t.name)[1]: t for t in trials if t.ok and t.name.startswith("baseline-")}
+    own = [t for t in trials if trial_round(t.name)[0] == candidate["key"]]
+    pairs = [(baselines[r].seconds, t.seconds) for t in own if t.ok and (r := trial_round(t.name)[1]) in baselines]
     out = {k: v for k, v in candidate.items() if k != "compute_share"}
     out["trials"] = [t.name for t in own]
     failed = [t for t in own if not t.ok]

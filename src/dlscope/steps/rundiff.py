@@ -304,11 +304,7 @@ def findings(section: dict[str, Any]) -> list[Finding]:
     changed = [{"part": r["part"], "a_ms": r["a_ms"], "b_ms": r["b_ms"]} for r in parts if r["significant"]]
     changed.sort(key=lambda r: -abs(r["b_ms"] - r["a_ms"]))
     values = {
-        "a_ms": step["a_ms"],
-        "b_ms": step["b_ms"],
-        "speedup": step["speedup"],
-        "speedup_low": step["speedup_low"],
-        "speedup_high": step["speedup_high"],
+        **{k: step[k] for k in ("a_ms", "b_ms", "speedup", "speedup_low", "speedup_high")},
         "confidence": section["confidence"],
         "changed": changed,
         "unchanged": [r["part"] for r in parts if not r["significant"]],

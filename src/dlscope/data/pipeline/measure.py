@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -113,7 +112,6 @@ def measure_epoch(
     consumer: Consumer,
     cold: bool,
     epoch: int = 0,
-    on_batch: Callable[[int], None] | None = None,
 ) -> EpochMeasurement:
     """Feed one epoch to `consumer` and account for every second and every read."""
     root = Path(root)
@@ -149,8 +147,6 @@ def measure_epoch(
         compute += time.perf_counter() - got
         io = io + batch.io
         indices.append(batch.index)
-        if on_batch is not None:
-            on_batch(len(batch.index))
     wall = time.perf_counter() - start
     delivered = torch.cat(indices) if indices else torch.zeros(0, dtype=torch.int64)
     counts = torch.bincount(delivered, minlength=manifest.samples)

@@ -42,92 +42,30 @@ class TableSpec:
 
 def plan_tables(plan: SweepPlan, file_bytes: int) -> list[TableSpec]:
     small = "small" if plan.small_files else "mnist"
+    at = {"batch_size": plan.batch_size, "seed": plan.seed}  # every table's but the batch-size one's
+    caches = ((True, "cold"), (False, "warm"))
     tables: list[TableSpec] = []
     if plan.training_tables:
-        tables.append(
-            TableSpec(
-                "batch",
-                "batch size",
-                "mnist",
-                "train",
-                [(str(b), ReaderConfig("tfrecord", batch_size=b, seed=plan.seed), False) for b in plan.batch_sizes],
-            )
-        )
-        tables.append(
-            TableSpec(
-                "shuffle",
-                "shuffle buffer",
-                "mnist",
-                "train",
-                [
-                    (
-                        f"{s:,}",
-                        ReaderConfig("tfrecord", shuffle_buffer=s, batch_size=plan.batch_size, seed=plan.seed),
-                        False,
-                    )
-                    for s in (*plan.shuffle_buffers, plan.mnist_samples)
-                ],
-            )
-        )
+        batch = [(str(b), ReaderConfig("tfrecord", batch_size=b, seed=plan.seed), False) for b in plan.batch_sizes]
+        shuffles = (*plan.shuffle_buffers, plan.mnist_samples)
+        shuffle = [(f"{s:,}", ReaderConfig("tfrecord", shuffle_buffer=s, **at), False) for s in shuffles]
+        tables += [
+            TableSpec("batch", "batch size", "mnist", "train", batch),
+            TableSpec("shuffle", "shuffle buffer", "mnist", "train", shuffle),
+        ]
     buffers = (file_bytes // 2, file_bytes, DEFAULT_READ_BUFFER)
-    tables.append(
-        TableSpec(
-            "read_buffer",
-            "read buffer (B)",
-            small,
-            "simulated",
-            [
-                (
-                    f"{b:,}, {'cold' if cold else 'warm'}",
-                    ReaderConfig("files", read_buffer=b, batch_size=plan.batch_size, seed=plan.seed),
-                    cold,
-                )
-                for b in buffers
-                for cold in (True, False)
-            ],
-        )
-    )
-    tables.append(
-        TableSpec(
-            "layout",
-            "layout",
-            small,
-            "simulated",
-            [
-                (
-                    f"{fmt}, {'cold' if cold else 'warm'}",
-                    ReaderConfig(fmt, batch_size=plan.batch_size, seed=plan.seed),
-                    cold,
-                )
-                for fmt in ("files", "tfrecord", "array")
-                for cold in (True, False)
-            ],
-        )
-    )
-    tables.append(
-        TableSpec(
-            "workers",
-            "workers / prefetch",
-            small,
-            "simulated",
-            [
-                (
-                    f"{w} / {p}",
-                    ReaderConfig("files", batch_size=plan.batch_size, workers=w, prefetch=p, seed=plan.seed),
-                    True,
-                )
-                for w, p in plan.workers
-            ],
-        )
-    )
+    read = [(f"{b:,}, {c}", ReaderConfig("files", read_buffer=b, **at), cold) for b in buffers for cold, c in caches]
+    formats = ("files", "tfrecord", "array")
+    layout = [(f"{fmt}, {c}", ReaderConfig(fmt, **at), cold) for fmt in formats for cold, c in caches]
+    workers = [(f"{w} / {p}", ReaderConfig("files", workers=w, prefetch=p, **at), True) for w, p in plan.workers]
     if "tfdata" in plan.engines:
-        tables[-1].rows.append(
-            (
-                "AUTOTUNE",
-                ReaderConfig("files", batch_size=plan.batch_size, workers=AUTOTUNE, prefetch=AUTOTUNE, engine="tfdata"),
-                True,
-            )
-        )
+        tuned = ReaderConfig("files", batch_size=plan.batch_size, workers=AUTOTUNE, prefetch=AUTOTUNE, engine="tfdata")
+        workers.append(("AUTOTUNE", tuned, True))
+    tables += [
+        TableSpec("read_buffer", "read buffer (B)", small, "simulated", read),
+        TableSpec("layout", "layout", small, "simulated", layout),
+        TableSpec("workers", "workers / prefetch", small, "simulated", workers),
+    ]
     for table in tables:
         table.rows = [
             (engine_label(label, engine, plan.engines), replace(reader, engine=engine), cold)

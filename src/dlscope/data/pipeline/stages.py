@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from dlscope.data.pipeline.example import parse_example
 from dlscope.data.pipeline.prepare import ROW_HEADER, Manifest, data_files
 from dlscope.data.pipeline.tfrecord import OVERHEAD, IOCounters, TFRecordError, read_records
-from dlscope.errors import ConfigError, DatasetError, DlscopeError
+from dlscope.errors import DatasetError, DlscopeError, require
 from dlscope.protowire import FormatError
 
 T = TypeVar("T")
@@ -61,7 +61,7 @@ class ReaderConfig:
 
     def __post_init__(self) -> None:
         lowest = AUTOTUNE if self.engine == "tfdata" else 0
-        checks = [
+        require(
             (self.fmt in ("files", "tfrecord", "array"), "format must be files, tfrecord or array"),
             (self.engine in ENGINES, f"engine must be one of {', '.join(ENGINES)}"),
             (self.read_buffer >= 1, "read buffer must be ≥ 1 byte"),
@@ -73,10 +73,7 @@ class ReaderConfig:
                 self.engine == "tfdata" or self.workers == 0 or self.prefetch >= 1,
                 "with workers, prefetch (prefetch_factor) must be ≥ 1",
             ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        )
 
 
 def shuffle(records: Iterable[T], buffer_size: int, rng: random.Random) -> Iterator[T]:

@@ -13,26 +13,18 @@ def render(section: dict[str, Any]) -> list[Block]:
     v = section["verify"]
     level = "good" if v["ok"] else "bad"
     diff = v["logits_max_abs_diff"]
+    same = (
+        f"Reloaded model predicts {'exactly' if v['predictions_identical'] else 'NOT'} the same classes on all "
+        f"{v['samples']:,} test images (accuracy {v['accuracy_saved']:.2f}% saved, {v['accuracy_loaded']:.2f}% "
+        "reloaded)" + (f"; largest logit difference {diff:g}." if diff is not None else ".")
+    )
     return [
         Para(
             "The trained state is written crash-safely: a temp file in the same directory, flush, "
             "fsync, os.replace, then fsync of the directory — a partial file never appears under "
             "the final name. It is loaded back with torch.load(weights_only=True), into a fresh model."
         ),
-        Findings(
-            [
-                (
-                    level,
-                    (
-                        f"Reloaded model predicts {'exactly' if v['predictions_identical'] else 'NOT'} the same "
-                        "classes "
-                        f"on all {v['samples']:,} test images (accuracy {v['accuracy_saved']:.2f}% saved, "
-                        f"{v['accuracy_loaded']:.2f}% reloaded)"
-                        + (f"; largest logit difference {diff:g}." if diff is not None else ".")
-                    ),
-                )
-            ]
-        ),
+        Findings([(level, same)]),
         Table(
             ["item", "value"],
             [

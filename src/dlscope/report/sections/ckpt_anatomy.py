@@ -170,6 +170,13 @@ def layout_blocks(a: dict[str, Any], limit: int | None) -> list[Block]:
     return blocks
 
 
+def stats_row(x: dict[str, Any]) -> list[Any]:
+    """A tensor's --stats figures as cells (— for a tensor that has none)."""
+    s = x.get("stats") or {}
+    zeros = round(100 * s["zeros"], 1) if s else None
+    return [x["name"], *(s.get(k) for k in ("min", "max", "mean", "std")), zeros, s.get("nan"), s.get("inf")]
+
+
 def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = None) -> list[Block]:
     """A checkpoint's anatomy (`Anatomy.to_dict()`): the lab's section and `dlscope ckpt inspect` alike."""
     t = a["totals"]
@@ -241,25 +248,10 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = N
         )
     )
     if stats_columns and any(x.get("stats") for x in tensors):
-        stats_rows = []
-        for x in tensors:
-            s = x.get("stats") or {}
-            stats_rows.append(
-                [
-                    x["name"],
-                    s.get("min"),
-                    s.get("max"),
-                    s.get("mean"),
-                    s.get("std"),
-                    round(100 * s["zeros"], 1) if s else None,
-                    s.get("nan"),
-                    s.get("inf"),
-                ]
-            )
         blocks.append(
             Table(
                 ["tensor", "min", "max", "mean", "std", "zeros %", "NaN", "Inf"],
-                stats_rows,
+                [stats_row(x) for x in tensors],
                 "Tensor statistics (finite values; std is the population's)",
                 optional=("min", "max"),
             )
@@ -296,18 +288,11 @@ def render_anatomy(a: dict[str, Any], stats_columns: bool, limit: int | None = N
             )
         )
     for s in a["shared_storages"]:
-        blocks.append(
-            Findings(
-                [
-                    (
-                        "warn",
-                        f"Storage {s['storage']} ({s['storage_bytes']:,} bytes) is shared by "
-                        f"{', '.join(s['tensors'])}: the views use {s['viewed_bytes']:,} bytes, the whole storage "
-                        "is saved.",
-                    )
-                ]
-            )
+        shared = (
+            f"Storage {s['storage']} ({s['storage_bytes']:,} bytes) is shared by {', '.join(s['tensors'])}: the "
+            f"views use {s['viewed_bytes']:,} bytes, the whole storage is saved."
         )
+        blocks.append(Findings([("warn", shared)]))
     return blocks
 
 
@@ -379,17 +364,11 @@ def render(section: dict[str, Any]) -> list[Block]:
         )
         blocks += render_anatomy(a, stats_columns=True)
         d = a["reload_diff"]
-        blocks.append(
-            Findings(
-                [
-                    (
-                        "good" if d["identical"] else "bad",
-                        f"Reload is exact: {d['a']['path']} loaded with weights_only and saved again as "
-                        f"{d['b']['path']} — dlscope ckpt diff: {diff_verdict(d)}.",
-                    )
-                ]
-            )
+        exact = (
+            f"Reload is exact: {d['a']['path']} loaded with weights_only and saved again as {d['b']['path']} — "
+            f"dlscope ckpt diff: {diff_verdict(d)}."
         )
+        blocks.append(Findings([("good" if d["identical"] else "bad", exact)]))
     if "keras" in section:
         k = section["keras"]
         tr = k["training"]

@@ -107,14 +107,6 @@ def left_out_note(left_out: list[dict[str, Any]]) -> list[Block]:
     return [Para(f"Left out, no collective launched (no training step): {listed}.")]
 
 
-def _straggler(v: dict[str, Any]) -> str:
-    return (
-        f"Rank {v['rank']} is the straggler: it enqueued {v['last']} of {v['of']} collectives last, "
-        f"a median {v['median_gap_ms']:.1f} ms after the next-latest rank ({v['step_pct']:.0f}% of the "
-        f"{v['mean_step_ms']:.1f} ms mean step); the other ranks wait that long inside the all-reduce."
-    )
-
-
 def _no_straggler(v: dict[str, Any]) -> str:
     counts = ", ".join(f"rank {rank} {last}" for rank, last in v["last_by_rank"].items())
     return f"No straggler: the last rank to arrive varies ({counts} of {v['of']})."
@@ -130,26 +122,22 @@ def _exposed_comm(v: dict[str, Any]) -> str:
     )
 
 
-def _comm_bytes_unknown(v: dict[str, Any]) -> str:
-    return (
-        "All-reduce bytes unknown: the traces record no tensor shapes (profile with record_shapes=True "
-        "to compare them with the gradients)."
-    )
-
-
-def _comm_bytes(v: dict[str, Any]) -> str:
-    return (
-        f"All-reduce moves {v['comm_bytes_per_step']:,} B per step per rank, {v['bytes_vs_grad']:.2f}× the "
-        f"model's {v['grad_bytes']:,} B of gradients ({v['collectives_per_step']:g} collectives per step)."
-    )
-
-
 WORDS = {
-    "distributed.straggler": _straggler,
+    "distributed.straggler": lambda v: (
+        f"Rank {v['rank']} is the straggler: it enqueued {v['last']} of {v['of']} collectives last, "
+        f"a median {v['median_gap_ms']:.1f} ms after the next-latest rank ({v['step_pct']:.0f}% of the "
+        f"{v['mean_step_ms']:.1f} ms mean step); the other ranks wait that long inside the all-reduce."
+    ),
     "distributed.no_straggler": _no_straggler,
     "distributed.exposed_comm": _exposed_comm,
-    "distributed.comm_bytes_unknown": _comm_bytes_unknown,
-    "distributed.comm_bytes": _comm_bytes,
+    "distributed.comm_bytes_unknown": lambda v: (
+        "All-reduce bytes unknown: the traces record no tensor shapes (profile with record_shapes=True "
+        "to compare them with the gradients)."
+    ),
+    "distributed.comm_bytes": lambda v: (
+        f"All-reduce moves {v['comm_bytes_per_step']:,} B per step per rank, {v['bytes_vs_grad']:.2f}× the "
+        f"model's {v['grad_bytes']:,} B of gradients ({v['collectives_per_step']:g} collectives per step)."
+    ),
 }
 
 

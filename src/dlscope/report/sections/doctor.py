@@ -214,21 +214,18 @@ def render(section: dict[str, Any]) -> list[Block]:
         )
     candidates = section.get("candidates", [])
     if candidates:
-        rows = []
-        for c in candidates:
-            m = c.get("measured") or {}
-            numerics = (c.get("numerics") or {}).get("key", "—")
-            rows.append(
-                [
-                    CHANGE_NAMES[c["key"]],
-                    _rounded(c["predicted"], 2),
-                    _rounded(m.get("gain"), 2),
-                    _rounded(m.get("noise_pct"), 0),
-                    " ".join(f"{r:.2f}" for r in m.get("rounds", [])) or "—",
-                    m.get("verdict", "failed"),
-                    numerics,
-                ]
-            )
+        rows = [
+            [
+                CHANGE_NAMES[c["key"]],
+                _rounded(c["predicted"], 2),
+                _rounded((m := c.get("measured") or {}).get("gain"), 2),
+                _rounded(m.get("noise_pct"), 0),
+                " ".join(f"{r:.2f}" for r in m.get("rounds", [])) or "—",
+                m.get("verdict", "failed"),
+                (c.get("numerics") or {}).get("key", "—"),
+            ]
+            for c in candidates
+        ]
         blocks.append(
             Table(
                 ["change", "predicted ×", "measured ×", "noise ±%", "rounds ×", "verdict", "numerics"],
@@ -236,8 +233,7 @@ def render(section: dict[str, Any]) -> list[Block]:
                 "Each change against the baseline of its round (interleaved)",
                 legend="measured: median of the rounds' ratios of median steps; noise: the notch of the median "
                 "(1.58·IQR/√n) of both trials, or half the range of the rounds' ratios if wider; faster/slower "
-                "only beyond it. "
-                "numerics: the first losses against the baseline's.",
+                "only beyond it. numerics: the first losses against the baseline's.",
                 optional=("rounds ×", "numerics"),
             )
         )

@@ -55,6 +55,12 @@ def render(section: dict[str, Any]) -> list[Block]:
         return blocks
     steps = compiled["step_ms"]
     joint = compiled["joint_graph"]
+    took = f"Compiling took {compiled['compile_seconds']:.1f} s ({CACHE_WORDS[compiled['cache']]})."
+    step = (
+        f"(4) Training step at batch {compiled['batch_size']}: eager {steps['eager']:.2f} ms, compiled "
+        f"{steps['compiled']:.2f} ms — {compiled['speedup']:.2f}× (median of {compiled['repeats']}, interleaved; "
+        "the optimizer step stays eager)."
+    )
     blocks += [
         Para(
             "(3) torch.compile: TorchDynamo captures the forward, AOTAutograd traces forward and backward "
@@ -62,20 +68,7 @@ def render(section: dict[str, Any]) -> list[Block]:
             f"them into {len(compiled['kernels'])} {compiled['generated_language']} kernels around library "
             "calls (convolutions and matmuls stay with oneDNN/BLAS on CPU)."
         ),
-        Findings(
-            [
-                (
-                    "info",
-                    f"Compiling took {compiled['compile_seconds']:.1f} s ({CACHE_WORDS[compiled['cache']]}).",
-                ),
-                (
-                    "good" if compiled["speedup"] > 1 else "warn",
-                    f"(4) Training step at batch {compiled['batch_size']}: eager {steps['eager']:.2f} ms, compiled "
-                    f"{steps['compiled']:.2f} ms — {compiled['speedup']:.2f}× (median of {compiled['repeats']}, "
-                    "interleaved; the optimizer step stays eager).",
-                ),
-            ]
-        ),
+        Findings([("info", took), ("good" if compiled["speedup"] > 1 else "warn", step)]),
         _svg("graph_joint", joint, "AOTAutograd joint forward + backward graph"),
         Table(["generated kernel"], [[k] for k in compiled["kernels"]], "Inductor's fused kernels"),
     ]

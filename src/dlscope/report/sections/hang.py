@@ -61,13 +61,8 @@ def verdict_findings(v: dict[str, Any], hung: bool = True) -> list[tuple[str, st
     items = []
     level, stopped = ("bad", "stopped in") if hung else ("info", "is in")
     for p in v["stopped"]:
-        items.append(
-            (
-                level,
-                f"{who(p)} {stopped} {line_of(p['where'])} at step {p['steps']} "
-                f"(phase {p['phase'] or 'none'}; kernel: {kernel_of(p)})",
-            )
-        )
+        at = f"at step {p['steps']} (phase {p['phase'] or 'none'}; kernel: {kernel_of(p)})"
+        items.append((level, f"{who(p)} {stopped} {line_of(p['where'])} {at}"))
     for c in v["collectives"]:
         missing = ", ".join(f"rank {r}" for r in c["missing_ranks"])
         never = f", which {missing} never entered" if missing else " (every rank entered it)"

@@ -38,13 +38,9 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         items.append(("warn", f"{s['backend']} backend unavailable: {s['why']}."))
     kernel = section["kernel"]
     if kernel.get("tracefs"):
-        items.append(
-            (
-                "info",
-                f"This kernel offers syscall tracepoints: {'yes' if kernel['syscall_tracepoints'] else 'NO'}; "
-                f"kprobes: {'yes' if kernel['kprobes'] else 'NO (kprobe_events missing)'}.",
-            )
-        )
+        kprobes = "yes" if kernel["kprobes"] else "NO (kprobe_events missing)"
+        tracepoints = "yes" if kernel["syscall_tracepoints"] else "NO"
+        items.append(("info", f"This kernel offers syscall tracepoints: {tracepoints}; kprobes: {kprobes}."))
     notes = section["notes"]
     if notes.get("missing_tracepoints"):
         missing = ", ".join(notes["missing_tracepoints"])
@@ -58,13 +54,11 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
             ("info", f"{notes['recovered_paths']:,} paths longer than bpftrace's limit were read from /proc/PID/fd.")
         )
     if notes.get("truncated_paths"):
-        items.append(
-            (
-                "warn",
-                f"{notes['truncated_paths']:,} paths cut at bpftrace's {notes['string_limit']}-byte limit "
-                "(closed before they could be read from /proc/PID/fd): they appear under the cut name.",
-            )
+        cut = (
+            f"{notes['truncated_paths']:,} paths cut at bpftrace's {notes['string_limit']}-byte limit (closed "
+            "before they could be read from /proc/PID/fd): they appear under the cut name."
         )
+        items.append(("warn", cut))
     if "python_processes" in notes:  # the proc backend
         items += [("warn", f"The proc backend cannot see {blind}.") for blind in PROC_BLIND_TO]
         if not notes["python_processes"]:
@@ -78,13 +72,9 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         items.append(("bad", f"The command exited with status {section['exit_code']}; the trace covers its run."))
     if "overhead" in section:
         o = section["overhead"]
-        items.append(
-            (
-                "info",
-                f"Overhead of the {o['backend']} backend: {o['ratio']:.3f}× (median of {o['repeats']} interleaved "
-                f"runs: {sorted(o['traced_seconds'])} s traced vs {sorted(o['untraced_seconds'])} s untraced).",
-            )
-        )
+        seconds = f"{sorted(o['traced_seconds'])} s traced vs {sorted(o['untraced_seconds'])} s untraced"
+        median = f"median of {o['repeats']} interleaved runs: {seconds}"
+        items.append(("info", f"Overhead of the {o['backend']} backend: {o['ratio']:.3f}× ({median})."))
     return items
 
 
@@ -200,7 +190,7 @@ def top_by_time(section: dict[str, Any]) -> Table:
 def render(section: dict[str, Any]) -> list[Block]:
     phases = [p["phase"] for p in section["phases"]]
     svg, engine = render_svg(section["flow"], phases)
-    command = " ".join(section["command"])
+    command, exports = " ".join(section["command"]), section["exports"]
     blocks: list[Block] = [
         Para(
             f"Traced `{command}` with the {section['backend']} backend: {section['events']:,} file-related "
@@ -233,15 +223,9 @@ def render(section: dict[str, Any]) -> list[Block]:
             "Hook points for the syscalls seen: where an eBPF program could attach, and whether this kernel has it",
         ),
         Para(
-            "Exports: events as JSON Lines ("
-            + section["exports"]["events"]
-            + "), a Perfetto/Chrome trace with a track per thread, syscall slices and phase slices ("
-            + section["exports"]["perfetto_trace"]
-            + "; open it at ui.perfetto.dev), and the tables as CSV ("
-            + section["exports"]["phases_csv"]
-            + ", "
-            + section["exports"]["files_csv"]
-            + ")."
+            f"Exports: events as JSON Lines ({exports['events']}), a Perfetto/Chrome trace with a track per thread, "
+            f"syscall slices and phase slices ({exports['perfetto_trace']}; open it at ui.perfetto.dev), and the "
+            f"tables as CSV ({exports['phases_csv']}, {exports['files_csv']})."
         ),
     ]
     return blocks

@@ -168,6 +168,10 @@ def render_loop_order(result: dict[str, Any]) -> list[Block]:
         for o in result["orders"]
     ]
     slow = result["orders"][-1]
+    slower = (
+        f"The {slow['order']} order is {slow['slowdown']:.1f}× slower: its innermost loop jumps a whole output "
+        "plane per step, so each multiply-add touches a different cache line."
+    )
     return [
         Para(
             f"Locality: the same seven-loop convolution compiled from C (gcc -O2), {result['describe']}, in two "
@@ -175,15 +179,7 @@ def render_loop_order(result: dict[str, Any]) -> list[Block]:
             f"{result['working_set_bytes'] / 2**20:.1f} MiB. Median of {result['repeats']} runs. "
             f"Hardware counters: {PERF_WORDS[result['perf']]}."
         ),
-        Findings(
-            [
-                (
-                    "warn" if slow["slowdown"] > 1.5 else "info",
-                    f"The {slow['order']} order is {slow['slowdown']:.1f}× slower: its innermost loop jumps a "
-                    "whole output plane per step, so each multiply-add touches a different cache line.",
-                )
-            ]
-        ),
+        Findings([("warn" if slow["slowdown"] > 1.5 else "info", slower)]),
         Table(
             ["order", "loops (outer → inner)", "ms", "GFLOP/s", "× seed", "max err", "cache misses", "L1 misses"],
             rows,
@@ -231,6 +227,7 @@ def render_memory(memory: dict[str, Any]) -> list[Block]:
         for c in memory["comparisons"]
     ]
     worst = max(abs(c["error_pct"]) for c in memory["comparisons"])
+    within = f"The model is within {worst:.1f}% of the measured peak at every batch size measured."
     return [
         Para(
             f"Memory anatomy of a training step of {memory['model']} with {memory['optimizer']}: per layer the "
@@ -241,14 +238,7 @@ def render_memory(memory: dict[str, Any]) -> list[Block]:
             f"measured peak comes from {memory['method']} from model creation through two training steps on "
             f"{memory['device']}."
         ),
-        Findings(
-            [
-                (
-                    "good" if worst <= 10 else "bad",
-                    f"The model is within {worst:.1f}% of the measured peak at every batch size measured.",
-                )
-            ]
-        ),
+        Findings([("good" if worst <= 10 else "bad", within)]),
         Table(
             ["layer", "type", "weights", "grads", "optim", "saved/smp", "out/smp"],
             [*rows, total],

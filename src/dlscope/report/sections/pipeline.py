@@ -369,13 +369,6 @@ def _page_cache_words(v: dict[str, Any]) -> str:
     )
 
 
-def _memory_mapped_words(v: dict[str, Any]) -> str:
-    return (
-        f"The memory-mapped array makes no read calls at all (page faults instead): {v['array_wall_s']:.2f} s "
-        f"cold against {v['shards_wall_s']:.2f} s for shards, and it allows a true global shuffle by index."
-    )
-
-
 def _workers_finding(rows: list[dict[str, Any]]) -> Finding:
     base = next((r for r in rows if r["workers"] == 0 and r["prefetch"] == 0), rows[0])
     best = min(rows, key=lambda r: r["wall_s"])
@@ -395,14 +388,6 @@ def _workers_listing(v: dict[str, Any]) -> str:
     return f"AU by workers / prefetch — {listing}. "
 
 
-def _workers_no_help_words(v: dict[str, Any]) -> str:
-    return _workers_listing(v) + (
-        "Neither helped here: readers of small files need CPU for every open and read, extra processes "
-        "compete for the same cores (see the load average), and each worker's start-up (a few hundred ms, "
-        "paid every epoch without persistent workers) is not repaid on an epoch this short."
-    )
-
-
 def _workers_help_words(v: dict[str, Any]) -> str:
     best, base = v["best"], v["neither"]
     return _workers_listing(v) + (
@@ -419,10 +404,6 @@ def _input_bound_words(v: dict[str, Any]) -> str:
         "Remedies, in the order the tables support them: shards instead of small files, a warm cache, workers "
         "and prefetch."
     )
-
-
-def _exactly_once_words(v: dict[str, Any]) -> str:
-    return f"Every row delivered every sample exactly once ({v['deliveries']:,} deliveries checked by index)."
 
 
 def _not_exactly_once_words(v: dict[str, Any]) -> str:
@@ -550,15 +531,6 @@ def _engine_speed_words(v: dict[str, Any]) -> str:
     )
 
 
-def _engine_reads_words(v: dict[str, Any]) -> str:
-    return (
-        f"Read calls agree in {v['same']} of {v['rows']} rows: both engines read a file in "
-        "buffer-sized calls until one returns nothing, ceil(size / buffer) + 1 per file (tf.data with "
-        "pread64, dlscope with read). tf.data's counts are the process's read calls during the epoch, so "
-        "they include a few reads of its runtime's own (/proc, /sys) on top of the data reads."
-    )
-
-
 def _engine_au_words(v: dict[str, Any]) -> str:
     listed = "; ".join(
         f"{r['row']} {100 * r['dlscope']:.0f}% (dlscope) against {100 * r['tfdata']:.0f}% (tf.data)" for r in v["rows"]
@@ -572,13 +544,30 @@ WORDS = {
     "pipeline.read_buffer": _read_buffer_words,
     "pipeline.files_vs_shards": _files_vs_shards_words,
     "pipeline.page_cache": _page_cache_words,
-    "pipeline.memory_mapped": _memory_mapped_words,
+    "pipeline.memory_mapped": lambda v: (
+        f"The memory-mapped array makes no read calls at all (page faults instead): {v['array_wall_s']:.2f} s "
+        f"cold against {v['shards_wall_s']:.2f} s for shards, and it allows a true global shuffle by index."
+    ),
     "pipeline.workers_help": _workers_help_words,
-    "pipeline.workers_no_help": _workers_no_help_words,
+    "pipeline.workers_no_help": lambda v: (
+        _workers_listing(v)
+        + (
+            "Neither helped here: readers of small files need CPU for every open and read, extra processes "
+            "compete for the same cores (see the load average), and each worker's start-up (a few hundred ms, "
+            "paid every epoch without persistent workers) is not repaid on an epoch this short."
+        )
+    ),
     "pipeline.input_bound": _input_bound_words,
-    "pipeline.exactly_once": _exactly_once_words,
+    "pipeline.exactly_once": lambda v: (
+        f"Every row delivered every sample exactly once ({v['deliveries']:,} deliveries checked by index)."
+    ),
     "pipeline.not_exactly_once": _not_exactly_once_words,
     "pipeline.engine_speed": _engine_speed_words,
-    "pipeline.engine_reads": _engine_reads_words,
+    "pipeline.engine_reads": lambda v: (
+        f"Read calls agree in {v['same']} of {v['rows']} rows: both engines read a file in "
+        "buffer-sized calls until one returns nothing, ceil(size / buffer) + 1 per file (tf.data with "
+        "pread64, dlscope with read). tf.data's counts are the process's read calls during the epoch, so "
+        "they include a few reads of its runtime's own (/proc, /sys) on top of the data reads."
+    ),
     "pipeline.engine_au": _engine_au_words,
 }

@@ -44,24 +44,16 @@ def render(section: dict[str, Any]) -> list[Block]:
     items = []
     top = section["top10"][0] if section["top10"] else None
     if top:
-        items.append(
-            (
-                "info",
-                f"{top['name']} takes {top['self_cpu_pct']:.1f}% of operator self time — "
-                f"the largest single cost of a training step at batch {section['batch_size']}.",
-            )
-        )
+        largest = f"the largest single cost of a training step at batch {section['batch_size']}"
+        items.append(("info", f"{top['name']} takes {top['self_cpu_pct']:.1f}% of operator self time — {largest}."))
     if parts:
         total = sum(parts.values())
         share = ", ".join(f"{k.split('/')[1]} {v:.2f} ms ({100 * v / total:.0f}%)" for k, v in parts.items())
         items.append(("info", f"A step splits into {share}."))
     if section.get("achieved_gflops"):
+        per_step = f"{section['train_flops_per_step'] / 1e6:.0f} MFLOP per step"
         items.append(
-            (
-                "info",
-                f"Achieved {section['achieved_gflops']:.1f} GFLOP/s over whole training "
-                f"steps ({section['train_flops_per_step'] / 1e6:.0f} MFLOP per step).",
-            )
+            ("info", f"Achieved {section['achieved_gflops']:.1f} GFLOP/s over whole training steps ({per_step}).")
         )
     blocks: list[Block] = [
         Para(

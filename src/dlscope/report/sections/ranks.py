@@ -46,12 +46,8 @@ def render(section: dict[str, Any]) -> list[Block]:
     )
     findings = []
     if section["restarts"]:
-        findings.append(
-            (
-                "warn",
-                f"torchrun restarted the ranks {section['restarts']} time(s); they resumed from the last checkpoint.",
-            )
-        )
+        restarted = f"torchrun restarted the ranks {section['restarts']} time(s)"
+        findings.append(("warn", f"{restarted}; they resumed from the last checkpoint."))
     spread = section.get("step_ms_spread")
     if spread is not None and len(section["ranks"]) > 1:
         slowest = section["slowest_rank"]

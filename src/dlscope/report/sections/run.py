@@ -32,13 +32,8 @@ def render(section: dict[str, Any]) -> list[Block]:
         items.append(("bad", f"An observer could not attach: {error}."))
     killed = [p["pid"] for p in section["processes"] if not p["clean_exit"] and not p["forked"]]
     if killed:
-        items.append(
-            (
-                "warn",
-                f"Process {', '.join(map(str, killed))} ended without running its exit handlers "
-                "(killed, or os._exit): its last phase is closed at its last record.",
-            )
-        )
+        ended = f"Process {', '.join(map(str, killed))} ended without running its exit handlers (killed, or os._exit)"
+        items.append(("warn", f"{ended}: its last phase is closed at its last record."))
     rows = [
         [p["pid"], p["ppid"], "worker" if p["forked"] else "python", p["rank"], " ".join(p["argv"])[-40:]]
         for p in section["processes"]

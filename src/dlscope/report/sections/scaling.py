@@ -13,18 +13,8 @@ TITLE = "Scaling: ranks against threads on this machine's cores"
 
 def scaling_table(section: dict[str, Any]) -> Table:
     base = section["baseline"]
-    rows = [
-        [
-            r["ranks"],
-            r["threads"],
-            r["samples_per_s"],
-            r["speedup"],
-            r["ideal"],
-            r["efficiency_pct"],
-            r["exposed_comm_pct"],
-        ]
-        for r in section["rows"]
-    ]
+    keys = ("ranks", "threads", "samples_per_s", "speedup", "ideal", "efficiency_pct", "exposed_comm_pct")
+    rows = [[r[k] for k in keys] for r in section["rows"]]
     return Table(
         ["ranks", "threads", "samples/s", "speed-up", "ideal", "eff %", "exp comm %"],
         rows,

@@ -118,15 +118,6 @@ def _fmt_rank(rank: int | None) -> Any:
     return rank if rank is not None else "—"
 
 
-def _overhead(v: dict[str, Any]) -> str:
-    return (
-        f"At batch {v['at.batch_size']} on {v['series']}, {v['at.overhead_pct']:.0f}% of a "
-        f"{v['at.step_p50_ms']:.2f} ms step is outside compute kernels: ~{v['at.overhead_us_per_op']:.1f} µs × "
-        f"{v['at.ops_per_step']:.0f} operators of Python, dispatch, autograd and allocation (overhead-bound from "
-        f"{v['overhead_bound_pct']:.0f}%)."
-    )
-
-
 def _batch_gain(v: dict[str, Any]) -> str:
     gain = v["large.samples_per_s"] / v["small.samples_per_s"]
     return (
@@ -134,21 +125,6 @@ def _batch_gain(v: dict[str, Any]) -> str:
         f"{v['small.batch_size']} ({v['large.samples_per_s']:,.0f} against {v['small.samples_per_s']:,.0f}): "
         f"the same ~{v['large.ops_per_step']:.0f} operators per step now carry {v['large.batch_size']} samples, "
         f"and kernels take {v['large.kernel_pct']:.0f}% of the step."
-    )
-
-
-def _conv_kernel_change(v: dict[str, Any]) -> str:
-    return (
-        f"On {v['series']} the convolution runs {', '.join(v['small.conv_kernels'])} at batch "
-        f"{v['small.batch_size']} but {', '.join(v['large.conv_kernels'])} at batch {v['large.batch_size']}: "
-        "the backend picks a different kernel for the shape."
-    )
-
-
-def _top_kernel(v: dict[str, Any]) -> str:
-    return (
-        f"The largest kernel at batch {v['at.batch_size']} on {v['series']} is {v['at.top_kernel']}: "
-        f"{v['at.top_kernel_pct']:.0f}% of kernel time (named from {v['top_kernel_pct_from']:.0f}%)."
     )
 
 
@@ -162,47 +138,6 @@ def _memory_speed_kernels(v: dict[str, Any]) -> str:
     if v["autotune_trims"]:
         text += " Pooling before the ReLU, and channels-last layouts, are what `--autotune` times to trim them."
     return text
-
-
-def _noisy(v: dict[str, Any]) -> str:
-    return (
-        f"Timings are noisy: the p95 step of {v['at.config']} took {v['at.step_p95_ms']:.2f} ms against "
-        f"a p50 of {v['at.step_p50_ms']:.2f} ms (warned from {v['noisy_p95_ratio']:.0f}×) — another job is "
-        "competing for the cores; multi-threaded kernels suffer most, as each parallel region waits "
-        "for its slowest thread. Compare medians, or rerun on an idle machine."
-    )
-
-
-def _cold_step(v: dict[str, Any]) -> str:
-    return (
-        f"The first step of {v['at.config']} took {v['at.cold_ratio']:.0f}× a warm one "
-        f"({v['at.cold_step_ms']:.1f} ms against a p50 of {v['at.step_p50_ms']:.2f} ms): lazy "
-        "initialisation and kernel selection. It is reported apart and excluded from every other figure."
-    )
-
-
-def _gpu_slower(v: dict[str, Any]) -> str:
-    return (
-        f"{v['gpu.config']} is slower than {v['cpu.config']} ({v['gpu.samples_per_s']:,.0f} against "
-        f"{v['cpu.samples_per_s']:,.0f} samples/s) because the GPU computes for only "
-        f"{v['gpu.kernel_pct']:.0f}% of the step: the rest is ~{v['gpu.overhead_us_per_op']:.1f} µs × "
-        f"{v['gpu.ops_per_step']:.0f} operators of launch and dispatch, which a faster device cannot shorten."
-    )
-
-
-def _gpu_faster(v: dict[str, Any]) -> str:
-    return (
-        f"{v['gpu.config']} trains {v['gpu.samples_per_s'] / v['cpu.samples_per_s']:.1f}× the samples/s of "
-        f"{v['cpu.config']} ({v['gpu.samples_per_s']:,.0f} against {v['cpu.samples_per_s']:,.0f})."
-    )
-
-
-def _cudnn_benchmark(v: dict[str, Any]) -> str:
-    return (
-        f"cuDNN autotuning at batch {v['on.batch_size']}: the first step took {v['on.cold_step_ms']:.1f} ms "
-        f"with benchmark on against {v['off.cold_step_ms']:.1f} ms with it off (it times every algorithm "
-        f"once), for a warm p50 of {v['on.step_p50_ms']:.3f} ms against {v['off.step_p50_ms']:.3f} ms."
-    )
 
 
 def _roofline(v: dict[str, Any]) -> str:
@@ -236,16 +171,49 @@ def _slow_conv(v: dict[str, Any]) -> str:
 
 
 WORDS = {
-    "sweep.overhead": _overhead,
+    "sweep.overhead": lambda v: (
+        f"At batch {v['at.batch_size']} on {v['series']}, {v['at.overhead_pct']:.0f}% of a "
+        f"{v['at.step_p50_ms']:.2f} ms step is outside compute kernels: ~{v['at.overhead_us_per_op']:.1f} µs × "
+        f"{v['at.ops_per_step']:.0f} operators of Python, dispatch, autograd and allocation (overhead-bound from "
+        f"{v['overhead_bound_pct']:.0f}%)."
+    ),
     "sweep.batch_gain": _batch_gain,
-    "sweep.conv_kernel_change": _conv_kernel_change,
-    "sweep.top_kernel": _top_kernel,
+    "sweep.conv_kernel_change": lambda v: (
+        f"On {v['series']} the convolution runs {', '.join(v['small.conv_kernels'])} at batch "
+        f"{v['small.batch_size']} but {', '.join(v['large.conv_kernels'])} at batch {v['large.batch_size']}: "
+        "the backend picks a different kernel for the shape."
+    ),
+    "sweep.top_kernel": lambda v: (
+        f"The largest kernel at batch {v['at.batch_size']} on {v['series']} is {v['at.top_kernel']}: "
+        f"{v['at.top_kernel_pct']:.0f}% of kernel time (named from {v['top_kernel_pct_from']:.0f}%)."
+    ),
     "sweep.memory_speed_kernels": _memory_speed_kernels,
-    "sweep.noisy": _noisy,
-    "sweep.cold_step": _cold_step,
-    "sweep.gpu_slower": _gpu_slower,
-    "sweep.gpu_faster": _gpu_faster,
-    "sweep.cudnn_benchmark": _cudnn_benchmark,
+    "sweep.noisy": lambda v: (
+        f"Timings are noisy: the p95 step of {v['at.config']} took {v['at.step_p95_ms']:.2f} ms against "
+        f"a p50 of {v['at.step_p50_ms']:.2f} ms (warned from {v['noisy_p95_ratio']:.0f}×) — another job is "
+        "competing for the cores; multi-threaded kernels suffer most, as each parallel region waits "
+        "for its slowest thread. Compare medians, or rerun on an idle machine."
+    ),
+    "sweep.cold_step": lambda v: (
+        f"The first step of {v['at.config']} took {v['at.cold_ratio']:.0f}× a warm one "
+        f"({v['at.cold_step_ms']:.1f} ms against a p50 of {v['at.step_p50_ms']:.2f} ms): lazy "
+        "initialisation and kernel selection. It is reported apart and excluded from every other figure."
+    ),
+    "sweep.gpu_slower": lambda v: (
+        f"{v['gpu.config']} is slower than {v['cpu.config']} ({v['gpu.samples_per_s']:,.0f} against "
+        f"{v['cpu.samples_per_s']:,.0f} samples/s) because the GPU computes for only "
+        f"{v['gpu.kernel_pct']:.0f}% of the step: the rest is ~{v['gpu.overhead_us_per_op']:.1f} µs × "
+        f"{v['gpu.ops_per_step']:.0f} operators of launch and dispatch, which a faster device cannot shorten."
+    ),
+    "sweep.gpu_faster": lambda v: (
+        f"{v['gpu.config']} trains {v['gpu.samples_per_s'] / v['cpu.samples_per_s']:.1f}× the samples/s of "
+        f"{v['cpu.config']} ({v['gpu.samples_per_s']:,.0f} against {v['cpu.samples_per_s']:,.0f})."
+    ),
+    "sweep.cudnn_benchmark": lambda v: (
+        f"cuDNN autotuning at batch {v['on.batch_size']}: the first step took {v['on.cold_step_ms']:.1f} ms "
+        f"with benchmark on against {v['off.cold_step_ms']:.1f} ms with it off (it times every algorithm "
+        f"once), for a warm p50 of {v['on.step_p50_ms']:.3f} ms against {v['off.step_p50_ms']:.3f} ms."
+    ),
     "sweep.roofline": _roofline,
     "sweep.slow_conv": _slow_conv,
 }
@@ -265,19 +233,8 @@ def render(section: dict[str, Any]) -> list[Block]:
     rows = section["rows"]
     settings = section["settings"]
     has_cuda = any(r["device_type"] == "cuda" for r in rows)
-    speed_rows = [
-        [
-            r["config"],
-            r["samples_per_s"],
-            r["step_p50_ms"],
-            r["step_p95_ms"],
-            r["per_sample_us"],
-            r["cold_step_ms"],
-            r["cold_ratio"],
-            *([r["h2d_pinned_us"], r["h2d_pageable_us"]] if has_cuda else []),
-        ]
-        for r in rows
-    ]
+    speed = ("config", "samples_per_s", "step_p50_ms", "step_p95_ms", "per_sample_us", "cold_step_ms", "cold_ratio")
+    speed_rows = [[r[k] for k in speed + (("h2d_pinned_us", "h2d_pageable_us") if has_cuda else ())] for r in rows]
     where_rows = [
         [
             r["config"],

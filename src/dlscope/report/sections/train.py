@@ -104,25 +104,17 @@ def render(section: dict[str, Any]) -> list[Block]:
     final_acc = section.get("final_test_acc")
     target = config.get("target_acc")
     items: list[tuple[str, str]] = []
-    if target is not None and final_acc is not None:
-        if section.get("target_reached_epoch"):
-            items.append(
-                (
-                    "good",
-                    f"Reached the {target}% target at step {section.get('target_reached_step')} "
-                    f"(epoch {section['target_reached_epoch']}) "
-                    f"in {section['time_to_target_s']:.1f} s (training and evaluation).",
-                )
-            )
-        else:
-            items.append(
-                (
-                    "bad",
-                    f"Did not reach the {target}% target: {final_acc:.2f}% after {len(section['epochs'])} epoch(s).",
-                )
-            )
+    after = f"{final_acc:.2f}% after {len(section['epochs'])} epoch(s)" if final_acc is not None else ""
+    if target is not None and final_acc is not None and section.get("target_reached_epoch"):
+        reached = (
+            f"Reached the {target}% target at step {section.get('target_reached_step')} (epoch "
+            f"{section['target_reached_epoch']}) in {section['time_to_target_s']:.1f} s (training and evaluation)."
+        )
+        items.append(("good", reached))
+    elif target is not None and final_acc is not None:
+        items.append(("bad", f"Did not reach the {target}% target: {after}."))
     if final_acc is not None and target is None:
-        items.append(("info", f"Test accuracy {final_acc:.2f}% after {len(section['epochs'])} epoch(s)."))
+        items.append(("info", f"Test accuracy {after}."))
     if section.get("already_finished"):
         items.append(
             ("info", f"The checkpoint was already at epoch {section['resumed_from_epoch']}: nothing left to train.")
@@ -131,20 +123,8 @@ def render(section: dict[str, Any]) -> list[Block]:
         items.append(("info", f"Resumed from a checkpoint after epoch {section['resumed_from_epoch']}."))
     if section.get("schedule_restarted"):
         items.append(("info", "--epochs changed on resume: a new one-cycle schedule ran over the epochs still to run."))
-    rows = [
-        [
-            e["epoch"],
-            e["train_loss"],
-            e["train_acc"],
-            e["test_loss"],
-            e["test_acc"],
-            e["lr"],
-            e["samples_per_s"],
-            e["train_seconds"],
-            e["eval_seconds"],
-        ]
-        for e in section["epochs"]
-    ]
+    keys = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "samples_per_s", "train_seconds")
+    rows = [[*(e[k] for k in keys), e["eval_seconds"]] for e in section["epochs"]]
     lr = section.get("peak_lr") or config["lr"]
     # the settings as they ran: the learning rate the optimizer used, the device torch chose
     ran = {**config, "lr": lr, "device": section["device"]}
