@@ -134,3 +134,21 @@ def test_a_module_with_a_call_of_its_own_keeps_the_global_hooks(tmp_path):
         remove()
     assert global_module_hooks() == before
     assert all(row["forward"] > 0 for row in steps_of(hooks, tmp_path))
+
+
+def test_discovery_starts_again_when_train_or_eval_changes_a_mode(tmp_path):
+    before = global_module_hooks()
+    hooks, remove = observed(tmp_path)
+    try:
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        model(torch.ones(1, 4)).sum().backward()
+        optimizer.step()
+        assert global_module_hooks() == before
+        hooks.module_train(nn.Module.train, model, True)  # already training: the HF Trainer's every step
+        assert global_module_hooks() == before
+        hooks.module_train(nn.Module.train, model, False)  # an evaluation starts
+        assert global_module_hooks() == before + 2
+    finally:
+        remove()
+    assert global_module_hooks() == before

@@ -328,10 +328,12 @@ class TorchHooks:
         frame in place of torch's global hooks, which send every module call, submodules
         included, through `Module._call_impl`'s slow path (~20,000 instructions a call)."""
         hooks, machine, trial, clock = self, self.machine, self.trial, time.time
-        is_compiling, grad_enabled = self.is_compiling, self.torch.is_grad_enabled
+        # torch.compile's tracing goes past a module's call to its forward, unless hooks are on it
+        # (then it is traced, and this reads True): one Python frame, `is_compiling` two
+        is_tracing, grad_enabled = self.torch.compiler.is_dynamo_compiling, self.torch.is_grad_enabled
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            if hooks.forward_depth or is_compiling():  # inside another timed call
+            if hooks.forward_depth or is_tracing():  # inside another timed call, or traced
                 return inner(*args, **kwargs)
             hooks.forward_depth = 1
             machine.forward_begin(clock(), grad_enabled() and (module.training or hooks._wrapper_training(module)))
@@ -412,7 +414,8 @@ class TorchHooks:
         try:
             if self.train_depth == 1 and not self.is_compiling():
                 self.machine.train_mode(time.time(), bool(mode))
-                self.discover()  # an epoch or an evaluation starts: a module first called there is found
+                if module.training != bool(mode):  # not at every step's train() (the HF Trainer's)
+                    self.discover()  # an epoch or an evaluation starts: a module first called there is found
             return train_(module, mode)
         finally:
             self.train_depth -= 1
@@ -479,8 +482,8 @@ class TorchHooks:
     def discover(self) -> None:
         """Watch every module call (torch's global forward hooks, which time the outermost) until
         the next step ends; each module called at top level meanwhile gets its own timed call.
-        Called at attach, when an optimizer is created and at `Module.train()`/`eval()`: a model,
-        a loss module or an evaluation model first called later is found there."""
+        Called at attach, when an optimizer is created and when `Module.train()`/`eval()` changes a
+        module's mode: a model, a loss module or an evaluation model first called later is found there."""
         if self.discovery:
             return
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook

@@ -245,12 +245,14 @@ class StepMachine:
         if self.in_eval:
             self.eval_end(now)
         if self.idle:
-            if self.steps["optimizer"] is None:
-                self.activity(now)  # the first training work: the steps start
-            else:  # activity's, without its call: once a step
-                self.idle = False
+            if self.unworked and self.steps["optimizer"] is not None:  # a step's first work (most steps)
+                self.idle = self.unworked = self.attention = False
                 for step in self.live:
                     step.fresh = False
+                    if step.first_work is None:
+                        step.first_work = now
+                return
+            self.activity(now)
         if self.unworked:
             self.unworked = False
             for step in self.live:
@@ -303,7 +305,14 @@ class StepMachine:
         self.parts.append([FORWARD, now, 0.0])
 
     def forward_end(self, now: float) -> None:
-        for part in self.parts:
+        parts = self.parts
+        if len(parts) == 1 and parts[0][0] == FORWARD:  # alone, as in most steps: closed without a call
+            _, start, inner = parts.pop()
+            spent = now - start - inner
+            if spent > 0.0:
+                self.totals[FORWARD] += spent
+            return
+        for part in parts:
             if part[0] == FORWARD:
                 self._close(FORWARD, now)
                 return
@@ -314,7 +323,14 @@ class StepMachine:
         self.parts.append([BACKWARD, now, 0.0])
 
     def backward_end(self, now: float) -> None:
-        self._close(BACKWARD, now)
+        parts = self.parts
+        if len(parts) == 1 and parts[0][0] == BACKWARD:  # alone: closed without a call
+            _, start, inner = parts.pop()
+            spent = now - start - inner
+            if spent > 0.0:
+                self.totals[BACKWARD] += spent
+        else:
+            self._close(BACKWARD, now)
         self.backwards += 1
         # a closure's backward inside optimizer.step is part of that optimizer's step
         if self.optimizer_depth == 0 and not self.optimizer_stepped:
@@ -344,7 +360,14 @@ class StepMachine:
         self.optimizer_depth -= 1
         if self.optimizer_depth:
             return
-        self._close(OPTIMIZER, now)
+        parts = self.parts
+        if len(parts) == 1 and parts[0][0] == OPTIMIZER:  # alone: closed without a call
+            _, start, inner = parts.pop()
+            spent = now - start - inner
+            if spent > 0.0:
+                self.totals[OPTIMIZER] += spent
+        else:
+            self._close(OPTIMIZER, now)
         self.has_optimizer = True
         if not self.optimizer_stepped:
             self.optimizer_stepped = True
