@@ -263,6 +263,12 @@ class StepMachine:
     def _close(self, part: int, now: float) -> None:
         """Close the innermost open `part` (and anything a lost event left open inside it)."""
         parts = self.parts
+        if len(parts) == 1 and parts[0][0] == part:  # the one part open, as in most steps
+            _, start, inner = parts.pop()
+            spent = now - start - inner
+            if spent > 0.0:
+                self.totals[part] += spent
+            return
         while parts:
             closed, start, inner = parts.pop()
             spent = now - start
@@ -306,11 +312,8 @@ class StepMachine:
 
     def forward_end(self, now: float) -> None:
         parts = self.parts
-        if len(parts) == 1 and parts[0][0] == FORWARD:  # alone, as in most steps: closed without a call
-            _, start, inner = parts.pop()
-            spent = now - start - inner
-            if spent > 0.0:
-                self.totals[FORWARD] += spent
+        if len(parts) == 1 and parts[0][0] == FORWARD:  # the one part open, as in most steps
+            self._close(FORWARD, now)
             return
         for part in parts:
             if part[0] == FORWARD:
@@ -323,14 +326,7 @@ class StepMachine:
         self.parts.append([BACKWARD, now, 0.0])
 
     def backward_end(self, now: float) -> None:
-        parts = self.parts
-        if len(parts) == 1 and parts[0][0] == BACKWARD:  # alone: closed without a call
-            _, start, inner = parts.pop()
-            spent = now - start - inner
-            if spent > 0.0:
-                self.totals[BACKWARD] += spent
-        else:
-            self._close(BACKWARD, now)
+        self._close(BACKWARD, now)
         self.backwards += 1
         # a closure's backward inside optimizer.step is part of that optimizer's step
         if self.optimizer_depth == 0 and not self.optimizer_stepped:
@@ -360,14 +356,7 @@ class StepMachine:
         self.optimizer_depth -= 1
         if self.optimizer_depth:
             return
-        parts = self.parts
-        if len(parts) == 1 and parts[0][0] == OPTIMIZER:  # alone: closed without a call
-            _, start, inner = parts.pop()
-            spent = now - start - inner
-            if spent > 0.0:
-                self.totals[OPTIMIZER] += spent
-        else:
-            self._close(OPTIMIZER, now)
+        self._close(OPTIMIZER, now)
         self.has_optimizer = True
         if not self.optimizer_stepped:
             self.optimizer_stepped = True
