@@ -39,7 +39,7 @@ def observed(tmp_path):
 
 
 def timed(module: nn.Module) -> bool:
-    return "_compiled_call_impl" in module.__dict__
+    return type(module).__call__ is not nn.Module.__call__
 
 
 def steps_of(hooks: TorchHooks, tmp_path) -> list:
@@ -101,7 +101,7 @@ def test_a_module_first_called_later_is_found_at_the_next_discovery(tmp_path):
     assert forward[2] >= SLOW_LOSS_S and forward[3] >= SLOW_LOSS_S
 
 
-def test_a_timed_module_pickles_and_copies_without_dlscope(tmp_path):
+def test_a_timed_module_pickles_and_copies_and_its_copies_compute_as_themselves(tmp_path):
     _, remove = observed(tmp_path)
     try:
         model = nn.Sequential(nn.Linear(4, 2))
@@ -114,8 +114,14 @@ def test_a_timed_module_pickles_and_copies_without_dlscope(tmp_path):
         torch.save(model, buffer)
         assert b"dlscope" not in buffer.getvalue()
         clone = copy.deepcopy(model)
-        assert not timed(clone) and not timed(pickle.loads(pickle.dumps(model)))
         assert torch.equal(clone(torch.ones(1, 4)), model(torch.ones(1, 4)))
+        assert torch.equal(pickle.loads(pickle.dumps(model))(torch.ones(1, 4)), model(torch.ones(1, 4)))
+        # a copy of its attributes (a DataParallel replica is made so) computes as itself
+        replica = nn.Sequential.__new__(nn.Sequential)
+        replica.__dict__ = model.__dict__.copy()
+        replica._modules = {"0": nn.Linear(4, 2)}
+        nn.init.zeros_(replica[0].weight), nn.init.zeros_(replica[0].bias)
+        assert torch.equal(replica(torch.ones(1, 4)), torch.zeros(1, 2))
     finally:
         remove()
 

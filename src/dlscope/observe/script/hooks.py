@@ -7,10 +7,12 @@ until the script imports it (a finder on sys.meta_path calls `attach_torch` righ
 module is executed — not when something merely asks `importlib.util.find_spec("torch")`).
 
 What feeds the machine: the global optimizer step hooks (torch.optim, GradScaler.step, LBFGS, an
-optimizer wrapped by accelerate or Lightning alike), the global module forward hooks (the outermost
-call only: one integer compare per submodule), `torch.autograd.backward`, DataLoader iterators'
-`__next__`, `Module.train`, and the checkpoint writers and readers (`torch.save`/`torch.load`,
-`safetensors.torch`, Lightning's TorchCheckpointIO, the HF Trainer's `_save_checkpoint`).
+optimizer wrapped by accelerate or Lightning alike), the forward of the modules called at top level
+(found by torch's global module forward hooks until a step ends, then timed by their class's own
+`__call__`, `root_call`: no module call, submodules included, takes `Module._call_impl`'s slow path),
+`torch.autograd.backward`, DataLoader iterators' `__next__`, `Module.train`, and the checkpoint
+writers and readers (`torch.save`/`torch.load`, `safetensors.torch`, Lightning's TorchCheckpointIO,
+the HF Trainer's `_save_checkpoint`).
 
 A forward is an evaluation forward when grad is off, or when the module run is in eval mode —
 a wrapper (DistributedDataParallel) left in eval mode around a module in train mode runs a
@@ -26,7 +28,6 @@ import os
 import sys
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -198,7 +199,8 @@ class TorchHooks:
             (self._mark_begin, self._mark_end),
         )
         self.forward_depth = self.train_depth = 0
-        self.roots: weakref.WeakSet = weakref.WeakSet()  # the modules called at top level, timed by `root_call`
+        # the classes of the modules called at top level, timed by `root_call`: their own `__call__` (or None)
+        self.timed_classes: dict[type, Callable | None] = {}
         self.discovery: list[Any] = []  # torch's global forward hooks' handles, while `discover` runs
         self.on_step: Callable[[int, float], None] | None = None  # the machine's, while discovering
         self.untimed_roots = False  # a top-level module with a call of its own: discovery never ends
@@ -305,34 +307,31 @@ class TorchHooks:
         return self.torch.is_grad_enabled() and (module.training or self._wrapper_training(module))
 
     def _time_root(self, module: Any) -> None:
-        """`module`, called at top level, timed from its next call on by its own `root_call`: torch
-        calls a module's `_compiled_call_impl` when set (`Module.compile()` sets it; its compiled
-        call is then the one timed). An instance attribute, never pickled nor deep-copied
-        (`Module.__getstate__` drops it); torch.compile's tracing goes to `forward`, past it."""
-        torch = self.torch
-        if (
-            module in self.roots  # timed already, yet its call went past `root_call`
-            or type(module)._wrapped_call_impl is not torch.nn.Module._wrapped_call_impl
-            or isinstance(module, torch.jit.ScriptModule)
-        ):
-            self.untimed_roots = True  # a module whose call is not torch's: the global hooks stay on
+        """`module`, called at top level: its class's calls timed from now on by `root_call`, set
+        as the class's `__call__` (a class attribute: never pickled nor deep-copied with a
+        module, and a DataParallel replica or a copy calls it as itself). Any other instance of the
+        class called at top level is timed alike (a loss module built anew at each step)."""
+        cls = type(module)
+        if cls in self.timed_classes or isinstance(module, self.torch.jit.ScriptModule):
+            # timed already, yet this call went past `root_call` (a call of its own): the global hooks stay on
+            self.untimed_roots = True
             return
-        own = module.__dict__
-        inner = own.get("_compiled_call_impl")
-        own["_compiled_call_impl"] = self.root_call(module, inner if inner is not None else module._call_impl)
-        own["_compiled_call_impl"].dlscope_inner = inner
-        self.roots.add(module)
+        own = cls.__dict__.get("__call__")  # the class's own `__call__` (OptimizedModule's); None: inherited
+        self.timed_classes[cls] = own
+        cls.__call__ = self.root_call(cls, own)
 
-    def root_call(self, module: Any, inner: Callable) -> Callable:
+    def root_call(self, cls: type, own: Callable | None) -> Callable:
         """A top-level module's call, timed as the step's forward (or an evaluation forward): one
         frame in place of torch's global hooks, which send every module call, submodules
         included, through `Module._call_impl`'s slow path (~20,000 instructions a call)."""
         hooks, machine, trial, clock = self, self.machine, self.trial, time.time
-        # torch.compile's tracing goes past a module's call to its forward, unless hooks are on it
-        # (then it is traced, and this reads True): one Python frame, `is_compiling` two
+        # torch.compile's tracing sees this call (the class's `__call__` is not torch's): it reads
+        # True there, and the call passes on untouched (one Python frame; `is_compiling` is two)
         is_tracing, grad_enabled = self.torch.compiler.is_dynamo_compiling, self.torch.is_grad_enabled
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            # the call it replaces, looked up now (torch.fx patches `Module.__call__` while it traces)
+            inner = super(cls, module).__call__ if own is None else own.__get__(module)
             if hooks.forward_depth or is_tracing():  # inside another timed call, or traced
                 return inner(*args, **kwargs)
             hooks.forward_depth = 1
@@ -353,6 +352,7 @@ class TorchHooks:
                 replaced = trial.forward_end(output)  # autocast left even when the forward raised
             return output if replaced is None else replaced
 
+        call.__qualname__ = f"{cls.__qualname__}.__call__"
         return call
 
     def _wrapper_training(self, module: Any) -> bool:
@@ -452,7 +452,7 @@ class TorchHooks:
     def step_hooks(self, torch: Any) -> Callable[[], None]:
         """Install what a training step runs through (the optimizer's step hooks, the timed
         backward, the modules' forward found by `discover`); returns the function that removes them
-        (and the roots' timed calls)."""
+        (and the timed calls of the modules' classes)."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         handles = [
@@ -467,14 +467,12 @@ class TorchHooks:
             for handle in handles:
                 handle.remove()
             self._discovered_all()
-            for module in list(self.roots):
-                own = module.__dict__
-                inner = getattr(own.get("_compiled_call_impl"), "dlscope_inner", False)
-                if inner is None:
-                    del own["_compiled_call_impl"]
-                elif inner is not False:
-                    own["_compiled_call_impl"] = inner
-            self.roots.clear()
+            for cls, own in self.timed_classes.items():
+                if own is None:
+                    del cls.__call__  # type: ignore[attr-defined]
+                else:
+                    cls.__call__ = own  # type: ignore[method-assign]
+            self.timed_classes.clear()
             torch.autograd.backward = backward
 
         return remove
