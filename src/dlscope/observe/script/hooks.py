@@ -280,8 +280,8 @@ class TorchHooks:
         return _wrap(next_, self.loader_next)
 
     def forward_pre(self, module: Any, args: Any) -> None:
-        """torch's global forward pre-hook, while discovering: an outermost call starts (its module
-        gets a timed call of its own, `root_call`, from its next call on)."""
+        """torch's global forward pre-hook, while discovering: an outermost call starts (its
+        module's class gets a timed `__call__` of its own, `root_call`, from its next call on)."""
         if self.forward_depth:  # a submodule: one compare, nothing else
             self.forward_depth += 1
             return
@@ -479,7 +479,8 @@ class TorchHooks:
 
     def discover(self) -> None:
         """Watch every module call (torch's global forward hooks, which time the outermost) until
-        the next step ends; each module called at top level meanwhile gets its own timed call.
+        the next step ends; the class of each module called at top level meanwhile gets its own
+        timed call.
         Called at attach, when an optimizer is created and when `Module.train()`/`eval()` changes a
         module's mode: a model, a loss module or an evaluation model first called later is found there."""
         if self.discovery:

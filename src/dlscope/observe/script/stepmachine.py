@@ -311,11 +311,7 @@ class StepMachine:
         self.parts.append([FORWARD, now, 0.0])
 
     def forward_end(self, now: float) -> None:
-        parts = self.parts
-        if len(parts) == 1 and parts[0][0] == FORWARD:  # the one part open, as in most steps
-            self._close(FORWARD, now)
-            return
-        for part in parts:
+        for part in self.parts:
             if part[0] == FORWARD:
                 self._close(FORWARD, now)
                 return
