@@ -12,6 +12,8 @@ module's forward and a tiny backward + optimizer step, timed in bursts, bare and
 With --tiny-steps N (issue 23's Done-when: 200,000): a tiny loop (Linear 16→4, batch 32, SGD,
 1 thread) bare and under `dlscope run --profile-steps 0`, in interleaved pairs; each run times its
 own loop, so (observed − bare) / N is the always-on cost per step.
+With --instructions N: machine instructions per tiny step under valgrind's callgrind, bare and
+through the hooks (and --baseline's): counts, which a loaded machine does not blur.
 With --long-steps N (1,000,000): one `dlscope run` of N minimal steps (an optimizer step on one
 parameter); the run directory's size, results.json's size, dlscope's own peak RSS (its
 RUSAGE_SELF, the command not included) and the seconds from the job's last step to the report.
@@ -19,6 +21,7 @@ RUSAGE_SELF, the command not included) and the seconds from the job's last step 
     .venv/bin/python benchmarks/run_overhead.py [--rounds 3] [--train 1920] [--epochs 1] [--skip-script]
     .venv/bin/python benchmarks/run_overhead.py --skip-script --step-rounds 0 --tiny-steps 200000 --long-steps 1000000
     .venv/bin/python benchmarks/run_overhead.py --skip-script --rounds 0 --tiny-steps 20000 --baseline /work/main
+    .venv/bin/python benchmarks/run_overhead.py --skip-script --rounds 0 --ops --instructions 300 --baseline /work/main
 """
 
 from __future__ import annotations
@@ -262,6 +265,73 @@ def count_ops(steps: int = 50) -> None:
     print("  " + ", ".join(f"{k} {hooked_ops[k]:.0f}" for k in functions))
 
 
+# a tiny step run under callgrind, counted only over the timed steps (callgrind_control toggles the
+# counting on and off from outside the loop): bare, or through a scratch observer as `--ops` drives it
+COUNTED_STEPS = """
+import os, subprocess, sys, tempfile
+import torch
+torch.set_num_threads(1)
+model, x = torch.nn.Linear(16, 4), torch.randn(32, 16)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+def step():
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    optimizer.step()
+if sys.argv[1] == "hooked":
+    from dlscope.observe.hang.live import LiveStatus
+    from dlscope.observe.script.hooks import TorchHooks
+    from dlscope.observe.script.records import RecordFile
+    scratch = tempfile.mkdtemp()
+    hooks = TorchHooks(RecordFile(scratch), (1, 0, 0, 0))
+    hooks.torch, hooks.is_compiling = torch, torch.compiler.is_compiling
+    hooks.machine.on_step = LiveStatus(scratch, None).step_ended
+    hooks.machine.memory = None  # read every 100 ms: under valgrind that is every few steps
+    hooks.step_hooks(torch)
+for _ in range(20):
+    step()
+subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True)
+for _ in range(int(sys.argv[2])):
+    step()
+subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], capture_output=True)
+"""
+
+
+def count_instructions(steps: int, baseline: Path | None) -> None:
+    """Machine instructions per tiny step (valgrind's callgrind): bare, through this checkout's
+    hooks and, with `baseline`, through that checkout's. Counts, the same at any load; the hooks'
+    Python runs at fewer instructions a nanosecond than torch's kernels, so read ratios, not µs."""
+    import re
+    import shutil
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    arms = {"bare": ("bare", None), "dlscope run": ("hooked", Path(__file__).resolve().parent.parent / "src")}
+    if baseline is not None:
+        arms["baseline run"] = ("hooked", baseline / "src")
+    per_step = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for arm, (mode, src) in arms.items():
+            env = dict(os.environ)
+            if src is not None:
+                env["PYTHONPATH"] = os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])
+            out = Path(tmp) / f"callgrind-{len(per_step)}"
+            argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+            done = subprocess.run(
+                [*argv, sys.executable, "-c", COUNTED_STEPS, mode, str(steps)], capture_output=True, text=True, env=env
+            )
+            collected = re.search(r"Collected : (\d+)", done.stderr)
+            if collected is None:
+                raise SystemExit(f"callgrind counted nothing for {arm}: {done.stderr[-500:]}")
+            per_step[arm] = int(collected.group(1)) / steps
+    bare = per_step["bare"]
+    print(
+        f"instructions per tiny step ({steps} steps counted): "
+        + ", ".join(
+            f"{arm} {n:,.0f}" + (f" ({n - bare:+,.0f})" if arm != "bare" else "") for arm, n in per_step.items()
+        )
+    )
+
+
 def long_run(steps: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out, ended = Path(tmp) / "long", Path(tmp) / "ended"
@@ -292,10 +362,15 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3, help="interleaved rounds of --tiny-steps runs")
     parser.add_argument("--baseline", type=Path, help="another checkout: its `dlscope run` in each round too")
     parser.add_argument("--ops", action="store_true", help="bytecodes and calls per tiny step (counts, not times)")
+    parser.add_argument(
+        "--instructions", type=int, default=0, help="tiny steps counted in instructions under valgrind (300 will do)"
+    )
     parser.add_argument("--long-steps", type=int, default=0, help="steps of the long run (size, RSS, report time)")
     args = parser.parse_args()
     if args.ops:
         count_ops()
+    if args.instructions:
+        count_instructions(args.instructions, args.baseline)
     if args.tiny_steps:
         tiny_steps(args.tiny_steps, args.pairs, args.baseline)
     if args.long_steps:

@@ -27,6 +27,8 @@ class Records:
 class Profiler:
     """Labels the next step as torch's schedule would: wait 0, warmup 1, active 2, from step 1."""
 
+    idle_until = float("-inf")  # asked at every step end
+
     def __init__(self) -> None:
         self.calls: list[int] = []
 

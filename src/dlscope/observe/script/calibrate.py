@@ -1,8 +1,8 @@
 """dlscope's own cost per step, measured in the observed process at attach, on the code path a real
 step takes: a tiny real training step (a Linear module's forward, `backward()`, an SGD step), run
 bare and through the hooks, in interleaved bursts. The hooked bursts go through a scratch observer
-(the same class, with the same hooks registered the same way — torch's global module hooks and
-their slow `_call_impl` path, the timed `torch.autograd.backward`, the optimizer's hook dispatch —
+(the same class, with the same hooks registered the same way — the module's timed call found on
+a first step, the timed `torch.autograd.backward`, the optimizer's hook dispatch —
 its records and live status file in a temporary directory), so the figure holds everything torch
 does to reach the hooks, the step machine, the step's row and the live file's update.
 
@@ -10,9 +10,10 @@ Recorded as {"k": "calibration", "per_step_us", "loader_us", "steps"}: `per_step
 hooked step's time minus the bare step's (the median over ROUNDS pairs of bursts run back to
 back, in the thread's CPU time); `loader_us` the cost of the timed DataLoader `__next__` per batch (a batch drawn from a
 DataLoader pays it on top), measured alike on a trivial `__next__`. The report takes
-`per_step_us` out of every share and shows it. A model with many modules pays torch's slow path
-once more per extra module call (~1–2 µs each; the hooks return at once below the outermost
-call); a one-module step does not measure that.
+`per_step_us` out of every share and shows it. Submodules cost nothing (one Python frame each
+when they share the class of a module called at top level): only those are timed, so a one-module
+step measures what a large model pays (the global hooks' calls on a first step, and on the step
+after a new optimizer or a `train()`/`eval()` that changes a mode, aside).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def per_step_us(observer_class: type, torch: Any) -> tuple[float, float]:
                         bare.append(_burst(step))
                         remove = observer.step_hooks(torch)
                         try:
+                            step()  # the module called at top level found (a job's first step), untimed
                             hooked.append(_burst(step))
                         finally:
                             remove()

@@ -7,10 +7,12 @@ until the script imports it (a finder on sys.meta_path calls `attach_torch` righ
 module is executed — not when something merely asks `importlib.util.find_spec("torch")`).
 
 What feeds the machine: the global optimizer step hooks (torch.optim, GradScaler.step, LBFGS, an
-optimizer wrapped by accelerate or Lightning alike), the global module forward hooks (the outermost
-call only: one integer compare per submodule), `torch.autograd.backward`, DataLoader iterators'
-`__next__`, `Module.train`, and the checkpoint writers and readers (`torch.save`/`torch.load`,
-`safetensors.torch`, Lightning's TorchCheckpointIO, the HF Trainer's `_save_checkpoint`).
+optimizer wrapped by accelerate or Lightning alike), the forward of the modules called at top level
+(found by torch's global module forward hooks until a step ends, then timed by their class's own
+`__call__`, `root_call`: no module call, submodules included, takes `Module._call_impl`'s slow path),
+`torch.autograd.backward`, DataLoader iterators' `__next__`, `Module.train`, and the checkpoint
+writers and readers (`torch.save`/`torch.load`, `safetensors.torch`, Lightning's TorchCheckpointIO,
+the HF Trainer's `_save_checkpoint`).
 
 A forward is an evaluation forward when grad is off, or when the module run is in eval mode —
 a wrapper (DistributedDataParallel) left in eval mode around a module in train mode runs a
@@ -66,10 +68,12 @@ class LateProfiler:
         self.delivered = 0  # windows written so far (names their trace files)
         self.next_check = 0.0  # when to look for a request next
         self.done = False  # True: no window will start any more (a forked child)
+        self.idle_until = float("-inf")  # the step machine asks again from then on (StepProfiler)
 
     def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
         if self.prof is None:
             if self.done:
+                self.idle_until = float("inf")
                 return None, None
             if self.scheduled and index + 1 >= self.start_after:
                 self.scheduled = False
@@ -78,6 +82,8 @@ class LateProfiler:
                 self.next_check = now + REQUEST_EVERY_S
                 request = take_request(self.records.directory, self.records.pid)
                 if request is None:
+                    if not self.scheduled:  # nothing to do before the next look for a request
+                        self.idle_until = self.next_check
                     return None, None
                 self.records.write({"k": "profile_taken", "request": request.get("id"), "step": index, "ts": now})
                 self._start({"trigger": "attach", "request": request.get("id")}, 0, 1, request["steps"])
@@ -89,6 +95,7 @@ class LateProfiler:
                 if self.window.get("delivered") or self._over_budget(now):
                     self.prof.stop()  # over budget: delivers the active steps recorded so far
                     self.prof = None
+                    self.idle_until = self.next_check
                     return None, None
         return self._label(index + 1)
 
@@ -114,7 +121,7 @@ class LateProfiler:
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
 
-        self.window, self.window_start = window, None
+        self.window, self.window_start, self.idle_until = window, None, float("-inf")
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             activities.append(ProfilerActivity.CUDA)
@@ -135,7 +142,7 @@ class LateProfiler:
             with _quiet():
                 self.prof.stop()
             self.prof = None
-        self.done = True
+        self.done, self.idle_until = True, float("inf")
 
     def _ready(self, prof: Any) -> None:
         from torch.autograd import DeviceType
@@ -192,6 +199,11 @@ class TorchHooks:
             (self._mark_begin, self._mark_end),
         )
         self.forward_depth = self.train_depth = 0
+        # the classes of the modules called at top level, timed by `root_call`: their own `__call__` (or None)
+        self.timed_classes: dict[type, Callable | None] = {}
+        self.discovery: list[Any] = []  # torch's global forward hooks' handles, while `discover` runs
+        self.on_step: Callable[[int, float], None] | None = None  # the machine's, while discovering
+        self.untimed_roots = False  # a top-level module with a call of its own: discovery never ends
         self.batches: batches.BatchRecorder | None = None  # the batch x-ray, once torch is attached
         self.trial: Any = None  # a `dlscope doctor` trial's change and stop (observe/script/trial.py)
 
@@ -268,17 +280,18 @@ class TorchHooks:
         return _wrap(next_, self.loader_next)
 
     def forward_pre(self, module: Any, args: Any) -> None:
+        """torch's global forward pre-hook, while discovering: an outermost call starts (its
+        module's class gets a timed `__call__` of its own, `root_call`, from its next call on)."""
         if self.forward_depth:  # a submodule: one compare, nothing else
             self.forward_depth += 1
             return
         if self.is_compiling():
             return
         self.forward_depth = 1
-        now = time.time()
-        training = self.torch.is_grad_enabled() and (module.training or self._wrapper_training(module))
-        self.machine.forward_begin(now, training)
+        self.machine.forward_begin(time.time(), self._training(module))
         if self.trial is not None:
             self.trial.forward_begin()
+        self._time_root(module)
 
     def forward_post(self, module: Any, args: Any, output: Any) -> Any:
         if self.forward_depth > 1:
@@ -289,6 +302,58 @@ class TorchHooks:
         self.forward_depth = 0
         self.machine.forward_end(time.time())
         return self.trial.forward_end(output) if self.trial is not None else None
+
+    def _training(self, module: Any) -> bool:
+        return self.torch.is_grad_enabled() and (module.training or self._wrapper_training(module))
+
+    def _time_root(self, module: Any) -> None:
+        """`module`, called at top level: its class's calls timed from now on by `root_call`, set
+        as the class's `__call__` (a class attribute: never pickled nor deep-copied with a
+        module, and a DataParallel replica or a copy calls it as itself). Any other instance of the
+        class called at top level is timed alike (a loss module built anew at each step)."""
+        cls = type(module)
+        if cls in self.timed_classes or isinstance(module, self.torch.jit.ScriptModule):
+            # timed already, yet this call went past `root_call` (a call of its own): the global hooks stay on
+            self.untimed_roots = True
+            return
+        own = cls.__dict__.get("__call__")  # the class's own `__call__` (OptimizedModule's); None: inherited
+        self.timed_classes[cls] = own
+        cls.__call__ = self.root_call(cls, own)
+
+    def root_call(self, cls: type, own: Callable | None) -> Callable:
+        """A top-level module's call, timed as the step's forward (or an evaluation forward): one
+        frame in place of torch's global hooks, which send every module call, submodules
+        included, through `Module._call_impl`'s slow path (~20,000 instructions a call)."""
+        hooks, machine, trial, clock = self, self.machine, self.trial, time.time
+        # torch.compile's tracing sees this call (the class's `__call__` is not torch's): it reads
+        # True there, and the call passes on untouched (one Python frame; `is_compiling` is two)
+        is_tracing, grad_enabled = self.torch.compiler.is_dynamo_compiling, self.torch.is_grad_enabled
+
+        def call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            # the call it replaces, looked up now (torch.fx patches `Module.__call__` while it traces)
+            inner = super(cls, module).__call__ if own is None else own.__get__(module)
+            if hooks.forward_depth or is_tracing():  # inside another timed call, or traced
+                return inner(*args, **kwargs)
+            hooks.forward_depth = 1
+            machine.forward_begin(clock(), grad_enabled() and (module.training or hooks._wrapper_training(module)))
+            if trial is None:
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    hooks.forward_depth = 0
+                    machine.forward_end(clock())
+            trial.forward_begin()
+            output = None
+            try:
+                output = inner(*args, **kwargs)
+            finally:
+                hooks.forward_depth = 0
+                machine.forward_end(clock())
+                replaced = trial.forward_end(output)  # autocast left even when the forward raised
+            return output if replaced is None else replaced
+
+        call.__qualname__ = f"{cls.__qualname__}.__call__"
+        return call
 
     def _wrapper_training(self, module: Any) -> bool:
         """A module in eval mode around one in train mode: a DDP-style wrapper runs `module`."""
@@ -341,6 +406,7 @@ class TorchHooks:
 
     def optimizer_init(self, init_: Callable, *args: Any, **kwargs: Any) -> Any:
         self.machine.optimizer_created()
+        self.discover()  # the model it trains may not have been called yet
         return init_(*args, **kwargs)
 
     def module_train(self, train_: Callable, module: Any, mode: bool = True) -> Any:
@@ -348,6 +414,8 @@ class TorchHooks:
         try:
             if self.train_depth == 1 and not self.is_compiling():
                 self.machine.train_mode(time.time(), bool(mode))
+                if module.training != bool(mode):  # not at every step's train() (the HF Trainer's)
+                    self.discover()  # an epoch or an evaluation starts: a module first called there is found
             return train_(module, mode)
         finally:
             self.train_depth -= 1
@@ -382,26 +450,63 @@ class TorchHooks:
 
     # attaching -------------------------------------------------------------------------------
     def step_hooks(self, torch: Any) -> Callable[[], None]:
-        """Install what a training step runs through (the optimizer's step hooks, the global
-        module forward hooks, the timed backward); returns the function that removes them."""
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        """Install what a training step runs through (the optimizer's step hooks, the timed
+        backward, the modules' forward found by `discover`); returns the function that removes them
+        (and the timed calls of the modules' classes)."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         handles = [
             register_optimizer_step_pre_hook(self.optimizer_pre),
             register_optimizer_step_post_hook(self.optimizer_post),
-            register_module_forward_pre_hook(self.forward_pre),
-            register_module_forward_hook(self.forward_post, always_call=True),
         ]
         backward = torch.autograd.backward
         torch.autograd.backward = self.timed_backward(backward)
+        self.discover()
 
         def remove() -> None:
             for handle in handles:
                 handle.remove()
+            self._discovered_all()
+            for cls, own in self.timed_classes.items():
+                if own is None:
+                    del cls.__call__  # type: ignore[attr-defined]
+                else:
+                    cls.__call__ = own  # type: ignore[method-assign]
+            self.timed_classes.clear()
             torch.autograd.backward = backward
 
         return remove
+
+    def discover(self) -> None:
+        """Watch every module call (torch's global forward hooks, which time the outermost) until
+        the next step ends; the class of each module called at top level meanwhile gets its own
+        timed call.
+        Called at attach, when an optimizer is created and when `Module.train()`/`eval()` changes a
+        module's mode: a model, a loss module or an evaluation model first called later is found there."""
+        if self.discovery:
+            return
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        self.discovery = [
+            register_module_forward_pre_hook(self.forward_pre),
+            register_module_forward_hook(self.forward_post, always_call=True),
+        ]
+        self.on_step, self.machine.on_step = self.machine.on_step, self._step_discovered
+
+    def _step_discovered(self, steps: int, now: float) -> None:
+        """The first step end since `discover`: the modules called at top level are timed on their own."""
+        on_step = self.on_step
+        if not self.untimed_roots:
+            self._discovered_all()
+        if on_step is not None:
+            on_step(steps, now)
+
+    def _discovered_all(self) -> None:
+        if self.discovery:
+            for handle in self.discovery:
+                handle.remove()
+            self.discovery = []
+            self.machine.on_step = self.on_step
 
     def attach_torch(self, torch: Any) -> None:
         from torch.utils.data import dataloader
@@ -409,6 +514,8 @@ class TorchHooks:
         calibrate.record(self, torch)  # dlscope's own cost per step, measured here, once, before any hook
         self.torch = torch
         self.is_compiling = torch.compiler.is_compiling
+        # the live status file's step counter, bound now: the agent (installed before) has bound it
+        self.machine.on_step = hang.step_ended if self.trial is None else self._step_ended
         self.step_hooks(torch)
         torch.optim.Optimizer.__init__ = _wrap(torch.optim.Optimizer.__init__, self.optimizer_init)
         iterator = dataloader._BaseDataLoaderIter
@@ -419,8 +526,6 @@ class TorchHooks:
         self.batches = batches.attach(torch, self.records.directory, _wrap)
         if self.trial is not None:
             self.trial.attach(torch)
-        # the live status file's step counter, bound now: the agent (installed before) has bound it
-        self.machine.on_step = hang.step_ended if self.trial is None else self._step_ended
 
     def attach_safetensors(self, module: Any) -> None:
         module.save_file = _wrap(module.save_file, functools.partial(self.checkpoint, "checkpoint_save", 1))

@@ -73,6 +73,8 @@ STEP_ROW = (
     ("flags", "B", "u1"),
 )
 STEP_STRUCT = struct.Struct("<" + "".join(code for _, code, _ in STEP_ROW))
+ROW_BYTES = STEP_STRUCT.size
+_pack_step = STEP_STRUCT.pack_into  # bound once: the hot path's row
 STEPS_WINDOW = 1 << 16  # bytes of the step file mapped at a time (~1,100 rows; its pages count in the RSS)
 CODES: dict[str, tuple[str | None, ...]] = {
     "src": ("optimizer", "backward"),
@@ -163,18 +165,18 @@ class RecordFile:
         pos = self.steps_pos
         if pos > self.steps_room:  # the window is full, or no step file yet
             pos = self._next_window()
-        STEP_STRUCT.pack_into(
+        _pack_step(
             self.steps_map,  # type: ignore[arg-type]
             pos,
             i,
-            tid or 0,
+            tid,
             start,
             end - start,
             data,
             forward,
             backward,
             optimizer,
-            profiler_seconds or 0.0,
+            profiler_seconds,
             NONE_U4 if peak_rss is None else _kib(peak_rss),
             NONE_U4 if peak_cuda is None else _kib(peak_cuda),
             NONE_U4 if profiler_step is None else profiler_step,
@@ -184,7 +186,7 @@ class RecordFile:
             _PROFILED[profiled],
             0,
         )
-        self.steps_pos = pos + STEP_STRUCT.size
+        self.steps_pos = pos + ROW_BYTES
 
     def _next_window(self) -> int:
         """Map the STEPS_WINDOW bytes from the page holding the file's logical end (the step file

@@ -27,6 +27,7 @@ step, and "other" is the rest.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -57,21 +58,21 @@ STEP_ARGS = (
 MEMORY_INTERVAL_S = 0.1  # peak memory read at most this often: a /proc read costs ~10 µs
 
 
-_this_thread = threading.local()  # its native id, asked of the kernel once per thread
-
-
-def native_thread_id() -> int:
+class _ThreadId(threading.local):
     """The kernel's id of the calling thread: `threading.get_native_id` is a system call (~1 µs in
-    a VM), asked once per thread and kept in the thread's own storage (gone with the thread)."""
-    try:
-        return _this_thread.tid
-    except AttributeError:
-        _this_thread.tid = threading.get_native_id()
-        return _this_thread.tid
+    a VM), asked once per thread (a `threading.local` runs `__init__` at a thread's first use)."""
+
+    def __init__(self) -> None:
+        self.tid = threading.get_native_id()
+
+
+_this_thread = _ThreadId()
+# read with no Python frame (a partial of a builtin): the step machine asks it at every step end
+native_thread_id: Callable[[], int] = functools.partial(getattr, _this_thread, "tid")
 
 
 def _forget_thread_id() -> None:
-    _this_thread.__dict__.clear()  # a forked child's one thread has an id of its own
+    _this_thread.tid = threading.get_native_id()  # a forked child's one thread has an id of its own
 
 
 os.register_at_fork(after_in_child=_forget_thread_id)
@@ -87,8 +88,14 @@ class Sink(Protocol):
         ...
 
 
+NOT_PROFILED = (None, None)
+
+
 class StepProfiler(Protocol):
-    """Driven at each primary step end; says how the step that starts next is profiled."""
+    """Driven at each primary step end; says how the step that starts next is profiled. Not
+    asked before `idle_until` (a time: the steps until then are not profiled)."""
+
+    idle_until: float
 
     def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
         """(label: wait|warmup|active|None, the profiler's own step number: ProfilerStep#N)."""
@@ -98,6 +105,8 @@ class StepProfiler(Protocol):
 
 
 class NoProfiler:
+    idle_until = float("inf")
+
     def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
         return None, None
 
@@ -162,8 +171,8 @@ class StepMachine:
         self.totals = [0.0, 0.0, 0.0, 0.0]
         self.backwards = self.batches = 0
         self.optimizer_depth = 0
-        self.next_profiled: tuple[str | None, int | None] = (None, None)
-        self.last_memory = float("-inf")
+        self.next_profiled: tuple[str | None, int | None] = NOT_PROFILED
+        self.next_memory = float("-inf")  # when peak memory is read next
 
     # phases ----------------------------------------------------------------------------------
     def begin(self, name: str, now: float, file: str | None = None) -> None:
@@ -236,6 +245,13 @@ class StepMachine:
         if self.in_eval:
             self.eval_end(now)
         if self.idle:
+            if self.unworked and self.steps["optimizer"] is not None:  # a step's first work (most steps)
+                self.idle = self.unworked = self.attention = False
+                for step in self.live:
+                    step.fresh = False
+                    if step.first_work is None:
+                        step.first_work = now
+                return
             self.activity(now)
         if self.unworked:
             self.unworked = False
@@ -247,6 +263,12 @@ class StepMachine:
     def _close(self, part: int, now: float) -> None:
         """Close the innermost open `part` (and anything a lost event left open inside it)."""
         parts = self.parts
+        if len(parts) == 1 and parts[0][0] == part:  # the one part open, as in most steps
+            _, start, inner = parts.pop()
+            spent = now - start - inner
+            if spent > 0.0:
+                self.totals[part] += spent
+            return
         while parts:
             closed, start, inner = parts.pop()
             spent = now - start
@@ -366,20 +388,22 @@ class StepMachine:
         step = self.steps[src]
         if step is None:
             return
-        primary = src == "optimizer" or not self.has_optimizer
-        index = self.counts[src]
-        self.counts[src] = index + 1
+        counts = self.counts
+        index = counts[src]
+        counts[src] = index + 1
         peak_rss = peak_cuda = None
         profiled = profiler_step = None
         resumed = now
-        if primary:
-            if self.memory is not None and now - self.last_memory >= MEMORY_INTERVAL_S:
-                peak_rss, peak_cuda = self.memory()
-                self.last_memory = now
+        if src == "optimizer" or not self.has_optimizer:  # the primary stream
+            if now >= self.next_memory:
+                self.next_memory = now + MEMORY_INTERVAL_S
+                if self.memory is not None:
+                    peak_rss, peak_cuda = self.memory()
             profiled, profiler_step = self.next_profiled
             if index == 0:
                 self._switch("first_batch", "train_steps", now)
-            self.next_profiled = self.profiler.after_step(index, now)
+            profiler = self.profiler
+            self.next_profiled = profiler.after_step(index, now) if now >= profiler.idle_until else NOT_PROFILED
             if self.on_step is not None:
                 self.on_step(index + 1, now)
             resumed = self.clock()  # after dlscope's own work at this step end
@@ -409,9 +433,9 @@ class StepMachine:
             resumed - now,
             self.thread_id(),
         )
-        fresh = StepParts(resumed, totals, self.backwards, self.batches)
-        self.steps[src] = fresh
-        self.live[self.live.index(step)] = fresh
+        # the next step of this stream, in the same object (`steps` and `live` hold it)
+        step.start, step.totals, step.backwards, step.batches = resumed, totals[:], self.backwards, self.batches
+        step.first_work, step.fresh = None, True
         self.idle = self.unworked = self.attention = True
 
     def finish(self, now: float, torch_attached: bool) -> None:
