@@ -10,10 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
 
+from dlscope.errors import Interrupted, interrupts_delivered, raise_interrupted
 from dlscope.observe.iotrace.tracer import availability
 
 BACKENDS = [
@@ -81,3 +83,25 @@ def test_interrupt_stops_tracer_and_command(tmp_path, backend, signum, moment):
     assert processes_mentioning(str(script)) == [], "the traced command outlived dlscope"
     assert processes_mentioning(str(run)) == [], "a tracer outlived dlscope"
     assert not list(run.rglob(".dlscope-tmp-*"))
+
+
+def test_an_interrupt_raised_where_python_ignores_exceptions_is_delivered_again():
+    """A signal whose handler runs inside a weakref callback (the import lock's, as dlscope starts)
+    raises where Python only prints "Exception ignored": the signal must come again and stop the
+    run in ordinary code, never be lost."""
+
+    class Owner:
+        pass
+
+    owner = Owner()
+
+    def callback(_: weakref.ref) -> None:
+        raise_interrupted(signal.SIGTERM, None)  # as if SIGTERM arrived just then
+
+    ref = weakref.ref(owner, callback)
+    with pytest.raises(Interrupted) as caught, interrupts_delivered():
+        del owner  # the callback runs here and its exception is swallowed
+        deadline = time.monotonic() + 10  # the signal comes again within a moment
+        while time.monotonic() < deadline:
+            pass
+    assert caught.value.signum == signal.SIGTERM and ref() is None

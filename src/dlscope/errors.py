@@ -3,11 +3,15 @@ that dlscope ended: 124)."""
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import errno
 import signal
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 class DlscopeError(Exception):
@@ -103,6 +107,34 @@ def interrupt_signal(exc: KeyboardInterrupt) -> signal.Signals:
 def raise_interrupted(signum: int, frame: object) -> None:
     """SIGTERM handler: unwind like Ctrl-C, so runs record "interrupted" and tracers stop."""
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interrupts_delivered() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, and neither is ever lost. A signal's handler runs wherever the
+    main thread is, and raised inside a weakref callback (the import lock's, during start-up) or a
+    `__del__`, its exception is only printed as "Exception ignored" and the run goes on to its end:
+    there the signal is sent again, to be raised in ordinary code. Only in the main thread."""
+    previous_handler = signal.signal(signal.SIGTERM, raise_interrupted)
+    previous_hook = sys.unraisablehook
+
+    def redeliver(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            # from another thread, a moment later: marked pending from here, the handler would run
+            # at the next check, still inside this hook, and be ignored again
+            signum = interrupt_signal(unraisable.exc_value)
+            timer = threading.Timer(0.01, _thread.interrupt_main, (signum,))
+            timer.daemon = True
+            timer.start()
+        else:
+            previous_hook(unraisable)
+
+    sys.unraisablehook = redeliver
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous_hook
+        signal.signal(signal.SIGTERM, previous_handler)
 
 
 @contextlib.contextmanager

@@ -425,7 +425,7 @@ def child_main(argv: list[str]) -> int:
     """`python -m dlscope.runner PLAN_JSON` (--trace-io's traced child): run a plan into an existing
     run dir, no report. `… --rank PLAN_JSON`: one of torchrun's ranks trains the plan's train step."""
     from dlscope.console import console
-    from dlscope.errors import DlscopeError, raise_interrupted
+    from dlscope.errors import DlscopeError, interrupts_delivered
 
     if argv[0] == "--rank":
         from dlscope.observe.hang import agent
@@ -444,9 +444,9 @@ def child_main(argv: list[str]) -> int:
             print(f"dlscope: error: rank {os.environ.get('RANK')}: {e}", file=sys.stderr, flush=True)
             return 2
         return 0
-    signal.signal(signal.SIGTERM, raise_interrupted)  # the parent forwards the user's signal
     try:
-        run_command(plan_from_json(argv[0]), render=False)
+        with interrupts_delivered():  # the parent forwards the user's signal
+            run_command(plan_from_json(argv[0]), render=False)
     except DlscopeError as e:
         console.print(f"dlscope: error: {e}", markup=False)
         return getattr(e, "exit_status", 2)  # 124: the hang watchdog ended the training

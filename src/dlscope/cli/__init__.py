@@ -4,7 +4,7 @@ Each module here registers its subcommands; add a capability by adding a module 
 
 from __future__ import annotations
 
-import signal
+import contextlib
 import sys
 import threading
 from collections.abc import Sequence
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dlscope import __version__
 from dlscope.cli import attach, ckpt, diff, doctor, lab, pipeline, run, stacks, tools, trace, watch
 from dlscope.cli.common import Parser
-from dlscope.errors import DlscopeError, from_os_error, interrupt_signal, os_error_in, raise_interrupted
+from dlscope.errors import DlscopeError, from_os_error, interrupt_signal, interrupts_delivered, os_error_in
 
 COMMANDS = [lab, run, doctor, diff, stacks, attach, watch, trace, tools, ckpt, pipeline]
 
@@ -38,9 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(raw_argv)
     args.raw_argv = raw_argv
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, raise_interrupted) if in_main_thread else None
     try:
-        return args.func(args)
+        with interrupts_delivered() if in_main_thread else contextlib.nullcontext():
+            return args.func(args)
     except DlscopeError as e:
         return print_error(e)
     except KeyboardInterrupt as e:
@@ -52,6 +52,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cause is None:
             raise
         return print_error(from_os_error(cause, "write"))
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
