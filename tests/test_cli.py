@@ -53,8 +53,8 @@ def test_lab_end_to_end_writes_every_section_and_reads_at_80_columns(lab_run, tm
 
 
 def test_lab_steps_adds_the_steps_they_need_in_lab_order():
-    """--steps profile,checkpoint: checkpoint needs a trained model, so train joins the plan, and
-    nothing else (that the runner runs exactly the plan's steps: test_iotrace's traced lab)."""
+    """--steps checkpoint,profile: checkpoint needs a trained model, so train joins the plan, in lab
+    order, and nothing else (that the runner runs exactly the plan's steps: test_iotrace's traced lab)."""
     from dlscope.cli import build_parser
 
     steps = build_parser().parse_args(["lab", "--steps", "checkpoint,profile"]).steps
