@@ -28,7 +28,8 @@ def saved(tmp_path_factory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("dcp")
     directory = root / "ckpt"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    subprocess.run([*torchrun, str(SCRIPT), str(directory)], check=True, capture_output=True, timeout=300)
+    done = subprocess.run([*torchrun, str(SCRIPT), str(directory)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
     dcp_to_torch_save(directory, root / "reference.pt")
     return directory, torch.load(root / "reference.pt", weights_only=False)  # our own file, just written
 
