@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,6 +42,24 @@ def observe_script():
         return results, results["sections"]["run"]["exit_code"]
 
     return observe
+
+
+@pytest.fixture(scope="session")
+def lab_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`dlscope lab` with every step on a small configuration, once, in its own process at 80 columns:
+    (the run directory, the finished command). Tests read it and never change it."""
+    run = tmp_path_factory.mktemp("lab") / "lab"
+    tiny = ["--epochs", "1", "--train-subset", "3000", "--test-subset", "1000", "--batch-size", "100"]
+    tiny += ["--target-acc", "90", "--no-progress", "--profile-steps", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlscope.cli", "lab", "--out", str(run), *tiny],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return run, proc
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,8 @@ def saved(tmp_path_factory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("dcp")
     directory = root / "ckpt"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    subprocess.run([*torchrun, str(SCRIPT), str(directory)], check=True, capture_output=True, timeout=300)
+    done = subprocess.run([*torchrun, str(SCRIPT), str(directory)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
     dcp_to_torch_save(directory, root / "reference.pt")
     return directory, torch.load(root / "reference.pt", weights_only=False)  # our own file, just written
 
@@ -146,13 +147,23 @@ def test_ckpt_scan_judges_dcp_metadata_by_dcps_own_classes(saved, tmp_path, caps
     assert "subprocess.call" in capsys.readouterr().out and not (tmp_path / "ran").exists()
 
 
+TINY = ["--epochs", "1", "--train-subset", "256", "--test-subset", "100", "--no-progress", "--no-tensorboard"]
+
+
+@pytest.fixture(scope="module")
+def trained_dcp(tmp_path_factory) -> Path:
+    """A DCP checkpoint of the built-in job, written once; each test damages its own copy."""
+    first = tmp_path_factory.mktemp("dcp-train") / "first"
+    assert main(["train", "--ckpt-format", "dcp", *TINY, "--out", str(first)]) == 0
+    return (first / "checkpoints" / "last.dcp").resolve()
+
+
 @pytest.mark.parametrize("damage", ["remove_shard", "truncate_shard"])
-def test_resuming_a_damaged_dcp_checkpoint_is_one_line_and_creates_no_run(tmp_path, capsys, damage):
+def test_resuming_a_damaged_dcp_checkpoint_is_one_line_and_creates_no_run(trained_dcp, tmp_path, capsys, damage):
     """torch's DCP reader fails inside a collective with a BaseException and a traceback per rank;
     resume and verify check the directory first, as inspect does."""
-    tiny = ["--epochs", "1", "--train-subset", "256", "--test-subset", "100", "--no-progress", "--no-tensorboard"]
-    assert main(["train", "--ckpt-format", "dcp", *tiny, "--out", str(tmp_path / "first")]) == 0
-    directory = (tmp_path / "first" / "checkpoints" / "last.dcp").resolve()
+    directory = tmp_path / "last.dcp"
+    shutil.copytree(trained_dcp, directory)
     shard = next(directory.glob("*.distcp"))
     if damage == "remove_shard":
         shard.unlink()
@@ -160,7 +171,7 @@ def test_resuming_a_damaged_dcp_checkpoint_is_one_line_and_creates_no_run(tmp_pa
         shard.write_bytes(shard.read_bytes()[:100])
     capsys.readouterr()
     again = tmp_path / "again"
-    assert main(["train", "--resume", str(directory), "--epochs", "2", *tiny[2:], "--out", str(again)]) == 2
+    assert main(["train", "--resume", str(directory), "--epochs", "2", *TINY[2:], "--out", str(again)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(shard) in err[0], err
     assert not again.exists()

@@ -7,7 +7,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 import zipfile
 
 import pytest
@@ -17,6 +16,7 @@ from dlscope.checkpoint import save_checkpoint
 from dlscope.ckpt.diff import diff_checkpoints
 from dlscope.ckpt.inspect import inspect_checkpoint, tensor_stats
 from dlscope.ckpt.keras_seed import seed_mlp
+from dlscope.cli import main
 from dlscope.errors import CheckpointError
 from dlscope.models import build_model
 from dlscope.train import TrainConfig, rng_state
@@ -341,29 +341,28 @@ def test_diff_identical_changed_added_removed(tmp_path):
     assert bias["max_rel"] == pytest.approx(0.5 / abs(old), rel=1e-4)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dlscope.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "160"},
-    )
+def run_cli(capsys: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
+    """The CLI in this process (no interpreter start-up per command): its exit status and output."""
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["dlscope", *args], code, out, err)
 
 
 @pytest.mark.slow
-def test_cli_inspect_json_and_diff_exit_codes(tmp_path):
+def test_cli_inspect_json_and_diff_exit_codes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
     torch.save(trained_state(1), a)
     torch.save(trained_state(2), b)
-    shown = run_cli("ckpt", "inspect", str(a), "--stats")
+    shown = run_cli(capsys, "ckpt", "inspect", str(a), "--stats")
     assert shown.returncode == 0, shown.stderr
     assert "safe to torch.load" in shown.stdout and "model.conv1.0.weight" in shown.stdout
-    as_json = run_cli("ckpt", "inspect", str(a), "--json")
+    as_json = run_cli(capsys, "ckpt", "inspect", str(a), "--json")
     data = json.loads(as_json.stdout)
     assert data["totals"]["tensors"] == 24 and data["safe_to_load"] is True
-    assert run_cli("ckpt", "diff", str(a), str(a)).returncode == 0
-    differ = run_cli("ckpt", "diff", str(a), str(b))
+    assert run_cli(capsys, "ckpt", "diff", str(a), str(a)).returncode == 0
+    differ = run_cli(capsys, "ckpt", "diff", str(a), str(b))
     assert differ.returncode == 1 and "common tensors differ" in differ.stdout
 
 

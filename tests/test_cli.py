@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -12,39 +11,19 @@ from pathlib import Path
 
 import pytest
 
-TINY = [
-    "--epochs",
-    "1",
-    "--train-subset",
-    "3000",
-    "--test-subset",
-    "1000",
-    "--batch-size",
-    "100",
-    "--target-acc",
-    "90",
-    "--no-progress",
-    "--profile-steps",
-    "2",
-]
-
-
-def dlscope(*args: str, cwd: Path | None = None, columns: int = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": str(columns)}
-    return subprocess.run(
-        [sys.executable, "-m", "dlscope.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
-    )
-
 
 @pytest.mark.slow
-def test_lab_end_to_end_writes_every_section(tmp_path):
-    run = tmp_path / "lab"
-    proc = dlscope("lab", "--out", str(run), *TINY)
-    assert proc.returncode == 0, proc.stderr
-    assert "where everything is" in proc.stdout and "report.html" in proc.stdout
-    results = json.loads((run / "results.json").read_text())
+def test_lab_end_to_end_writes_every_section_and_reads_at_80_columns(lab_run, tmp_path, capsys):
+    from dlscope.cli import main
     from dlscope.cli.lab import LAB_STEPS
 
+    run, proc = lab_run  # tests/conftest.py: the lab with every step, at 80 columns
+    assert "where everything is" in proc.stdout and "report.html" in proc.stdout
+    # every line fits, but for the run's own paths in "where everything is": those are never cut
+    lines = [line for line in proc.stdout.splitlines() if str(run) not in line]
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    assert "convolution_backward" in proc.stdout and "…" not in proc.stdout
+    results = json.loads((run / "results.json").read_text())
     expected = LAB_STEPS
     assert results["steps"] == expected and results["run"]["status"] == "ok"
     html = (run / "report.html").read_text()
@@ -60,31 +39,26 @@ def test_lab_end_to_end_writes_every_section(tmp_path):
     assert results["sections"]["checkpoint"]["verify"]["ok"]
     assert (run / "profile" / "trace.json").is_file() and (run / "profile" / "top10_ops.csv").is_file()
     assert list((run / "tensorboard" / "test").glob("events.out.tfevents.*"))
-    # the report renders from results.json alone
-    for leftover in ("report.html", "report.md", "figures", "tensorboard", "profile", "checkpoints"):
-        target = run / leftover
-        shutil.rmtree(target) if target.is_dir() else target.unlink()
-    again = dlscope("report", str(run))
-    assert again.returncode == 0, again.stderr
-    assert (run / "report.html").read_text().count("<section id=") == len(expected)
 
-    # a checkpoint from the CLI verifies from the CLI (the full test set: a subset fingerprint must be refused)
-    proc = dlscope(
-        "train",
-        "--out",
-        str(tmp_path / "t"),
-        "--epochs",
-        "1",
-        "--train-subset",
-        "2000",
-        "--no-progress",
-        "--no-tensorboard",
-        "--target-acc",
-        "50",
-    )
-    assert proc.returncode == 0, proc.stderr
-    ok = dlscope("ckpt", "verify", str(tmp_path / "t" / "checkpoints" / "final.pt"))
-    assert ok.returncode == 0 and "identical predictions on 10,000" in ok.stdout
+    # a checkpoint from the CLI verifies from the CLI, on the test subset its fingerprint records
+    assert main(["ckpt", "verify", str(run / "checkpoints" / "final.pt")]) == 0
+    assert "identical predictions on 1,000 test images" in capsys.readouterr().out
+
+    # the report renders from results.json alone
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(run / "results.json", alone)
+    assert main(["report", str(alone)]) == 0
+    assert (alone / "report.html").read_text().count("<section id=") == len(expected)
+
+
+def test_lab_steps_adds_the_steps_they_need_in_lab_order():
+    """--steps checkpoint,profile: checkpoint needs a trained model, so train joins the plan, in lab
+    order, and nothing else (that the runner runs exactly the plan's steps: test_iotrace's traced lab)."""
+    from dlscope.cli import build_parser
+
+    steps = build_parser().parse_args(["lab", "--steps", "checkpoint,profile"]).steps
+    assert steps == ["train", "profile", "checkpoint"]
 
 
 def one_line_error(capsys, *argv: str) -> str:
@@ -123,11 +97,13 @@ def test_bad_files_are_one_line_errors(tmp_path, capsys):
     assert "no tensorboard/ directory" in one_line_error(capsys, "tensorboard", str(tmp_path))
 
 
-def test_data_verify_and_models(tmp_path):
-    proc = dlscope("data", "verify")
-    assert proc.returncode == 0 and "checksums verified" in proc.stdout
-    proc = dlscope("models")
-    assert proc.returncode == 0 and all(name in proc.stdout for name in ("cnn", "net", "lenet", "mlp"))
+def test_data_verify_and_models(capsys):
+    from dlscope.cli import main
+
+    assert main(["data", "verify"]) == 0 and "checksums verified" in capsys.readouterr().out
+    assert main(["models"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in ("cnn", "net", "lenet", "mlp"))
 
 
 @pytest.mark.slow
@@ -138,7 +114,13 @@ def test_train_interrupted_then_resumed_matches_uninterrupted(tmp_path):
 
     import torch
 
+    from dlscope.cli import main
+
+    # the uninterrupted and the resumed runs in this process, the interrupted one in its own (Ctrl-C);
+    # one thread in all three, so their float sums are the same whatever the host's core count
     args = [
+        "--threads",
+        "1",
         "--epochs",
         "2",
         "--train-subset",
@@ -154,8 +136,7 @@ def test_train_interrupted_then_resumed_matches_uninterrupted(tmp_path):
         "--model",
         "mlp",
     ]
-    straight = dlscope("train", "--out", str(tmp_path / "straight"), *args)
-    assert straight.returncode == 0, straight.stderr
+    assert main(["train", "--out", str(tmp_path / "straight"), *args]) == 0
 
     cut = tmp_path / "cut"
     proc = subprocess.Popen(
@@ -175,10 +156,8 @@ def test_train_interrupted_then_resumed_matches_uninterrupted(tmp_path):
     assert proc.returncode == 130 and "interrupted" in err
     assert json.loads((cut / "results.json").read_text())["run"]["status"] == "interrupted"
 
-    resumed = dlscope(
-        "train", "--out", str(tmp_path / "resumed"), "--resume", str(last), "--no-progress", "--no-tensorboard"
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = ["train", "--out", str(tmp_path / "resumed"), "--resume", str(last), "--threads", "1"]
+    assert main([*resumed, "--no-progress", "--no-tensorboard"]) == 0
     a = torch.load(tmp_path / "straight" / "checkpoints" / "final.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "resumed" / "checkpoints" / "final.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -269,20 +248,6 @@ def test_help_and_option_checks_import_no_torch():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
-
-
-@pytest.mark.slow
-def test_lab_steps_runs_only_those_steps_and_the_report_reads_at_80_columns(tmp_path):
-    run = tmp_path / "lab"
-    proc = dlscope("lab", "--steps", "profile,checkpoint", "--out", str(run), *TINY, columns=80)
-    assert proc.returncode == 0, proc.stderr
-    results = json.loads((run / "results.json").read_text())
-    # checkpoint needs a trained model, so train joins the plan; nothing else runs
-    assert results["steps"] == ["train", "profile", "checkpoint"]
-    # every line fits, but for the run's own paths in "where everything is": those are never cut
-    lines = [line for line in proc.stdout.splitlines() if str(run) not in line]
-    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
-    assert "convolution_backward" in proc.stdout and "…" not in proc.stdout
 
 
 def test_inspecting_files_that_are_not_torch_checkpoints_imports_no_torch(tmp_path):

@@ -157,19 +157,24 @@ def test_second_writer_is_refused_and_a_dead_holder_releases(tmp_path, capsys):
     assert json.loads((run / "results.json").read_text())["run"]["command"] == "train"
 
 
-def test_two_concurrent_runs_into_one_directory(tmp_path):
+def test_two_concurrent_runs_into_one_directory(tmp_path, capsys):
     run = tmp_path / "run"
-    common = [sys.executable, "-m", "dlscope.cli", "train", "--out", str(run), "--no-progress", "--no-tensorboard"]
-    # the first run trains until stopped, so the second surely starts while it writes
+    common = ["train", "--out", str(run), "--no-progress", "--no-tensorboard"]
+    # the first run (a process of its own) trains until stopped, so the second (this one) surely
+    # starts while it writes
     endless = ["--epochs", "1000", "--target-acc", "100", "--train-subset", "300", "--test-subset", "100"]
-    first = subprocess.Popen([*common, *endless], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "dlscope.cli", *common, *endless],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 120
         while not (run / "checkpoints" / "last.pt").exists() and time.time() < deadline:
             time.sleep(0.05)
-        second = subprocess.run([*common, *QUICK], capture_output=True, text=True, timeout=300)
-        assert second.returncode == 2, second.stderr
-        assert_one_line(second.stderr, f"pid {first.pid}")
+        assert main([*common, *QUICK]) == 2
+        assert_one_line(capsys.readouterr().err, f"pid {first.pid}")
         assert first.poll() is None  # the first run went on, untouched
     finally:
         first.send_signal(signal.SIGTERM)

@@ -136,5 +136,6 @@ def test_graph_command_without_compile_embeds_svgs(tmp_path):
 
 def test_graph_bad_repeats_is_one_line(tmp_path, capsys):
     assert main(["graph", "--repeats", "0", "--out", str(tmp_path / "r")]) == 2
-    assert capsys.readouterr().err.strip() == "dlscope: error: --repeats must be ≥ 1"
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dlscope: error: ") and "--repeats" in err and "≥ 1" in err and "\n" not in err, err
     assert not (tmp_path / "r").exists()

@@ -104,11 +104,11 @@ def test_a_dataloader_worker_blocked_reading_a_fifo_is_named_with_the_path(tmp_p
 
 def test_a_job_that_slows_down_3x_is_not_hung(tmp_path):
     """Steps of 0.2 s, then 0.6 s: longer than --hang-after 0.5, far inside 20 × the median step."""
-    command = [sys.executable, str(SCRIPTS / "hang_loader.py"), "--steps", "20", "--step-ms", "200"]
-    sections, code = run_job(tmp_path / "run", [*command, "--slow-after", "8"], HangOptions(hang_after=0.5))
+    command = [sys.executable, str(SCRIPTS / "hang_loader.py"), "--steps", "14", "--step-ms", "200"]
+    sections, code = run_job(tmp_path / "run", [*command, "--slow-after", "6"], HangOptions(hang_after=0.5))
     assert code == 0 and "hang" not in sections
     ms = [row["ms"] for row in step_rows(sections)]
-    assert min(ms[10:]) > 2.5 * 200  # it did slow down, past --hang-after
+    assert len(ms) == 14 and min(ms[8:]) > 2.5 * 200  # it did slow down, past --hang-after
 
 
 def test_stacks_come_from_a_process_blocked_in_c_with_the_gil_held(tmp_path):

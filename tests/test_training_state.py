@@ -52,15 +52,12 @@ def test_profiling_and_byte_count_leave_the_trainer_untouched(mnist):
 
 
 @pytest.mark.slow
-def test_final_checkpoint_is_the_trained_state_after_profile_and_sweep(tmp_path, capsys):
-    run = tmp_path / "lab"
-    tiny = ["--epochs", "1", "--train-subset", "1000", "--test-subset", "500", "--no-progress", "--no-tensorboard"]
-    steps = "environment,dataset,train,profile,sweep,checkpoint"
-    assert main(["lab", "--steps", steps, "--out", str(run), *tiny]) == 0
-    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
-    final = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
+def test_final_checkpoint_is_the_trained_state_after_profile_and_sweep(lab_run, capsys):
+    checkpoints = lab_run[0] / "checkpoints"  # tests/conftest.py: the lab's steps, profile and sweep among them
+    last = torch.load(checkpoints / "last.pt", weights_only=True)
+    final = torch.load(checkpoints / "final.pt", weights_only=True)
     assert all(int(s["step"]) == final["global_step"] for s in final["optimizer"]["state"].values())
     assert_same_state(last, final)
     capsys.readouterr()
-    assert main(["ckpt", "diff", str(run / "checkpoints" / "last.pt"), str(run / "checkpoints" / "final.pt")]) == 0
+    assert main(["ckpt", "diff", str(checkpoints / "last.pt"), str(checkpoints / "final.pt")]) == 0
     assert "identical" in capsys.readouterr().out
