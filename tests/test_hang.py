@@ -176,10 +176,11 @@ def test_stacks_on_demand_of_a_run_and_of_a_process_without_dlscope(tmp_path, ca
     os.mkfifo(fifo)
     held = os.open(fifo, os.O_RDWR)
     command = [sys.executable, str(SCRIPTS / "hang_loader.py"), "--fifo", str(fifo)]
+    job_err = tmp_path / "job.stderr"  # why the job ended, if it ends before the test is done with it
     job = subprocess.Popen(
         [sys.executable, "-m", "dlscope.cli", "run", "--out", str(out), "--hang-after", "off", "--", *command],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=job_err.open("w"),
     )
     plain = subprocess.Popen(["sleep", "600"])
     try:
@@ -190,7 +191,7 @@ def test_stacks_on_demand_of_a_run_and_of_a_process_without_dlscope(tmp_path, ca
 
         def blocked() -> list:
             capsys.readouterr()
-            assert main(["stacks", str(out), "--json"]) == 0
+            assert main(["stacks", str(out), "--json"]) == 0, f"job: {job.poll()}, {job_err.read_text()[-3000:]}"
             return json.loads(capsys.readouterr().out)["verdict"]["blocked_io"]
 
         [io] = wait_for(blocked, "the worker blocked in its read")
