@@ -57,6 +57,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dlscope.observe.script.stepmachine import native_thread_id
+
 BATCHES_MAGIC = b"DLSBATCH"
 BATCHES_VERSION = 2
 KIND_BUILT, KIND_TAKEN, KIND_LOADER, KIND_COST = 0, 1, 2, 3
@@ -174,25 +176,16 @@ class BatchRecorder:
 
     def forked(self) -> None:
         self.pid = os.getpid()
-        self.local = threading.local()  # the parent's thread ids are not this process's
+        self.local = threading.local()  # no batch of the parent's is this process's
         self.pins.clear()
         self.file.forked()
 
     # the fetchers ---------------------------------------------------------------------------
-    def thread_id(self) -> int:
-        """This thread's id as the system-call tracers see it, asked once per thread (gettid(2)
-        is a system call)."""
-        local = self.local
-        tid = getattr(local, "tid", 0)
-        if not tid:
-            tid = local.tid = threading.get_native_id()
-        return tid
-
     def fetch_map(self, fetcher: Any, index: Any) -> Any:
         clock = time.time
         b = Building()
         b.start = clock()
-        b.tid = self.thread_id()
+        b.tid = native_thread_id()  # the id the system-call tracers see
         dataset = fetcher.dataset
         if fetcher.auto_collation:
             b.indices = index
@@ -232,7 +225,7 @@ class BatchRecorder:
         b = Building()
         b.flags = SAMPLE_TIMES | ITERABLE
         b.start = clock()
-        b.tid = self.thread_id()
+        b.tid = native_thread_id()  # the id the system-call tracers see
         first = getattr(fetcher, "_dlscope_drawn", 0)
         ends: list[float] = []
         it = fetcher.dataset_iter
