@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 from rich.console import Console
 
@@ -86,3 +87,25 @@ def test_short_text_columns_are_not_padded_past_the_edge():
     lines = render([table], 80)
     assert max(len(line) for line in lines) <= 80
     assert all(line.rstrip().endswith("1,605,632") for line in lines if line.startswith("MaxPool"))
+
+
+def test_where_everything_is_never_folds_a_path_at_80_columns(tmp_path, monkeypatch, capsys):
+    """A run named by its time (runs/lab-<date>-<time>) makes the paths too wide for a table
+    with hints at 80 columns: the hint that holds the run's path (`dlscope tensorboard RUN`) must
+    still come whole, on a line of its own, never folded in the middle of the path."""
+    from types import SimpleNamespace
+
+    from dlscope.console import console
+    from dlscope.runner import print_locations
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(console, "width", 80)
+    path = Path("runs/lab-20261125-024836")
+    (path / "tensorboard").mkdir(parents=True)
+    (path / "tensorboard" / "events").write_text("x")
+    run = SimpleNamespace(path=path, results={"run": {"status": "ok", "wall_seconds": 1.0}})
+    print_locations(run, path / "report.html", path / "report.md")
+    lines = capsys.readouterr().out.splitlines()
+    assert any(f"dlscope tensorboard {path}" in line for line in lines)
+    for whole in (path / "report.html", path / "results.json", path / "tensorboard"):
+        assert any(str(whole) in line for line in lines), whole

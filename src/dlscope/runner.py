@@ -263,21 +263,22 @@ def print_locations(run: Any, html: Path, md: Path) -> None:
     ]
     name_width = max(len(name) for name, _, _ in rows)
     path_width = max(len(path) for _, path, _ in rows)
-    # paths are never cut or wrapped (they are what the user copies); hints go when they do not fit
-    if name_width + 2 + path_width > console.width:  # a table would crop them: each path on a line of its own
+    # paths are never cut or wrapped (they are what the user copies), nor is a path in a hint
+    # (`dlscope tensorboard RUN`): the hints wrap at their spaces in what the two columns and the
+    # padding (2 at each edge, 4 between columns) leave, or each row goes on lines of its own
+    room = console.width - name_width - path_width - 12
+    if room < max(len(word) for _, _, hint in rows for word in hint.split()):
         console.print("where everything is")
         for name, path, hint in rows:
-            console.print(f"{name}: [dim]{safe(hint)}[/]")
+            console.print(f"{name}: [dim]{safe(hint)}[/]", soft_wrap=True)
             console.print(f"  [path]{safe(path)}[/]", soft_wrap=True)
     else:
-        hints = name_width + path_width + 4 + 20 <= console.width
         table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
         table.add_column()
         table.add_column(no_wrap=True, min_width=path_width)
-        if hints:
-            table.add_column(overflow="fold")  # a hint may hold a path too: folded, never cut
+        table.add_column()
         for name, path, hint in rows:
-            table.add_row(name, f"[path]{safe(path)}[/]", *([f"[dim]{safe(hint)}"] if hints else []))
+            table.add_row(name, f"[path]{safe(path)}[/]", f"[dim]{safe(hint)}")
         console.print(table)
     info = run.results["run"]
     style = "good" if info["status"] == "ok" else "bad"
