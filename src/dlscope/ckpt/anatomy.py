@@ -15,25 +15,13 @@ if TYPE_CHECKING:
 
 ROLES = ("parameter", "buffer", "optimizer", "scheduler", "rng", "other")
 # top-level keys of torch checkpoints (ours, Lightning's, the usual hand-rolled ones) → role of their tensors
-ROLE_OF_KEY = {
-    "model": "parameter",
-    "state_dict": "parameter",
-    "model_state_dict": "parameter",
-    "model_state": "parameter",
-    "module": "parameter",
-    "net": "parameter",
-    "optimizer": "optimizer",
-    "optimizer_state_dict": "optimizer",
-    "optimizer_states": "optimizer",
-    "optim": "optimizer",
-    "scheduler": "scheduler",
-    "lr_scheduler": "scheduler",
-    "lr_schedulers": "scheduler",
-    "scheduler_state_dict": "scheduler",
-    "rng": "rng",
-    "rng_state": "rng",
-    "rng_states": "rng",
+ROLE_KEYS = {
+    "parameter": ("model", "state_dict", "model_state_dict", "model_state", "module", "net"),
+    "optimizer": ("optimizer", "optimizer_state_dict", "optimizer_states", "optim"),
+    "scheduler": ("scheduler", "lr_scheduler", "lr_schedulers", "scheduler_state_dict"),
+    "rng": ("rng", "rng_state", "rng_states"),
 }
+ROLE_OF_KEY = {key: role for role, keys in ROLE_KEYS.items() for key in keys}
 # state_dict entries that are buffers, not parameters (a state dict does not say which is which)
 BUFFER_NAMES = ("running_mean", "running_var", "num_batches_tracked")
 
@@ -134,14 +122,8 @@ def by_role(tensors: list[TensorEntry]) -> list[dict[str, Any]]:
     for role in ROLES:
         members = [t for t in tensors if t.role == role]
         if members:
-            rows.append(
-                {
-                    "role": role,
-                    "tensors": len(members),
-                    "elements": sum(t.numel for t in members),
-                    "bytes": sum(t.nbytes for t in members),
-                }
-            )
+            elements, nbytes = sum(t.numel for t in members), sum(t.nbytes for t in members)
+            rows.append({"role": role, "tensors": len(members), "elements": elements, "bytes": nbytes})
     return rows
 
 
@@ -163,12 +145,8 @@ def shared_storages(tensors: list[TensorEntry]) -> list[dict[str, Any]]:
     for storage, ts in users.items():
         used = sum(t.nbytes for t in ts)
         if len(ts) > 1 or used < ts[0].storage_bytes:
+            names = [t.name for t in ts]
             out.append(
-                {
-                    "storage": storage,
-                    "storage_bytes": ts[0].storage_bytes,
-                    "tensors": [t.name for t in ts],
-                    "viewed_bytes": used,
-                }
+                {"storage": storage, "storage_bytes": ts[0].storage_bytes, "tensors": names, "viewed_bytes": used}
             )
     return out

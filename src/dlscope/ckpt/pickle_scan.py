@@ -298,10 +298,11 @@ def _text_unicode(m: Machine) -> None:
     m.stack.append(m.line().decode("raw-unicode-escape"))
 
 
-def _global(m: Machine) -> None:
+def _line_global(m: Machine, opcode: str) -> Any:
+    """GLOBAL's and INST's argument: module and name, a line each."""
     module = m.line().decode("utf-8", "backslashreplace")
     name = m.line().decode("utf-8", "backslashreplace")
-    m.stack.append(m.import_(global_name(module, name), "GLOBAL"))
+    return m.import_(global_name(module, name), opcode)
 
 
 def _stack_global(m: Machine) -> None:
@@ -313,9 +314,7 @@ def _stack_global(m: Machine) -> None:
 
 
 def _inst(m: Machine) -> None:
-    module = m.line().decode("utf-8", "backslashreplace")
-    name = m.line().decode("utf-8", "backslashreplace")
-    cls = m.import_(global_name(module, name), "INST")
+    cls = _line_global(m, "INST")
     m.stack.append(m.call(cls, tuple(m.pop_mark()), "INST"))
 
 
@@ -335,14 +334,12 @@ def _ext(width: int):
     return load
 
 
-def _reduce(m: Machine) -> None:
-    args = m.pop()
-    m.stack.append(m.call(m.pop(), args, "REDUCE"))
+def _call(opcode: str):
+    def load(m: Machine) -> None:
+        args = m.pop()
+        m.stack.append(m.call(m.pop(), args, opcode))
 
-
-def _newobj(m: Machine) -> None:
-    args = m.pop()
-    m.stack.append(m.call(m.pop(), args, "NEWOBJ"))
+    return load
 
 
 def _newobj_ex(m: Machine) -> None:
@@ -521,15 +518,15 @@ DISPATCH = {
     ord("d"): _dict,
     0x8F: _empty(set),
     0x91: _frozenset,
-    ord("c"): _global,
+    ord("c"): lambda m: m.stack.append(_line_global(m, "GLOBAL")),
     0x93: _stack_global,
     ord("i"): _inst,
     ord("o"): _obj,
     0x82: _ext(1),
     0x83: _ext(2),
     0x84: _ext(4),
-    ord("R"): _reduce,
-    0x81: _newobj,
+    ord("R"): _call("REDUCE"),
+    0x81: _call("NEWOBJ"),
     0x92: _newobj_ex,
     ord("b"): lambda m: m.build(),
     ord("P"): _persistent_text,

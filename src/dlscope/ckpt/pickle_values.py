@@ -271,13 +271,32 @@ def storage_ref(pid: Any) -> Any:
 def numpy_itemsize(dtype: Any) -> int | None:
     """Bytes per element of a numpy dtype as joblib pickles it: numpy.dtype('f4', …); None if unknown."""
     code = dtype.args[0] if isinstance(dtype, Opaque) and dtype.args and isinstance(dtype.args[0], str) else ""
-    code = code.lstrip("<>|=")
-    if code[:1] == "O":
-        return 0
-    if len(code) >= 2 and code[0] in "biufcSVmM" and code[1:].isdigit():
-        return int(code[1:])
-    if code[:1] == "U" and code[1:].isdigit():
-        return 4 * int(code[1:])
+    return 0 if code.lstrip("<>|=")[:1] == "O" else npy_itemsize(code)
+
+
+def npy_itemsize(descr: Any) -> int | None:
+    """Bytes per element of a .npy descr: '<f4', '|b1', '<U8', or a structured list of (name, descr[, shape])."""
+    if isinstance(descr, str):
+        code = descr.lstrip("<>|=")
+        kind, digits = code[:1], code[1:].split("[")[0]
+        if kind in "biufcSVmM" and digits.isdigit():
+            return int(digits)
+        if kind == "U" and digits.isdigit():
+            return 4 * int(digits)
+        return None
+    if isinstance(descr, list):
+        total = 0
+        for field_ in descr:
+            if not (isinstance(field_, tuple) and len(field_) in (2, 3) and isinstance(field_[1], str)):
+                return None
+            size = npy_itemsize(field_[1])
+            if size is None:
+                return None
+            count = 1
+            for d in field_[2] if len(field_) == 3 and isinstance(field_[2], tuple) else ():
+                count *= d if isinstance(d, int) else 1
+            total += size * count
+        return total
     return None
 
 

@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 from dlscope.ckpt import zipdir
 from dlscope.ckpt.allowlist import DCP_METADATA, NUMPY_ARRAY, TORCH_WEIGHTS_ONLY
 from dlscope.ckpt.pickle_scan import scan_pickle
-from dlscope.ckpt.pickle_values import PickleScan, StorageRef, TensorRef
+from dlscope.ckpt.pickle_values import PickleScan, StorageRef, TensorRef, npy_itemsize
 from dlscope.ckpt.sniff import NPY_MAGIC, sniff
 from dlscope.errors import CheckpointError
 from dlscope.findings import Finding, Level
@@ -427,32 +427,6 @@ def npy_has_objects(descr: Any) -> bool:
     if isinstance(descr, list):
         return any(isinstance(f, tuple) and len(f) >= 2 and npy_has_objects(f[1]) for f in descr)
     return False
-
-
-def npy_itemsize(descr: Any) -> int | None:
-    """Bytes per element of a .npy descr: '<f4', '|b1', '<U8', or a structured list of (name, descr[, shape])."""
-    if isinstance(descr, str):
-        code = descr.lstrip("<>|=")
-        kind, digits = code[:1], code[1:].split("[")[0]
-        if kind in "biufcSVmM" and digits.isdigit():
-            return int(digits)
-        if kind == "U" and digits.isdigit():
-            return 4 * int(digits)
-        return None
-    if isinstance(descr, list):
-        total = 0
-        for field_ in descr:
-            if not (isinstance(field_, tuple) and len(field_) in (2, 3) and isinstance(field_[1], str)):
-                return None
-            size = npy_itemsize(field_[1])
-            if size is None:
-                return None
-            count = 1
-            for d in field_[2] if len(field_) == 3 and isinstance(field_[2], tuple) else ():
-                count *= d if isinstance(d, int) else 1
-            total += size * count
-        return total
-    return None
 
 
 def storages_in(root: Any) -> Iterator[StorageRef]:

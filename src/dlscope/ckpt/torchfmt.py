@@ -15,7 +15,7 @@ from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.ckpt.pickle_scan import scan_pickle
 from dlscope.ckpt.pickle_values import DType, Opaque, PickleScan, ScanError, StorageRef, TensorRef
 from dlscope.ckpt.scan import MAX_PICKLE_BYTES
-from dlscope.ckpt.zipdir import Member, MemberError, check_crc, member_chunks, members
+from dlscope.ckpt.zipdir import Member, MemberError, member_chunks, member_crc_ok, members
 from dlscope.errors import CheckpointError
 from dlscope.findings import Finding
 
@@ -281,8 +281,8 @@ def inspect_torch_zip(path: Path, f: BinaryIO, zf: zipfile.ZipFile, file_bytes: 
         if m.size <= 64 and not m.name.startswith(f"{prefix}/data/")
     }
     if check:
-        for m in ms:
-            m.crc_ok = check_crc(f, m) if m.compression == "stored" else None
+        for m, info in zip(ms, infos, strict=True):
+            m.crc_ok = member_crc_ok(f, info, m.data_offset) if m.compression == "stored" else None
             if m.crc_ok is False:
                 anatomy.findings.append(Finding("ckpt.member_crc", "bad", {"where": m.name}))
     anatomy.layout["zip_members"] = [m.to_dict() for m in ms]

@@ -85,19 +85,6 @@ def members(path: Path, f: BinaryIO, zf: zipfile.ZipFile, file_bytes: int) -> li
     return out
 
 
-def check_crc(f: BinaryIO, member: Member, chunk: int = 1 << 22) -> bool:
-    """CRC32 of a stored member's bytes, streamed (bounded memory), against the directory's."""
-    f.seek(member.data_offset)
-    crc, left = 0, member.compressed_size
-    while left:
-        block = f.read(min(chunk, left))
-        if not block:
-            return False
-        crc = zlib.crc32(block, crc)
-        left -= len(block)
-    return crc == member.crc32
-
-
 # What a reader other than Python's zipfile could see differently: the scanner reports each as a finding.
 FLAG_ENCRYPTED = 0x1
 FLAG_DATA_DESCRIPTOR = 0x8
