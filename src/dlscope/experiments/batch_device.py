@@ -616,8 +616,8 @@ def run_batch_device_sweep(
     if len(labels) < max(p.batch_size for p in points):
         raise ConfigError(f"the largest batch needs {max(p.batch_size for p in points)} samples, got {len(labels)}")
     devices = list(dict.fromkeys(p.device for p in points))
-    if on_point is not None:
-        on_point(None, "measuring peaks")
+    say = on_point or (lambda point, phase: None)
+    say(None, "measuring peaks")
     first_peaks = measure_peaks(devices, *peak_sizes)
     runs = [PointRun(point, settings, images, labels) for point in points]
     by_name = {run.timed.name: run for run in runs}
@@ -626,22 +626,19 @@ def run_batch_device_sweep(
         settings.steps,
         settings.rounds,
         settings.warmup,
-        on_start=None if on_point is None else lambda c: on_point(by_name[c.name].point, "starting"),
-        on_round=None if on_point is None else lambda i: on_point(None, f"timed round {i + 1}/{settings.rounds}"),
+        on_start=lambda c: say(by_name[c.name].point, "starting"),
+        on_round=lambda i: say(None, f"timed round {i + 1}/{settings.rounds}"),
     )
-    if on_point is not None:
-        on_point(None, "measuring peaks again")
+    say(None, "measuring peaks again")
     peaks = best_peaks(first_peaks, measure_peaks(devices, *peak_sizes))
     rows = []
     for run in runs:
-        if on_point is not None:
-            on_point(run.point, "profiling")
+        say(run.point, "profiling")
         rows.append(run.finish(peaks[run.point.device]))
     directions = []
     cpu_runs = [run for run in runs if run.device.type == "cpu"]
     if cpu_runs:
-        if on_point is not None:
-            on_point(None, "convolutions by direction")
+        say(None, "convolutions by direction")
         largest = max(cpu_runs, key=lambda run: run.point.batch_size)
         with largest.configured():
             directions = conv_directions(largest.model, largest.batches[0][0], repeats=3)

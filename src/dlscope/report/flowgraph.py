@@ -20,7 +20,8 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def _label(path: str, width: int = 48) -> str:
+def shorten(path: str, width: int = 48) -> str:
+    """The path's end, `width` characters at most: its file name is what tells paths apart."""
     return path if len(path) <= width else "…" + path[-(width - 1) :]
 
 
@@ -40,7 +41,7 @@ def to_dot(edges: list[dict[str, Any]], phases: list[str]) -> str:
     nodes = {n for e in edges for n in (e["from"], e["to"])}
     for node in sorted(nodes):
         colour, shape = (PHASE_COLOUR, "ellipse") if node in phase_set else (FILE_COLOUR, "box")
-        lines.append(f'  "{_escape(node)}" [label="{_escape(_label(node))}", shape={shape}, fillcolor="{colour}"];')
+        lines.append(f'  "{_escape(node)}" [label="{_escape(shorten(node))}", shape={shape}, fillcolor="{colour}"];')
     for e in edges:
         width = 1 + 4 * math.sqrt(e["bytes"] / biggest) if e["bytes"] else 1
         lines.append(f'  "{_escape(e["from"])}" -> "{_escape(e["to"])}" [label="{_weight(e)}", penwidth={width:.2f}];')
@@ -86,7 +87,7 @@ def fallback_svg(edges: list[dict[str, Any]], phases: list[str]) -> str:
             top = y[(column, name)] - 10
             parts.append(
                 f'<rect x="{col[column]}" y="{top}" width="{box}" height="20" rx="6" fill="{colour}" stroke="#999"/>'
-                f'<text x="{col[column] + 6}" y="{top + 14}">{html.escape(_label(name, 58 if column != 1 else 24))}'
+                f'<text x="{col[column] + 6}" y="{top + 14}">{html.escape(shorten(name, 58 if column != 1 else 24))}'
                 "</text>"
             )
     parts.append("</svg>")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlscope.report.blocks import Block, Findings, Para, Svg, Table
-from dlscope.report.flowgraph import hook_chart_dot, render_svg
+from dlscope.report.flowgraph import hook_chart_dot, render_svg, shorten
 from dlscope.report.graphs import run_dot
 
 TITLE = "File data flow through the OS"
@@ -14,10 +14,6 @@ TITLE = "File data flow through the OS"
 def _kinds(by_kind: dict[str, Any]) -> str:
     ranked = sorted(by_kind.items(), key=lambda kv: (-kv[1]["count"], kv[0]))
     return ", ".join(f"{kind} {stats['count']:,}" for kind, stats in ranked[:4])
-
-
-def _short(path: str, width: int = 60) -> str:
-    return path if len(path) <= width else "…" + path[-(width - 1) :]
 
 
 def _phases(f: dict[str, Any]) -> str:
@@ -142,7 +138,7 @@ def rank_tables(section: dict[str, Any]) -> list[Block]:
 def file_table(section: dict[str, Any]) -> Table:
     rows = [
         [
-            _short(f["path"], 70),
+            shorten(f["path"], 70),
             f["category"],
             f["opens"],
             f["reads"],
@@ -181,7 +177,7 @@ def hook_chart(rows: list[dict[str, Any]]) -> list[Block]:
 def top_by_time(section: dict[str, Any]) -> Table:
     files = {f["path"]: f for f in section["files"]}
     rows = [
-        [_short(path, 70), files[path]["category"], round(files[path]["seconds"] * 1000, 2), _phases(files[path])]
+        [shorten(path, 70), files[path]["category"], round(files[path]["seconds"] * 1000, 2), _phases(files[path])]
         for path in section["top_by_time"]
     ]
     return Table(["path", "category", "ms in syscalls", "phases"], rows, "Top files by time spent in their syscalls")

@@ -147,24 +147,15 @@ COLUMNS = [
     "AU %",
     "verdict",
 ]
-
-
 # the same columns with headers short enough for an 80-column terminal, explained by LEGEND
-SHORT = [
-    "",
-    "cache",
-    "wall s",
-    "wait s",
-    "comp s",
-    "read s",
-    "reads",
-    "r:step",
-    "MB",
-    "smp/s",
-    "MB/s",
-    "AU %",
-    "verdict",
-]
+ABBREVIATED = {
+    "compute s": "comp s",
+    "read calls": "reads",
+    "reads:steps": "r:step",
+    "MB read": "MB",
+    "samples/s": "smp/s",
+}
+SHORT = [ABBREVIATED.get(c, c) for c in COLUMNS]
 LEGEND = (
     "wait: the consumer blocked on data; comp: compute; reads: read calls; r:step: read calls per "
     "training step (seed 003's read_times:train_times); smp/s: samples/s; AU: accelerator utilisation, "
