@@ -43,7 +43,11 @@ ITEMSIZE = {
     "bits16": 2,
 }
 TENSOR_REBUILDS = {"torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3"}
-PARAMETER_REBUILDS = {"torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state"}
+PARAMETER_REBUILDS = {
+    "torch._utils._rebuild_parameter",
+    "torch._utils._rebuild_parameter_with_state",
+    "torch.nn.parameter.Parameter",
+}
 
 
 class DType(str):
@@ -127,7 +131,6 @@ class TensorRef:
     offset: int
     shape: tuple[int, ...]
     stride: tuple[int, ...]
-    parameter: bool = False
 
     @property
     def dtype(self) -> DType:
@@ -225,13 +228,9 @@ def stand_in(name: str, args: tuple) -> Any:
         if isinstance(offset, int) and all_ints(size) and all_ints(stride):
             return TensorRef(storage, offset, tuple(size), tuple(stride))
     if name in PARAMETER_REBUILDS and args and isinstance(args[0], TensorRef):
-        args[0].parameter = True
-        return args[0]
+        return args[0]  # a parameter is its tensor: the role comes from where it sits
     if name == "torch._tensor._rebuild_from_type_v2" and len(args) >= 3 and isinstance(args[0], Global):
         return stand_in(args[0].name, tuple(args[2]) if isinstance(args[2], tuple) else ())
-    if name == "torch.nn.parameter.Parameter" and args and isinstance(args[0], TensorRef):
-        args[0].parameter = True
-        return args[0]
     if name in ("collections.OrderedDict", "collections.Counter") and not args:
         return {}
     if name == "torch.Size" and len(args) == 1 and isinstance(args[0], tuple | list):

@@ -153,11 +153,7 @@ def measure_epoch(
     missing = int((counts[: manifest.samples] == 0).sum())
     duplicated = int((counts > 1).sum()) + int(counts[manifest.samples :].sum())
     return EpochMeasurement(
-        engine=reader.engine,
-        fmt=reader.fmt,
-        read_buffer=reader.read_buffer,
-        shuffle_buffer=reader.shuffle_buffer,
-        batch_size=reader.batch_size,
+        **{k: getattr(reader, k) for k in ("engine", "fmt", "read_buffer", "shuffle_buffer", "batch_size")},
         workers=reader.workers,
         prefetch=reader.prefetch,
         consumer=consumer.name,

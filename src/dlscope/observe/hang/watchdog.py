@@ -180,12 +180,4 @@ class Watchdog:
         """The `hang` results section; None when the watchdog never fired."""
         if not self.captures:
             return None
-        return {
-            "settings": {
-                "hang_after": self.options.hang_after,
-                "hang_factor": self.options.hang_factor,
-                "on_hang": self.options.on_hang,
-            },
-            "ended_job": self.ended,
-            "captures": self.captures,
-        }
+        return {"settings": dataclasses.asdict(self.options), "ended_job": self.ended, "captures": self.captures}
