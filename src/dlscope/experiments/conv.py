@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -115,9 +115,6 @@ class ConvTiming:
     gflops: float
     pct_of_peak: float | None
     sampled: dict[str, int] | None = None  # what part of the shape actually ran (images, filters), when not all
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def random_conv(shape: ConvShape, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -43,9 +43,6 @@ class LayerMemory:
     saved_bytes_per_sample: float  # activations kept for backward
     output_bytes_per_sample: float
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
@@ -224,7 +221,7 @@ def memory_anatomy(
     return {
         "device": str(device),
         "method": SOURCE[torch.device(device).type],
-        "layers": [r.to_dict() for r in layers],
+        "layers": [asdict(r) for r in layers],
         "input_bytes_per_sample": input_per_sample,
         "optimizer_workspace_bytes": workspace,
         "comparisons": comparisons,

@@ -8,14 +8,10 @@ import io
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-SORT_KEYS = {
-    "self_cpu": "self_cpu_us",
-    "cpu_total": "cpu_total_us",
-    "self_device": "self_device_us",
-    "device_total": "device_total_us",
-    "calls": "calls",
-    "flops": "flops",
-}
+from dlscope.options import OP_SORT_KEYS
+
+# a --sort-by key → the OpRow field it orders by (times are fields in µs)
+SORT_KEYS = {key: key if key in ("calls", "flops") else f"{key}_us" for key in OP_SORT_KEYS}
 
 
 @dataclass

@@ -8,6 +8,7 @@ defaults, `dlscope ops conv` / `dlscope ops memory` the part asked for at the si
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ def run_conv(ctx: Context, options: OpsOptions, section: dict[str, Any]) -> None
         "describe": shape.describe(),
         "im2col_bytes": shape.im2col_bytes,
         "input_bytes": 4 * shape.n * shape.c * shape.h * shape.w,
-        "timings": [t.to_dict() for t in timings],
+        "timings": [asdict(t) for t in timings],
         "model": ctx.config.model,
         "model_batch_size": ctx.config.batch_size,
         "model_layers": layers,

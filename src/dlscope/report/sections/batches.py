@@ -79,16 +79,14 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         items.append(("warn", "The longest wait: " + wait_sentence(steady)))
     first = section["first_batches"]
     if first["count"]:
-        items.append(
-            (
-                "info",
-                f"Each worker's first batch of an epoch ({first['count']} batch{'es' * (first['count'] != 1)}) "
-                "kept the loop waiting "
-                f"{first['waited_ms']:.4g} ms in all (at most {first['max_ms']:.4g} ms): those waits hold the "
-                "workers' start (non-persistent workers start at every epoch); the longest wait above is "
-                "the longest of the others.",
-            )
+        text = (
+            f"Each worker's first batch of an epoch ({first['count']} batch{'es' * (first['count'] != 1)}) "
+            "kept the loop waiting "
+            f"{first['waited_ms']:.4g} ms in all (at most {first['max_ms']:.4g} ms): those waits hold the "
+            "workers' start (non-persistent workers start at every epoch); the longest wait above is "
+            "the longest of the others."
         )
+        items.append(("info", text))
     shares = section["shares"]
     if shares.get("wait_pct") is not None:
         text = (
@@ -105,32 +103,26 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
     if ahead:
         level = "good" if ahead["ready_pct"] >= 90 else "warn"
         tenths = " ".join(f"{p:.0f}" for p in ahead["ready_pct_by_tenth"])
-        items.append(
-            (
-                level,
-                f"The workers had the batch ready before the loop asked for {ahead['ready_pct']:.1f}% of "
-                f"{ahead['batches']} batches (% per tenth of the run: {tenths}).",
-            )
+        text = (
+            f"The workers had the batch ready before the loop asked for {ahead['ready_pct']:.1f}% of "
+            f"{ahead['batches']} batches (% per tenth of the run: {tenths})."
         )
+        items.append((level, text))
     samples = section["samples"]
     for s in samples.get("outliers", []):
         file = f", file {s['file']}" if s.get("file") else ""
-        items.append(
-            (
-                "warn",
-                f"Sample {s['sample']} took {_ms(s['ms'])} ms to fetch, {s['times_median']:,.0f}× the median "
-                f"{samples['median_ms']:.3g} ms ({where(s)}, {worker_name(s['worker'])}{file}).",
-            )
+        text = (
+            f"Sample {s['sample']} took {_ms(s['ms'])} ms to fetch, {s['times_median']:,.0f}× the median "
+            f"{samples['median_ms']:.3g} ms ({where(s)}, {worker_name(s['worker'])}{file})."
         )
+        items.append(("warn", text))
     whole = section.get("fetched_whole", 0)
     if whole:
-        items.append(
-            (
-                "info",
-                f"{whole} batch{'es' * (whole != 1)} were fetched whole by their dataset's own __getitems__ "
-                "(a batched fetch): their fetch time is known, not each sample's.",
-            )
+        text = (
+            f"{whole} batch{'es' * (whole != 1)} were fetched whole by their dataset's own __getitems__ "
+            "(a batched fetch): their fetch time is known, not each sample's."
         )
+        items.append(("info", text))
     if samples.get("outliers_total", 0) > len(samples.get("outliers", [])):
         bar = f"≥ {samples['outlier_ms']:.3g} ms (10× the median, 1 ms at least)"
         count = f"{samples['outliers_total']} samples in all"
@@ -143,28 +135,24 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
     cost = section.get("own_cost")
     if cost and cost.get("per_batch_us") is not None:
         share = f", {cost['pct_of_build']:.2g}% of the {_ms(cost['build_us'] / 1e3)} ms a batch took to build here"
-        items.append(
-            (
-                "info",
-                f"The x-ray's own cost, measured in the training process as it exited: {cost['batch_us']:.3g} µs a "
-                f"batch of {cost['samples']} samples plus {cost['sample_ns']:.3g} ns a sample timed one by one, so "
-                f"~{cost['per_batch_us']:.3g} µs a batch of this run"
-                f"{share if cost.get('pct_of_build') is not None else ''} (CPU time; with num_workers=0 the "
-                "training process pays it inside the steps' data time, with workers they pay the building side).",
-            )
+        text = (
+            f"The x-ray's own cost, measured in the training process as it exited: {cost['batch_us']:.3g} µs a "
+            f"batch of {cost['samples']} samples plus {cost['sample_ns']:.3g} ns a sample timed one by one, so "
+            f"~{cost['per_batch_us']:.3g} µs a batch of this run"
+            f"{share if cost.get('pct_of_build') is not None else ''} (CPU time; with num_workers=0 the "
+            "training process pays it inside the steps' data time, with workers they pay the building side)."
         )
+        items.append(("info", text))
     elif cost and cost.get("error"):
         items.append(("info", f"The x-ray's own cost could not be measured: {cost['error']}."))
     files = section.get("files") or {}
     for f in files.get("outliers", []):
-        items.append(
-            (
-                "warn",
-                f"File {f['path']}: {f['reads']} reads, {_bytes(f['bytes'])}, {_ms(f['ms'])} ms of system calls "
-                f"over {f['batches']} batch(es); the median file: {_bytes(files['median_bytes'])}, "
-                f"{files['median_ms']:.3g} ms (named at ≥ 10× either, time ≥ 1 ms).",
-            )
+        text = (
+            f"File {f['path']}: {f['reads']} reads, {_bytes(f['bytes'])}, {_ms(f['ms'])} ms of system calls "
+            f"over {f['batches']} batch(es); the median file: {_bytes(files['median_bytes'])}, "
+            f"{files['median_ms']:.3g} ms (named at ≥ 10× either, time ≥ 1 ms)."
         )
+        items.append(("warn", text))
     return items
 
 

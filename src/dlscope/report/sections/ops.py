@@ -82,43 +82,33 @@ def render_conv(section: dict[str, Any]) -> list[Block]:
     ]
     items = []
     if "loops" in by_impl and "torch" in by_impl:
-        items.append(
-            (
-                "info",
-                f"torch's conv2d is {by_impl['loops']['median_seconds'] / by_impl['torch']['median_seconds']:,.0f}× "
-                "faster than the seed's seven Python loops on the same arithmetic.",
-            )
-        )
+        ratio = by_impl["loops"]["median_seconds"] / by_impl["torch"]["median_seconds"]
+        text = f"torch's conv2d is {ratio:,.0f}× faster than the seed's seven Python loops on the same arithmetic."
+        items.append(("info", text))
     if "im2col" in by_impl:
-        items.append(
-            (
-                "info",
-                f"im2col copies the input into a {conv['im2col_bytes'] / 2**10:,.0f} KiB patch matrix — "
-                f"{conv['im2col_bytes'] / conv['input_bytes']:.0f}× the input — so that one GEMM does the work "
-                f"({by_impl['im2col']['pct_of_peak']:.2g}% of the GEMM peak, torch's conv2d "
-                f"{by_impl['torch']['pct_of_peak']:.2g}%)."
-                if "torch" in by_impl
-                else f"({by_impl['im2col']['pct_of_peak']:.2g}% of the GEMM peak).",
-            )
+        text = (
+            f"im2col copies the input into a {conv['im2col_bytes'] / 2**10:,.0f} KiB patch matrix — "
+            f"{conv['im2col_bytes'] / conv['input_bytes']:.0f}× the input — so that one GEMM does the work "
+            f"({by_impl['im2col']['pct_of_peak']:.2g}% of the GEMM peak, torch's conv2d "
+            f"{by_impl['torch']['pct_of_peak']:.2g}%)."
+            if "torch" in by_impl
+            else f"({by_impl['im2col']['pct_of_peak']:.2g}% of the GEMM peak)."
         )
+        items.append(("info", text))
     if "torch" in by_impl and "numpy" in by_impl and by_impl["torch"]["gflops"] < by_impl["numpy"]["gflops"]:
-        items.append(
-            (
-                "warn",
-                f"torch's conv2d ran slower than NumPy: with {conv['threads']} intra-op threads on "
-                f"{conv['cpus']} CPUs at load average {conv['load_average_1min']:.1f}, its OpenMP threads wait "
-                "for each other whenever one is descheduled. Rerun with --threads 1 (or on an idle machine).",
-            )
+        text = (
+            f"torch's conv2d ran slower than NumPy: with {conv['threads']} intra-op threads on "
+            f"{conv['cpus']} CPUs at load average {conv['load_average_1min']:.1f}, its OpenMP threads wait "
+            "for each other whenever one is descheduled. Rerun with --threads 1 (or on an idle machine)."
         )
+        items.append(("warn", text))
     over = [t["impl"] for t in timings if (t["pct_of_peak"] or 0) > 100]
     if over:
-        items.append(
-            (
-                "warn",
-                f"{', '.join(over)} beat the GEMM 'peak': the peak's long matmuls were slowed by other load on "
-                "the machine, so every % of peak here is overstated.",
-            )
+        text = (
+            f"{', '.join(over)} beat the GEMM 'peak': the peak's long matmuls were slowed by other load on "
+            "the machine, so every % of peak here is overstated."
         )
+        items.append(("warn", text))
     worst = max(t["max_abs_error"] for t in timings)
     items.append(("good" if worst <= 1e-4 else "bad", f"Largest difference from torch: {worst:.1e}."))
     layer_rows = [

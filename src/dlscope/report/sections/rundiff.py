@@ -13,30 +13,23 @@ TITLE = "Run diff"
 ROW_NAMES = {**PART_NAMES, "step": "whole step"}
 
 
-def _parts(names: list[str]) -> str:
-    return ", ".join(names) if names else "none"
-
-
 def _band(v: dict[str, Any]) -> str:
     return f"{v['speedup_low']:.2f}–{v['speedup_high']:.2f}× at {v['confidence']:.0%}"
 
 
 def _unchanged(v: dict[str, Any]) -> str:
-    return f"unchanged (within noise, or under {v['min_change_pct']:.0f}% of the step): {_parts(v['unchanged'])}"
+    parts = ", ".join(v["unchanged"]) or "none"
+    return f"unchanged (within noise, or under {v['min_change_pct']:.0f}% of the step): {parts}"
 
 
 def _went(v: dict[str, Any]) -> str:
     return "; ".join(f"{c['part']} went from {c['a_ms']:.3g} ms to {c['b_ms']:.3g} ms" for c in v["changed"])
 
 
-def _faster(v: dict[str, Any]) -> str:
+def _faster_or_slower(v: dict[str, Any]) -> str:
+    ratio = f"{v['speedup']:.2f}× faster" if v["speedup"] > 1 else f"{1 / v['speedup']:.2f}× slower"
     why = _went(v) or "no single part changed beyond its noise, the small changes add up"
-    return f"B's step is {v['speedup']:.2f}× faster ({_band(v)}): {why}. {_unchanged(v).capitalize()}."
-
-
-def _slower(v: dict[str, Any]) -> str:
-    why = _went(v) or "no single part changed beyond its noise, the small changes add up"
-    return f"B's step is {1 / v['speedup']:.2f}× slower ({_band(v)}): {why}. {_unchanged(v).capitalize()}."
+    return f"B's step is {ratio} ({_band(v)}): {why}. {_unchanged(v).capitalize()}."
 
 
 def _same_step(v: dict[str, Any]) -> str:
@@ -56,8 +49,8 @@ def _few_steps(v: dict[str, Any]) -> str:
 
 
 WORDS = {
-    "rundiff.faster": _faster,
-    "rundiff.slower": _slower,
+    "rundiff.faster": _faster_or_slower,
+    "rundiff.slower": _faster_or_slower,
     "rundiff.same_step": _same_step,
     "rundiff.few_steps": _few_steps,
 }
