@@ -38,15 +38,8 @@ KINDS: dict[str, tuple[str, ...]] = {
 }
 KIND_OF = {call: kind for kind, calls in KINDS.items() for call in calls}
 TRACED_SYSCALLS = tuple(KIND_OF)
-FD_ARG_CALLS = frozenset(KINDS["close"] + KINDS["read"] + KINDS["write"] + KINDS["seek"] + KINDS["sync"]) | {
-    "fstat",
-    "getdents64",
-    "mmap",
-    "dup",
-    "dup2",
-    "dup3",
-    "fcntl",
-}
+FD_KINDS = ("close", "read", "write", "seek", "sync", "getdents", "mmap", "dup")  # calls whose first argument is an fd
+FD_ARG_CALLS = frozenset(call for kind in FD_KINDS for call in KINDS[kind]) | {"fstat"}
 F_DUPFD, F_DUPFD_CLOEXEC = 0, 1030
 
 

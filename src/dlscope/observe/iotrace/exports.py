@@ -4,11 +4,13 @@ track per thread, syscall slices, phase slices), and the tables as CSV."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 from typing import IO, Any
 
 from dlscope.fsutil import json_text
+from dlscope.observe.iotrace.analysis import FileStats
 from dlscope.observe.iotrace.events import Event
 
 
@@ -83,17 +85,4 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> Pat
 
 
 PHASE_COLUMNS = ["phase", "seconds", "calls", "errors", "bytes_read", "bytes_written", "syscall_seconds", "by_kind"]
-FILE_COLUMNS = [
-    "path",
-    "category",
-    "opens",
-    "reads",
-    "writes",
-    "other_calls",
-    "bytes_read",
-    "bytes_written",
-    "seconds",
-    "first_phase",
-    "last_phase",
-    "read_sizes",
-]
+FILE_COLUMNS = [f.name for f in dataclasses.fields(FileStats)]  # a row of files.csv: one file's FileStats
