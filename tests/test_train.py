@@ -12,11 +12,29 @@ import torch
 from dlscope.checkpoint import CheckpointObserver
 from dlscope.errors import ConfigError
 from dlscope.events import EpochResult, LogPoint, TrainingObserver
-from dlscope.observe.tensorboard import RUN_TAGS, TensorBoardObserver, read_tags
+from dlscope.observe.tensorboard import TensorBoardObserver
 from dlscope.restore import load_checkpoint
 from dlscope.train import StopAtAccuracy, TrainConfig, Trainer
 
 SMALL = dict(train_subset=6000, test_subset=2000, batch_size=64, log_every=20)
+RUN_TAGS = {"train": ("loss", "accuracy", "lr", "throughput/samples_per_s"), "test": ("loss", "accuracy")}
+
+
+def read_tags(log_dir) -> dict[str, dict]:
+    """What each run's event files under `log_dir` hold, read back with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = {}
+    for run in sorted(p for p in log_dir.iterdir() if p.is_dir()):
+        acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "images": 0})
+        acc.Reload()
+        tags = acc.Tags()
+        runs[run.name] = {
+            "scalars": {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in tags["scalars"]},
+            "images": list(tags["images"]),
+            "graph": bool(tags["graph"]),
+        }
+    return runs
 
 
 class Recorder(TrainingObserver):

@@ -28,11 +28,6 @@ from dlscope.train import Trainer, evaluate
 sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
-RUN_TAGS = {
-    "train": ("loss", "accuracy", "lr", "throughput/samples_per_s"),
-    "test": ("loss", "accuracy"),
-}
-
 
 class TensorBoardObserver(TrainingObserver):
     def __init__(self, log_dir: str | Path, graph: bool = True, images: int = 64) -> None:
@@ -95,20 +90,3 @@ class TensorBoardObserver(TrainingObserver):
         self.train.close()
         self.test.close()
         self.train = self.test = None
-
-
-def read_tags(log_dir: str | Path) -> dict[str, dict]:
-    """What each run's event files under `log_dir` hold, read back with TensorBoard's own reader."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    runs = {}
-    for run in sorted(p for p in Path(log_dir).iterdir() if p.is_dir()):
-        acc = EventAccumulator(str(run), size_guidance={"scalars": 0, "images": 0})
-        acc.Reload()
-        tags = acc.Tags()
-        runs[run.name] = {
-            "scalars": {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in tags["scalars"]},
-            "images": list(tags["images"]),
-            "graph": bool(tags["graph"]),
-        }
-    return runs

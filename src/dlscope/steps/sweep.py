@@ -32,16 +32,9 @@ def run(ctx: Context) -> dict[str, Any]:
     assert ctx.data is not None
     options = ctx.steps.sweep
     devices, threads, points = grid(options)
-    settings = SweepSettings(
-        model=ctx.config.model,
-        steps=options.steps,
-        warmup=options.warmup,
-        profile_steps=options.profile_steps,
-        rounds=options.rounds,
-        optimizer=ctx.config.optimizer,
-        lr=ctx.config.lr,
-        seed=ctx.config.seed,
-    )
+    timing = {k: getattr(options, k) for k in ("steps", "warmup", "profile_steps", "rounds")}
+    config = ctx.config
+    settings = SweepSettings(model=config.model, optimizer=config.optimizer, lr=config.lr, seed=config.seed, **timing)
     n = max(SAMPLES, max(options.batch_sizes))
     images, labels = normalise(ctx.data.train_images[:n]), ctx.data.train_labels[:n]
     on_cpu = any(p.device == "cpu" for p in points)  # then also the convolutions by direction

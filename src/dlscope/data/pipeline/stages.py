@@ -137,16 +137,20 @@ def decode(group: list[Sample], io: IOCounters) -> Batch:
     return Batch(index, label, torch.from_numpy(x), io)
 
 
-def disk_read_bytes() -> int | None:
-    """Bytes this process has made the kernel fetch from a storage device (/proc/self/io)."""
+def proc_io() -> tuple[int, int, int] | None:
+    """(read system calls, bytes they returned, bytes fetched from a device) of this process so far."""
     try:
         with open("/proc/self/io", "rb") as f:
-            for line in f:
-                if line.startswith(b"read_bytes:"):
-                    return int(line.split()[1])
+            values = dict(line.split(b":") for line in f.read().splitlines())
     except OSError:
         return None
-    return None
+    return int(values[b"syscr"]), int(values[b"rchar"]), int(values[b"read_bytes"])
+
+
+def disk_read_bytes() -> int | None:
+    """Bytes this process has made the kernel fetch from a storage device."""
+    counters = proc_io()
+    return None if counters is None else counters[2]
 
 
 def array_samples(path: Path, manifest: Manifest, rows: range, io: IOCounters) -> Iterator[Sample]:

@@ -28,7 +28,7 @@ import torch
 
 from dlscope.data.pipeline.example import encode_example
 from dlscope.data.pipeline.prepare import Manifest, data_files
-from dlscope.data.pipeline.stages import AUTOTUNE, Batch, ReaderConfig
+from dlscope.data.pipeline.stages import AUTOTUNE, Batch, ReaderConfig, proc_io
 from dlscope.data.pipeline.tfrecord import IOCounters
 from dlscope.errors import ConfigError, DatasetError
 
@@ -55,16 +55,6 @@ def _warm_up(tf: Any) -> None:
         lambda r: tf.io.parse_example(r, _features(tf))
     ):
         pass
-
-
-def proc_io() -> tuple[int, int, int] | None:
-    """(read system calls, bytes they returned, bytes fetched from a device) of this process so far."""
-    try:
-        with open("/proc/self/io", "rb") as f:
-            values = dict(line.split(b":") for line in f.read().splitlines())
-    except OSError:
-        return None
-    return int(values[b"syscr"]), int(values[b"rchar"]), int(values[b"read_bytes"])
 
 
 def _own_cost() -> tuple[int, int]:

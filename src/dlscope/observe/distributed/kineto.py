@@ -23,26 +23,14 @@ from typing import Any
 from dlscope.errors import DlscopeError
 from dlscope.observe.distributed.intervals import Intervals, merge
 
-DTYPE_BYTES = {  # record_shapes' C type names, and record_param_comms' ScalarType names (Float, …)
-    "Float": 4,
-    "Double": 8,
-    "Long": 8,
-    "Int": 4,
-    "Byte": 1,
-    "Char": 1,
-    "Bool": 1,
-    "float": 4,
-    "double": 8,
-    "c10::Half": 2,
-    "c10::BFloat16": 2,
-    "Half": 2,
-    "BFloat16": 2,
-    "long int": 8,
-    "int": 4,
-    "signed char": 1,
-    "unsigned char": 1,
-    "bool": 1,
+# record_shapes' C type names, and record_param_comms' ScalarType names (Float, …), by element size
+NAMES_BY_SIZE = {
+    1: ("Byte", "Char", "Bool", "signed char", "unsigned char", "bool"),
+    2: ("Half", "BFloat16", "c10::Half", "c10::BFloat16"),
+    4: ("Float", "Int", "float", "int"),
+    8: ("Double", "Long", "double", "long int"),
 }
+DTYPE_BYTES = {name: size for size, names in NAMES_BY_SIZE.items() for name in names}
 NCCL_KERNELS = ("ncclKernel", "ncclDevKernel")
 DATA_WAIT = "enumerate(DataLoader)"
 
