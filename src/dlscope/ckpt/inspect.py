@@ -26,12 +26,6 @@ NATIVE_STATS_DTYPES = ("float64", "float32", "int64", "int32")  # torch has fast
 CHUNK = 1 << 24  # elements per step when computing statistics (bounded extra memory)
 
 
-def _tail(path: Path, file_bytes: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(max(0, file_bytes - 8))
-        return f.read(8)
-
-
 def inspect_checkpoint(path: str | Path, stats: bool = False) -> Anatomy:
     """The anatomy of a checkpoint; with `stats`, read every tensor once for min/max/mean/std/zeros/NaN/Inf."""
     path = Path(path)
@@ -51,7 +45,8 @@ def inspect_checkpoint(path: str | Path, stats: bool = False) -> Anatomy:
         raise CheckpointError("empty file", path)
     with open(path, "rb") as f:
         head = f.read(16)
-        kind = sniff(head, _tail(path, file_bytes))
+        f.seek(max(0, file_bytes - 8))
+        kind = sniff(head, f.read(8))
         f.seek(0)
         try:
             anatomy = _inspect(path, f, kind, head, file_bytes, stats)
@@ -132,9 +127,8 @@ def tensor_stats(x) -> dict[str, float | int] | None:  # x: torch.Tensor
     zeros = nans = infs = 0
     for start in range(0, flat.numel(), CHUNK):
         chunk = flat[start : start + CHUNK]
-        if (
-            str(chunk.dtype).removeprefix("torch.") not in NATIVE_STATS_DTYPES
-        ):  # bool, float8, small ints: few kernels exist for them
+        # bool, float8, small ints: few kernels exist for them
+        if str(chunk.dtype).removeprefix("torch.") not in NATIVE_STATS_DTYPES:
             chunk = chunk.to(torch.float32 if floating else torch.float64)
         zeros += chunk.numel() - int(torch.count_nonzero(chunk))
         chunk_lo, chunk_hi = (float(v) for v in torch.aminmax(chunk))

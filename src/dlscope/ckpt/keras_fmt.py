@@ -7,6 +7,7 @@ dataset offsets are real file offsets and nothing is copied.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -229,9 +230,6 @@ def _walk_h5(path: Path, f: BinaryIO, base: int, size: int, where: str, anatomy:
                 offset = obj.id.get_offset()
                 role, group = _role_and_group(name.split("/"))
 
-                def read(ds: str = name):  # -> torch.Tensor
-                    return _read_dataset(path, base, size, ds)
-
                 anatomy.tensors.append(
                     TensorEntry(
                         name=name,
@@ -244,7 +242,7 @@ def _walk_h5(path: Path, f: BinaryIO, base: int, size: int, where: str, anatomy:
                         offset=base + offset if offset is not None else None,
                         role=role,
                         group=group,
-                        read=read if dtype is not None else None,
+                        read=functools.partial(_read_dataset, path, base, size, name) if dtype else None,
                     )
                 )
         except (OSError, KeyError, RuntimeError, ValueError, TypeError) as e:

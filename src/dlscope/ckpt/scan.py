@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from dlscope.ckpt import zipdir
+from dlscope.ckpt import safetensors_fmt, zipdir
 from dlscope.ckpt.allowlist import DCP_METADATA, NUMPY_ARRAY, TORCH_WEIGHTS_ONLY
 from dlscope.ckpt.pickle_scan import scan_pickle
 from dlscope.ckpt.pickle_values import PickleScan, StorageRef, TensorRef, npy_itemsize
@@ -41,7 +41,6 @@ from dlscope.findings import Finding, Level
 EXIT_CODES = {"safe": 0, "dangerous": 1, "damaged": 2, "skipped": 0}
 MAX_PICKLE_BYTES = 256 << 20  # a state dict's pickle is kilobytes to a few MB; more is scanned up to here
 NPY_MAX_HEADER = 10_000  # numpy's own max_header_size
-SAFETENSORS_MAX_HEADER = 100 << 20
 # a walked file with one of these names is a model file even when it is broken: damaged, never skipped
 MODEL_SUFFIXES = {".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".model", ".tar", ".safetensors"}
 MODEL_SUFFIXES |= {".npy", ".npz", ".h5", ".hdf5", ".keras", ".index", ".distcp"}
@@ -54,17 +53,8 @@ class ScannedPickle:
     scan: PickleScan
 
     def to_dict(self) -> dict[str, Any]:
-        s = self.scan
-        return {
-            "where": self.where,
-            "start": s.start,
-            "end": s.end,
-            "protocol": s.protocol,
-            "opcodes": s.opcodes,
-            "error": s.error,
-            "elided": s.elided,
-            "events": [e.__dict__ for e in s.events],
-        }
+        facts = {k: getattr(self.scan, k) for k in ("start", "end", "protocol", "opcodes", "error", "elided")}
+        return {"where": self.where, **facts, "events": [e.__dict__ for e in self.scan.events]}
 
 
 @dataclass
@@ -118,11 +108,7 @@ class ScanReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "path": self.path,
-            "format": self.format,
-            "file_bytes": self.file_bytes,
-            "verdict": self.verdict,
-            "exit_code": self.exit_code,
+            **{k: getattr(self, k) for k in ("path", "format", "file_bytes", "verdict", "exit_code")},
             "evidence": self.evidence(),
             "findings": [f.to_json() for f in self.findings],
             "pickles": [p.to_dict() for p in self.pickles],
@@ -269,7 +255,7 @@ class Scanner:
         report = self.report
         (n,) = struct.unpack("<Q", head[:8])
         report.format = "safetensors"
-        if n > min(SAFETENSORS_MAX_HEADER, report.file_bytes - 8):
+        if n > min(safetensors_fmt.MAX_HEADER, report.file_bytes - 8):
             self.bad("safetensors_header_size", bytes=n)
             return
         self.f.seek(8)

@@ -28,11 +28,12 @@ import crc32c
 from dlscope.ckpt.anatomy import Anatomy, TensorEntry, dtype_name
 from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.ckpt.pickle_values import DType
+from dlscope.ckpt.sniff import TF_TABLE_MAGIC
+from dlscope.data.pipeline.tfrecord import mask
 from dlscope.errors import CheckpointError
 from dlscope.findings import Finding
 from dlscope.protowire import FormatError, proto_fields, signed64, varint
 
-TABLE_MAGIC = (0xDB4775248B80FB57).to_bytes(8, "little")
 FOOTER_BYTES = 48
 TRAILER_BYTES = 5
 MAX_INDEX_BYTES = 256 << 20
@@ -111,7 +112,7 @@ def read_table(f: BinaryIO, file_bytes: int) -> tuple[list[tuple[bytes, bytes]],
         raise FormatError(f"a {file_bytes:,}-byte index is over the {MAX_INDEX_BYTES:,}-byte limit")
     f.seek(file_bytes - FOOTER_BYTES)
     footer = f.read(FOOTER_BYTES)
-    if footer[-8:] != TABLE_MAGIC:
+    if footer[-8:] != TF_TABLE_MAGIC:
         raise FormatError("no table magic in the footer")
     _, pos = varint(footer, 0)  # metaindex offset
     _, pos = varint(footer, pos)  # metaindex size
@@ -166,10 +167,6 @@ def parse_header(value: bytes) -> dict[str, Any]:
     return header
 
 
-def masked(crc: int) -> int:
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 def tensor_crc(shard: Path, offset: int, size: int, dtype: int, numel: int) -> int | None:
     """The masked CRC32C TF stores for a tensor's bytes (None: a dtype whose checksum is not computed here).
 
@@ -184,7 +181,7 @@ def tensor_crc(shard: Path, offset: int, size: int, dtype: int, numel: int) -> i
             f.seek(offset)
             for start in range(0, size, CRC_CHUNK):
                 crc = crc32c.crc32c(f.read(min(CRC_CHUNK, size - start)), crc)
-        return masked(crc)
+        return mask(crc)
     if size > MAX_INDEX_BYTES:
         return None
     raw = read_shard_bytes(shard, offset, size)
@@ -194,7 +191,7 @@ def tensor_crc(shard: Path, offset: int, size: int, dtype: int, numel: int) -> i
         crc = crc32c.crc32c(size.to_bytes(4 if size < 1 << 32 else 8, "little"), crc)
         total += size
     crc = crc32c.crc32c(raw[pos : pos + 4], crc)
-    return masked(crc32c.crc32c(raw[pos + 4 : pos + 4 + total], crc))
+    return mask(crc32c.crc32c(raw[pos + 4 : pos + 4 + total], crc))
 
 
 def string_values(raw: bytes, numel: int) -> list[bytes]:
@@ -422,8 +419,8 @@ def bundle_index(path: Path) -> Path | None:
     if index is None or index.stat().st_size < FOOTER_BYTES:
         return None
     with open(index, "rb") as f:
-        f.seek(-len(TABLE_MAGIC), 2)
-        return index if f.read() == TABLE_MAGIC else None
+        f.seek(-len(TF_TABLE_MAGIC), 2)
+        return index if f.read() == TF_TABLE_MAGIC else None
 
 
 def verify_bundle(index: Path) -> Anatomy:

@@ -160,10 +160,7 @@ def parse_idx(content: bytes | bytearray, path: str | Path = "<bytes>") -> np.nd
     header = parse_header(content, path)
     dims, dtype, expected = header.dims, header.dtype, header.total
     if len(content) < expected:
-        raise DatasetError(
-            f"truncated body: dimensions {dims} need {expected} bytes, file has {len(content)}",
-            path,
-        )
+        raise DatasetError(f"truncated body: dimensions {dims} need {expected} bytes, file has {len(content)}", path)
     if len(content) > expected:
         raise DatasetError(
             f"size/dimension mismatch: dimensions {dims} need {expected} bytes, "

@@ -82,8 +82,7 @@ def raw_dir_of(data_dir: Path) -> Path:
     if not data_dir.exists():
         raise DatasetError("data directory does not exist", data_dir)
     raise DatasetError(
-        "no MNIST files here (expected MNIST/raw/train-images-idx3-ubyte[.gz] and the other three)",
-        data_dir,
+        "no MNIST files here (expected MNIST/raw/train-images-idx3-ubyte[.gz] and the other three)", data_dir
     )
 
 
@@ -119,11 +118,10 @@ def load_mnist(data_dir: str | Path | None = None) -> MNIST:
             arrays[key] = parse_idx(content, path)
         files[key] = str(path)
     _check_shapes(arrays, raw)
+    # images stay uint8 (copied out of the read-only buffer), labels become int64
+    tensors = {k: torch.from_numpy(a.astype(np.int64) if "labels" in k else a.copy()) for k, a in arrays.items()}
     return MNIST(
-        train_images=torch.from_numpy(arrays["train_images"].copy()),
-        train_labels=torch.from_numpy(arrays["train_labels"].astype(np.int64)),
-        test_images=torch.from_numpy(arrays["test_images"].copy()),
-        test_labels=torch.from_numpy(arrays["test_labels"].astype(np.int64)),
+        **tensors,
         source="embedded" if data_dir is None else str(raw),
         files=files,
         load_seconds=time.perf_counter() - start,

@@ -32,11 +32,7 @@ def _bytes_feature(value: bytes) -> bytes:
 
 def encode_example(index: int, label: int, image: bytes) -> bytes:
     """A serialized tf.train.Example with features image, label and index."""
-    entries = (
-        ("image", _bytes_feature(image)),
-        ("label", _int64_feature(label)),
-        ("index", _int64_feature(index)),
-    )
+    entries = (("image", _bytes_feature(image)), ("label", _int64_feature(label)), ("index", _int64_feature(index)))
     features = b"".join(
         length_delimited(1, length_delimited(1, key.encode()) + length_delimited(2, value)) for key, value in entries
     )

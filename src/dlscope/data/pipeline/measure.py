@@ -106,12 +106,7 @@ def evict_page_cache(paths: list[Path]) -> None:
 
 
 def measure_epoch(
-    root: str | Path,
-    manifest: Manifest,
-    reader: ReaderConfig,
-    consumer: Consumer,
-    cold: bool,
-    epoch: int = 0,
+    root: str | Path, manifest: Manifest, reader: ReaderConfig, consumer: Consumer, cold: bool, epoch: int = 0
 ) -> EpochMeasurement:
     """Feed one epoch to `consumer` and account for every second and every read."""
     root = Path(root)

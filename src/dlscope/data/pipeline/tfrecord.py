@@ -40,9 +40,13 @@ class TFRecordError(DatasetError):
     """A TFRecord file is truncated or fails a CRC check (the message names the byte offset)."""
 
 
-def masked_crc(data: bytes | bytearray | memoryview) -> int:
-    crc = crc32c.crc32c(data)
+def mask(crc: int) -> int:
+    """TF's masked CRC32C (records, and a checkpoint bundle's tensors): rotated, plus a constant."""
     return (((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF
+
+
+def masked_crc(data: bytes | bytearray | memoryview) -> int:
+    return mask(crc32c.crc32c(data))
 
 
 def frame(payload: bytes) -> bytes:

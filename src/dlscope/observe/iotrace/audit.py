@@ -85,7 +85,7 @@ def install(directory: str) -> None:
                 record["mode"] = args[1] if len(args) > 1 and isinstance(args[1], str) else None
                 if path is not None and path.startswith(_MARKER):
                     # the sample closes the phase that is ending, so it goes before the marker
-                    write({"ts": record["ts"], "pid": pid, "tid": record["tid"], "call": "procio", "io": _proc_io()})
+                    sample(record["ts"])
                     write(record)
                     return
             elif call == "rename" and len(args) > 1:
@@ -94,10 +94,9 @@ def install(directory: str) -> None:
         finally:
             busy.on = False
 
-    def sample():
-        write(
-            {"ts": time.time(), "pid": own["pid"], "tid": threading.get_native_id(), "call": "procio", "io": _proc_io()}
-        )
+    def sample(ts=None):
+        tid = threading.get_native_id()
+        write({"ts": ts or time.time(), "pid": own["pid"], "tid": tid, "call": "procio", "io": _proc_io()})
 
     def after_fork():
         open_records()
