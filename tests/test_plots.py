@@ -11,8 +11,7 @@ def tick_labels(fig, axis) -> list[str]:
 
 
 def test_log_axis_labels_are_plain_numbers():
-    fig, axes = plots.subplots(1)
-    ax = axes[0][0]
+    fig, (ax,) = plots.subplots(1)
     ax.plot([1, 16, 64], [1010, 8101, 9743])
     plots.log_axis(ax, "x", [1, 16, 64])
     plots.log_axis(ax, "y")
@@ -23,8 +22,7 @@ def test_log_axis_labels_are_plain_numbers():
 
 
 def test_log_axis_over_many_decades_labels_only_powers_of_ten():
-    fig, axes = plots.subplots(1)
-    ax = axes[0][0]
+    fig, (ax,) = plots.subplots(1)
     ax.barh(["loops", "numpy", "torch"], [0.002, 0.3, 40.0])
     plots.log_axis(ax, "x")
     labels = tick_labels(fig, ax.xaxis)
@@ -32,8 +30,7 @@ def test_log_axis_over_many_decades_labels_only_powers_of_ten():
 
 
 def test_legend_outside_covers_no_bar():
-    fig, axes = plots.subplots(1)
-    ax = axes[0][0]
+    fig, (ax,) = plots.subplots(1)
     for i, name in enumerate(("data", "compute", "optimizer")):
         ax.bar([0, 1, 2], [5, 9, 7], bottom=[10 * i] * 3, label=name)
     plots.legend_outside(ax)

@@ -6,7 +6,7 @@ from __future__ import annotations
 # torch's legacy typed tensor and storage classes, by element type
 TYPED = ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
 COMPLEX = ("ComplexDouble", "ComplexFloat")  # storages only
-QUANTISED = ("QInt32", "QInt8", "QUInt2x4", "QUInt4x2", "QUInt8")  # storages on the CPU only; their dtypes
+QUANTISED = ("QInt32", "QInt8", "QUInt2x4", "QUInt4x2", "QUInt8")  # CPU storages; lower-cased, dtypes too
 FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64", "complex32", "complex64", "complex128")
 LOW_BIT_FLOATS = (
     "float8_e4m3fn",
@@ -16,7 +16,7 @@ LOW_BIT_FLOATS = (
     "float8_e8m0fnu",
     "float4_e2m1fn_x2",
 )
-INT_DTYPES = tuple(f"{u}int{bits}" for u in ("", "u") for bits in (*range(1, 9), 16, 32, 64))
+INT_DTYPES = tuple(f"{u}int{bits}" for u in ("", "u") for bits in (*range(1, 9), 16, 32, 64))  # int1 … uint64
 BITS_DTYPES = ("bool", "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2")
 
 TORCH_WEIGHTS_ONLY: frozenset[str] = frozenset(

@@ -15,10 +15,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "attach",
-        help="profile the next N steps of a job running under `dlscope run`, with no restart",
-    )
+    p = sub.add_parser("attach", help="profile the next N steps of a job running under `dlscope run`, with no restart")
     p.add_argument("target", metavar="RUN_DIR|PID", help="a running `dlscope run` directory, or a process id in it")
     p.add_argument(
         "--profile-steps",

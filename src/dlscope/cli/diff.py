@@ -35,7 +35,5 @@ def register(sub: argparse._SubParsersAction) -> None:
         f"(default {RunDiffOptions.min_change_pct:g})",
     )
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    p.add_argument(
-        "--limit", type=int, default=10, help="rows per table of operators, system calls, files (default 10)"
-    )
+    p.add_argument("--limit", type=int, default=10, help="rows per table of operators, system calls, files")
     p.set_defaults(func=cmd_diff)

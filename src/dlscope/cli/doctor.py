@@ -26,14 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--budget", type=float, default=120.0, metavar="SECONDS", help="wall time for all trials (default 120)"
     )
-    p.add_argument(
-        "--warmup-steps", type=int, default=3, metavar="N", help="steps of each trial not counted (default 3)"
-    )
-    p.add_argument(
-        "--max-steps", type=int, default=40, metavar="N", help="counted steps per trial at most (default 40)"
-    )
-    p.add_argument(
-        "--rounds", type=int, default=3, metavar="N", help="baseline/candidate rounds, interleaved, at most (default 3)"
-    )
+    p.add_argument("--warmup-steps", type=int, default=3, metavar="N", help="steps of each trial not counted")
+    p.add_argument("--max-steps", type=int, default=40, metavar="N", help="counted steps per trial at most")
+    p.add_argument("--rounds", type=int, default=3, metavar="N", help="baseline/candidate rounds, interleaved, at most")
     p.add_argument("command_argv", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its arguments")
     p.set_defaults(func=cmd_doctor)

@@ -200,14 +200,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=ScalingOptions.steps,
         metavar="K",
-        help=f"training steps of each short scaling run (default {ScalingOptions.steps})",
+        help="training steps of each short scaling run",
     )
     g.add_argument(
         "--scaling-rounds",
         type=int,
         default=ScalingOptions.rounds,
         metavar="R",
-        help=f"rounds that alternate the three configurations (default {ScalingOptions.rounds})",
+        help="rounds that alternate the three configurations",
     )
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue a run from its checkpoint")
     p.add_argument(

@@ -79,28 +79,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_pipeline_run)
 
     p = pipe_sub.add_parser("sweep", help="seed 003's tables and more, with verdicts and a report")
-    p.add_argument("--samples", type=int, default=SweepPlan.mnist_samples, help="MNIST samples (default %(default)s)")
-    p.add_argument(
-        "--small-files", type=int, default=SweepPlan.small_files, help="550-byte files (default %(default)s)"
-    )
-    p.add_argument(
-        "--compute-ms",
-        type=float,
-        default=SweepPlan.compute_ms,
-        help="simulated compute per batch (default %(default)s)",
-    )
-    p.add_argument(
-        "--model", default=SweepPlan.model, help="training consumer, from `dlscope models` (default %(default)s)"
-    )
+    p.add_argument("--samples", type=int, default=SweepPlan.mnist_samples, help="MNIST samples")
+    p.add_argument("--small-files", type=int, default=SweepPlan.small_files, help="550-byte files")
+    p.add_argument("--compute-ms", type=float, default=SweepPlan.compute_ms, help="simulated compute per batch")
+    p.add_argument("--model", default=SweepPlan.model, help="training consumer, from `dlscope models`")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=SweepPlan.threads, help="torch threads of the training consumer")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=SweepPlan.repeats,
-        help="interleaved runs per row, median kept (default %(default)s)",
-    )
+    p.add_argument("--repeats", type=int, default=SweepPlan.repeats, help="interleaved runs per row, median kept")
     p.add_argument(
         "--engines",
         default="dlscope",

@@ -31,9 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--wait", type=int, default=1, metavar="N", help="profiler schedule: steps skipped (default 1)")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="profiler schedule: warm-up steps (default 2)")
-    p.add_argument(
-        "--start-after", type=int, default=1, metavar="N", help="steps before the profiler starts (default 1)"
-    )
+    p.add_argument("--start-after", type=int, default=1, metavar="N", help="steps before the profiler starts")
     p.add_argument(
         "--sort-by",
         default="self_cpu",

@@ -14,8 +14,7 @@ def cmd_stacks(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "stacks",
-        help="every process of a running job now: Python stacks, system calls, collectives, a verdict",
+        "stacks", help="every process of a running job now: Python stacks, system calls, collectives, a verdict"
     )
     p.add_argument("target", metavar="RUN_DIR|PID", help="a `dlscope run` directory, or a process id")
     p.add_argument("--json", action="store_true", help="print the whole capture as JSON")

@@ -31,8 +31,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", *TRACE_BACKENDS], help="tracer (default auto)")
     p.add_argument("--out", default=None, metavar="RUN", help="run directory (default runs/trace-<time>)")
     p.add_argument("--measure-overhead", action="store_true", help="also time untraced vs traced runs")
-    p.add_argument(
-        "--repeats", type=int, default=3, metavar="N", help="runs of each kind for --measure-overhead (default 3)"
-    )
+    p.add_argument("--repeats", type=int, default=3, metavar="N", help="runs of each kind for --measure-overhead")
     p.add_argument("command_argv", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its arguments")
     p.set_defaults(func=cmd_trace)

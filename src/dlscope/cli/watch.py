@@ -38,11 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("target", metavar="RUN_DIR|PID", help="a running `dlscope run` directory, or a process id in it")
     p.add_argument("--interval", type=_positive, default=1.0, metavar="S", help="seconds between refreshes (default 1)")
     p.add_argument(
-        "--recent",
-        type=_steps,
-        default=200,
-        metavar="N",
-        help="the newest steps the figures are drawn from (default 200)",
+        "--recent", type=_steps, default=200, metavar="N", help="the newest steps the figures are drawn from"
     )
     p.add_argument("--once", action="store_true", help="print one view and return (for scripts)")
     p.set_defaults(func=cmd_watch)

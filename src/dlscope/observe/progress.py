@@ -43,11 +43,7 @@ class ProgressObserver(TrainingObserver):
     def _new_task(self, trainer: Trainer, epoch: int) -> None:
         assert self.progress is not None
         self.task = self.progress.add_task(
-            f"epoch {epoch}/{trainer.config.epochs}",
-            total=trainer.steps_per_epoch,
-            loss="…",
-            acc="…",
-            speed="",
+            f"epoch {epoch}/{trainer.config.epochs}", total=trainer.steps_per_epoch, loss="…", acc="…", speed=""
         )
 
     def on_step_end(self, trainer: Trainer, loss, batch_size: int) -> None:

@@ -32,7 +32,9 @@ def png(fig: plt.Figure) -> bytes:
 
 
 def subplots(ncols: int = 1, width: float = 4.2, height: float = 3.0):
-    return plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    """A figure and its `ncols` axes side by side: `fig, (ax,) = subplots(1)`."""
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    return fig, list(axes[0])
 
 
 def plain(value: float, _position: object = None) -> str:

@@ -13,12 +13,7 @@ from typing import Any
 
 import torch
 
-from dlscope.experiments.conv import (
-    extrapolate_to_layers,
-    loop_order_experiment,
-    model_conv_shapes,
-    time_conv,
-)
+from dlscope.experiments.conv import extrapolate_to_layers, loop_order_experiment, model_conv_shapes, time_conv
 from dlscope.measure.peaks import measure_gemm_peak
 from dlscope.models import build_model
 from dlscope.observe.memory import memory_anatomy

@@ -29,8 +29,7 @@ LEGEND = (
 def anatomy_chart(ranks: list[dict[str, Any]]) -> bytes:
     from dlscope.report import plots  # matplotlib: only when a report draws
 
-    fig, axes = plots.subplots(1, width=6.5, height=0.8 + 0.45 * len(ranks))
-    ax = axes[0][0]
+    fig, (ax,) = plots.subplots(1, width=6.5, height=0.8 + 0.45 * len(ranks))
     labels = [f"rank {r['rank']}" for r in ranks][::-1]
     left = [0.0] * len(ranks)
     for key, name, color in PARTS:

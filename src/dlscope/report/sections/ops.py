@@ -13,8 +13,7 @@ TITLE = "Operators and memory: a convolution from seven loops to oneDNN"
 def conv_chart(conv: dict, peak: dict) -> bytes:
     from dlscope.report import plots  # matplotlib: only when a report draws
 
-    fig, axes = plots.subplots(1, width=6.0, height=2.8)
-    ax = axes[0][0]
+    fig, (ax,) = plots.subplots(1, width=6.0, height=2.8)
     timings = conv["timings"]
     ax.barh([t["impl"] for t in timings][::-1], [t["gflops"] for t in timings][::-1], color="#2f5bd3")
     ax.axvline(peak["value"], color="#c0392b", linestyle="--", label=f"GEMM peak {peak['value']:.0f} GFLOP/s")
@@ -27,8 +26,7 @@ def conv_chart(conv: dict, peak: dict) -> bytes:
 def memory_chart(memory: dict) -> bytes:
     from dlscope.report import plots  # matplotlib: only when a report draws
 
-    fig, axes = plots.subplots(1, width=5.5, height=3.0)
-    ax = axes[0][0]
+    fig, (ax,) = plots.subplots(1, width=5.5, height=3.0)
     comparisons = memory["comparisons"]
     batches = [c["batch_size"] for c in comparisons]
     static = [(c["static_bytes"] + c["batch_bytes"]) / 2**20 for c in comparisons]

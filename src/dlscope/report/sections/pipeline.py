@@ -46,8 +46,7 @@ def time_split_figure(table: dict[str, Any]) -> bytes:
     from dlscope.report import plots  # matplotlib: only when a report draws
 
     rows = own_rows(table)
-    fig, axes = plots.subplots(1, width=max(3.6, 1.1 * len(rows) + 1.5), height=2.8)
-    ax = axes[0][0]
+    fig, (ax,) = plots.subplots(1, width=max(3.6, 1.1 * len(rows) + 1.5), height=2.8)
     labels = [r["label"] for r in rows]
     wait = [r["wait_s"] for r in rows]
     compute = [r["compute_s"] for r in rows]

@@ -14,8 +14,7 @@ def top_chart(section: dict[str, Any]) -> bytes:
     from dlscope.report import plots  # matplotlib: only when a report draws
 
     rows = section["top10"][::-1]
-    fig, axes = plots.subplots(1, width=7.5, height=3.4)
-    ax = axes[0][0]
+    fig, (ax,) = plots.subplots(1, width=7.5, height=3.4)
     ax.barh(
         [r["name"].replace("aten::", "") for r in rows],
         [r["self_cpu_us"] / 1000 / section["steps"] for r in rows],

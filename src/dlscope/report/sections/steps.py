@@ -34,8 +34,7 @@ def shown_parts(section: dict[str, Any]) -> tuple[str, ...]:
 def windows_chart(windows: list[dict[str, Any]], changes: list[dict[str, Any]]) -> bytes:
     from dlscope.report import plots  # matplotlib: only when a report draws
 
-    fig, axes = plots.subplots(1, width=6.5, height=2.8)
-    ax = axes[0][0]
+    fig, (ax,) = plots.subplots(1, width=6.5, height=2.8)
     steps = [w["first"] for w in windows]
     for key, label in (("p50_ms", "median"), ("p90_ms", "p90"), ("max_ms", "max")):
         ax.plot(steps, [w[key] for w in windows], label=label, drawstyle="steps-post")

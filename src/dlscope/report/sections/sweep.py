@@ -24,8 +24,7 @@ def _series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 def throughput_chart(rows: list[dict[str, Any]]) -> bytes:
     from dlscope.report import plots  # matplotlib: only when a report draws
 
-    fig, axes = plots.subplots(2)
-    rate_ax, latency_ax = axes[0]
+    fig, (rate_ax, latency_ax) = plots.subplots(2)
     for colour, (name, group) in zip(SERIES_COLOURS * 4, _series(rows).items(), strict=False):
         batch = [r["batch_size"] for r in group]
         rate_ax.plot(batch, [r["samples_per_s"] for r in group], "o-", color=colour, label=name)
@@ -47,8 +46,7 @@ def throughput_chart(rows: list[dict[str, Any]]) -> bytes:
 def shares_chart(rows: list[dict[str, Any]]) -> bytes:
     from dlscope.report import plots  # matplotlib: only when a report draws
 
-    fig, axes = plots.subplots(1, width=max(4.5, 0.9 * len(rows) + 1.5), height=3.2)
-    ax = axes[0][0]
+    fig, (ax,) = plots.subplots(1, width=max(4.5, 0.9 * len(rows) + 1.5), height=3.2)
     labels = [r["config"] for r in rows]
     kernel = [r["kernel_pct"] for r in rows]
     overhead = [r["overhead_pct"] for r in rows]
@@ -65,8 +63,7 @@ def shares_chart(rows: list[dict[str, Any]]) -> bytes:
 def roofline_chart(section: dict[str, Any]) -> bytes:
     from dlscope.report import plots  # matplotlib: only when a report draws
 
-    fig, axes = plots.subplots(1, width=6.0, height=4.0)
-    ax = axes[0][0]
+    fig, (ax,) = plots.subplots(1, width=6.0, height=4.0)
     rows = section["rows"]
     ridges = [p["gemm_gflops"] / p["copy_gbps"] for p in section["peaks"].values()]
     spots = [r["intensity"] for r in rows if r["intensity"]] + ridges

@@ -13,8 +13,7 @@ TITLE = "Training"
 def curves(section: dict[str, Any]) -> bytes:
     from dlscope.report import plots  # matplotlib: only when a report draws
 
-    fig, axes = plots.subplots(2)
-    loss_ax, acc_ax = axes[0]
+    fig, (loss_ax, acc_ax) = plots.subplots(2)
     log = section.get("log") or []
     spe = section["steps_per_epoch"]
     epochs = section["epochs"]
