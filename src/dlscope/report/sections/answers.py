@@ -21,18 +21,10 @@ def ckpt_verify(section: dict[str, Any], options: Any) -> list[Block]:
         bad = [Verdict("MISMATCH", "bad", f"{m['values']['where']}: {sentence(m, WORDS)[1]}") for m in mismatches]
         return bad or [Verdict("ok", "good", f"{path}: the CRC32C of all {section['tensors']:,} tensors match")]
     if section["ok"]:
-        text = (
-            f"{path}: identical predictions on {section['samples']:,} test images ({section['accuracy_loaded']:.2f}%)"
-        )
-        return [Verdict("ok", "good", text)]
-    return [
-        Verdict(
-            "MISMATCH",
-            "bad",
-            f"{path}: predictions differ from the saved fingerprint "
-            f"(saved {section['accuracy_saved']:.2f}%, now {section['accuracy_loaded']:.2f}%)",
-        )
-    ]
+        text = f"identical predictions on {section['samples']:,} test images ({section['accuracy_loaded']:.2f}%)"
+        return [Verdict("ok", "good", f"{path}: {text}")]
+    accuracies = f"saved {section['accuracy_saved']:.2f}%, now {section['accuracy_loaded']:.2f}%"
+    return [Verdict("MISMATCH", "bad", f"{path}: predictions differ from the saved fingerprint ({accuracies})")]
 
 
 def ckpt_scan(section: dict[str, Any], options: Any) -> list[Block]:
@@ -106,12 +98,11 @@ def attach(section: dict[str, Any], options: Any) -> list[Block]:
         )
         cost = window.get("cost") or {}
         if cost.get("active_step_ms") is not None and cost.get("unprofiled_step_ms") is not None:
-            blocks.append(
-                Para(
-                    f"These steps took {cost['active_step_ms']:,.1f} ms (median) against "
-                    f"{cost['unprofiled_step_ms']:,.1f} ms for the {cost['unprofiled_steps']} unprofiled steps "
-                    "around them (the profiler's own cost included)."
-                )
+            text = (
+                f"These steps took {cost['active_step_ms']:,.1f} ms (median) against "
+                f"{cost['unprofiled_step_ms']:,.1f} ms for the {cost['unprofiled_steps']} unprofiled steps "
+                "around them (the profiler's own cost included)."
             )
+            blocks.append(Para(text))
         blocks.append(Para(f"The run's report will list this window. Trace (ui.perfetto.dev): {window['trace']}"))
     return blocks

@@ -122,28 +122,25 @@ def layout_blocks(a: dict[str, Any], limit: int | None) -> list[Block]:
         blocks.append(Para(f"{key}: {value}"))
     for p in layout.get("pickles", []):
         calls = ", ".join(f"{name} ×{n}" for name, n in p["calls"].items()) if p.get("calls") else "none"
-        blocks.append(
-            Para(
-                f"pickle {p['where']}: protocol {p['protocol']}, {p['opcodes']:,} opcodes, {p['bytes']:,} bytes; "
-                f"globals: {', '.join(p['globals']) or 'none'}; calls: {calls}."
-            )
+        text = (
+            f"pickle {p['where']}: protocol {p['protocol']}, {p['opcodes']:,} opcodes, {p['bytes']:,} bytes; "
+            f"globals: {', '.join(p['globals']) or 'none'}; calls: {calls}."
         )
+        blocks.append(Para(text))
     if "safetensors_header" in layout:
         h = layout["safetensors_header"]
-        blocks.append(
-            Para(
-                f"safetensors header: {h['header_bytes']:,} bytes of JSON, data from byte {h['data_offset']:,}; "
-                f"{h['tensors']} tensors; metadata {json.dumps(h['metadata'])[:200]}"
-            )
+        text = (
+            f"safetensors header: {h['header_bytes']:,} bytes of JSON, data from byte {h['data_offset']:,}; "
+            f"{h['tensors']} tensors; metadata {json.dumps(h['metadata'])[:200]}"
         )
+        blocks.append(Para(text))
     if "tf_index" in layout:
         tf = layout["tf_index"]
-        blocks.append(
-            Para(
-                f"TF index: a LevelDB table of {tf['entries']:,} entries in {tf['data_blocks']} data blocks; "
-                f"header {json.dumps(tf['header'])}"
-            )
+        text = (
+            f"TF index: a LevelDB table of {tf['entries']:,} entries in {tf['data_blocks']} data blocks; "
+            f"header {json.dumps(tf['header'])}"
         )
+        blocks.append(Para(text))
         blocks.append(
             Table(
                 ["file", "bytes"],
@@ -353,15 +350,14 @@ def render(section: dict[str, Any]) -> list[Block]:
         opt = a["by_role"]
         optimizer = next((r["bytes"] for r in opt if r["role"] == "optimizer"), 0)
         params = sum(r["bytes"] for r in opt if r["role"] in ("parameter", "buffer"))
-        blocks.append(
-            Para(
-                f"What {a['path']} holds, read by dlscope ckpt inspect without torch.load: the pickle goes "
-                "through a restricted unpickler that imports nothing, tensor bytes are located by zip member "
-                f"and offset and read only for statistics ({a['inspect_seconds'] * 1000:.0f} ms). The "
-                f"optimizer state is {optimizer / max(params, 1):.1f}× the model's own weights"
-                " (Adam keeps exp_avg and exp_avg_sq per parameter)."
-            )
+        text = (
+            f"What {a['path']} holds, read by dlscope ckpt inspect without torch.load: the pickle goes "
+            "through a restricted unpickler that imports nothing, tensor bytes are located by zip member "
+            f"and offset and read only for statistics ({a['inspect_seconds'] * 1000:.0f} ms). The "
+            f"optimizer state is {optimizer / max(params, 1):.1f}× the model's own weights"
+            " (Adam keeps exp_avg and exp_avg_sq per parameter)."
         )
+        blocks.append(Para(text))
         blocks += render_anatomy(a, stats_columns=True)
         d = a["reload_diff"]
         exact = (
@@ -372,15 +368,14 @@ def render(section: dict[str, Any]) -> list[Block]:
     if "keras" in section:
         k = section["keras"]
         tr = k["training"]
-        blocks.append(
-            Para(
-                f"Seed 003's MLP, trained with Keras {tr['keras_version']} on the {tr['backend']} backend "
-                f"({tr['samples']:,} images, {tr['epochs']} epoch(s), {tr.get('optimizer', 'adam')}, batch "
-                f"{tr.get('batch_size', 32)}, accuracy {tr['accuracy'][-1]:.2%}) and saved "
-                "with model.save('model.h5') as in the handout: the HDF5 root attributes hold model_config and "
-                "training_config, the groups model_weights/<layer>/… and optimizer_weights/… the tensors."
-            )
+        text = (
+            f"Seed 003's MLP, trained with Keras {tr['keras_version']} on the {tr['backend']} backend "
+            f"({tr['samples']:,} images, {tr['epochs']} epoch(s), {tr.get('optimizer', 'adam')}, batch "
+            f"{tr.get('batch_size', 32)}, accuracy {tr['accuracy'][-1]:.2%}) and saved "
+            "with model.save('model.h5') as in the handout: the HDF5 root attributes hold model_config and "
+            "training_config, the groups model_weights/<layer>/… and optimizer_weights/… the tensors."
         )
+        blocks.append(Para(text))
         blocks.append(formats_table([k[kind] for kind in ("h5", "keras", "tf_bundle") if kind in k]))
         h5 = k["h5"]
         if "model_config" in h5["layout"]:
@@ -388,22 +383,19 @@ def render(section: dict[str, Any]) -> list[Block]:
         if "training_config" in h5["layout"]:
             blocks.append(Code("training_config = " + json.dumps(h5["layout"]["training_config"]), "json"))
         blocks += render_anatomy(h5, stats_columns=False)
-        blocks.append(
-            Para(
-                "The same model saved as Keras 3's native .keras: a zip of metadata.json, config.json and "
-                "model.weights.h5."
-            )
+        text = (
+            "The same model saved as Keras 3's native .keras: a zip of metadata.json, config.json and model.weights.h5."
         )
+        blocks.append(Para(text))
         blocks += render_anatomy(k["keras"], stats_columns=False)
         if "tf_bundle" in k:
-            blocks.append(
-                Para(
-                    "The handout's other format, TensorFlow's own checkpoint (tf.train.Checkpoint): a LevelDB index "
-                    "of every tensor's dtype, shape, offset and CRC32C (all checked here), and a data shard. Its "
-                    "object graph says which layer each variable belongs to and which variable each optimizer slot "
-                    "serves."
-                )
+            text = (
+                "The handout's other format, TensorFlow's own checkpoint (tf.train.Checkpoint): a LevelDB index "
+                "of every tensor's dtype, shape, offset and CRC32C (all checked here), and a data shard. Its "
+                "object graph says which layer each variable belongs to and which variable each optimizer slot "
+                "serves."
             )
+            blocks.append(Para(text))
             blocks += render_anatomy(k["tf_bundle"], stats_columns=False)
         if "profile" in tr:
             blocks.append(profile_table(tr["profile"], tr["backend"]))

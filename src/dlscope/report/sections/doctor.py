@@ -206,12 +206,11 @@ def render(section: dict[str, Any]) -> list[Block]:
         shares = ", ".join(
             f"{p} {pct[p]:.0f}%" for p in ("data", "forward", "backward", "optimizer", "other") if p in pct
         )
-        blocks.append(
-            Para(
-                f"Baseline (the script as written): median step {base['median_ms']:.3g} ms; {shares}; "
-                f"{section['cores']} cores."
-            )
+        text = (
+            f"Baseline (the script as written): median step {base['median_ms']:.3g} ms; {shares}; "
+            f"{section['cores']} cores."
         )
+        blocks.append(Para(text))
     candidates = section.get("candidates", [])
     if candidates:
         rows = [
@@ -245,12 +244,11 @@ def render(section: dict[str, Any]) -> list[Block]:
         blocks.append(Code(snippet(c), "diff"))
     diff = section.get("diff")
     if diff:
-        blocks.append(
-            Para(
-                f"Where the time went, the top change against its round's baseline (`dlscope diff "
-                f"{diff['a']['path']} {diff['b']['path']}`):"
-            )
+        text = (
+            f"Where the time went, the top change against its round's baseline (`dlscope diff "
+            f"{diff['a']['path']} {diff['b']['path']}`):"
         )
+        blocks.append(Para(text))
         blocks += rundiff.render(diff, limit=5)
     not_tried = section.get("not_tried", [])
     if not_tried:
@@ -265,11 +263,10 @@ def render(section: dict[str, Any]) -> list[Block]:
         blocks.append(Table(["trial", "median ms", "steps", "wall s", "status"], rows, "The trials, in the order run"))
     unchanged = all(f["unchanged"] for f in section.get("script_files", []))
     wrote = sum(t["wrote"]["count"] for t in trials)
-    blocks.append(
-        Para(
-            f"{len(trials)} trials in {section['elapsed_s']:.0f} s of a {section['budget_s']:.0f} s budget, each in a "
-            f"scratch working directory of its own (removed after it: {wrote} file(s) the script wrote there), each a "
-            f"run directory under trials/. The script's files are {'unchanged' if unchanged else 'CHANGED'} (sha256)."
-        )
+    text = (
+        f"{len(trials)} trials in {section['elapsed_s']:.0f} s of a {section['budget_s']:.0f} s budget, each in a "
+        f"scratch working directory of its own (removed after it: {wrote} file(s) the script wrote there), each a "
+        f"run directory under trials/. The script's files are {'unchanged' if unchanged else 'CHANGED'} (sha256)."
     )
+    blocks.append(Para(text))
     return blocks

@@ -45,13 +45,12 @@ def render(section: dict[str, Any]) -> list[Block]:
     ]
     compiled = section.get("compiled")
     if compiled is None:
-        blocks.append(
-            Para(
-                "(3) Generated code and (4) its schedule come from torch.compile, which takes tens of seconds of "
-                "C++ compilation on a small CPU; run `dlscope graph` (or `dlscope lab --compile`) to add the "
-                "joint graph, Inductor's generated code and eager against compiled step time."
-            )
+        text = (
+            "(3) Generated code and (4) its schedule come from torch.compile, which takes tens of seconds of "
+            "C++ compilation on a small CPU; run `dlscope graph` (or `dlscope lab --compile`) to add the "
+            "joint graph, Inductor's generated code and eager against compiled step time."
         )
+        blocks.append(Para(text))
         return blocks
     steps = compiled["step_ms"]
     joint = compiled["joint_graph"]
@@ -78,13 +77,12 @@ def render(section: dict[str, Any]) -> list[Block]:
             blocks.append(Para(f"One fused kernel Inductor generated for the {kind} pass, as it was compiled:"))
             blocks.append(Code(excerpts["kernel"], "cpp"))
         if "schedule" in excerpts:
-            blocks.append(
-                Para(
-                    f"The {kind} schedule (`call`): library calls (extern_kernels), fused kernels and buffer "
-                    f"frees in the order they run ({len(code.splitlines())} lines in all; the run's graph/ "
-                    "folder has the whole file):"
-                )
+            text = (
+                f"The {kind} schedule (`call`): library calls (extern_kernels), fused kernels and buffer "
+                f"frees in the order they run ({len(code.splitlines())} lines in all; the run's graph/ "
+                "folder has the whole file):"
             )
+            blocks.append(Para(text))
             blocks.append(Code(excerpts["schedule"], "python"))
     return blocks
 

@@ -109,25 +109,23 @@ def render(section: dict[str, Any]) -> list[Block]:
         if settings:
             median = capture.get("median_step_seconds")
             rule = f"max({settings['hang_factor']:g} × the median step" + (f" {median:.3g} s" if median else "")
-            blocks.append(
-                Para(
-                    f"Capture {n} ({capture['file']}): no step ended for {v['idle_seconds']:.1f} s, over the "
-                    f"threshold of {capture['threshold_seconds']:.1f} s = {rule}, --hang-after "
-                    f"{settings['hang_after']:g} s)."
-                )
+            text = (
+                f"Capture {n} ({capture['file']}): no step ended for {v['idle_seconds']:.1f} s, over the "
+                f"threshold of {capture['threshold_seconds']:.1f} s = {rule}, --hang-after "
+                f"{settings['hang_after']:g} s)."
             )
+            blocks.append(Para(text))
         blocks += [Findings(verdict_findings(v, hung=settings is not None)), process_table(v["processes"])]
     if settings:
         ended = section["ended_job"]
         left = [pid for c in section["captures"] for pid in c.get("left_behind", [])]
-        blocks.append(
-            Para(
-                (
-                    "dlscope ended the job (--on-hang end): exit status 124."
-                    + (f" Still there after SIGKILL: pids {left}." if left else " No process was left behind.")
-                )
-                if ended
-                else "The job was left running (--on-hang wait)."
+        text = (
+            (
+                "dlscope ended the job (--on-hang end): exit status 124."
+                + (f" Still there after SIGKILL: pids {left}." if left else " No process was left behind.")
             )
+            if ended
+            else "The job was left running (--on-hang wait)."
         )
+        blocks.append(Para(text))
     return blocks

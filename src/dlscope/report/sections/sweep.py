@@ -336,14 +336,13 @@ def render(section: dict[str, Any]) -> list[Block]:
                 f"Top 10 operators — {r['config']}, per training step (aten:: omitted)",
             )
         )
-    blocks.append(
-        Para(
-            f"Thresholds: overhead-bound from {thresholds['overhead_bound_pct']:.0f}% of the step outside "
-            f"kernels (moderate from {thresholds['overhead_moderate_pct']:.0f}%); a cold step worth a warning "
-            f"from {thresholds['cold_ratio_warn']:.0f}× a warm one; a kernel named from "
-            f"{thresholds['top_kernel_pct']:.0f}% of kernel time; timings called noisy when p95 ≥ "
-            f"{thresholds['noisy_p95_ratio']:.0f}× p50; memory-speed kernels pointed out from "
-            f"{thresholds['non_gemm_pct']:.0f}% of kernel time. CSV: {section['csv']}."
-        )
+    text = (
+        f"Thresholds: overhead-bound from {thresholds['overhead_bound_pct']:.0f}% of the step outside "
+        f"kernels (moderate from {thresholds['overhead_moderate_pct']:.0f}%); a cold step worth a warning "
+        f"from {thresholds['cold_ratio_warn']:.0f}× a warm one; a kernel named from "
+        f"{thresholds['top_kernel_pct']:.0f}% of kernel time; timings called noisy when p95 ≥ "
+        f"{thresholds['noisy_p95_ratio']:.0f}× p50; memory-speed kernels pointed out from "
+        f"{thresholds['non_gemm_pct']:.0f}% of kernel time. CSV: {section['csv']}."
     )
+    blocks.append(Para(text))
     return blocks

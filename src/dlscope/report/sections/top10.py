@@ -92,14 +92,13 @@ def render(section: dict[str, Any]) -> list[Block]:
         ),
     ]
     if cost.get("ratio"):
-        blocks.append(
-            Para(
-                f"The profiler's own cost: a profiled step took {cost['active_step_ms']:.1f} ms (median) against "
-                f"{cost['unprofiled_step_ms']:.1f} ms unprofiled{before_window(cost)} ({cost['ratio']:.2f}×); "
-                "between steps it took "
-                f"{cost['between_steps_seconds']:.2f} s in all, writing its trace {cost['export_seconds']:.2f} s of "
-                "that. Steps outside the schedule run with the profiler off."
-            )
+        text = (
+            f"The profiler's own cost: a profiled step took {cost['active_step_ms']:.1f} ms (median) against "
+            f"{cost['unprofiled_step_ms']:.1f} ms unprofiled{before_window(cost)} ({cost['ratio']:.2f}×); "
+            "between steps it took "
+            f"{cost['between_steps_seconds']:.2f} s in all, writing its trace {cost['export_seconds']:.2f} s of "
+            "that. Steps outside the schedule run with the profiler off."
         )
+        blocks.append(Para(text))
     blocks.append(Para(f"Profiler trace: {section['trace']}."))
     return blocks + windows_blocks(windows, first)

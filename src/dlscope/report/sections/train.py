@@ -152,10 +152,9 @@ def render(section: dict[str, Any]) -> list[Block]:
         Table(["setting", "value"], cfg_rows, "Training configuration as it ran"),
     ]
     if section.get("tensorboard"):
-        blocks.append(
-            Para(
-                f"TensorBoard logs: {section['tensorboard']} — view with "
-                f"`dlscope tensorboard <run>`; checkpoint: {section['checkpoint']}."
-            )
+        text = (
+            f"TensorBoard logs: {section['tensorboard']} — view with "
+            f"`dlscope tensorboard <run>`; checkpoint: {section['checkpoint']}."
         )
+        blocks.append(Para(text))
     return blocks
