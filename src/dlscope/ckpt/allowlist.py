@@ -8,14 +8,7 @@ TYPED = ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "
 COMPLEX = ("ComplexDouble", "ComplexFloat")  # storages only
 QUANTISED = ("QInt32", "QInt8", "QUInt2x4", "QUInt4x2", "QUInt8")  # CPU storages; lower-cased, dtypes too
 FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64", "complex32", "complex64", "complex128")
-LOW_BIT_FLOATS = (
-    "float8_e4m3fn",
-    "float8_e4m3fnuz",
-    "float8_e5m2",
-    "float8_e5m2fnuz",
-    "float8_e8m0fnu",
-    "float4_e2m1fn_x2",
-)
+FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
 INT_DTYPES = tuple(f"{u}int{bits}" for u in ("", "u") for bits in (*range(1, 9), 16, 32, 64))  # int1 … uint64
 BITS_DTYPES = ("bool", "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2")
 
@@ -51,7 +44,8 @@ TORCH_WEIGHTS_ONLY: frozenset[str] = frozenset(
         *(f"torch.cuda.{t}Storage" for t in (*TYPED, *COMPLEX)),
         *(f"torch.{where}{t}Tensor" for where in ("", "cuda.") for t in TYPED),
         *(f"torch.{where}sparse.{t}Tensor" for where in ("", "cuda.") for t in TYPED if t != "Bool"),
-        *(f"torch.{d}" for d in (*FLOAT_DTYPES, *LOW_BIT_FLOATS, *INT_DTYPES, *BITS_DTYPES)),
+        *(f"torch.{d}" for d in (*FLOAT_DTYPES, *FLOAT8_DTYPES, *INT_DTYPES, *BITS_DTYPES)),
+        "torch.float4_e2m1fn_x2",
         *(f"torch.{q.lower()}" for q in QUANTISED),
         *(f"torch.per_{of}_{kind}" for of in ("channel", "tensor") for kind in ("affine", "symmetric")),
         "torch.per_channel_affine_float_qparams",  # the quantisation schemes

@@ -28,19 +28,16 @@ STORAGE_DTYPES = {
     "QUInt4x2Storage": ("quint4x2", 1),
     "QUInt2x4Storage": ("quint2x4", 1),
 }
+# the other dtypes a pickle can name, by element size
+OTHER_DTYPES = {
+    1: ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "bits8"),
+    2: ("uint16", "bits16"),
+    4: ("complex32", "uint32"),
+    8: ("uint64",),
+}
 ITEMSIZE = {
     **{name: size for name, size in STORAGE_DTYPES.values()},
-    "complex32": 4,
-    "uint16": 2,
-    "uint32": 4,
-    "uint64": 8,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "float8_e4m3fnuz": 1,
-    "float8_e5m2fnuz": 1,
-    "float8_e8m0fnu": 1,
-    "bits8": 1,
-    "bits16": 2,
+    **{name: size for size, names in OTHER_DTYPES.items() for name in names},
 }
 TENSOR_REBUILDS = {"torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3"}
 PARAMETER_REBUILDS = {
