@@ -53,9 +53,12 @@ class BackendUnavailable(Exception):
     """This backend cannot run here; the message says why in one line."""
 
 
+BACKENDS = {"ebpf": ebpf, "strace": strace, "proc": proc}
+
+
 def availability() -> dict[str, str | None]:
     """Backend → None when usable here, else why not."""
-    return {"ebpf": ebpf.available(), "strace": strace.available(), "proc": proc.available()}
+    return {name: backend.available() for name, backend in BACKENDS.items()}
 
 
 @dataclass
@@ -98,9 +101,6 @@ def wait_command(proc: subprocess.Popen) -> tuple[int, int | None]:
 
 
 def collect_strace(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
-    reason = strace.available()
-    if reason:
-        raise BackendUnavailable(reason)
     output = work / "strace.txt"
     start = time.perf_counter()
     child = subprocess.Popen(
@@ -114,9 +114,6 @@ def collect_strace(argv: Sequence[str], work: Path, env: Env = None) -> Collecte
 
 
 def collect_proc(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
-    reason = proc.available()
-    if reason:
-        raise BackendUnavailable(reason)
     events_dir = work / "proc-events"
     shutil.rmtree(events_dir, ignore_errors=True)  # records of an earlier trace into this folder
     events_dir.mkdir(parents=True)
@@ -164,9 +161,6 @@ class EbpfReader(threading.Thread):
 
 
 def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
-    reason = ebpf.available()
-    if reason:
-        raise BackendUnavailable(reason)
     script = work / "trace.bt"
     plan, version = ebpf.write_program(script)
     raw = work / "ebpf-events.jsonl"
@@ -247,6 +241,9 @@ def collect(
     skipped = []
     for name in order:
         try:
+            reason = BACKENDS[name].available()
+            if reason:
+                raise BackendUnavailable(reason)
             return COLLECTORS[name](argv, work, env), skipped
         except BackendUnavailable as e:
             skipped.append({"backend": name, "why": str(e)})
