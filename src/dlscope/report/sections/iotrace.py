@@ -46,9 +46,8 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
     elif "lost_events" in notes:
         items.append(("good", "No events lost."))
     if notes.get("recovered_paths"):
-        items.append(
-            ("info", f"{notes['recovered_paths']:,} paths longer than bpftrace's limit were read from /proc/PID/fd.")
-        )
+        text = f"{notes['recovered_paths']:,} paths longer than bpftrace's limit were read from /proc/PID/fd."
+        items.append(("info", text))
     if notes.get("truncated_paths"):
         cut = (
             f"{notes['truncated_paths']:,} paths cut at bpftrace's {notes['string_limit']}-byte limit (closed "
@@ -61,9 +60,8 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
             items.append(("warn", "No Python process reported: the proc backend sees Python commands only."))
     if section["interrupted"]:
         by = section["interrupted"] if isinstance(section["interrupted"], str) else "Ctrl-C"
-        items.append(
-            ("warn", f"Interrupted by {by}, which the command was sent too: the tables show what was seen until then.")
-        )
+        text = f"Interrupted by {by}, which the command was sent too: the tables show what was seen until then."
+        items.append(("warn", text))
     if section["exit_code"] != 0:
         items.append(("bad", f"The command exited with status {section['exit_code']}; the trace covers its run."))
     if "overhead" in section:

@@ -51,9 +51,8 @@ def render(section: dict[str, Any]) -> list[Block]:
         items.append(("info", f"A step splits into {share}."))
     if section.get("achieved_gflops"):
         per_step = f"{section['train_flops_per_step'] / 1e6:.0f} MFLOP per step"
-        items.append(
-            ("info", f"Achieved {section['achieved_gflops']:.1f} GFLOP/s over whole training steps ({per_step}).")
-        )
+        text = f"Achieved {section['achieved_gflops']:.1f} GFLOP/s over whole training steps ({per_step})."
+        items.append(("info", text))
     blocks: list[Block] = [
         Para(
             f"torch.profiler over {steps} real training steps (forward, backward, optimizer) at batch "

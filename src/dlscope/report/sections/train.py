@@ -115,9 +115,8 @@ def render(section: dict[str, Any]) -> list[Block]:
     if final_acc is not None and target is None:
         items.append(("info", f"Test accuracy {after}."))
     if section.get("already_finished"):
-        items.append(
-            ("info", f"The checkpoint was already at epoch {section['resumed_from_epoch']}: nothing left to train.")
-        )
+        text = f"The checkpoint was already at epoch {section['resumed_from_epoch']}: nothing left to train."
+        items.append(("info", text))
     elif section.get("resumed_from_epoch"):
         items.append(("info", f"Resumed from a checkpoint after epoch {section['resumed_from_epoch']}."))
     if section.get("schedule_restarted"):
