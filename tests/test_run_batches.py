@@ -165,9 +165,8 @@ def test_pin_memory_times_the_outermost_call_of_a_batch(tmp_path):
 def test_batch_records_cut_short_by_a_kill_are_left_out(tmp_path):
     recorder = batches_module.BatchRecorder(str(tmp_path))
     for idx in range(3):
-        built = batches_module.Building()
-        built.start, built.fetched, built.collated = 1.0 + idx, 1.5 + idx, 1.6 + idx
-        built.indices, built.ends, built.flags = [idx * 2, idx * 2 + 1], [1.2 + idx, 1.5 + idx], 1
+        indices, ends = [idx * 2, idx * 2 + 1], [1.2 + idx, 1.5 + idx]
+        built = batches_module.Built(batches_module.SAMPLE_TIMES, 1.0 + idx, 1.5 + idx, 1.6 + idx, indices, ends)
         recorder.write_built(built, 0, idx, 1.7 + idx)
     recorder.file.flush()
     path = tmp_path / f"{recorder.pid}.batches"
@@ -187,13 +186,11 @@ def write_batches(directory: Path, pid: int, worker_id: int, batches: list[tuple
     recorder = batches_module.BatchRecorder(str(scratch))
     recorder.worker_id = worker_id
     for idx, seconds in batches:
-        b = batches_module.Building()
-        b.start, b.flags = 1000.0 + idx * 0.01, batches_module.SAMPLE_TIMES
-        b.indices = [100 * idx + i for i in range(len(seconds))]
-        b.ends = (b.start + np.cumsum(seconds)).tolist()
-        b.fetched = b.ends[-1]
-        b.collated = b.fetched + 1e-4
-        recorder.write_built(b, 0, idx, b.collated)
+        start = 1000.0 + idx * 0.01
+        ends = (start + np.cumsum(seconds)).tolist()
+        indices = [100 * idx + i for i in range(len(seconds))]
+        built = batches_module.Built(batches_module.SAMPLE_TIMES, start, ends[-1], ends[-1] + 1e-4, indices, ends)
+        recorder.write_built(built, 0, idx, built.collated)
     recorder.file.flush()
     (scratch / f"{recorder.pid}.batches").rename(directory / f"{pid}.batches")
     scratch.rmdir()
