@@ -329,3 +329,34 @@ def test_a_batch_has_its_threads_system_calls_or_its_process_when_the_trace_has_
     assert row["io_of_process"] and "no thread ids" in batches_report.wait_sentence(
         {"step": 0, "batch": 0, "worker": 0, "waited_ms": 1, "fetch_ms": 1, "collate_ms": 0, "queued_ms": 0, **row}
     )
+
+
+def test_samples_timed_one_by_one_where_slow_enough_else_one_batch_in_sample_every(tmp_path):
+    """The fetcher's rule, driven by the recorder's threshold (not by the machine's speed): under
+    it a batch is timed whole, and its samples one batch in SAMPLE_EVERY; over it, every batch's.
+    With num_workers=0 the loader hook's `delivered` writes each batch built and taken at once,
+    with the pin time of the batch pinned in that thread."""
+    recorder = batches_module.BatchRecorder(str(tmp_path))
+    fetch = recorder.map_fetcher(lambda fetcher, index: None)
+    fetcher = SimpleNamespace(dataset=list(range(100)), auto_collation=True, collate_fn=list, drop_last=False)
+    iterator = SimpleNamespace(_dlscope_pass=(0, 0))
+    every = batches_module.SAMPLE_EVERY
+    for threshold, count in ((3600.0, every + 1), (0.0, 3)):  # samples never an hour; always ≥ 0 s
+        recorder.sample_min_s = threshold
+        for b in range(count):
+            assert fetch(fetcher, [b, b + 1, b + 1]) == [b, b + 1, b + 1]
+            if b == 1 and threshold:
+                recorder.pin(lambda data: data, [b])  # pinned by the single-process path, in this thread
+            recorder.delivered(iterator, 10.0 + b, 10.5 + b)
+    recorder.file.flush()
+    built, taken, samples, _ = batchflow.read_all(tmp_path)
+    timed = (built["flags"] & batches_module.SAMPLE_TIMES != 0).tolist()
+    # the first batch, then one in SAMPLE_EVERY; then over the threshold all, from the batch after
+    # the first one fetched over it
+    assert timed == [True] + [False] * (every - 1) + [True] + [False, True, True]
+    assert built["idx"].tolist() == taken["idx"].tolist() == list(range(every + 4))
+    assert (built["generation"] == 1).all() and (taken["worker_id"] == -1).all() and (taken["loader"] == 0).all()
+    assert taken["next_start"][3] == 13.0 and taken["next_end"][3] == built["ready"][3] == 13.5
+    assert samples.count == 3 * 4 and built["slowest_sample"][0] in (0, 1)
+    pinned = ~np.isnan(taken["pin"])
+    assert pinned.tolist() == [False, True] + [False] * (every + 2)
