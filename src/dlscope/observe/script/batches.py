@@ -25,11 +25,10 @@ Where it hooks (torch.utils.data, looked up once at attach):
 Per batch, one binary record in `<pid>.batches`, never one per sample:
 "built" where the batch was built (a worker, or the training process with num_workers=0) and
 "taken" in the training process (written by hooks.loader_next with the wait; with num_workers=0
-both in one write); per DataLoader,
-one "loader" record in the training process, and at its exit one "cost". Records are buffered
-and written at FLUSH_RECORDS or FLUSH_SECONDS after the oldest, when a worker's loop ends and at
-exit: a write(2) per batch was half the cost on a fast dataset; a SIGKILL loses at most
-FLUSH_SECONDS of batches.
+both in one write); per DataLoader, one "loader" record in the training process, and at its exit
+one "cost". Records are buffered and written at FLUSH_RECORDS (a large one at once) or
+FLUSH_SECONDS after the oldest, when a worker's loop ends and at exit: a write(2) per batch was
+half the cost on a fast dataset; a SIGKILL loses at most FLUSH_SECONDS of batches.
 
     b"DLSBATCH"  uint32 n  n bytes of JSON {"version", "built", "taken", "loader", "cost"}  records...
     a record:    uint32 its length in bytes, uint8 kind (0 built, 1 taken, 2 loader, 3 cost), the
@@ -83,7 +82,9 @@ TAKEN_SIZE = TAKEN.size
 LOADER = struct.Struct("<IBxxxI")  # length, kind, loader; then its description as JSON
 UNKNOWN = 0xFFFFFFFF
 NAN = float("nan")
-FLUSH_RECORDS, FLUSH_SECONDS = 64, 0.5  # ~70 KiB of batches of 64 samples timed one by one
+# ~70 KiB of batches of 64 samples timed one by one; a record of FLUSH_RECORD_BYTES or more (a
+# batch of ≥ 1,024 samples) is written at once: at most ~1 MiB waits
+FLUSH_RECORDS, FLUSH_RECORD_BYTES, FLUSH_SECONDS = 64, 1 << 14, 0.5
 # A clock read per sample costs ~55-100 ns. A worker (off the loop's critical path while the
 # workers keep ahead) reads one after each sample where its last batch's samples took ≥ 5 µs on
 # average (≤ ~1-2% of a sample); the training process (num_workers=0: every ns is the loop's) only
@@ -124,7 +125,7 @@ class BatchFile:
         pending.append(record)
         if len(pending) == 1:
             self.oldest = now
-        elif len(pending) >= FLUSH_RECORDS or now - self.oldest >= FLUSH_SECONDS:
+        if len(pending) >= FLUSH_RECORDS or len(record) >= FLUSH_RECORD_BYTES or now - self.oldest >= FLUSH_SECONDS:
             self.flush()
 
     def flush(self) -> None:
