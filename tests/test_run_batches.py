@@ -360,3 +360,24 @@ def test_samples_timed_one_by_one_where_slow_enough_else_one_batch_in_sample_eve
     assert samples.count == 3 * 4 and built["slowest_sample"][0] in (0, 1)
     pinned = ~np.isnan(taken["pin"])
     assert pinned.tolist() == [False, True] + [False] * (every + 2)
+
+
+def test_an_iterable_batch_timed_whole_keeps_its_stream_positions(tmp_path):
+    recorder = batches_module.BatchRecorder(str(tmp_path))
+    recorder.sample_min_s = 3600.0  # after the first batch, none of its samples timed one by one
+    fetch = recorder.iterable_fetcher(lambda fetcher, index: None)
+    fetcher = SimpleNamespace(dataset_iter=iter("abcdefghij"), ended=False, auto_collation=True, drop_last=False)
+    fetcher.collate_fn = "".join
+    iterator = SimpleNamespace()
+    drawn = []
+    with pytest.raises(StopIteration):
+        while True:
+            drawn.append(fetch(fetcher, range(4)))
+            recorder.delivered(iterator, 1.0, 2.0)
+    recorder.file.flush()
+    built, taken, samples, _ = batchflow.read_all(tmp_path)
+    assert drawn == ["abcd", "efgh", "ij"] and len(taken) == 3
+    assert (built["flags"] & batches_module.ITERABLE != 0).all() and samples.count == 4
+    assert (built["flags"] & batches_module.SAMPLE_TIMES != 0).tolist() == [True, False, False]
+    indices = [i.tolist() for _, _, i in batchflow.sample_indices(tmp_path / f"{recorder.pid}.batches")]
+    assert indices == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]

@@ -2,13 +2,14 @@
 batch, and only where a DataLoader was iterated): the x-ray's path for one batch with
 num_workers=0 — the timed fetcher, then the built and "taken" records written as the loader hook
 hands the batch on — run on a stub batch of the run's batch size (a list's items, an identity
-collate) against the same batch fetched bare by torch's own fetch, in interleaved bursts, in
+collate) against the same batch fetched bare by torch's fetch (its code), in interleaved bursts, in
 this thread's CPU time (as calibrate.py measures the hooks' cost per step). Twice: samples timed
 one by one and not, so the cost splits into a part per batch and a part per timed sample. The
 records go to a scratch file that is never written. Stdlib only.
 
-A worker pays the built side of the same path and the training process the taken side: the
-figure for num_workers=0, where one process pays both, is the sum a batch costs in all.
+With workers, a worker pays the built side of the same path (its samples timed one by one by
+its own rule: batches.WORKER_SAMPLE_TIMING_MIN_S) and the training process the taken side (~1.5
+µs a batch, benchmarks/batch_xray.py); with num_workers=0 one process pays both: this figure.
 """
 
 from __future__ import annotations
