@@ -8,7 +8,7 @@ one by one and not, so the cost splits into a part per batch and a part per time
 records go to a scratch file that is never written. Stdlib only.
 
 With workers, a worker pays the built side of the same path (its samples timed one by one by
-its own rule: batches.WORKER_SAMPLE_TIMING_MIN_S) and the training process the taken side (~1.5
+its own rule: WORKER_SAMPLE_TIMING_MIN_S in batches.py) and the training process the taken side (~1.5
 µs a batch, benchmarks/batch_xray.py); with num_workers=0 one process pays both: this figure.
 """
 
@@ -20,20 +20,19 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from dlscope.observe.script import batches
-
 BURST = 16  # batches per burst: short, so that a burst seldom spans a wait for a core
 ROUNDS = 15  # bursts of each kind, interleaved: ~10 ms in all for a batch of 64
 
 
-def measure(samples: int) -> dict:
+def measure(recorder_class: type, samples: int) -> dict:
     """{"batch_us", "sample_ns", "samples"}: the x-ray's CPU cost per batch of `samples` samples
-    (none timed one by one) and per sample timed one by one."""
+    (none timed one by one) and per sample timed one by one; `recorder_class` is
+    batches.BatchRecorder (passed in: batches imports this module)."""
     samples = max(int(samples), 1)
     items, index = list(range(samples)), list(range(samples))
     fetcher = SimpleNamespace(dataset=items, auto_collation=True, collate_fn=_same, drop_last=False)
     # a scratch file: records dropped instead of written (a write(2) comes once per FLUSH_RECORDS)
-    scratch = batches.BatchRecorder(None)
+    scratch = recorder_class(None)
     fetch = scratch.map_fetcher(_torch_fetch)
     iterator = SimpleNamespace()
 

@@ -424,7 +424,7 @@ class BatchRecorder:
             from dlscope.observe.script import batchcost
 
             try:
-                cost = batchcost.measure(self.batch_size or 64)
+                cost = batchcost.measure(BatchRecorder, self.batch_size or 64)
             except Exception as e:  # never fail the job's exit: the report then says it is unmeasured
                 cost = {"error": f"{type(e).__name__}: {e}"}
             self.write_json(KIND_COST, 0, cost)
