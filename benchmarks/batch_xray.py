@@ -29,6 +29,7 @@ in the same way), interleaved with the bare loader and this tree's: its cost bes
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import os
 import statistics
@@ -246,6 +247,9 @@ def main() -> None:
             for mode in modes:
                 report(name, "main" if mode == "xray" else f"main {mode}", times["bare"], times[mode])
             report(name, "worker", times["worker bare"], times["worker"])
+        for _, rec in modes.values():  # their exit-time cost measurement and flush: not into a removed directory
+            atexit.unregister(rec.close)
+            rec.file.flush()
         written = sum(p.stat().st_size for p in (root / "records").glob("*.batches"))
         taken = taken_side_us(batches.BatchRecorder(None), args.rounds)
         print(f"the training process's side with workers: {taken:.2f} µs a batch (median of paired rounds)")
