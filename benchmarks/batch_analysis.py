@@ -59,12 +59,11 @@ def synthesise(directory: Path, n: int, workers: int, batch_size: int, seed: int
         for k in range(count):
             idx = k
             w = idx % workers
-            b = batches.Building()
-            b.start, b.flags = float(start[k]), batches.SAMPLE_TIMES
-            b.indices = list(range((first + k) * batch_size, (first + k + 1) * batch_size))
-            b.ends = (start[k] + ends[k]).tolist()
-            b.fetched = b.ends[-1]
-            b.collated = b.fetched + 2e-4
+            indices = list(range((first + k) * batch_size, (first + k + 1) * batch_size))
+            sample_ends = (start[k] + ends[k]).tolist()
+            b = batches.Built(
+                batches.SAMPLE_TIMES, float(start[k]), sample_ends[-1], sample_ends[-1] + 2e-4, indices, sample_ends
+            )
             recorders[w].write_built(b, first // epoch, idx, b.collated + 1e-5)
             iterator = SimpleNamespace(
                 _dlscope_taken=(w, FIRST_WORKER_PID + w, first // epoch, idx, float(asked[k] + waited[k]), float("nan"))

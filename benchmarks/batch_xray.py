@@ -1,10 +1,15 @@
 """The batch x-ray's recording cost (observe/script/batches.py) against a batch's fetch time, in
 one process, bare and recorded interleaved round by round (the same DataLoader, torch's own
-fetcher swapped in and out), in CPU time; the median and the minimum over rounds (on a shared
-machine the minimum is the less noisy estimate of a cost of a few µs). A DataLoader with
-num_workers=0, so the worker's side (clock reads per sample, the batch record, its write) and
-the training process's side (the iterator wrappers, the "taken" record) are both paid here; the
-hooks' loader_next call is made by hand as hooks.py makes it.
+fetcher swapped in and out), in CPU time: the median of the rounds' paired differences, and the
+minimum over rounds of each (on a shared machine the minimum is the less noisy estimate of a cost
+of a few µs).
+
+  main     a DataLoader with num_workers=0: everything the x-ray does is paid in the training
+           loop (the timed fetcher, the built and taken records written by the loader hook's
+           `delivered` call, made by hand as hooks.py makes it; the bare rounds make none)
+  worker   what a worker pays for the same batches (num_workers ≥ 1): the timed fetcher with
+           the worker's per-sample rule, and the built record written as the batch is put on
+           the data queue (a stub queue), against torch's fetch and the same put
 
 Datasets, from cheap to realistic:
   memory   a 28×28 float tensor sliced from memory (~µs a sample: the worst case)
@@ -24,6 +29,7 @@ in the same way), interleaved with the bare loader and this tree's: its cost bes
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import os
 import statistics
@@ -36,9 +42,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, dataloader
+from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, dataloader, default_collate
 from torch.utils.data._utils import fetch, worker
 from torch.utils.data._utils import pin_memory as pinning
+from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
 from dlscope.observe.script import batches
 from dlscope.observe.script.hooks import _wrap
@@ -77,6 +84,8 @@ class Files(Dataset):
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
+BARE_FETCH = _MapDatasetFetcher.fetch
+STUB_QUEUE = SimpleNamespace(put=lambda item: None)
 PATCHED = (
     (fetch._MapDatasetFetcher, "fetch"),
     (fetch._IterableDatasetFetcher, "fetch"),
@@ -112,23 +121,56 @@ def batches_at(ref: str, directory: Path) -> Any:  # a module
     return module
 
 
-def epoch_seconds(loader: DataLoader, recorder: batches.BatchRecorder, batches_n: int) -> float:
-    """CPU seconds of this thread to draw `batches_n` batches, with the loader hook's call made as
-    hooks.py makes it. CPU time, not wall time: the cost is CPU work, and on a shared machine the
-    time this thread waits for a core would drown a few µs."""
+def epoch_seconds(loader: DataLoader, delivered: Any, batches_n: int) -> float:
+    """CPU seconds of this thread to draw `batches_n` batches, with the loader hook's clock reads
+    and its `delivered` call (None: bare) made as hooks.py makes them. CPU time, not wall time: the
+    cost is CPU work, and on a shared machine the time this thread waits for a core would drown a
+    few µs."""
     it = iter(loader)
     start = time.thread_time()
     for _ in range(batches_n):
         t0 = time.time()
         next(it)
-        recorder.delivered(it, t0, time.time())
+        t1 = time.time()
+        if delivered is not None:
+            delivered(it, t0, t1)
     return time.thread_time() - start
+
+
+def worker_seconds(dataset: Dataset, fetch: Any, queue: Any, indices: list[list[int]]) -> float:
+    """CPU seconds of this thread to build `indices`' batches as a worker builds them: fetched,
+    then put on its data queue as (idx, batch)."""
+    fetcher = _MapDatasetFetcher(dataset, True, default_collate, False)
+    start = time.thread_time()
+    for idx, index in enumerate(indices):
+        queue.put((idx, fetch(fetcher, index)))
+    return time.thread_time() - start
+
+
+def worker_recorder(directory: Path) -> tuple[Any, Any]:
+    """This tree's timed map fetcher and data queue, set up as `worker_loop` sets them."""
+    recorder = batches.BatchRecorder(str(directory))
+    recorder.worker_id, recorder.sample_min_s = 0, batches.WORKER_SAMPLE_TIMING_MIN_S
+    return recorder.map_fetcher(BARE_FETCH), batches.DataQueue(STUB_QUEUE, recorder)
+
+
+def paired(recorded: list[float], bare: list[float]) -> float:
+    return statistics.median(x - b for x, b in zip(recorded, bare, strict=True))
+
+
+def report(name: str, side: str, bare: list[float], recorded: list[float]) -> None:
+    """One line: bare median ms a batch; the cost, median of paired rounds and min against min."""
+    b, b_min = statistics.median(bare), min(bare)
+    cost, cost_min = paired(recorded, bare), min(recorded) - b_min
+    print(
+        f"{name:8} {side:10} {b * 1e3:9.3f} {cost * 1e6:9.1f} {100 * cost / b:7.2f}%"
+        f" {b_min * 1e3:9.3f} {cost_min * 1e6:9.1f} {100 * cost_min / b_min:7.2f}%"
+    )
 
 
 def taken_side_us(recorder: batches.BatchRecorder, rounds: int, calls: int = 5000) -> float:
     """µs of CPU a batch taken from a worker costs the training process: the iterator wrappers and
     the taken record (stub iterator and queue; the record file's buffer dropped, not written)."""
-    recorder.file._flush = lambda: setattr(recorder.file, "buffer", bytearray())  # type: ignore[method-assign]
     it = SimpleNamespace(_rcvd_idx=1, _in_order=True, _workers=[SimpleNamespace(pid=1)], _dlscope_pass=(0, 0))
 
     def get(iterator: Any) -> tuple[int, str]:
@@ -186,28 +228,30 @@ def main() -> None:
         recorder = batches.attach(torch, str(root / "records"), _wrap)
         modes["xray"] = (state(), recorder)
         put(bare)
-        print(
-            f"{'dataset':14} {'x-ray':>8} {'bare CPU ms/batch':>8} {'with':>8} {'cost µs/batch':>14} {'% of fetch':>11}"
-        )
+        print(f"µs a batch of {args.batch_size}, CPU time; cost: median of {args.rounds} paired rounds, and min - min")
+        print(f"{'dataset':8} {'side':10} {'bare ms':>9} {'cost µs':>9} {'%':>8} {'min ms':>9} {'cost µs':>9} {'%':>8}")
+        worker_fetch, worker_queue = worker_recorder(root / "records")
         for name, dataset in datasets.items():
             loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=0)
-            times: dict[str, list[float]] = {"bare": [], **{mode: [] for mode in modes}}
+            indices = list(BatchSampler(SequentialSampler(dataset), args.batch_size, False))[: args.batches]
+            times: dict[str, list[float]] = {"bare": [], "worker bare": [], "worker": [], **{m: [] for m in modes}}
             for r in range(args.rounds):
-                order = [("bare", (bare, recorder)), *modes.items()]
-                for mode, (values, rec) in order if r % 2 else order[::-1]:
+                order = [("bare", (bare, None)), *((mode, (v, rec.delivered)) for mode, (v, rec) in modes.items())]
+                for mode, (values, delivered) in order if r % 2 else order[::-1]:
                     put(values)
-                    times[mode].append(epoch_seconds(loader, rec, args.batches) / args.batches)
-            put(bare)
+                    times[mode].append(epoch_seconds(loader, delivered, args.batches) / args.batches)
+                put(bare)
+                sides = [("worker bare", BARE_FETCH, STUB_QUEUE), ("worker", worker_fetch, worker_queue)]
+                for side, fetch_, queue in sides if r % 2 else sides[::-1]:
+                    times[side].append(worker_seconds(dataset, fetch_, queue, indices) / len(indices))
             for mode in modes:
-                for stat in (statistics.median, min):
-                    b, x = stat(times["bare"]), stat(times[mode])
-                    cost = x - b
-                    label = f"{name} {stat.__name__}"
-                    which = "this tree" if mode == "xray" else mode
-                    share = 100 * cost / b
-                    print(f"{label:14} {which:>9} {b * 1e3:17.3f} {x * 1e3:8.3f} {cost * 1e6:14.1f} {share:10.2f}%")
+                report(name, "main" if mode == "xray" else f"main {mode}", times["bare"], times[mode])
+            report(name, "worker", times["worker bare"], times["worker"])
+        for _, rec in modes.values():  # their exit-time cost measurement and flush: not into a removed directory
+            atexit.unregister(rec.close)
+            rec.file.flush()
         written = sum(p.stat().st_size for p in (root / "records").glob("*.batches"))
-        taken = taken_side_us(batches.BatchRecorder(str(root / "scratch")), args.rounds)
+        taken = taken_side_us(batches.BatchRecorder(None), args.rounds)
         print(f"the training process's side with workers: {taken:.2f} µs a batch (median of paired rounds)")
         print(f"records written: {written:,} bytes in all")
 

@@ -165,9 +165,8 @@ def test_pin_memory_times_the_outermost_call_of_a_batch(tmp_path):
 def test_batch_records_cut_short_by_a_kill_are_left_out(tmp_path):
     recorder = batches_module.BatchRecorder(str(tmp_path))
     for idx in range(3):
-        built = batches_module.Building()
-        built.start, built.fetched, built.collated = 1.0 + idx, 1.5 + idx, 1.6 + idx
-        built.indices, built.ends, built.flags = [idx * 2, idx * 2 + 1], [1.2 + idx, 1.5 + idx], 1
+        indices, ends = [idx * 2, idx * 2 + 1], [1.2 + idx, 1.5 + idx]
+        built = batches_module.Built(batches_module.SAMPLE_TIMES, 1.0 + idx, 1.5 + idx, 1.6 + idx, indices, ends)
         recorder.write_built(built, 0, idx, 1.7 + idx)
     recorder.file.flush()
     path = tmp_path / f"{recorder.pid}.batches"
@@ -187,13 +186,11 @@ def write_batches(directory: Path, pid: int, worker_id: int, batches: list[tuple
     recorder = batches_module.BatchRecorder(str(scratch))
     recorder.worker_id = worker_id
     for idx, seconds in batches:
-        b = batches_module.Building()
-        b.start, b.flags = 1000.0 + idx * 0.01, batches_module.SAMPLE_TIMES
-        b.indices = [100 * idx + i for i in range(len(seconds))]
-        b.ends = (b.start + np.cumsum(seconds)).tolist()
-        b.fetched = b.ends[-1]
-        b.collated = b.fetched + 1e-4
-        recorder.write_built(b, 0, idx, b.collated)
+        start = 1000.0 + idx * 0.01
+        ends = (start + np.cumsum(seconds)).tolist()
+        indices = [100 * idx + i for i in range(len(seconds))]
+        built = batches_module.Built(batches_module.SAMPLE_TIMES, start, ends[-1], ends[-1] + 1e-4, indices, ends)
+        recorder.write_built(built, 0, idx, built.collated)
     recorder.file.flush()
     (scratch / f"{recorder.pid}.batches").rename(directory / f"{pid}.batches")
     scratch.rmdir()
@@ -332,3 +329,55 @@ def test_a_batch_has_its_threads_system_calls_or_its_process_when_the_trace_has_
     assert row["io_of_process"] and "no thread ids" in batches_report.wait_sentence(
         {"step": 0, "batch": 0, "worker": 0, "waited_ms": 1, "fetch_ms": 1, "collate_ms": 0, "queued_ms": 0, **row}
     )
+
+
+def test_samples_timed_one_by_one_where_slow_enough_else_one_batch_in_sample_every(tmp_path):
+    """The fetcher's rule, driven by the recorder's threshold (not by the machine's speed): under
+    it a batch is timed whole, and its samples one batch in SAMPLE_EVERY; over it, every batch's.
+    With num_workers=0 the loader hook's `delivered` writes each batch built and taken at once,
+    with the pin time of the batch pinned in that thread."""
+    recorder = batches_module.BatchRecorder(str(tmp_path))
+    fetch = recorder.map_fetcher(lambda fetcher, index: None)
+    fetcher = SimpleNamespace(dataset=list(range(100)), auto_collation=True, collate_fn=list, drop_last=False)
+    iterator = SimpleNamespace(_dlscope_pass=(0, 0))
+    every = batches_module.SAMPLE_EVERY
+    for threshold, count in ((3600.0, every + 1), (0.0, 3)):  # samples never an hour; always ≥ 0 s
+        recorder.sample_min_s = threshold
+        for b in range(count):
+            assert fetch(fetcher, [b, b + 1, b + 1]) == [b, b + 1, b + 1]
+            if b == 1 and threshold:
+                recorder.pin(lambda data: data, [b])  # pinned by the single-process path, in this thread
+            recorder.delivered(iterator, 10.0 + b, 10.5 + b)
+    recorder.file.flush()
+    built, taken, samples, _ = batchflow.read_all(tmp_path)
+    timed = (built["flags"] & batches_module.SAMPLE_TIMES != 0).tolist()
+    # the first batch, then one in SAMPLE_EVERY; then over the threshold all, from the batch after
+    # the first one fetched over it
+    assert timed == [True] + [False] * (every - 1) + [True] + [False, True, True]
+    assert built["idx"].tolist() == taken["idx"].tolist() == list(range(every + 4))
+    assert (built["generation"] == 1).all() and (taken["worker_id"] == -1).all() and (taken["loader"] == 0).all()
+    assert taken["next_start"][3] == 13.0 and taken["next_end"][3] == built["ready"][3] == 13.5
+    assert samples.count == 3 * 4 and built["slowest_sample"][0] in (0, 1)
+    pinned = ~np.isnan(taken["pin"])
+    assert pinned.tolist() == [False, True] + [False] * (every + 2)
+
+
+def test_an_iterable_batch_timed_whole_keeps_its_stream_positions(tmp_path):
+    recorder = batches_module.BatchRecorder(str(tmp_path))
+    recorder.sample_min_s = 3600.0  # after the first batch, none of its samples timed one by one
+    fetch = recorder.iterable_fetcher(lambda fetcher, index: None)
+    fetcher = SimpleNamespace(dataset_iter=iter("abcdefghij"), ended=False, auto_collation=True, drop_last=False)
+    fetcher.collate_fn = "".join
+    iterator = SimpleNamespace()
+    drawn = []
+    with pytest.raises(StopIteration):
+        while True:
+            drawn.append(fetch(fetcher, range(4)))
+            recorder.delivered(iterator, 1.0, 2.0)
+    recorder.file.flush()
+    built, taken, samples, _ = batchflow.read_all(tmp_path)
+    assert drawn == ["abcd", "efgh", "ij"] and len(taken) == 3
+    assert (built["flags"] & batches_module.ITERABLE != 0).all() and samples.count == 4
+    assert (built["flags"] & batches_module.SAMPLE_TIMES != 0).tolist() == [True, False, False]
+    indices = [i.tolist() for _, _, i in batchflow.sample_indices(tmp_path / f"{recorder.pid}.batches")]
+    assert indices == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]

@@ -1,14 +1,15 @@
 """The batch x-ray's own cost, measured in the training process as it exits (after its last
-batch, and only where a DataLoader was iterated): the x-ray's path for one batch — the timed
-fetcher, the built record, the single-process iterator's wrapper, the "taken" record — run on a
-stub batch of the run's batch size (a list's items, an identity collate) against the same
-batch fetched bare, in interleaved bursts, in this thread's CPU time (as calibrate.py measures
-the hooks' cost per step). Twice: samples timed one by one and not, so the cost splits into a
-part per batch and a part per timed sample. The records go to a scratch file that is never
-written. Stdlib only.
+batch, and only where a DataLoader was iterated): the x-ray's path for one batch with
+num_workers=0 — the timed fetcher, then the built and "taken" records written as the loader hook
+hands the batch on — run on a stub batch of the run's batch size (a list's items, an identity
+collate) against the same batch fetched bare by torch's fetch (its code), in interleaved bursts, in
+this thread's CPU time (as calibrate.py measures the hooks' cost per step). Twice: samples timed
+one by one and not, so the cost splits into a part per batch and a part per timed sample. The
+records go to a scratch file that is never written. Stdlib only.
 
-A worker pays the built side of the same path and the training process the taken side: the
-figure for num_workers=0, where one process pays both, is the sum a batch costs in all.
+With workers, a worker pays the built side of the same path (its samples timed one by one by
+its own rule: WORKER_SAMPLE_TIMING_MIN_S in batches.py) and the training process the taken side (~1.5
+µs a batch, benchmarks/batch_xray.py); with num_workers=0 one process pays both: this figure.
 """
 
 from __future__ import annotations
@@ -23,28 +24,25 @@ BURST = 16  # batches per burst: short, so that a burst seldom spans a wait for 
 ROUNDS = 15  # bursts of each kind, interleaved: ~10 ms in all for a batch of 64
 
 
-def measure(recorder_class: type, file_class: type, as_method: Callable, wrap: Callable, samples: int) -> dict:
+def measure(recorder_class: type, samples: int) -> dict:
     """{"batch_us", "sample_ns", "samples"}: the x-ray's CPU cost per batch of `samples` samples
-    (none timed one by one) and per sample timed one by one."""
+    (none timed one by one) and per sample timed one by one; `recorder_class` is
+    batches.BatchRecorder (passed in: batches imports this module)."""
     samples = max(int(samples), 1)
     items, index = list(range(samples)), list(range(samples))
     fetcher = SimpleNamespace(dataset=items, auto_collation=True, collate_fn=_same, drop_last=False)
-    scratch = recorder_class("")
-    scratch.file = file_class("")
-    # the buffer emptied instead of written: the write's own cost is the lock and the append, its
-    # write(2) comes once per 64 KiB
-    scratch.file._flush = lambda: setattr(scratch.file, "buffer", bytearray())
-    fetch = as_method(_same, scratch.fetch_map)  # (the original it stands for: any function)
-    recorded_next = wrap(lambda iterator: fetch(fetcher, index), scratch.single_next)
+    # a scratch file: records dropped instead of written (a write(2) comes once per FLUSH_RECORDS)
+    scratch = recorder_class(None)
+    fetch = scratch.map_fetcher(_torch_fetch)
     iterator = SimpleNamespace()
 
     def bare() -> None:
-        fetcher.collate_fn([items[i] for i in index])
+        _torch_fetch(fetcher, index)
 
     def recorded(timed: bool) -> Callable[[], None]:
         def one() -> None:
             scratch.time_samples = timed
-            recorded_next(iterator)
+            fetch(fetcher, index)
             scratch.delivered(iterator, 0.0, 0.0)
 
         return one
@@ -61,6 +59,18 @@ def measure(recorder_class: type, file_class: type, as_method: Callable, wrap: C
 
 def _same(batch: Any) -> Any:
     return batch
+
+
+def _torch_fetch(fetcher: Any, possibly_batched_index: Any) -> Any:
+    """torch's `_MapDatasetFetcher.fetch` (torch.utils.data._utils.fetch), as it runs bare."""
+    if fetcher.auto_collation:
+        if hasattr(fetcher.dataset, "__getitems__") and fetcher.dataset.__getitems__:
+            data = fetcher.dataset.__getitems__(possibly_batched_index)
+        else:
+            data = [fetcher.dataset[idx] for idx in possibly_batched_index]
+    else:
+        data = fetcher.dataset[possibly_batched_index]
+    return fetcher.collate_fn(data)
 
 
 def _paired(a: list[float], b: list[float]) -> float:

@@ -5,8 +5,9 @@ to torch by the script hooks (hooks.py) once the script imports torch.
 
 Where it hooks (torch.utils.data, looked up once at attach):
   - the dataset fetchers (`_MapDatasetFetcher.fetch`, `_IterableDatasetFetcher.fetch`): the same
-    loop as torch's, with one clock read after each sample (map-style `__getitem__`, or the
-    iterable's `next`) and around `collate_fn`; torch's own `Subset` (random_split's), whose
+    loop as torch's, timed around `collate_fn`, and where samples are timed one by one (see
+    WORKER_SAMPLE_TIMING_MIN_S) with one clock read after each sample (map-style `__getitem__`, or
+    the iterable's `next`); torch's own `Subset` (random_split's), whose
     `__getitems__` only maps the indices, is fetched as it would fetch, `base[indices[i]]`,
     sample by sample; any other dataset with a `__getitems__` (a batched fetch) is timed whole;
   - the worker loop (`_worker_loop`, the target DataLoader starts its workers with — by name, so a
@@ -14,19 +15,20 @@ Where it hooks (torch.utils.data, looked up once at attach):
     are handed on wrapped, so a batch is known by DataLoader's own number (the send index `idx`)
     from the `(idx, indices)` the worker receives to the `(idx, batch)` it puts back;
   - in the training process, `_MultiProcessingDataLoaderIter._process_data` (each batch handed to
-    `__next__`, with its worker) and `_get_data`, `_reset` (persistent workers' epochs), and
-    `_SingleProcessDataLoaderIter._next_data` (num_workers=0: the batch is built right there);
+    `__next__`, with its worker) and `_get_data`, `_reset` (persistent workers' epochs); with
+    num_workers=0 nothing more: the batch is built inside the iterator's `__next__`, whose hook
+    (hooks.loader_next, calling `delivered`) writes it;
   - `pin_memory` (the pin-memory thread's and the single-process path's);
   - `DataLoader.__iter__`: each loader is numbered at its first pass (a "loader" record says what
     it is), each `iter()` of it is one pass (an epoch of a training loader).
 
-Per batch, one binary record in `<pid>.batches`, never one per sample in the training process:
+Per batch, one binary record in `<pid>.batches`, never one per sample:
 "built" where the batch was built (a worker, or the training process with num_workers=0) and
-"taken" in the training process (written by hooks.loader_next with the wait); per DataLoader,
-one "loader" record in the training process, and at its exit one "cost". Records are buffered
-and written at FLUSH_BYTES or FLUSH_SECONDS after the oldest, when a worker's loop ends and at
-exit: a write(2) per batch was half the cost on a fast dataset; a SIGKILL loses at most
-FLUSH_SECONDS of batches.
+"taken" in the training process (written by hooks.loader_next with the wait; with num_workers=0
+both in one write); per DataLoader, one "loader" record in the training process, and at its exit
+one "cost". Records are buffered and written at FLUSH_RECORDS (a large one at once) or
+FLUSH_SECONDS after the oldest, when a worker's loop ends and at exit: a write(2) per batch was
+half the cost on a fast dataset; a SIGKILL loses at most FLUSH_SECONDS of batches.
 
     b"DLSBATCH"  uint32 n  n bytes of JSON {"version", "built", "taken", "loader", "cost"}  records...
     a record:    uint32 its length in bytes, uint8 kind (0 built, 1 taken, 2 loader, 3 cost), the
@@ -55,7 +57,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from dlscope.observe.script.stepmachine import native_thread_id
 
@@ -76,14 +78,19 @@ BUILT_TIMES = ("start", "fetched", "collated", "ready")
 TAKEN = struct.Struct("<IBxhIIIIIdddf")
 TAKEN_FIELDS = ("length", "kind", "worker_id", "worker_pid", "generation", "idx", "loader", "pass")
 TAKEN_TIMES = ("next_start", "next_end", "taken", "pin")
+TAKEN_SIZE = TAKEN.size
 LOADER = struct.Struct("<IBxxxI")  # length, kind, loader; then its description as JSON
 UNKNOWN = 0xFFFFFFFF
 NAN = float("nan")
-FLUSH_BYTES, FLUSH_SECONDS = 1 << 16, 0.5
-# A clock read per sample costs ~55 ns: ≤ 1.1% of a sample of ≥ 5 µs. A process whose last batch's
-# samples took less on average (tensors sliced from memory) times the next batch whole, and its
-# samples one batch in SAMPLE_EVERY, so their distribution is still seen.
-SAMPLE_TIMING_MIN_S, SAMPLE_EVERY = 5e-6, 16
+# ~70 KiB of batches of 64 samples timed one by one; a record of FLUSH_RECORD_BYTES or more (a
+# batch of ≥ 1,024 samples) is written at once: at most ~1 MiB waits
+FLUSH_RECORDS, FLUSH_RECORD_BYTES, FLUSH_SECONDS = 64, 1 << 14, 0.5
+# A clock read per sample costs ~55-100 ns. A worker (off the loop's critical path while the
+# workers keep ahead) reads one after each sample where its last batch's samples took ≥ 5 µs on
+# average (≤ ~1-2% of a sample); the training process (num_workers=0: every ns is the loop's) only
+# where they took ≥ 100 µs (≤ 0.1%): a batch there costs a record, not a clock read per sample.
+# Either way the samples of one batch in SAMPLE_EVERY are timed, so their distribution is seen.
+WORKER_SAMPLE_TIMING_MIN_S, MAIN_SAMPLE_TIMING_MIN_S, SAMPLE_EVERY = 5e-6, 100e-6, 16
 
 
 def header() -> bytes:
@@ -99,179 +106,221 @@ def header() -> bytes:
 
 
 class BatchFile:
-    """This process's `<pid>.batches`, opened at its first batch (a forked child opens its own,
-    and drops what its parent had buffered)."""
+    """This process's `<pid>.batches`, opened at its first flush (a forked child opens its own,
+    and drops what its parent had pending). Directory None: a scratch file, whose records are
+    dropped at each flush (the x-ray's own cost measured without writing)."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str | None) -> None:
         self.directory = directory
         self.fd: int | None = None
         self.pid = 0
-        self.buffer = bytearray()
+        # records not yet written: appended without a lock (a list's append is atomic under the
+        # GIL; the pin-memory thread never writes, but a user's threads may), taken out under one
+        self.pending: list[bytes] = []
         self.oldest = 0.0
-        self.lock = threading.Lock()  # the pin-memory thread never writes, but a user's threads may
+        self.lock = threading.Lock()
 
     def write(self, record: bytes, now: float) -> None:
-        with self.lock:
-            if not self.buffer:
-                self.oldest = now
-            self.buffer += record
-            if len(self.buffer) >= FLUSH_BYTES or now - self.oldest >= FLUSH_SECONDS:
-                self._flush()
+        pending = self.pending
+        pending.append(record)
+        if len(pending) == 1:
+            self.oldest = now
+        if len(pending) >= FLUSH_RECORDS or len(record) >= FLUSH_RECORD_BYTES or now - self.oldest >= FLUSH_SECONDS:
+            self.flush()
 
     def flush(self) -> None:
         with self.lock:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self.buffer:
-            return
-        if self.fd is None or self.pid != os.getpid():
-            self._open()
-        os.write(self.fd, self.buffer)  # type: ignore[arg-type]
-        self.buffer = bytearray()
+            pending = self.pending
+            n = len(pending)
+            if not n:
+                return
+            data = b"".join(pending[:n])
+            del pending[:n]  # what another thread appended meanwhile stays for the next flush
+            if self.directory is None:
+                return
+            if self.fd is None or self.pid != os.getpid():
+                self._open()
+            os.write(self.fd, data)  # type: ignore[arg-type]
 
     def forked(self) -> None:
-        self.buffer = bytearray()
+        self.pending = []
         self.lock = threading.Lock()
         self.fd = None
 
     def _open(self) -> None:
         self.pid = os.getpid()
-        path = os.path.join(self.directory, f"{self.pid}.batches")
+        path = os.path.join(self.directory, f"{self.pid}.batches")  # type: ignore[arg-type]
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         if os.fstat(self.fd).st_size == 0:
             os.write(self.fd, header())
 
 
-class Building:
-    """The batch being built in this thread: filled by the fetcher, written when it is handed on."""
+class Built(NamedTuple):
+    """A batch the fetcher just finished in this thread, until it is handed on: to the data queue
+    in a worker, to the loop with num_workers=0. The fetchers build plain tuples in this order (a
+    NamedTuple's constructor costs several times a tuple's, once a batch)."""
 
-    __slots__ = ("collated", "ends", "fetched", "flags", "indices", "start", "tid")
+    flags: int
+    start: float  # the fetch began
+    fetched: float  # the collate began
+    collated: float
+    indices: Any  # the sampler's, as fetched (a list; a range: an iterable's stream positions)
+    ends: list[float] | None  # when each sample ended, where they were timed one by one
 
-    def __init__(self) -> None:
-        self.start = self.fetched = self.collated = 0.0
-        self.indices: list[Any] = []
-        self.ends: list[float] | None = None
-        self.flags = 0
-        self.tid = 0
+
+class ThreadState(threading.local):
+    """Per thread (a user's threads may iterate loaders of their own)."""
+
+    built: tuple | None = None  # a Built, as a plain tuple, not yet handed on
+    pin = NAN  # seconds the batch built in this thread took to pin (num_workers=0)
+    pinning = False  # inside pin_memory's outermost call
 
 
 class BatchRecorder:
-    """One per process. `built` is the batch the fetcher just finished in this process."""
+    """One per process: the fetchers it times, the batches it writes."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str | None) -> None:
         self.file = BatchFile(directory)
-        self.local = threading.local()
+        self.local = ThreadState()  # kept for life: the fetchers hold it (cleared in a forked child)
         self.generation = 0  # in a worker: the epochs it was told to resume
         self.worker_id = -1
         self.serial = 0  # in the training process: single-process iterators numbered as they start
         self.pins: dict[int, float] = {}  # id(pinned batch) -> seconds, from the pin-memory thread
-        self.shapes: dict[tuple[int, bool], struct.Struct] = {}  # a built record's, by (samples, timed)
-        self.time_samples = True  # the next batch's samples are timed one by one
+        self.shapes: dict[int, tuple[Callable[..., bytes], int]] = {}  # see _shape
+        # the next batch's samples are timed one by one: set by the fetchers after each batch, where
+        # its samples took ≥ sample_min_s on average, and one batch in SAMPLE_EVERY
+        self.time_samples = True
+        self.sample_min_s = MAIN_SAMPLE_TIMING_MIN_S  # a worker's loop sets WORKER_SAMPLE_TIMING_MIN_S
         self.pid = os.getpid()  # getpid(2) is a system call: kept, and renewed in a forked child
         self.fetches = 0
         self.loaders = 0  # DataLoaders iterated in this process
         self.batch_size = 0  # the first loader's: the x-ray's own cost is measured at it
-        self.wrap: Callable[[Callable, Callable], Callable] | None = None  # hooks._wrap, from attach
 
     def forked(self) -> None:
         self.pid = os.getpid()
-        self.local = threading.local()  # no batch of the parent's is this process's
+        self.local.__dict__.clear()  # the forking thread's: no batch of the parent's is this process's
         self.pins.clear()
         self.file.forked()
 
-    # the fetchers ---------------------------------------------------------------------------
-    def fetch_map(self, fetcher: Any, index: Any) -> Any:
-        clock = time.time
-        b = Building()
-        b.start = clock()
-        b.tid = native_thread_id()  # the id the system-call tracers see
-        dataset = fetcher.dataset
-        if fetcher.auto_collation:
-            b.indices = index
-            base, fetched = dataset, index  # most datasets: no __getitems__, fetched one by one as they are
-            if getattr(dataset, "__getitems__", None):
-                base, fetched = _per_sample(dataset, index)
-            if base is None:  # the dataset's own batched fetch
-                b.flags = WHOLE
-                data = dataset.__getitems__(index)
-            elif self.time_samples:
-                b.flags = SAMPLE_TIMES
-                ends: list[float] = []
-                data = []
-                for i in fetched:  # (a comprehension or an array('d') measured no cheaper: BENCHMARKS.md)
-                    data.append(base[i])
-                    ends.append(clock())
-                b.ends = ends
+    # the fetchers: one frame a batch, what they need in closure cells -------------------------
+    def map_fetcher(self, original: Callable) -> Callable:
+        """`_MapDatasetFetcher.fetch` as torch runs it, timed: the fetch, the collate, and where
+        samples are timed one by one a clock read after each."""
+        clock, local, recorder = time.time, self.local, self
+
+        def fetch(fetcher: Any, possibly_batched_index: Any) -> Any:
+            start = clock()
+            dataset = fetcher.dataset
+            ends = None
+            if fetcher.auto_collation:
+                indices = possibly_batched_index
+                flags = 0
+                base, fetched = dataset, indices  # most datasets: no __getitems__, fetched one by one as they are
+                if getattr(dataset, "__getitems__", None):
+                    base, fetched = _per_sample(dataset, indices)
+                if base is None:  # the dataset's own batched fetch
+                    flags = WHOLE
+                    data = dataset.__getitems__(indices)
+                elif recorder.time_samples:
+                    flags = SAMPLE_TIMES
+                    ends = []
+                    data = []
+                    for i in fetched:  # (a comprehension or an array('d') measured no cheaper: BENCHMARKS.md)
+                        data.append(base[i])
+                        ends.append(clock())
+                else:
+                    data = [base[i] for i in fetched]
             else:
-                data = [base[i] for i in fetched]
-        else:
-            b.indices = [index]
-            data = dataset[index]
-            b.flags, b.ends = SAMPLE_TIMES, [clock()]
-        b.fetched = clock()
-        self.fetches += 1
-        n = len(b.indices)
-        self.time_samples = b.fetched - b.start >= SAMPLE_TIMING_MIN_S * n or not self.fetches % SAMPLE_EVERY
-        out = fetcher.collate_fn(data)
-        b.collated = clock()
-        self.local.built = b
-        return out
+                indices = (possibly_batched_index,)
+                data = dataset[possibly_batched_index]
+                flags, ends = SAMPLE_TIMES, [clock()]
+            done = clock()
+            recorder.fetches = fetches = recorder.fetches + 1
+            recorder.time_samples = done - start >= recorder.sample_min_s * len(indices) or not fetches % SAMPLE_EVERY
+            out = fetcher.collate_fn(data)
+            local.built = (flags, start, done, clock(), indices, ends)
+            return out
 
-    def fetch_iterable(self, fetcher: Any, index: Any) -> Any:
-        if fetcher.ended:
-            raise StopIteration
-        clock = time.time
-        b = Building()
-        b.flags = SAMPLE_TIMES | ITERABLE
-        b.start = clock()
-        b.tid = native_thread_id()  # the id the system-call tracers see
-        first = getattr(fetcher, "_dlscope_drawn", 0)
-        ends: list[float] = []
-        it = fetcher.dataset_iter
-        if fetcher.auto_collation:
-            data = []
-            for _ in index:
-                try:
-                    data.append(next(it))
-                except StopIteration:
-                    fetcher.ended = True
-                    break
-                ends.append(clock())
-            if not data or (fetcher.drop_last and len(data) < len(index)):
+        return _like(fetch, original)
+
+    def iterable_fetcher(self, original: Callable) -> Callable:
+        """`_IterableDatasetFetcher.fetch` as torch runs it, timed alike; a sample is known by its
+        position in this fetcher's stream."""
+        clock, local, recorder = time.time, self.local, self
+
+        def fetch(fetcher: Any, possibly_batched_index: Any) -> Any:
+            if fetcher.ended:
                 raise StopIteration
+            start = clock()
+            first = getattr(fetcher, "_dlscope_drawn", 0)
+            it = fetcher.dataset_iter
+            if fetcher.auto_collation:
+                ends = [] if recorder.time_samples else None
+                data = []
+                for _ in possibly_batched_index:
+                    try:
+                        data.append(next(it))
+                    except StopIteration:
+                        fetcher.ended = True
+                        break
+                    if ends is not None:
+                        ends.append(clock())
+                if not data or (fetcher.drop_last and len(data) < len(possibly_batched_index)):
+                    raise StopIteration
+                n = len(data)
+            else:
+                data = next(it)
+                ends, n = [clock()], 1
+            fetcher._dlscope_drawn = first + n
+            done = clock()
+            recorder.fetches = fetches = recorder.fetches + 1
+            recorder.time_samples = done - start >= recorder.sample_min_s * n or not fetches % SAMPLE_EVERY
+            out = fetcher.collate_fn(data)
+            flags = ITERABLE if ends is None else ITERABLE | SAMPLE_TIMES
+            local.built = (flags, start, done, clock(), range(first, first + n), ends)
+            return out
+
+        return _like(fetch, original)
+
+    def take_built(self) -> tuple | None:
+        local = self.local
+        built = local.built
+        local.built = None
+        return built
+
+    def write_built(self, built: tuple, generation: int, idx: int, ready: float, taken: tuple = ()) -> None:
+        """The built record of `built` (a Built), batch idx of `generation`; with `taken`, the
+        taken record's fields (num_workers=0: the loop took it here), in the same write."""
+        flags, start, fetched, collated, indices, ends = built
+        n = len(indices)
+        if ends is None or len(ends) != n:  # not timed one by one (or an iterable's batch cut short)
+            flags, ends, key = flags & ~SAMPLE_TIMES, (), 4 * n
         else:
-            data = next(it)
-            ends.append(clock())
-        fetcher._dlscope_drawn = first + len(ends)
-        b.indices, b.ends = range(first, first + len(ends)), ends
-        b.fetched = clock()
-        out = fetcher.collate_fn(data)
-        b.collated = clock()
-        self.local.built = b
-        return out
-
-    def take_built(self) -> Building | None:
-        b = getattr(self.local, "built", None)
-        self.local.built = None
-        return b
-
-    def write_built(self, b: Building, generation: int, idx: int, ready: float) -> None:
-        n = len(b.indices)
-        ends = b.ends
-        timed = ends is not None and len(ends) == n
-        record = self.shapes.get((n, timed))
-        if record is None:  # the whole record in one Struct per batch size: one pack, no join
-            record = self.shapes[n, timed] = struct.Struct(BUILT.format + f"{n}q" + (f"{n}d" if timed else ""))
-        flags = b.flags if timed else b.flags & ~SAMPLE_TIMES
-        head = (record.size, KIND_BUILT, flags, self.worker_id, generation, idx, n, b.tid)
-        times = (b.start, b.fetched, b.collated, ready)
+            key = 4 * n + 2
+        if taken:
+            key += 1
+        pack, length = self.shapes.get(key) or self._shape(key)
+        tid = native_thread_id()
         try:
-            packed = record.pack(*head, *times, *b.indices, *(ends if timed else ()))  # type: ignore[misc]
+            record = pack(
+                length, KIND_BUILT, flags, self.worker_id, generation, idx, n, tid, start, fetched, collated, ready,
+                *indices, *ends, *taken,
+            )  # fmt: skip
         except struct.error:  # a sampler that yields keys, not integers
-            indices = [i if isinstance(i, int) and -(1 << 63) <= i < 1 << 63 else -1 for i in b.indices]
-            packed = record.pack(*head, *times, *indices, *(ends if timed else ()))  # type: ignore[misc]
-        self.file.write(packed, ready)
+            indices = [i if isinstance(i, int) and -(1 << 63) <= i < 1 << 63 else -1 for i in indices]
+            record = pack(
+                length, KIND_BUILT, flags, self.worker_id, generation, idx, n, tid, start, fetched, collated, ready,
+                *indices, *ends, *taken,
+            )  # fmt: skip
+        self.file.write(record, ready)
+
+    def _shape(self, key: int) -> tuple[Callable[..., bytes], int]:
+        """The pack of a whole write, one per batch size (one pack, no join), and its built
+        record's length; `key`: 4 × samples + 2 × (timed one by one) + (with its taken record)."""
+        n, timed, taken = key >> 2, key & 2, key & 1
+        formats = BUILT.format + f"{n}q" + (f"{n}d" if timed else "") + (TAKEN.format[1:] if taken else "")
+        self.shapes[key] = shape = (struct.Struct(formats).pack, BUILT.size + 8 * n * (2 if timed else 1))
+        return shape
 
     # a worker -------------------------------------------------------------------------------
     def worker_loop(self, loop: Callable, positions: tuple[int, int, int], *args: Any, **kwargs: Any) -> Any:
@@ -280,6 +329,9 @@ class BatchRecorder:
         args = list(args)
         self.worker_id = int(args[worker_at]) if len(args) > worker_at else int(kwargs.get("worker_id", -1))
         self.generation = 0
+        # off the loop's critical path while the workers keep ahead: samples timed one by one
+        # wherever a clock read costs ≤ ~1% of one
+        self.sample_min_s, self.time_samples = WORKER_SAMPLE_TIMING_MIN_S, True
         if len(args) > data_at:
             args[index_at], args[data_at] = IndexQueue(args[index_at], self), DataQueue(args[data_at], self)
         else:
@@ -291,24 +343,6 @@ class BatchRecorder:
             self.file.flush()  # a worker leaves through os._exit: no atexit
 
     # the training process ---------------------------------------------------------------------
-    def single_next(self, next_data: Callable, iterator: Any) -> Any:
-        """num_workers=0: the batch is fetched (and pinned) right here."""
-        data = next_data(iterator)
-        built = self.take_built()
-        if built is not None:
-            own = iterator.__dict__
-            idx = own.get("_dlscope_idx", 0)
-            if not idx:
-                self.serial += 1
-                own["_dlscope_serial"] = self.serial
-            own["_dlscope_idx"] = idx + 1
-            serial = own["_dlscope_serial"]
-            now = time.time()
-            self.write_built(built, serial, idx, now)
-            pin = self.pins.pop(id(data), NAN) if self.pins else NAN
-            own["_dlscope_taken"] = (-1, self.pid, serial, idx, now, pin)
-        return data
-
     def get_data(self, get: Callable, iterator: Any) -> Any:
         got = get(iterator)
         iterator._dlscope_received = got[0] if isinstance(got, tuple) and got else None
@@ -331,16 +365,34 @@ class BatchRecorder:
         return reset(iterator, loader, first_iter)
 
     def delivered(self, iterator: Any, start: float, end: float) -> None:
-        """Called by the loader hook after each `__next__` of a DataLoader iterator."""
-        taken = iterator.__dict__.pop("_dlscope_taken", None)
-        if taken is None:
+        """Called by the loader hook after each `__next__` of a DataLoader iterator, which took
+        `start` to `end`. With num_workers=0 the batch was built in this `__next__`, in this
+        thread: its built and taken records are written here, in one write, once a batch."""
+        local = self.local
+        built = local.built
+        own = iterator.__dict__
+        if built is None:  # a worker's batch (or none: the iterator ended)
+            taken = own.pop("_dlscope_taken", None)
+            if taken is not None:
+                worker_id, pid, generation, idx, when, pin = taken
+                loader, passes = own.get("_dlscope_pass", UNKNOWN_PASS)
+                record = TAKEN.pack(
+                    TAKEN.size, KIND_TAKEN, worker_id, pid, generation, idx, loader, passes, start, end, when, pin
+                )
+                self.file.write(record, end)
             return
-        worker_id, pid, generation, idx, when, pin = taken
-        loader, passes = iterator.__dict__.get("_dlscope_pass", UNKNOWN_PASS)
-        record = TAKEN.pack(
-            TAKEN.size, KIND_TAKEN, worker_id, pid, generation, idx, loader, passes, start, end, when, pin
-        )
-        self.file.write(record, end)
+        local.built = None
+        single = own.get("_dlscope_single")  # [serial, batches taken, loader, pass]
+        if single is None:  # this iterator's first batch
+            self.serial += 1
+            single = own["_dlscope_single"] = [self.serial, 0, *own.get("_dlscope_pass", UNKNOWN_PASS)]
+        serial, idx, loader, passes = single
+        single[1] = idx + 1
+        pin = local.pin
+        if pin == pin:  # pinned (not NaN)
+            local.pin = NAN
+        taken = (TAKEN_SIZE, KIND_TAKEN, -1, self.pid, serial, idx, loader, passes, start, end, end, pin)
+        self.write_built(built, serial, idx, end, taken)
 
     def loader_iter(self, iter_: Callable, loader: Any) -> Any:
         """`DataLoader.__iter__`: one more pass of this loader (numbered at its first, with a
@@ -368,11 +420,11 @@ class BatchRecorder:
 
     def close(self) -> None:
         """At exit: where a DataLoader was iterated, the x-ray's own cost measured, then all written."""
-        if self.loaders and self.wrap is not None:
+        if self.loaders:
             from dlscope.observe.script import batchcost
 
             try:
-                cost = batchcost.measure(BatchRecorder, BatchFile, _as_method, self.wrap, self.batch_size or 64)
+                cost = batchcost.measure(BatchRecorder, self.batch_size or 64)
             except Exception as e:  # never fail the job's exit: the report then says it is unmeasured
                 cost = {"error": f"{type(e).__name__}: {e}"}
             self.write_json(KIND_COST, 0, cost)
@@ -381,7 +433,7 @@ class BatchRecorder:
     def pin(self, pin_memory: Callable, data: Any, *args: Any, **kwargs: Any) -> Any:
         """The outermost pin_memory call of a batch (it recurses through the module's own name)."""
         local = self.local
-        if getattr(local, "pinning", False):
+        if local.pinning:
             return pin_memory(data, *args, **kwargs)
         local.pinning = True
         start = time.perf_counter()
@@ -389,7 +441,11 @@ class BatchRecorder:
             out = pin_memory(data, *args, **kwargs)
         finally:
             local.pinning = False
-        self.pins[id(out)] = time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if local.built is not None:  # num_workers=0: the batch this thread just built, taken next
+            local.pin = seconds
+            return out
+        self.pins[id(out)] = seconds  # the pin-memory thread's: found again by the batch it pinned
         if len(self.pins) > 1024:  # batches pinned but never handed on (an abandoned iterator)
             self.pins.clear()
         return out
@@ -465,9 +521,10 @@ class DataQueue:
         self.queue, self.recorder = queue, recorder
 
     def put(self, item: Any, *args: Any, **kwargs: Any) -> Any:
-        built = self.recorder.take_built()
-        if built is not None and isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], int):
-            self.recorder.write_built(built, self.recorder.generation, item[0], time.time())
+        recorder = self.recorder
+        built = recorder.take_built()
+        if built is not None and type(item) is tuple and len(item) == 2 and type(item[0]) is int:
+            recorder.write_built(built, recorder.generation, item[0], time.time())
         return self.queue.put(item, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -486,16 +543,14 @@ def attach(torch: Any, directory: str, wrap: Callable[[Callable, Callable], Call
     _SUBSET_GETITEMS = getattr(Subset, "__getitems__", None)
     _ITERATORS = (dataloader._BaseDataLoaderIter,)
     recorder = BatchRecorder(directory)
-    recorder.wrap = wrap
-    fetch._MapDatasetFetcher.fetch = _as_method(fetch._MapDatasetFetcher.fetch, recorder.fetch_map)
-    fetch._IterableDatasetFetcher.fetch = _as_method(fetch._IterableDatasetFetcher.fetch, recorder.fetch_iterable)
+    fetch._MapDatasetFetcher.fetch = recorder.map_fetcher(fetch._MapDatasetFetcher.fetch)
+    fetch._IterableDatasetFetcher.fetch = recorder.iterable_fetcher(fetch._IterableDatasetFetcher.fetch)
     names = list(inspect.signature(worker._worker_loop).parameters)
     positions = (names.index("index_queue"), names.index("data_queue"), names.index("worker_id"))
     worker._worker_loop = wrap(
         worker._worker_loop, lambda loop, *a, **k: recorder.worker_loop(loop, positions, *a, **k)
     )
-    single, multi = dataloader._SingleProcessDataLoaderIter, dataloader._MultiProcessingDataLoaderIter
-    single._next_data = wrap(single._next_data, recorder.single_next)
+    multi = dataloader._MultiProcessingDataLoaderIter
     multi._get_data = wrap(multi._get_data, recorder.get_data)
     multi._process_data = wrap(multi._process_data, recorder.process_data)
     multi._reset = wrap(multi._reset, recorder.reset)
@@ -506,10 +561,8 @@ def attach(torch: Any, directory: str, wrap: Callable[[Callable, Callable], Call
     return recorder
 
 
-def _as_method(original: Callable, timed: Callable[[Any, Any], Any]) -> Callable:
-    def fetch(self: Any, possibly_batched_index: Any) -> Any:
-        return timed(self, possibly_batched_index)
-
+def _like(fetch: Callable, original: Callable) -> Callable:
+    """A timed fetcher standing in for torch's `original` method."""
     fetch.__wrapped__ = original  # type: ignore[attr-defined]
     fetch.__qualname__ = original.__qualname__
     return fetch
