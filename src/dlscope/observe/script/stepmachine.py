@@ -93,7 +93,8 @@ NOT_PROFILED = (None, None)
 
 class StepProfiler(Protocol):
     """Driven at each primary step end; says how the step that starts next is profiled. Not
-    asked before `idle_until` (a time: the steps until then are not profiled)."""
+    asked before `idle_until` (a time: the steps until then are not profiled; read after each
+    `after_step`, which alone moves it later)."""
 
     idle_until: float
 
@@ -164,7 +165,11 @@ class StepMachine:
         self.last_end = float("-inf")
         self.checkpoint_files: list[str] = []  # of the open checkpoint phase
         self.in_eval = False
-        self.parts: list[list[Any]] = []  # open parts: [index in PARTS, start, seconds of parts nested inside]
+        # open parts, as exclusive time: the innermost runs (`part`, since `since`), those around it
+        # (`outer`, innermost last) are paused until it closes — no list per part in a step
+        self.part: int | None = None
+        self.since = 0.0
+        self.outer: list[int] = []
         # seconds per part, backward() calls and batches drawn since the start: a part closing adds
         # to one total whatever the number of steps accumulating (the two streams before an
         # optimizer has stepped)
@@ -173,6 +178,7 @@ class StepMachine:
         self.optimizer_depth = 0
         self.next_profiled: tuple[str | None, int | None] = NOT_PROFILED
         self.next_memory = float("-inf")  # when peak memory is read next
+        self.next_work = float("-inf")  # when a step end next has memory or the profiler to look at
 
     # phases ----------------------------------------------------------------------------------
     def begin(self, name: str, now: float, file: str | None = None) -> None:
@@ -232,52 +238,53 @@ class StepMachine:
 
     # parts -----------------------------------------------------------------------------------
     def _open(self, part: int, now: float) -> None:
-        self.parts.append([part, now, 0.0])
-        if self.unworked:
-            self.unworked = False
-            for step in self.live:
-                if step.first_work is None:
-                    step.first_work = now
-
-    def _attend(self, now: float) -> None:
-        """Before a part opens while `attention` is set: leave eval, start the step's work, mark
-        its first work (in that order)."""
-        if self.in_eval:
-            self.eval_end(now)
-        if self.idle:
-            if self.unworked and self.steps["optimizer"] is not None:  # a step's first work (most steps)
+        """Open `part` while `attention` is set or a part is open (the begin methods set `part`
+        themselves otherwise). First, while `attention` is set: leave eval, start the step's
+        work, mark its first work (in that order); then a part open around `part` pauses (its
+        time so far added) until `part` closes."""
+        if self.attention:
+            if self.in_eval:
+                self.eval_end(now)
+            if self.idle and self.unworked and self.steps["optimizer"] is not None:  # most steps
                 self.idle = self.unworked = self.attention = False
                 for step in self.live:
                     step.fresh = False
                     if step.first_work is None:
                         step.first_work = now
-                return
-            self.activity(now)
-        if self.unworked:
-            self.unworked = False
-            for step in self.live:
-                if step.first_work is None:
-                    step.first_work = now
-        self.attention = self.in_eval or self.idle or self.unworked
+            else:
+                if self.idle:
+                    self.activity(now)
+                if self.unworked:
+                    self.unworked = False
+                    for step in self.live:
+                        if step.first_work is None:
+                            step.first_work = now
+                self.attention = self.in_eval or self.idle or self.unworked
+        current = self.part
+        if current is not None:
+            spent = now - self.since
+            if spent > 0.0:
+                self.totals[current] += spent
+            self.outer.append(current)
+        self.part, self.since = part, now
 
     def _close(self, part: int, now: float) -> None:
-        """Close the innermost open `part` (and anything a lost event left open inside it)."""
-        parts = self.parts
-        if len(parts) == 1 and parts[0][0] == part:  # the one part open, as in most steps
-            _, start, inner = parts.pop()
-            spent = now - start - inner
-            if spent > 0.0:
-                self.totals[part] += spent
+        """Close the innermost open `part` (and anything a lost event left open inside it); the
+        part around it runs again."""
+        current = self.part
+        if current is None:
             return
-        while parts:
-            closed, start, inner = parts.pop()
-            spent = now - start
-            if parts:
-                parts[-1][2] += spent
-            if spent > inner:
-                self.totals[closed] += spent - inner
-            if closed == part:
-                return
+        spent = now - self.since
+        if spent > 0.0:
+            self.totals[current] += spent
+        outer = self.outer
+        if outer:
+            while current != part and outer:
+                current = outer.pop()
+            self.part = outer.pop() if outer else None
+        else:
+            self.part = None
+        self.since = now
 
     # training activity -----------------------------------------------------------------------
     def activity(self, now: float) -> None:
@@ -297,35 +304,45 @@ class StepMachine:
             return
         if self.idle:
             self.activity(start)
-        if self.parts:
-            self.parts[-1][2] += end - start
+        current = self.part
+        if current is not None:  # drawn inside a part: paused meanwhile
+            spent = start - self.since
+            if spent > 0.0:
+                self.totals[current] += spent
+            self.since = end
         self.totals[DATA] += end - start
         self.batches += 1
 
     def forward_begin(self, now: float, training: bool) -> None:
         if not training:
             self.eval_begin(now)
-            return
-        if self.attention:
-            self._attend(now)
-        self.parts.append([FORWARD, now, 0.0])
+        elif self.attention or self.part is not None:
+            self._open(FORWARD, now)
+        else:  # the step's work started, no part open: as in most steps
+            self.part, self.since = FORWARD, now
 
     def forward_end(self, now: float) -> None:
-        for part in self.parts:
-            if part[0] == FORWARD:
-                self._close(FORWARD, now)
-                return
+        if self.part == FORWARD and not self.outer:  # the one part open: as in most steps
+            self.totals[FORWARD] += now - self.since if now > self.since else 0.0
+            self.part = None
+        elif self.part == FORWARD or FORWARD in self.outer:  # (none open: an evaluation forward's end)
+            self._close(FORWARD, now)
 
     def backward_begin(self, now: float) -> None:
-        if self.attention:
-            self._attend(now)
-        self.parts.append([BACKWARD, now, 0.0])
+        if self.attention or self.part is not None:
+            self._open(BACKWARD, now)
+        else:
+            self.part, self.since = BACKWARD, now
 
     def backward_end(self, now: float) -> None:
-        self._close(BACKWARD, now)
+        if self.part == BACKWARD and not self.outer:
+            self.totals[BACKWARD] += now - self.since if now > self.since else 0.0
+            self.part = None
+        else:
+            self._close(BACKWARD, now)
         self.backwards += 1
         # a closure's backward inside optimizer.step is part of that optimizer's step
-        if self.optimizer_depth == 0 and not self.optimizer_stepped:
+        if not self.optimizer_stepped and self.optimizer_depth == 0:
             self.end_step("backward", now)
 
     def optimizer_created(self) -> None:
@@ -333,10 +350,12 @@ class StepMachine:
 
     def optimizer_begin(self, now: float) -> None:
         self.optimizer_depth += 1
-        if self.optimizer_depth == 1:  # a wrapped optimizer's step calls the inner one: time the outer
-            if self.attention:
-                self._attend(now)
-            self.parts.append([OPTIMIZER, now, 0.0])
+        if self.optimizer_depth != 1:  # a wrapped optimizer's step calls the inner one: time the outer
+            return
+        if self.attention or self.part is not None:
+            self._open(OPTIMIZER, now)
+        else:
+            self.part, self.since = OPTIMIZER, now
 
     def closure_begin(self, now: float) -> None:
         """optimizer.step's closure starts: its time is the step's forward (the loss, zero_grad)
@@ -352,7 +371,11 @@ class StepMachine:
         self.optimizer_depth -= 1
         if self.optimizer_depth:
             return
-        self._close(OPTIMIZER, now)
+        if self.part == OPTIMIZER and not self.outer:
+            self.totals[OPTIMIZER] += now - self.since if now > self.since else 0.0
+            self.part = None
+        else:
+            self._close(OPTIMIZER, now)
         self.has_optimizer = True
         if not self.optimizer_stepped:
             self.optimizer_stepped = True
@@ -391,27 +414,23 @@ class StepMachine:
         counts = self.counts
         index = counts[src]
         counts[src] = index + 1
-        peak_rss = peak_cuda = None
-        profiled = profiler_step = None
-        resumed = now
+        peak_rss = peak_cuda = profiled = profiler_step = None
+        resumed = now  # when the next step starts: after dlscope's own work at this step end
         if src == "optimizer" or not self.has_optimizer:  # the primary stream
-            if now >= self.next_memory:
-                self.next_memory = now + MEMORY_INTERVAL_S
-                if self.memory is not None:
-                    peak_rss, peak_cuda = self.memory()
-            profiled, profiler_step = self.next_profiled
             if index == 0:
                 self._switch("first_batch", "train_steps", now)
-            profiler = self.profiler
-            self.next_profiled = profiler.after_step(index, now) if now >= profiler.idle_until else NOT_PROFILED
             if self.on_step is not None:
                 self.on_step(index + 1, now)
-            resumed = self.clock()  # after dlscope's own work at this step end
-            if resumed < now:
-                resumed = now
-        totals, base = self.totals, step.totals
+            profiled, profiler_step = self.next_profiled
+            if now >= self.next_work:
+                peak_rss, peak_cuda, resumed = self._between_steps(index, now)
+            else:
+                self.next_profiled = NOT_PROFILED
+        totals = self.totals
+        data, forward, backward, optimizer = totals
+        data0, forward0, backward0, optimizer0 = step.totals
         if self.batches > step.batches:
-            data, data_source = totals[DATA] - base[DATA], "loader"
+            data, data_source = data - data0, "loader"
         else:
             gap = (now if step.first_work is None else step.first_work) - step.start
             data, data_source = (gap if gap > 0.0 else 0.0), "gap"
@@ -422,9 +441,9 @@ class StepMachine:
             now,
             data,
             data_source,
-            totals[FORWARD] - base[FORWARD],
-            totals[BACKWARD] - base[BACKWARD],
-            totals[OPTIMIZER] - base[OPTIMIZER],
+            forward - forward0,
+            backward - backward0,
+            optimizer - optimizer0,
             self.backwards - step.backwards,
             peak_rss,
             peak_cuda,
@@ -434,9 +453,28 @@ class StepMachine:
             self.thread_id(),
         )
         # the next step of this stream, in the same object (`steps` and `live` hold it)
-        step.start, step.totals, step.backwards, step.batches = resumed, totals[:], self.backwards, self.batches
-        step.first_work, step.fresh = None, True
+        step.start = resumed
+        step.totals = totals[:]
+        step.backwards = self.backwards
+        step.batches = self.batches
+        step.first_work = None
+        step.fresh = True
         self.idle = self.unworked = self.attention = True
+
+    def _between_steps(self, index: int, now: float) -> tuple[int | None, int | None, float]:
+        """At a primary step end once `next_work` is due: peak memory (at most every
+        MEMORY_INTERVAL_S) and the profiler (from its `idle_until`); (peak RSS, peak CUDA, when
+        this work ended: the next step starts there)."""
+        peak_rss = peak_cuda = None
+        if now >= self.next_memory:
+            self.next_memory = now + MEMORY_INTERVAL_S
+            if self.memory is not None:
+                peak_rss, peak_cuda = self.memory()
+        profiler = self.profiler
+        self.next_profiled = profiler.after_step(index, now) if now >= profiler.idle_until else NOT_PROFILED
+        self.next_work = min(self.next_memory, profiler.idle_until)
+        resumed = self.clock()
+        return peak_rss, peak_cuda, resumed if resumed > now else now
 
     def finish(self, now: float, torch_attached: bool) -> None:
         """At exit: the facts a report needs to say whether the steps were observed at all."""
