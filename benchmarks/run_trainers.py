@@ -30,7 +30,7 @@ if mode != "bare":
     from dlscope.observe.script import hooks, records
     store = records.RecordFile(tempfile.mkdtemp())
     if mode == "hooked-no-sink":
-        store.write_step = lambda **fields: None
+        store.write_step = lambda *values: None  # the machine passes STEP_ARGS positionally
     hooked = hooks.TorchHooks(store, (1, 0, 0, 0))  # profiler off, as `--profile-steps 0`
     hooked.begin_process(forked=False)
     hooked.attach_torch(torch)
