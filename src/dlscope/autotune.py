@@ -151,6 +151,20 @@ def compile_bound(remaining_steps: int) -> dict[str, Any]:
     }
 
 
+def compiled_steps_failure(run: Callable[[], object], model: torch.nn.Module) -> str | None:
+    """What went wrong when `run` trained `model` through torch.compile, or None: an error raised
+    (Inductor's code for one CPU can fail where another's works, e.g. a bounds check in an AVX2
+    kernel), or weights left non-finite (a wrong kernel trains to NaN)."""
+    try:
+        run()
+    except Exception as error:  # any of torch.compile's many error types: the trial's result, not a crash
+        first_line = next(iter(str(error).strip().splitlines()), "")
+        return f"{type(error).__name__}: {first_line[:200]}"
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        return "weights not finite after them"
+    return None
+
+
 def compile_trial(
     trainer: Trainer, step: Callable[[], object], remaining_steps: int, timed: int, timer: StepTimer
 ) -> dict[str, Any]:
@@ -168,7 +182,21 @@ def compile_trial(
         Contender(name, step, trainer.device, lambda m=module: stepping(trainer, m), timer)
         for name, module in (("eager", eager), ("compiled", compiled))
     ]
-    time_interleaved(contenders, timed, min(ROUNDS, timed), warmup=1)
+    before = trainer.trial_state()
+    failure = compiled_steps_failure(lambda: time_interleaved(contenders, timed, min(ROUNDS, timed), warmup=1), eager)
+    if failure is not None:  # the steps trained the model: undone, and their time is all overhead
+        trainer.put_back(before)
+        trainer.step_model = eager
+        return {
+            **bound,
+            "tried": True,
+            "kept": False,
+            "failed": failure,
+            "excess_s": 0.0,
+            "step_seconds": 0.0,
+            "reason": f"the compiled steps failed ({failure}); the weights, the optimizer's state and the "
+            "epoch's metrics were put back as before them: not kept",
+        }
     eager_s, compiled_s = contenders[0].median_s, contenders[1].median_s
     compile_s = max(contenders[1].cold_s - eager_s, 0.0)
     saving_s = (eager_s - compiled_s) * (remaining_steps - sum(c.steps for c in contenders))

@@ -13,6 +13,7 @@ for epoch:
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import math
@@ -192,6 +193,10 @@ def summed_across_ranks(*values: torch.Tensor | int) -> list[float]:
     return totals.tolist()
 
 
+# the epoch's and the logging window's running sums (a window closing adds to the epoch's)
+RUNNING_METRICS = ("_epoch_loss", "_epoch_correct", "_epoch_n", "_window_loss", "_window_correct", "_window_n")
+
+
 class Trainer:
     """Trains one model on MNIST according to a `TrainConfig`, telling its observers."""
 
@@ -303,6 +308,18 @@ class Trainer:
         set_rng_state(state["rng"])
         self.result.epochs = [EpochResult(**e) for e in state.get("history", [])]
         self.result.resumed_from_epoch = self.start_epoch
+
+    def trial_state(self) -> dict[str, Any]:
+        """A copy of what a tuning trial that goes wrong puts back (`put_back`): the weights, the
+        optimizer's state and the epoch's running metrics; its steps stay counted."""
+        metrics = {name: getattr(self, name) for name in RUNNING_METRICS}
+        return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **metrics})
+
+    def put_back(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        for name in RUNNING_METRICS:
+            setattr(self, name, state[name])
 
     def restarts_schedule(self, state: dict[str, Any]) -> bool:
         """Whether resuming `state` under this config starts a new one-cycle (--epochs changed)."""
