@@ -146,10 +146,11 @@ def test_tuning_costs_only_the_slower_candidates_excess_time(mnist, monkeypatch)
 
 def test_scheduled_evaluation_stops_inside_the_epoch(mnist):
     config = TrainConfig(epochs=2, batch_size=64, train_subset=6000, test_subset=1000, eval_every=10, log_every=10)
-    trainer = Trainer(config, mnist, [StopAtAccuracy(94.0)])
+    # 90%: reached near step 60 of the epoch's 94 (94% came at step 80, close to the epoch's own evaluation)
+    trainer = Trainer(config, mnist, [StopAtAccuracy(90.0)])
     result = trainer.fit()
     steps = [e.step for e in result.evaluations]
-    assert result.target_reached_step == steps[-1] and result.evaluations[-1].test_acc >= 94.0
+    assert result.target_reached_step == steps[-1] and result.evaluations[-1].test_acc >= 90.0
     # scheduled ones every 10 steps, only once the training accuracy came within a point of the target
     assert all(s % 10 == 0 for s in steps[:-1])
     assert result.stopped_early and result.final.steps < trainer.steps_per_epoch * len(result.epochs)

@@ -114,9 +114,10 @@ def test_python_api_example_runs(tmp_path):
     text = (DOCS / "python-api.md").read_text()
     match = re.search(r"```python\n(.*?)```", text, re.S)
     assert match, "the Python API page has no python block"
-    proc = subprocess.run(
-        [sys.executable, "-c", match.group(1)], cwd=tmp_path, capture_output=True, text=True, timeout=600
-    )
+    # every call of the example as written, on a sixth of its samples: the calls, not the accuracy, are tested
+    code, subsets = re.subn(r"train_subset=[\d_]+", "train_subset=2_000", match.group(1))
+    assert subsets == 1, "the example's train_subset= moved: shrink it here again"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "test accuracy" in proc.stdout and "aten::" in proc.stdout and "verified: True" in proc.stdout
     assert list((tmp_path / "runs" / "notebook" / "tensorboard" / "train").glob("events.out.tfevents.*"))
