@@ -3,33 +3,61 @@ a report renders from results.json alone, on a machine without the measuring sta
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
-SECTION_NAMES = (
-    "anatomy",
-    "batches",
-    "checkpoint",
-    "ckpt_anatomy",
-    "dataset",
-    "distributed",
-    "doctor",
-    "environment",
-    "graph",
-    "hang",
-    "iotrace",
-    "model",
-    "ops",
-    "phases",
-    "pipeline",
-    "profile",
-    "ranks",
-    "run",
-    "rundiff",
-    "scaling",
-    "steps",
-    "sweep",
-    "top10",
-    "train",
+from dlscope.report.sections import (
+    anatomy,
+    batches,
+    checkpoint,
+    ckpt_anatomy,
+    dataset,
+    distributed,
+    doctor,
+    environment,
+    graph,
+    hang,
+    iotrace,
+    model,
+    ops,
+    phases,
+    pipeline,
+    profile,
+    ranks,
+    run,
+    rundiff,
+    scaling,
+    steps,
+    sweep,
+    top10,
+    train,
 )
-SECTIONS: dict[str, ModuleType] = {name: importlib.import_module(f"{__name__}.{name}") for name in SECTION_NAMES}
+
+SECTIONS: dict[str, ModuleType] = {
+    module.__name__.rsplit(".", 1)[1]: module
+    for module in (
+        environment,
+        dataset,
+        model,
+        train,
+        ranks,
+        profile,
+        sweep,
+        checkpoint,
+        ckpt_anatomy,
+        ops,
+        graph,
+        pipeline,
+        run,
+        steps,
+        anatomy,
+        batches,
+        top10,
+        phases,
+        distributed,
+        scaling,
+        iotrace,
+        hang,
+        doctor,
+        rundiff,
+    )
+}
