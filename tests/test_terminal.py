@@ -109,3 +109,6 @@ def test_where_everything_is_never_folds_a_path_at_80_columns(tmp_path, monkeypa
     assert any(f"dlscope tensorboard {path}" in line for line in lines)
     for whole in (path / "report.html", path / "results.json", path / "tensorboard"):
         assert any(str(whole) in line for line in lines), whole
+    # each hint follows its path, so "and report.md" goes on from report.html
+    report = next(i for i, line in enumerate(lines) if line.startswith("report:"))
+    assert str(path / "report.html") in lines[report] and lines[report + 1].strip().startswith("and report.md")

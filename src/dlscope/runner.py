@@ -263,15 +263,16 @@ def print_locations(run: Any, html: Path, md: Path) -> None:
     ]
     name_width = max(len(name) for name, _, _ in rows)
     path_width = max(len(path) for _, path, _ in rows)
-    # paths are never cut or wrapped (they are what the user copies), nor is a path in a hint
+    # paths are never cut or wrapped by us (they are what the user copies), nor is a path in a hint
     # (`dlscope tensorboard RUN`): the hints wrap at their spaces in what the two columns and the
-    # padding (2 at each edge, 4 between columns) leave, or each row goes on lines of its own
+    # padding (2 at each edge, 4 between columns) leave, or each row goes on two lines of its own,
+    # the path first (a hint may go on from it: "and report.md")
     room = console.width - name_width - path_width - 12
     if room < max(len(word) for _, _, hint in rows for word in hint.split()):
         console.print("where everything is")
         for name, path, hint in rows:
-            console.print(f"{name}: [dim]{safe(hint)}[/]", soft_wrap=True)
-            console.print(f"  [path]{safe(path)}[/]", soft_wrap=True)
+            console.print(f"{name}: [path]{safe(path)}[/]", soft_wrap=True)
+            console.print(f"  [dim]{safe(hint)}[/]", soft_wrap=True)
     else:
         table = Table(show_header=False, box=None, padding=(0, 2), title="where everything is", title_justify="left")
         table.add_column()
