@@ -278,12 +278,9 @@ class StepMachine:
         if spent > 0.0:
             self.totals[current] += spent
         outer = self.outer
-        if outer:
-            while current != part and outer:
-                current = outer.pop()
-            self.part = outer.pop() if outer else None
-        else:
-            self.part = None
+        while current != part and outer:
+            current = outer.pop()
+        self.part = outer.pop() if outer else None
         self.since = now
 
     # training activity -----------------------------------------------------------------------
