@@ -7,6 +7,7 @@ a rank hung by its test hook: in two ranks, and in dlscope's own process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -18,7 +19,8 @@ from dlscope.cli import main
 from dlscope.distributed.iorank import rank_pids
 from dlscope.errors import HANG_EXIT_CODE
 from dlscope.observe.bootstrap_env import with_bootstrap
-from dlscope.observe.hang.capture import alive, capture
+from dlscope.observe.hang.agent import STACK_SIGNAL
+from dlscope.observe.hang.capture import alive, capture, parse_faulthandler
 from dlscope.observe.hang.live import live_path, read_all, read_live
 from dlscope.options import HangOptions, RunOptions, ScriptOptions, StepOptions
 from dlscope.report.sections import hang as hang_section
@@ -127,7 +129,7 @@ def test_stacks_come_from_a_process_blocked_in_c_with_the_gil_held(tmp_path):
             time.sleep(0.05)
             live = read_live(live_path(tmp_path, child.pid))
         time.sleep(0.5)  # into the sleep
-        taken = capture(child.pid, tmp_path, live)
+        [taken] = capture([child.pid], tmp_path, {child.pid: live})
         assert taken["python_source"] == "faulthandler"
         frames = [f for thread in taken["python"] for f in thread["frames"]]
         assert {"file": str(script), "line": 3, "function": "<module>"} in frames
@@ -135,11 +137,50 @@ def test_stacks_come_from_a_process_blocked_in_c_with_the_gil_held(tmp_path):
         assert main["syscall"]["name"] == "read" and main["syscall"]["target"].startswith("pipe:")
         time.sleep(0.2)
         assert child.poll() is None  # the dump did not end it: the read goes on
-        again = capture(child.pid, tmp_path, live)  # and it answers a second time
+        [again] = capture([child.pid], tmp_path, {child.pid: live})  # and it answers a second time
         assert again["python"] and next(t for t in again["threads"] if t["tid"] == child.pid)["syscall"]
     finally:
         child.kill()
         child.wait()
+
+
+BUSY = """
+import sys, threading, time
+from dlscope.observe.hang import agent
+agent.install(sys.argv[1])
+def recurse(n):
+    return 0 if n == 0 else 1 + recurse(n - 1)
+def spin():
+    while True:
+        sum(i for i in range(100)) + recurse(40)
+threading.Thread(target=spin, daemon=True).start()
+print("ready", flush=True)
+deadline = time.time() + 3
+while time.time() < deadline:
+    recurse(80)
+"""
+
+
+def test_a_stream_of_stack_signals_kills_neither_a_busy_process_nor_one_exiting(tmp_path):
+    """A stack signal every 2 ms on two threads pushing and popping frames, then through the
+    interpreter's exit: a C-level dump there read half-built frames (SIGSEGV), and a signal during
+    finalization met its default action (killed by the signal itself)."""
+    script = tmp_path / "busy.py"
+    script.write_text(BUSY)
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)], env=with_bootstrap(), stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline() == "ready\n"
+    sent = 0
+    while child.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, STACK_SIGNAL)
+            sent += 1
+        time.sleep(0.002)
+    assert child.wait() == 0 and sent > 200
+    dumps = (tmp_path / f"stacks-{child.pid}.txt").read_text()
+    functions = {f["function"] for thread in parse_faulthandler(dumps) for f in thread["frames"]}
+    assert {"recurse", "<module>"} <= functions and "_dump_stacks" not in dumps  # never the handler itself
 
 
 def test_on_hang_wait_leaves_the_job_running_and_the_capture_whole_on_disk(tmp_path):

@@ -2,12 +2,20 @@
 (hang/live.py) current, counts the collectives this rank enters and finishes, and lets the
 parent dump every thread's Python stack on demand.
 
-Stacks. `faulthandler.register(STACK_SIGNAL, all_threads=True)` writes every thread's Python
-stack to `<processes>/stacks-<pid>.txt` from a C signal handler: it needs no GIL, so it answers
-also when the process is blocked in C with the GIL held. The signal is a real-time one no library
-claims; its default action kills, so the parent sends it only to a process whose /proc status
-shows it caught. Not `chain=True`: registered at start-up, the handler it would chain to is that
-default action — the first dump would kill the process it was asked of.
+Stacks. The parent asks for every thread's Python stack with STACK_SIGNAL, which a Python-level
+handler answers between two bytecodes of the main thread: it writes the stacks in faulthandler's
+format to `<processes>/stacks-<pid>.txt`, reading frames no thread is changing (the main thread
+holds the GIL). faulthandler's own dump, from a C signal handler, reads them at any instruction:
+a signal landing while the interpreter pushes or pops a frame made it read a half-built one, and
+a busy process died of SIGSEGV (in 4 of 4 runs of a stack signal every few ms, after 117–2,286
+signals). It stays, on STACK_SIGNAL_IN_C, for a process that does not answer the first signal
+(hang/capture.py waits ANSWER_S): blocked in C with the GIL held, or in a system call the kernel
+restarts, where no frame moves. The Python-level handler is installed with SA_RESTART, so the
+signal never makes a system call of the job's fail with EINTR. Both signals are real-time ones no
+library claims; their default action kills, so the parent sends them only to a process whose
+/proc status shows them caught, and a process about to exit ignores them (Python's finalization
+would put the default action back while a capture may still be sending). Not `chain=True`:
+registered at start-up, the handler it would chain to is that default action.
 
 Collectives. The Python API of torch.distributed (all_reduce, broadcast, barrier, all_gather...)
 is wrapped right after `torch.distributed.distributed_c10d` loads, before the package re-exports
@@ -28,12 +36,16 @@ import functools
 import os
 import signal
 import sys
+import threading
+from types import FrameType
 from typing import Any
 
 from dlscope.observe.hang.live import LiveStatus
 
-STACK_SIGNAL = signal.SIGRTMIN + 6
+STACK_SIGNAL = signal.SIGRTMIN + 6  # answered between bytecodes
+STACK_SIGNAL_IN_C = signal.SIGRTMIN + 5  # answered at once, by faulthandler's C handler
 STACKS_PREFIX = "stacks-"
+MAX_FRAMES = 100  # per thread, as faulthandler's dump
 COLLECTIVES = (
     "all_reduce",
     "broadcast",
@@ -53,7 +65,8 @@ COLLECTIVES = (
 )
 
 _live: LiveStatus | None = None
-_stacks_file: Any = None
+_stacks_fd: int | None = None
+_dumping = False  # STACK_SIGNAL's handler is writing a dump
 _hooked = False  # the process-wide hooks (fork, exit, imports) are set once, whatever the installs
 
 
@@ -93,14 +106,12 @@ def install(directory: str, follow_markers: bool = False) -> None:
 def uninstall() -> None:
     """Stop keeping the live file and answering the stack signal (the built-in job's own process
     after its training: what follows takes no steps)."""
-    global _live, step_ended, phase, _stacks_file
+    global _live, step_ended, phase
     from dlscope import phases
 
     phases.listen(None)
-    if _stacks_file is not None:
-        faulthandler.unregister(STACK_SIGNAL)
-        _stacks_file.close()
-    _live, _stacks_file, step_ended, phase = None, None, _noop, _noop
+    _ignore_stack_signals()
+    _live, step_ended, phase = None, _noop, _noop
 
 
 def _marker_listener(stack: list[str]) -> Any:
@@ -115,14 +126,15 @@ def _marker_listener(stack: list[str]) -> Any:
 
 
 def _exited() -> None:
+    _ignore_stack_signals()
     if _live is not None:
         _live.exited()
 
 
 def _attach_failed(where: str, error: Exception) -> None:
     """Said in the stacks file, which every capture reads: its collectives go uncounted."""
-    if _stacks_file is not None:
-        _stacks_file.write(f"dlscope: collectives not counted ({where}): {type(error).__name__}: {error}\n")
+    if _stacks_fd is not None:
+        os.write(_stacks_fd, f"dlscope: collectives not counted ({where}): {type(error).__name__}: {error}\n".encode())
 
 
 def _after_fork() -> None:
@@ -132,13 +144,65 @@ def _after_fork() -> None:
 
 
 def _register_stacks(directory: str) -> None:
-    global _stacks_file
-    previous = _stacks_file
+    global _stacks_fd
+    # caught before the file exists: a parent that sees the file may signal at once
+    signal.signal(STACK_SIGNAL, _dump_stacks)
+    signal.siginterrupt(STACK_SIGNAL, False)  # SA_RESTART: no system call of the job's sees EINTR
+    previous = _stacks_fd
     path = os.path.join(directory, f"{STACKS_PREFIX}{os.getpid()}.txt")
-    _stacks_file = open(path, "a", buffering=1)  # noqa: SIM115 — faulthandler writes to its fd for the process's life
-    faulthandler.register(STACK_SIGNAL, file=_stacks_file, all_threads=True)
-    if previous is not None:  # a second install, or a forked child's copy of its parent's file
-        previous.close()
+    _stacks_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    # faulthandler writes to the descriptor for the process's life
+    faulthandler.register(STACK_SIGNAL_IN_C, file=_stacks_fd, all_threads=True)
+    if previous is not None:  # a second install, or a forked child's copy of its parent's descriptor
+        os.close(previous)
+
+
+def _ignore_stack_signals() -> None:
+    """No stacks from here on, and no death by a stack signal still on its way."""
+    global _stacks_fd
+    if _stacks_fd is None:
+        return
+    faulthandler.unregister(STACK_SIGNAL_IN_C)
+    for signum in (STACK_SIGNAL, STACK_SIGNAL_IN_C):
+        signal.signal(signum, signal.SIG_IGN)
+    os.close(_stacks_fd)
+    _stacks_fd = None
+
+
+def _dump_stacks(signum: int, interrupted: FrameType | None) -> None:
+    """STACK_SIGNAL's handler: every thread's stack, innermost first, in faulthandler's format
+    (hang/capture.py reads one format from either signal), in one write. A signal that lands while
+    the dump is being made is answered by that dump."""
+    global _dumping
+    fd = _stacks_fd
+    if fd is None or _dumping:
+        return
+    _dumping = True
+    try:
+        frames = sys._current_frames()
+        current = threading.get_ident()
+        frames[current] = interrupted  # where the main thread was, not this handler
+        lines = []
+        for ident, frame in frames.items():
+            lines.append(
+                f"{'Current thread' if ident == current else 'Thread'} 0x{ident:016x} (most recent call first):"
+            )
+            lines.extend(_frame_lines(frame))
+            lines.append("")
+        os.write(fd, "\n".join(lines).encode(errors="backslashreplace"))
+    finally:
+        _dumping = False
+
+
+def _frame_lines(frame: FrameType | None) -> list[str]:
+    lines = []
+    while frame is not None and len(lines) < MAX_FRAMES:
+        code, line = frame.f_code, frame.f_lineno
+        lines.append(f'  File "{code.co_filename}", line {"???" if line is None else line} in {code.co_name}')
+        frame = frame.f_back
+    if frame is not None:
+        lines.append("  ...")
+    return lines
 
 
 # collectives ---------------------------------------------------------------------------------

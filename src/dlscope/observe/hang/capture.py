@@ -1,11 +1,12 @@
 """The state of a running process, read from outside: each thread's kernel wait channel and
 current system call (/proc/PID/task/TID/{wchan,syscall}) with the file behind a blocked fd, the
 live status file, and — for a process with dlscope's bootstrap — every thread's Python stack,
-dumped by faulthandler on a signal (hang/agent.py). Facts only; hang/verdict.py reads them.
+dumped on a signal (hang/agent.py). Facts only; hang/verdict.py reads them.
 Linux x86-64 and arm64 syscall numbers; another machine gets the number."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -14,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dlscope.observe.hang.agent import STACK_SIGNAL, STACKS_PREFIX
+from dlscope.observe.hang.agent import STACK_SIGNAL, STACK_SIGNAL_IN_C, STACKS_PREFIX
 from dlscope.observe.hang.live import LiveView
 
 # the system calls a stuck thread sits in; the first argument of those in FD_CALLS is an fd
@@ -39,7 +40,9 @@ FD_CALLS = {
     "recvfrom", "sendmsg", "recvmsg", "fsync", "fdatasync", "flock", "ioctl", "fcntl", "epoll_wait", "epoll_pwait",
 }  # fmt: skip
 AT_FDCWD = -100
-STACK_WAIT_S = 2.0  # how long a dump may take to appear (a process swapped out, a loaded machine)
+# how long a dump may take to appear: between bytecodes, then (blocked in C) from the C handler
+ANSWER_S = 0.5
+STACK_WAIT_S = 2.0  # a process swapped out, a loaded machine
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
 
@@ -153,12 +156,16 @@ def catches(pid: int, signum: int) -> bool:
 
 
 def parse_faulthandler(text: str) -> list[dict[str, Any]]:
-    """faulthandler's all-threads dump: each thread's ident and frames, innermost first."""
+    """faulthandler's all-threads dump: each thread's ident and frames, innermost first. Only the
+    first dump in `text` (a process that answered both stack signals wrote two)."""
     threads: list[dict[str, Any]] = []
     for line in text.splitlines():
         head = _THREAD.match(line)
         if head:
-            threads.append({"ident": int(head.group(2), 16), "frames": []})
+            ident = int(head.group(2), 16)
+            if any(t["ident"] == ident for t in threads):
+                break
+            threads.append({"ident": ident, "frames": []})
             continue
         frame = _FRAME.match(line)
         if frame and threads:
@@ -168,43 +175,67 @@ def parse_faulthandler(text: str) -> list[dict[str, Any]]:
     return threads
 
 
-def python_stacks(pid: int, directory: Path | None) -> tuple[list[dict[str, Any]] | None, str]:
-    """Every thread's Python stack and how it was had ("faulthandler"); None with why it was not
-    ("no_bootstrap": the process has no dlscope stack handler; "no_answer": the dump did not come
-    within STACK_WAIT_S)."""
-    stacks = directory / f"{STACKS_PREFIX}{pid}.txt" if directory is not None else None
-    if stacks is None or not stacks.exists() or not catches(pid, STACK_SIGNAL):
-        return None, "no_bootstrap"
-    before = stacks.stat().st_size
-    os.kill(pid, STACK_SIGNAL)
-    deadline, size = time.monotonic() + STACK_WAIT_S, before
-    while time.monotonic() < deadline:
+def python_stacks(pids: list[int], directory: Path | None) -> dict[int, tuple[list[dict[str, Any]] | None, str]]:
+    """Every thread's Python stack of each process, and how it was had ("faulthandler"), or None
+    with why it was not ("no_bootstrap": the process has no dlscope stack handler; "no_answer": no
+    dump came within STACK_WAIT_S). All are asked at once, between bytecodes (STACK_SIGNAL); those
+    that have not answered within ANSWER_S — blocked in C — by the C-level dump (STACK_SIGNAL_IN_C)."""
+    answers: dict[int, tuple[list[dict[str, Any]] | None, str]] = {}
+    asked: dict[int, tuple[Path, int]] = {}  # pid: its stacks file, its size before the signal
+    for pid in pids:
+        stacks = directory / f"{STACKS_PREFIX}{pid}.txt" if directory is not None else None
+        if stacks is None or not stacks.exists() or not catches(pid, STACK_SIGNAL):
+            answers[pid] = None, "no_bootstrap"
+            continue
+        asked[pid] = stacks, stacks.stat().st_size
+        _send(pid, STACK_SIGNAL)
+    started = time.monotonic()
+    pending, sizes, in_c = set(asked), {pid: before for pid, (_, before) in asked.items()}, False
+    while pending and time.monotonic() < started + STACK_WAIT_S:
         time.sleep(0.02)
-        now = stacks.stat().st_size
-        if now > before and now == size:  # grew, then stopped growing: the dump is complete
-            break
-        size = now
-    with stacks.open("rb") as f:
-        f.seek(before)
-        text = f.read().decode(errors="replace")
-    if not text:
-        return None, "no_answer"
-    return parse_faulthandler(text), "faulthandler"
+        for pid in list(pending):
+            stacks, before = asked[pid]
+            now = stacks.stat().st_size
+            if now > before and now == sizes[pid]:  # grew, then stopped growing: the dump is complete
+                pending.discard(pid)
+            sizes[pid] = now
+        if not in_c and time.monotonic() >= started + ANSWER_S:
+            in_c = True
+            for pid in pending:
+                if sizes[pid] == asked[pid][1] and catches(pid, STACK_SIGNAL_IN_C):
+                    _send(pid, STACK_SIGNAL_IN_C)
+    for pid, (stacks, before) in asked.items():
+        with stacks.open("rb") as f:
+            f.seek(before)
+            text = f.read().decode(errors="replace")
+        answers[pid] = (parse_faulthandler(text), "faulthandler") if text else (None, "no_answer")
+    return answers
 
 
-def capture(pid: int, directory: Path | None, live: LiveView | None) -> dict[str, Any]:
-    """One process as it is now; `directory` holds its live and stacks files when it has the bootstrap."""
-    cmdline = (_read(f"/proc/{pid}/cmdline") or "").split("\0")
-    if not alive(pid):
-        return {"pid": pid, "alive": False, "live": asdict(live) if live else None, "exit": zombie_exit(pid)}
-    threads = threads_of(pid)  # before the signal: a C sleep it interrupts may not resume (a read does)
-    stacks, source = python_stacks(pid, directory)
-    return {
-        "pid": pid,
-        "alive": True,
-        "argv": [a for a in cmdline if a],
-        "live": asdict(live) if live else None,
-        "threads": threads,
-        "python": stacks,
-        "python_source": source,
-    }
+def _send(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: its capture says so
+        os.kill(pid, signum)
+
+
+def capture(pids: list[int], directory: Path | None, views: dict[int, LiveView]) -> list[dict[str, Any]]:
+    """The processes as they are now; `directory` holds the live and stacks files of those with
+    the bootstrap, `views` their live status."""
+    taken: dict[int, dict[str, Any]] = {}
+    for pid in pids:
+        live = views.get(pid)
+        if not alive(pid):
+            taken[pid] = {"pid": pid, "alive": False, "live": asdict(live) if live else None, "exit": zombie_exit(pid)}
+            continue
+        cmdline = (_read(f"/proc/{pid}/cmdline") or "").split("\0")
+        taken[pid] = {
+            "pid": pid,
+            "alive": True,
+            "argv": [a for a in cmdline if a],
+            "live": asdict(live) if live else None,
+            # before the signal: a C sleep it interrupts may not resume (a read does)
+            "threads": threads_of(pid),
+        }
+    stacks = python_stacks([pid for pid, p in taken.items() if p["alive"]], directory)
+    for pid, (python, source) in stacks.items():
+        taken[pid].update(python=python, python_source=source)
+    return [taken[pid] for pid in pids]

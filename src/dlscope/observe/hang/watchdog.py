@@ -53,7 +53,7 @@ def capture_job(
     if running_only:
         views = {pid: v for pid, v in views.items() if alive(pid)}
     pids = sorted(set(views) | set(descendants(root) if root is not None else []))
-    processes = [capture(pid, directory, views.get(pid)) for pid in pids]
+    processes = capture(pids, directory, views)
     return {"time": time.time(), "processes": processes, "verdict": verdict(processes, idle_seconds)}
 
 
