@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from dlscope.report.blocks import Block, Figure, Findings, Para, Table
+from dlscope.report.blocks import Block, Figure, Findings, Para, Table, fmt
 
 TITLE = "Training steps"
 PARTS = ("data", "gap", "forward", "backward", "optimizer", "other")
@@ -58,7 +58,7 @@ def render(section: dict[str, Any]) -> list[Block]:
         (
             "warn" if c["after_ms"] > c["before_ms"] else "good",
             f"From step {c['step']} ({c['start_s']:.1f} s into the run) the median step went from "
-            f"{c['before_ms']:.3g} ms to {c['after_ms']:.3g} ms ({c['after_ms'] / c['before_ms']:.3g}×).",
+            f"{fmt(c['before_ms'])} ms to {fmt(c['after_ms'])} ms ({c['after_ms'] / c['before_ms']:.3g}×).",
         )
         for c in section["change_points"]
     ]

@@ -13,10 +13,18 @@ def operators_table(rows: list[dict[str, Any]], title: str) -> Table:
     return Table(
         ["operator", "calls", "self ms", "self %", "µs/call"],
         [
-            [r["name"], r["calls"], round(r["self_cpu_us"] / 1000, 3), r["self_cpu_pct"], round(r["us_per_call"], 1)]
+            [
+                r["name"].removeprefix("aten::"),
+                r["calls"],
+                round(r["self_cpu_us"] / 1000, 3),
+                r["self_cpu_pct"],
+                round(r["us_per_call"], 1),
+            ]
             for r in rows
         ],
         title,
+        legend="aten:: omitted from names. self: time in the operator itself, over the profiled steps.",
+        optional=("µs/call",),  # a long operator name (a fused attention's backward) keeps its line at 80 columns
     )
 
 
@@ -43,7 +51,7 @@ def windows_blocks(windows: list[dict[str, Any]], shown_in_full: dict[str, Any] 
                     TRIGGERS.get(w["trigger"], w["trigger"]),
                     step_range(w),
                     w["active_steps"],
-                    w["rows"][0]["name"] if w["rows"] else "-",
+                    w["rows"][0]["name"].removeprefix("aten::") if w["rows"] else "-",
                     w["rows"][0]["self_cpu_pct"] if w["rows"] else None,
                 ]
                 for w in windows
