@@ -276,6 +276,34 @@ def test_backend_sees_exact_bytes_of_a_controlled_workload(backend, traced):
     assert (exports / "files.csv").read_text().startswith("path,category,")
 
 
+MAPS = 5
+MAPPED = textwrap.dedent(
+    f"""
+    import mmap, sys
+    import dlscope
+    with dlscope.phase("train_steps"), open(sys.argv[1], "rb") as f:
+        for _ in range({MAPS}):  # as numpy.memmap does for every batch of nanoGPT's get_batch
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                sum(m[i] for i in range(0, len(m), 4096))
+    """
+)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_memory_mapped_data_file_is_named_with_its_maps_not_as_unread(backend, tmp_path):
+    script, data = tmp_path / "mapped.py", tmp_path / "tokens.bin"
+    script.write_text(MAPPED)
+    data.write_bytes(os.urandom(1 << 20))
+    s = trace_command([sys.executable, str(script), str(data)], backend, tmp_path / "out", say=lambda _: None).section
+    f = by_path(s, data)
+    assert (f["opens"], f["maps"], f["bytes_read"]) == (1, MAPS, 0)
+    assert s["mapped_files"] == [str(data)]  # not the C library's locale tables, mapped at start-up
+    [edge] = [e for e in s["flow"] if e["from"] == str(data)]
+    assert (edge["to"], edge["maps"]) == ("train_steps", MAPS)
+    [text] = [t for _, t in findings(s) if t.startswith("Mapped into memory")]
+    assert f"tokens.bin ({MAPS}× in train_steps)" in text and "page faults" in text
+
+
 @pytest.mark.skipif(AVAILABLE["ebpf"] is not None or AVAILABLE["strace"] is not None, reason="needs ebpf and strace")
 def test_ebpf_and_strace_agree_exactly(traced):
     def counts(backend):

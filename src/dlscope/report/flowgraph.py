@@ -26,6 +26,10 @@ def shorten(path: str, width: int = 48) -> str:
 
 
 def _weight(edge: dict[str, Any]) -> str:
+    if edge.get("maps"):  # its reads are page faults: no byte count to show
+        return f"mapped {edge['maps']:,}× (reads unseen)" + (
+            f" + {human_bytes(edge['bytes'])}" if edge["bytes"] else ""
+        )
     weight = human_bytes(edge["bytes"]) if edge["bytes"] else f"{edge['opens']} opens"
     return weight + (f" ({edge['files']:,} files)" if edge.get("files", 1) > 1 else "")
 

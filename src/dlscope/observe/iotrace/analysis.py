@@ -13,6 +13,7 @@ from dlscope.observe.iotrace.events import Event
 STARTUP = "startup"  # before the first marker: interpreter start-up and imports
 OUTSIDE = "outside-phases"  # after a phase ended and before the next began
 GROUPED_IN_FLOW = ("python module", "shared library", "device", "config")  # many small files: one node each
+MAPPED_FILES_LISTED = 10  # the data files mapped into memory, most mapped first
 ALWAYS_LISTED = ("dataset", "checkpoint", "tensorboard log")  # in the section's file table, however small
 IO_FIELDS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes")
 
@@ -27,7 +28,11 @@ CATEGORY_RULES: list[tuple[str, re.Pattern[str]]] = [
         re.compile(r"(\.(py|pyc|pyi|pth)$|__pycache__|/(site|dist)-packages(/[^.]*)?$|/lib/python3[^/]*/?$)"),
     ),
     ("trace/report", re.compile(r"(results\.json|report\.(html|md)|\.pt\.trace\.json|/profile/|/iotrace/|\.csv$)")),
-    ("shared library", re.compile(r"(\.so(\.\d+)*$|/ld\.so\.(cache|preload)$|/glibc-hwcaps/)")),
+    # with the C library's locale and charset tables, which it maps at start-up as it maps libraries
+    (
+        "shared library",
+        re.compile(r"(\.so(\.\d+)*$|/ld\.so\.(cache|preload)$|/glibc-hwcaps/|^/usr/lib/locale/|/gconv/)"),
+    ),
     ("device", re.compile(r"^(/dev/|/proc/|/sys/|<std|pipe:|socket:|anon_inode:)")),
     ("config", re.compile(r"(^/etc/|\.(cfg|ini|toml|ya?ml|conf|json)$)")),
 ]
@@ -73,6 +78,7 @@ class FileStats:
     opens: int = 0
     reads: int = 0
     writes: int = 0
+    maps: int = 0  # mmap() of the file: what is read through the mapping is page faults, no system call
     other_calls: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
@@ -93,6 +99,7 @@ class Analysis:
         self.phase_started: dict[str, float] = {}
         self.edges: dict[tuple[str, str], int] = defaultdict(int)  # (from, to) → bytes
         self.opens_by_edge: dict[tuple[str, str], int] = defaultdict(int)
+        self.maps_by_edge: dict[tuple[str, str], int] = defaultdict(int)  # (file, phase) → mmap() calls
         self.calls: dict[str, int] = defaultdict(int)
         self.events = 0
         self.first_ts: float | None = None
@@ -165,6 +172,9 @@ class Analysis:
             f.bytes_written += moved
             if moved:
                 self.edges[(phase, path)] += moved
+        elif kind == "mmap" and event["err"] is None:
+            f.maps += 1
+            self.maps_by_edge[(path, phase)] += 1
         else:
             f.other_calls += 1
         if kind == "rename" and event.get("target") and event["err"] is None:
@@ -181,12 +191,12 @@ class Analysis:
         """An atomic save writes a temp file and renames it: report it under its final name."""
         old = self.files.pop(source)
         new = self._file(target, phase)
-        for name in ("opens", "reads", "writes", "other_calls", "bytes_read", "bytes_written", "seconds"):
+        for name in ("opens", "reads", "writes", "maps", "other_calls", "bytes_read", "bytes_written", "seconds"):
             setattr(new, name, getattr(new, name) + getattr(old, name))
         for size, n in old.read_sizes.items():
             new.read_sizes[size] += n
         new.first_phase = old.first_phase if new.first_phase == phase else new.first_phase
-        for table in (self.edges, self.opens_by_edge):
+        for table in (self.edges, self.opens_by_edge, self.maps_by_edge):
             for a, b in [key for key in table if source in key]:
                 table[(target if a == source else a, target if b == source else b)] += table.pop((a, b))
 
@@ -229,7 +239,11 @@ class Analysis:
         by_bytes = sorted(files, key=lambda r: -(r["bytes_read"] + r["bytes_written"]))
         by_time = sorted(files, key=lambda r: -r["seconds"])
         important = {r["path"] for r in by_bytes[:file_rows]} | {r["path"] for r in by_time[:top]}
+        mapped = sorted(
+            (r for r in files if r["maps"] and r["category"] not in GROUPED_IN_FLOW), key=lambda r: -r["maps"]
+        )
         important |= {r["path"] for r in files if r["category"] in ALWAYS_LISTED}
+        important |= {r["path"] for r in mapped[:MAPPED_FILES_LISTED]}
         categories: dict[str, dict[str, int]] = defaultdict(lambda: {"files": 0, "bytes_read": 0, "bytes_written": 0})
         for r in files:
             c = categories[r["category"]]
@@ -245,6 +259,8 @@ class Analysis:
             "files": [r for r in by_bytes if r["path"] in important],
             "top_by_bytes": [r["path"] for r in by_bytes[:top] if r["bytes_read"] + r["bytes_written"]],
             "top_by_time": [r["path"] for r in by_time[:top] if r["seconds"]],
+            "mapped_files": [r["path"] for r in mapped[:MAPPED_FILES_LISTED]],
+            "mapped_files_total": len(mapped),
             "categories": dict(sorted(categories.items())),
             "flow": self.flow_edges(),
         }
@@ -262,7 +278,8 @@ class Analysis:
 
     def flow_edges(self, limit: int = 40) -> list[dict[str, Any]]:
         """files → phases (reads) and phases → files (writes), by bytes; edges without bytes
-        (only opens: the proc backend) are weighted by open count instead. The many small files
+        (only opens: the proc backend) are weighted by open count instead. A data file mapped into
+        memory in a phase has an edge of its own, its mmap() count said. The many small files
         of a kind (modules, libraries, devices, config) become one node per kind, "python module files",
         whose edges say how many files they stand for."""
         phase_names = set(self.phases)
@@ -280,5 +297,10 @@ class Analysis:
             edge["bytes"] += n if by_bytes else 0
             edge["opens"] += self.opens_by_edge.get((a, b), 0) if by_bytes else n
             edge["files"] += 1
-        edges = sorted(merged.values(), key=lambda e: (-e["bytes"], -e["opens"]))
+        for (path, phase), n in self.maps_by_edge.items():  # read through a mapping: no bytes to weigh
+            if category(path) not in GROUPED_IN_FLOW:
+                edge = merged.setdefault((path, phase), {"from": path, "to": phase, "bytes": 0, "opens": 0, "files": 1})
+                edge["opens"] = self.opens_by_edge.get((path, phase), 0)
+                edge["maps"] = n
+        edges = sorted(merged.values(), key=lambda e: (-e["bytes"], -e.get("maps", 0), -e["opens"]))
         return edges[:limit]

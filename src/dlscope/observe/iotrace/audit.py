@@ -75,6 +75,13 @@ def install(directory: str) -> None:
         busy.on = True
         try:
             path = args[0] if args else None
+            if call == "mmap":  # mmap.mmap(fileno, ...): the file behind the descriptor; -1 maps no file
+                if not isinstance(path, int) or path < 0:
+                    return
+                try:
+                    path = os.readlink(f"/proc/self/fd/{path}")
+                except OSError:
+                    path = None
             if isinstance(path, bytes):
                 path = path.decode("utf-8", "surrogateescape")  # exact bytes, as the other backends keep them
             elif not isinstance(path, str):

@@ -58,6 +58,16 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         items += [("warn", f"The proc backend cannot see {blind}.") for blind in PROC_BLIND_TO]
         if not notes["python_processes"]:
             items.append(("warn", "No Python process reported: the proc backend sees Python commands only."))
+    mapped = section.get("mapped_files", [])
+    if mapped:
+        files = {f["path"]: f for f in section["files"]}
+        named = ", ".join(f"{shorten(p, 40)} ({files[p]['maps']:,}× in {_phases(files[p])})" for p in mapped[:3])
+        more = section["mapped_files_total"] - min(3, len(mapped))
+        text = (
+            f"Mapped into memory (mmap): {named}{f' and {more:,} more' if more else ''}. What is read through a "
+            "mapping is page faults, which no system call shows: their bytes read leave it out."
+        )
+        items.append(("warn", text))
     if section["interrupted"]:
         by = section["interrupted"] if isinstance(section["interrupted"], str) else "Ctrl-C"
         text = f"Interrupted by {by}, which the command was sent too: the tables show what was seen until then."
@@ -141,6 +151,7 @@ def file_table(section: dict[str, Any]) -> Table:
             f["opens"],
             f["reads"],
             f["writes"],
+            f.get("maps", 0),  # (not in a trace written before dlscope counted them)
             f["bytes_read"],
             f["bytes_written"],
             round(f["seconds"] * 1000, 2),
@@ -155,6 +166,7 @@ def file_table(section: dict[str, Any]) -> Table:
         "opens",
         "reads",
         "writes",
+        "maps",
         "bytes read",
         "bytes written",
         "ms",
@@ -162,7 +174,8 @@ def file_table(section: dict[str, Any]) -> Table:
         "reads by size",
     ]
     caption = f"Per file: the {len(rows)} most important of {section['files_total']:,} (all in files.csv)"
-    return Table(columns, rows, caption)
+    legend = "maps: mmap() calls — what is read through a mapping is page faults, not in bytes read"
+    return Table(columns, rows, caption, legend=legend)
 
 
 def hook_chart(rows: list[dict[str, Any]]) -> list[Block]:
