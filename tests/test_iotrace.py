@@ -224,6 +224,9 @@ def test_analysis_nests_phases_and_follows_renames():
     assert category("/v/lib/python3.11/site-packages/torch/__init__.py") == "python module"
     assert category("/usr/lib/x86_64-linux-gnu/libc.so.6") == "shared library"
     assert category("/r/tensorboard/events.out.tfevents.1.host") == "tensorboard log"
+    # `dlscope run --trace-io`: what dlscope keeps in the job's processes is not the job's data
+    for own in ("live-41.bin", "41.steps", "profile-41.json", "stacks-41.txt"):
+        assert category(f"/r/run/processes/{own}") == "dlscope records"
 
 
 def test_flow_graph_svg_with_and_without_graphviz():

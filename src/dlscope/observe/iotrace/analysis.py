@@ -12,13 +12,16 @@ from dlscope.observe.iotrace.events import Event
 
 STARTUP = "startup"  # before the first marker: interpreter start-up and imports
 OUTSIDE = "outside-phases"  # after a phase ended and before the next began
-GROUPED_IN_FLOW = ("python module", "shared library", "device", "config")  # many small files: one node each
+# many small files: one node each
+GROUPED_IN_FLOW = ("python module", "shared library", "device", "config", "dlscope records")
 MAPPED_FILES_LISTED = 10  # the data files mapped into memory, most mapped first
 ALWAYS_LISTED = ("dataset", "checkpoint", "tensorboard log")  # in the section's file table, however small
 IO_FIELDS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes")
 
 CATEGORY_RULES: list[tuple[str, re.Pattern[str]]] = [
     ("phase marker", re.compile(r"^/dev/null/dlscope/")),
+    # what `dlscope run` itself keeps in the observed processes: steps, live file, stacks, profiler traces
+    ("dlscope records", re.compile(r"/processes/[^/]*\d[^/]*$")),
     ("dataset", re.compile(r"(idx\d-ubyte|/MNIST/|\.npy$|\.npz$|\.parquet$|\.tfrecord|/datasets?/)")),
     ("checkpoint", re.compile(r"(\.pt|\.pth|\.ckpt|\.safetensors)(\.\d+)?$")),
     ("tensorboard log", re.compile(r"events\.out\.tfevents")),
