@@ -8,13 +8,14 @@ BENCHMARKS.md. The prediction and gain arithmetic is tested on its own, on fixed
 from __future__ import annotations
 
 import hashlib
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from dlscope.cli import main
-from dlscope.observe.script import prescribe
+from dlscope.observe.script import prescribe, trial
 from dlscope.options import DoctorOptions, RunOptions, StepOptions
 from dlscope.report.sections import doctor as doctor_words
 from dlscope.report.terminal import print_blocks
@@ -105,6 +106,41 @@ def test_an_absolute_output_path_is_refused_not_clobbered(doctor, tmp_path):
     assert section["verdict"]["key"] == "baseline_failed" and section["refused"] == [str(outside)]
     assert section["exit_code"] != 0
     assert any(f["key"] == "doctor.refused" for f in doctor_words.findings(section))
+
+
+def test_relative_inputs_are_read_and_relative_outputs_of_a_last_run_left_alone(doctor, tmp_path):
+    """nanoGPT's way: a file read by a name in the code, relative to the working directory, and
+    out/ckpt.pt overwritten (torch.save, from C++) and out/history.log appended to at every step."""
+    (tmp_path / "settings.txt").write_text("40")  # a 40 ms forward: at its best after the baseline
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "ckpt.pt").write_bytes(b"the user's trained model")
+    (tmp_path / "out" / "history.log").write_text("the user's history\n")
+    section = doctor("--decode-ms", "0", "--workers", "0", "--like-nanogpt", budget=90)
+    assert section["verdict"]["key"] == "at_best" and section["trials"][0]["ok"]
+    assert (tmp_path / "out" / "ckpt.pt").read_bytes() == b"the user's trained model"
+    assert (tmp_path / "out" / "history.log").read_text() == "the user's history\n"
+    wrote = {f["file"]: f["bytes"] for f in section["trials"][0]["wrote"]["files"]}
+    assert set(wrote) == {"train.log", "out/ckpt.pt", "out/history.log"}  # the mirror's symlinks are not listed
+    assert wrote["out/history.log"] > len("the user's history\n") + 12  # appended to a copy of the user's
+
+
+def test_writes_through_the_scratch_mirror_never_reach_the_users_tree(tmp_path):
+    """What the audit hook does before each write (trial.own_in_scratch), write by write."""
+    user, scratch = tmp_path / "user", tmp_path / "scratch"
+    (user / "data" / "deep").mkdir(parents=True)
+    (user / "data" / "deep" / "a.txt").write_text("user's")
+    (user / "data" / "b.txt").write_text("user's")
+    scratch.mkdir()
+    (scratch / "data").symlink_to(user / "data")
+    mirrored = scratch / "data" / "deep" / "a.txt"
+    trial.own_in_scratch(str(scratch), str(mirrored), whole=True, keep_content=True)  # an open to append
+    assert not mirrored.is_symlink() and mirrored.read_text() == "user's"
+    mirrored.write_text("the trial's")
+    trial.own_in_scratch(str(scratch), str(scratch / "data" / "b.txt"), whole=False, keep_content=False)  # remove
+    (scratch / "data" / "b.txt").unlink()
+    trial.own_in_scratch(str(scratch), str(scratch / "data" / "deep"), whole=True, keep_content=False)  # rmtree
+    shutil.rmtree(scratch / "data" / "deep")
+    assert (user / "data" / "deep" / "a.txt").read_text() == (user / "data" / "b.txt").read_text() == "user's"
 
 
 def test_a_command_that_cannot_start_is_one_line(tmp_path, capsys):

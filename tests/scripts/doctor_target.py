@@ -1,7 +1,10 @@
 """A small training loop for `dlscope doctor`'s known-truth tests: busy-wait "decoding" in each
 sample (--decode-ms), a forward of known cost (--forward-ms of busy-wait around a linear layer),
 a DataLoader with --workers, and a log it writes relative to its working directory (--log), or at
-an absolute path (an absolute --log): what a trial must not clobber.
+an absolute path (an absolute --log): what a trial must not clobber. With --like-nanogpt, files
+named in the code, relative to the working directory, as nanoGPT's train.py has them: it reads
+settings.txt first (its configurator.py), then saves out/ckpt.pt and appends to out/history.log
+at every step.
 
     doctor_target.py --decode-ms 2 --decode busy --workers 0 --log train.log
 """
@@ -56,7 +59,11 @@ parser.add_argument("--workers", type=int, default=0)
 parser.add_argument("--batch-size", type=int, default=4)
 parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--log", default="train.log")
+parser.add_argument("--like-nanogpt", action="store_true")
 args = parser.parse_args()
+if args.like_nanogpt:
+    with open("settings.txt") as f:
+        args.forward_ms = float(f.read())
 
 torch.manual_seed(0)
 model = Model(args.forward_ms)
@@ -70,3 +77,7 @@ with open(args.log, "w") as log:
         loss.backward()
         optimizer.step()
         log.write(f"{step} {loss.item():.6f}\n")
+        if args.like_nanogpt:
+            torch.save(model.state_dict(), "out/ckpt.pt")
+            with open("out/history.log", "a") as history:
+                history.write(f"{step}\n")

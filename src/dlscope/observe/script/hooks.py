@@ -624,6 +624,8 @@ def install(directory: str) -> None:
     callbacks = {"torch": hooks.attach_torch, "safetensors.torch": hooks.attach_safetensors}
     callbacks.update(dict.fromkeys(LIGHTNING_CHECKPOINT_IO, hooks.attach_lightning))
     callbacks["transformers.trainer"] = hooks.attach_transformers
+    if hooks.trial is not None:
+        callbacks["h5py"] = hooks.trial.attach_h5py
     sys.meta_path.insert(0, AfterImport(callbacks, on_error))
     atexit.register(hooks.finish)
     os.register_at_fork(after_in_child=hooks.after_fork)

@@ -17,10 +17,14 @@ zero_grad call is in the user's code, with the arguments it was given), "threads
 "loader" (the counted steps' fetching and thread times, this process's CPU, the machine's idle
 share), "refused" (a write outside the scratch directory), "trial_stop".
 
-Writes: a trial runs in a scratch working directory; a write anywhere else (an absolute output
-path) is refused (PermissionError in the script) and recorded, so a trial never overwrites
-what the user's own runs wrote. In the system's temporary directory and ~/.cache a trial may
-create files and write those it created, but not overwrite one that was there.
+Writes: a trial runs in a scratch working directory that reads as the one the doctor was started
+in (a symlink to each of its entries: the script's relative inputs, a config it execs, its data
+directory). A write through the scratch directory is made the trial's own first: a symlinked
+directory on the way becomes a real one of symlinks (one level), a symlinked file is replaced by
+the trial's own (a copy when it is opened to append or update), so `out/ckpt.pt` of the user's
+last run is never overwritten. A write anywhere else (an absolute output path) is refused
+(PermissionError in the script) and recorded. In the system's temporary directory and ~/.cache
+a trial may create files and write those it created, but not overwrite one that was there.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ import functools
 import inspect
 import json
 import os
+import shutil
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -85,6 +91,30 @@ def tensor_layout(torch: Any, batch: Any) -> list[list[Any]]:
     return found
 
 
+def own_in_scratch(scratch: str, name: str, whole: bool, keep_content: bool) -> None:
+    """Make `name` (absolute, inside `scratch`) the trial's own before a write reaches it: each
+    directory on the way that is a symlink (into the user's tree) becomes a real directory of
+    symlinks to its entries. With `whole`, `name` itself too: a symlinked directory the same way, a
+    symlinked file removed (an open for writing then creates the trial's own), its target's bytes
+    copied first with `keep_content`."""
+    parts = os.path.relpath(name, scratch).split(os.sep)
+    current = scratch
+    for i, part in enumerate(parts if whole else parts[:-1]):
+        current = os.path.join(current, part)
+        if not os.path.islink(current):
+            if not os.path.isdir(current):
+                return  # not there yet: the script creates it, inside the scratch directory
+            continue
+        target = os.path.realpath(current)
+        os.unlink(current)
+        if os.path.isdir(target):
+            os.mkdir(current)
+            for entry in os.listdir(target):
+                os.symlink(os.path.join(target, entry), os.path.join(current, entry))
+        elif i == len(parts) - 1 and keep_content and os.path.isfile(target):
+            shutil.copyfile(target, current)
+
+
 def cpu_jiffies() -> tuple[int, int] | None:
     """(idle, total) clock ticks of all the machine's CPUs so far (/proc/stat); None: not Linux."""
     try:
@@ -120,7 +150,9 @@ class Trial:
         self.counted_from: tuple[float, float, float, float] | None = None
         self.machine_from: tuple[float, tuple[int, int] | None] | None = None
         self.autocast: Any = None  # the open bf16 autocast context of an outermost forward
-        self.allowed = [os.path.abspath(config["scratch"]), *map(os.path.abspath, config.get("keep", []))]
+        self.scratch = os.path.abspath(config["scratch"])
+        self.allowed = [self.scratch, *map(os.path.abspath, config.get("keep", []))]
+        self.owning = threading.local()  # making a path the trial's own: its own calls are not checked
         self.main_pid = os.getpid()
         self.world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         # before the hook: gettempdir() opens files to probe the directory (inside the hook: a deadlock)
@@ -149,25 +181,52 @@ class Trial:
         self.created.add(name)
         return True
 
-    def check_write(self, path: Any, opening: bool = True) -> None:
+    def check_write(self, path: Any, opening: bool = True, whole: bool = True, keep_content: bool = False) -> None:
+        """Refuse a write `may_write` forbids; first, a path through the scratch directory is made
+        the trial's own (own_in_scratch: `whole` for an open, or a directory removed whole)."""
+        if not isinstance(path, int) and path is not None:
+            name = os.path.abspath(os.fsdecode(path))
+            if name.startswith(self.scratch + os.sep):
+                self.owning.on = True
+                try:
+                    own_in_scratch(self.scratch, name, whole, keep_content)
+                finally:
+                    self.owning.on = False
         if not self.may_write(path, opening):
             name = os.path.abspath(os.fsdecode(path))
             self.records.write({"k": "refused", "path": name, "ts": time.time()})
             raise PermissionError(13, "dlscope doctor: a trial writes only inside its scratch directory", name)
 
     def _audit(self, event: str, args: tuple) -> None:
+        if getattr(self.owning, "on", False):
+            return
         if event == "open":
             path, mode, flags = args
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
                 mode is None and isinstance(flags, int) and flags & WRITE_FLAGS
             )
-            if writing:
-                self.check_write(path)
-        elif event in ("os.remove", "os.rmdir", "shutil.rmtree"):
+            if writing:  # what the file held is kept unless the open truncates it
+                truncates = "w" in mode if isinstance(mode, str) else bool(flags & os.O_TRUNC)
+                self.check_write(path, keep_content=not truncates)
+        elif event in ("os.rmdir", "shutil.rmtree"):  # a mirrored directory: its real copy, of symlinks
             self.check_write(args[0], opening=False)
-        elif event in ("os.rename", "os.replace"):
-            self.check_write(args[0], opening=False)
-            self.check_write(args[1], opening=False)
+        elif event in ("os.remove", "os.mkdir"):  # a symlink removed is the link alone
+            self.check_write(args[0], opening=False, whole=False)
+        elif event in ("os.rename", "os.replace"):  # so is one renamed, or renamed over
+            self.check_write(args[0], opening=False, whole=False)
+            self.check_write(args[1], opening=False, whole=False)
+
+    def attach_h5py(self, h5py: Any) -> None:
+        """h5py writes from C, past the audit hook: a file is checked as it is opened to write."""
+        init = h5py.File.__init__
+
+        @functools.wraps(init)
+        def checked(file: Any, name: Any, mode: str = "r", *args: Any, **kwargs: Any) -> None:
+            if isinstance(name, str | bytes | os.PathLike) and mode != "r":
+                self.check_write(name, keep_content=mode in ("r+", "a"))
+            init(file, name, mode, *args, **kwargs)
+
+        h5py.File.__init__ = checked
 
     # torch -----------------------------------------------------------------------------------
     def attach(self, torch: Any) -> None:
@@ -194,6 +253,15 @@ class Trial:
             loader_init(loader, **arguments)
 
         dataloader.DataLoader.__init__ = init
+        jit_save = torch.jit.save
+
+        @functools.wraps(jit_save)
+        def checked_jit_save(module: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(f, str | bytes | os.PathLike):  # written from C++, past the audit hook
+                self.check_write(f)
+            return jit_save(module, f, *args, **kwargs)
+
+        torch.jit.save = checked_jit_save
         if self.config.get("replay"):
             single = dataloader._SingleProcessDataLoaderIter
             single._next_data = self._replaying(single._next_data, int(self.config["replay"]))

@@ -1,8 +1,9 @@
 """`dlscope doctor`'s trials: the user's command, unchanged, run under observation with one change
-applied by the bootstrap (observe/script/trial.py), in a scratch working directory of its own,
-ended after its counted steps. Each trial is a run directory like `dlscope run`'s (results.json
-with steps and anatomy), so any two can be compared; this module returns the facts the doctor
-weighs: the counted steps' seconds, the losses, where the script builds its loaders and optimizer.
+applied by the bootstrap (observe/script/trial.py), in a scratch working directory of its own that
+reads as the one the doctor was started in, ended after its counted steps. Each trial is a run
+directory like `dlscope run`'s (results.json with steps and anatomy), so any two can be compared;
+this module returns the facts the doctor weighs: the counted steps' seconds, the losses, where the
+script builds its loaders and optimizer.
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ def run_trial(
     scratch = path / "cwd"
     run = RunDir(path, "doctor-trial", argv=command)
     scratch.mkdir()
+    for entry in os.scandir():  # the scratch directory reads as this one (trial.py: writes stay in it)
+        os.symlink(os.path.abspath(entry.path), scratch / entry.name)
     settings = {
         **change,
         "warmup": stop.warmup,
@@ -248,7 +251,9 @@ def source_line(file: str | None, line: int | None) -> str | None:
 
 def written(scratch: Path) -> dict[str, Any]:
     """What the script wrote in its scratch directory (relative names, bytes): kept out of the user's."""
-    files = sorted(p for p in scratch.rglob("*") if p.is_file()) if scratch.exists() else []
+    files = sorted(  # the script's own files, not the symlinks that mirror the user's directory
+        Path(root, name) for root, _, names in os.walk(scratch) for name in names if not Path(root, name).is_symlink()
+    )
     listed = [{"file": str(p.relative_to(scratch)), "bytes": p.stat().st_size} for p in files[:SCRATCH_FILES_LISTED]]
     return {"files": listed, "count": len(files), "bytes": sum(p.stat().st_size for p in files)}
 

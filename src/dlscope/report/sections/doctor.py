@@ -265,7 +265,8 @@ def render(section: dict[str, Any]) -> list[Block]:
     wrote = sum(t["wrote"]["count"] for t in trials)
     text = (
         f"{len(trials)} trials in {section['elapsed_s']:.0f} s of a {section['budget_s']:.0f} s budget, each in a "
-        f"scratch working directory of its own (removed after it: {wrote} file(s) the script wrote there), each a "
+        "scratch working directory of its own that reads as yours (removed after it: "
+        f"{wrote} file(s) the script wrote there), each a "
         f"run directory under trials/. The script's files are {'unchanged' if unchanged else 'CHANGED'} (sha256)."
     )
     blocks.append(Para(text))
