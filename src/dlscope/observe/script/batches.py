@@ -87,10 +87,11 @@ NAN = float("nan")
 FLUSH_RECORDS, FLUSH_RECORD_BYTES, FLUSH_SECONDS = 64, 1 << 14, 0.5
 # A clock read per sample costs ~55-100 ns. A worker (off the loop's critical path while the
 # workers keep ahead) reads one after each sample where its last batch's samples took ≥ 5 µs on
-# average (≤ ~1-2% of a sample); the training process (num_workers=0: every ns is the loop's) only
-# where they took ≥ 100 µs (≤ 0.1%): a batch there costs a record, not a clock read per sample.
-# Either way the samples of one batch in SAMPLE_EVERY are timed, so their distribution is seen.
-WORKER_SAMPLE_TIMING_MIN_S, MAIN_SAMPLE_TIMING_MIN_S, SAMPLE_EVERY = 5e-6, 100e-6, 16
+# average (≤ ~1-2% of a sample), and in one batch in SAMPLE_EVERY, so that their distribution is
+# seen. The training process (num_workers=0: every ns is the loop's) never does: a batch there
+# costs its record, not a clock read per sample (the issue's rule), and its slowest sample is
+# not known.
+WORKER_SAMPLE_TIMING_MIN_S, SAMPLE_EVERY = 5e-6, 16
 
 
 def header() -> bytes:
@@ -187,10 +188,10 @@ class BatchRecorder:
         self.serial = 0  # in the training process: single-process iterators numbered as they start
         self.pins: dict[int, float] = {}  # id(pinned batch) -> seconds, from the pin-memory thread
         self.shapes: dict[int, tuple[Callable[..., bytes], int]] = {}  # see _shape
-        # the next batch's samples are timed one by one: set by the fetchers after each batch, where
-        # its samples took ≥ sample_min_s on average, and one batch in SAMPLE_EVERY
-        self.time_samples = True
-        self.sample_min_s = MAIN_SAMPLE_TIMING_MIN_S  # a worker's loop sets WORKER_SAMPLE_TIMING_MIN_S
+        # the next batch's samples are timed one by one: in a worker only (its loop sets it, then
+        # samples_timed_next after each batch); the training process times batches, never samples
+        self.time_samples = False
+        self.sample_min_s = WORKER_SAMPLE_TIMING_MIN_S
         self.pid = os.getpid()  # getpid(2) is a system call: kept, and renewed in a forked child
         self.fetches = 0
         self.loaders = 0  # DataLoaders iterated in this process
@@ -204,8 +205,8 @@ class BatchRecorder:
 
     # the fetchers: one frame a batch, what they need in closure cells -------------------------
     def map_fetcher(self, original: Callable) -> Callable:
-        """`_MapDatasetFetcher.fetch` as torch runs it, timed: the fetch, the collate, and where
-        samples are timed one by one a clock read after each."""
+        """`_MapDatasetFetcher.fetch` as torch runs it, timed: the fetch, the collate, and in a
+        worker a clock read after each sample."""
         clock, local, recorder = time.time, self.local, self
 
         def fetch(fetcher: Any, possibly_batched_index: Any) -> Any:
@@ -230,13 +231,13 @@ class BatchRecorder:
                         ends.append(clock())
                 else:
                     data = [base[i] for i in fetched]
-            else:
+            else:  # one sample a batch (batch_size=None): its time is the batch's
                 indices = (possibly_batched_index,)
                 data = dataset[possibly_batched_index]
                 flags, ends = SAMPLE_TIMES, [clock()]
             done = clock()
-            recorder.fetches = fetches = recorder.fetches + 1
-            recorder.time_samples = done - start >= recorder.sample_min_s * len(indices) or not fetches % SAMPLE_EVERY
+            if recorder.worker_id >= 0:  # a worker's rule for its next batch; the training process never times samples
+                recorder.time_samples = recorder.samples_timed_next(done - start, len(indices))
             out = fetcher.collate_fn(data)
             local.built = (flags, start, done, clock(), indices, ends)
             return out
@@ -273,14 +274,21 @@ class BatchRecorder:
                 ends, n = [clock()], 1
             fetcher._dlscope_drawn = first + n
             done = clock()
-            recorder.fetches = fetches = recorder.fetches + 1
-            recorder.time_samples = done - start >= recorder.sample_min_s * n or not fetches % SAMPLE_EVERY
+            if recorder.worker_id >= 0:  # as the map fetcher
+                recorder.time_samples = recorder.samples_timed_next(done - start, n)
             out = fetcher.collate_fn(data)
             flags = ITERABLE if ends is None else ITERABLE | SAMPLE_TIMES
             local.built = (flags, start, done, clock(), range(first, first + n), ends)
             return out
 
         return _like(fetch, original)
+
+    def samples_timed_next(self, seconds: float, samples: int) -> bool:
+        """A worker's rule, after a batch of `samples` fetched in `seconds`: are the next batch's
+        samples timed one by one? Where these took ≥ sample_min_s each on average, and one batch
+        in SAMPLE_EVERY."""
+        self.fetches += 1
+        return seconds >= self.sample_min_s * samples or not self.fetches % SAMPLE_EVERY
 
     def take_built(self) -> tuple | None:
         local = self.local
@@ -329,9 +337,7 @@ class BatchRecorder:
         args = list(args)
         self.worker_id = int(args[worker_at]) if len(args) > worker_at else int(kwargs.get("worker_id", -1))
         self.generation = 0
-        # off the loop's critical path while the workers keep ahead: samples timed one by one
-        # wherever a clock read costs ≤ ~1% of one
-        self.sample_min_s, self.time_samples = WORKER_SAMPLE_TIMING_MIN_S, True
+        self.time_samples = True  # its first batch's samples: then samples_timed_next's rule
         if len(args) > data_at:
             args[index_at], args[data_at] = IndexQueue(args[index_at], self), DataQueue(args[data_at], self)
         else:
