@@ -90,10 +90,10 @@ STUB_QUEUE = SimpleNamespace(put=lambda item: None)
 
 
 class StubIndexQueue:
-    """A worker's index queue, handing out `indices`' batches as `(idx, indices)`."""
+    """A worker's index queue, handing out a round's batches as `(idx, indices)`."""
 
-    def __init__(self, indices: list[list[int]]) -> None:
-        self.sent = iter(list(enumerate(indices)))
+    def __init__(self) -> None:
+        self.sent: Any = iter(())
 
     def get(self, timeout: float | None = None) -> tuple[int, list[int]]:
         return next(self.sent)
@@ -154,10 +154,10 @@ def epoch_seconds(loader: DataLoader, delivered: Any, batches_n: int) -> float:
 def worker_seconds(dataset: Dataset, fetch: Any, queues: tuple[Any, Any], indices: list[list[int]]) -> float:
     """CPU seconds of this thread to build `indices`' batches as a worker builds them: taken from
     its index queue as (idx, indices), fetched, then put on its data queue as (idx, batch);
-    `queues`: (wrap the index queue, the data queue)."""
+    `queues`: (the stub index queue, as the worker's loop sees it; the data queue)."""
     fetcher = _MapDatasetFetcher(dataset, True, default_collate, False)
-    wrap, data_queue = queues
-    index_queue = wrap(StubIndexQueue(indices))
+    stub, index_queue, data_queue = queues
+    stub.sent = iter(list(enumerate(indices)))
     start = time.thread_time()
     for _ in indices:
         idx, index = index_queue.get(timeout=5.0)
@@ -165,13 +165,19 @@ def worker_seconds(dataset: Dataset, fetch: Any, queues: tuple[Any, Any], indice
     return time.thread_time() - start
 
 
-def worker_recorder(module: Any, directory: Path) -> tuple[Any, tuple[Any, Any]]:
-    """The timed map fetcher and queues of `module` (a batches.py), set up as its `worker_loop`
-    sets them."""
+def worker_recorder(module: Any, directory: Path) -> tuple[Any, tuple[Any, Any, Any]]:
+    """The timed map fetcher of `module` (a batches.py) and the queues its `worker_loop` hands the
+    worker's loop (the stub index queue, then it as the loop sees it, and the data queue)."""
     recorder = module.BatchRecorder(str(directory))
-    recorder.worker_id, recorder.time_samples, recorder.sample_min_s = 0, True, module.WORKER_SAMPLE_TIMING_MIN_S
-    queues = (lambda queue: module.IndexQueue(queue, recorder), module.DataQueue(STUB_QUEUE, recorder))
-    return recorder.map_fetcher(BARE_FETCH), queues
+    stub = StubIndexQueue()
+
+    def loop(index_queue: Any, data_queue: Any, worker_id: int) -> tuple[Any, Any, Any]:
+        return stub, index_queue, data_queue
+
+    # where the loop's arguments stand: (data_queue, worker_id); a batches.py with an IndexQueue
+    # (a0ed266's) wraps the index queue too, and takes (index_queue, data_queue, worker_id)
+    positions = (0, 1, 2) if hasattr(module, "IndexQueue") else (1, 2)
+    return recorder.map_fetcher(BARE_FETCH), recorder.worker_loop(loop, positions, stub, STUB_QUEUE, 0)
 
 
 def paired(recorded: list[float], bare: list[float]) -> float:
@@ -261,7 +267,8 @@ def main() -> None:
                     put(values)
                     times[mode].append(epoch_seconds(loader, delivered, args.batches) / args.batches)
                 put(bare)
-                sides = [("bare", (BARE_FETCH, (lambda queue: queue, STUB_QUEUE)))]
+                stub = StubIndexQueue()
+                sides = [("bare", (BARE_FETCH, (stub, stub, STUB_QUEUE)))]
                 sides += [(mode, worker) for mode, (_, _, worker) in modes.items()]
                 for mode, (fetch_, queues) in sides if r % 2 else sides[::-1]:
                     times[f"{mode} worker"].append(worker_seconds(dataset, fetch_, queues, indices) / len(indices))

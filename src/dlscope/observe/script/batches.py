@@ -5,15 +5,16 @@ to torch by the script hooks (hooks.py) once the script imports torch.
 
 Where it hooks (torch.utils.data, looked up once at attach):
   - the dataset fetchers (`_MapDatasetFetcher.fetch`, `_IterableDatasetFetcher.fetch`): the same
-    loop as torch's, timed around `collate_fn`, and where samples are timed one by one (see
-    WORKER_SAMPLE_TIMING_MIN_S) with one clock read after each sample (map-style `__getitem__`, or
-    the iterable's `next`); torch's own `Subset` (random_split's), whose
+    loop as torch's, timed around `collate_fn`, and in a worker, where samples are timed one by
+    one (see WORKER_SAMPLE_TIMING_MIN_S), with one clock read after each sample (map-style
+    `__getitem__`, or the iterable's `next`); torch's own `Subset` (random_split's), whose
     `__getitems__` only maps the indices, is fetched as it would fetch, `base[indices[i]]`,
     sample by sample; any other dataset with a `__getitems__` (a batched fetch) is timed whole;
   - the worker loop (`_worker_loop`, the target DataLoader starts its workers with — by name, so a
-    spawned worker, which unpickles it, gets the wrapped one too): its index queue and data queue
-    are handed on wrapped, so a batch is known by DataLoader's own number (the send index `idx`)
-    from the `(idx, indices)` the worker receives to the `(idx, batch)` it puts back;
+    spawned worker, which unpickles it, gets the wrapped one too): its data queue is handed on
+    wrapped, so a batch is known by DataLoader's own number (the send index `idx`) in the
+    `(idx, batch)` the worker puts back, and a persistent worker's next epoch by the
+    `_ResumeIteration` it acknowledges there;
   - in the training process, `_MultiProcessingDataLoaderIter._process_data` (each batch handed to
     `__next__`, with its worker) and `_get_data`, `_reset` (persistent workers' epochs); with
     num_workers=0 nothing more: the batch is built inside the iterator's `__next__`, whose hook
@@ -229,7 +230,7 @@ class BatchRecorder:
                     for i in fetched:  # (a comprehension or an array('d') measured no cheaper: BENCHMARKS.md)
                         data.append(base[i])
                         ends.append(clock())
-                else:
+                else:  # (map(getitem, …) measured dearer: it loses 3.11's inlined call of a Python __getitem__)
                     data = [base[i] for i in fetched]
             else:  # one sample a batch (batch_size=None): its time is the batch's
                 indices = (possibly_batched_index,)
@@ -290,12 +291,6 @@ class BatchRecorder:
         self.fetches += 1
         return seconds >= self.sample_min_s * samples or not self.fetches % SAMPLE_EVERY
 
-    def take_built(self) -> tuple | None:
-        local = self.local
-        built = local.built
-        local.built = None
-        return built
-
     def write_built(self, built: tuple, generation: int, idx: int, ready: float, taken: tuple = ()) -> None:
         """The built record of `built` (a Built), batch idx of `generation`; with `taken`, the
         taken record's fields (num_workers=0: the loop took it here), in the same write."""
@@ -331,17 +326,16 @@ class BatchRecorder:
         return shape
 
     # a worker -------------------------------------------------------------------------------
-    def worker_loop(self, loop: Callable, positions: tuple[int, int, int], *args: Any, **kwargs: Any) -> Any:
-        """The worker's own loop, run with its queues wrapped."""
-        index_at, data_at, worker_at = positions
+    def worker_loop(self, loop: Callable, positions: tuple[int, int], *args: Any, **kwargs: Any) -> Any:
+        """The worker's own loop, run with its data queue wrapped."""
+        data_at, worker_at = positions
         args = list(args)
         self.worker_id = int(args[worker_at]) if len(args) > worker_at else int(kwargs.get("worker_id", -1))
         self.generation = 0
         self.time_samples = True  # its first batch's samples: then samples_timed_next's rule
         if len(args) > data_at:
-            args[index_at], args[data_at] = IndexQueue(args[index_at], self), DataQueue(args[data_at], self)
+            args[data_at] = DataQueue(args[data_at], self)
         else:
-            kwargs["index_queue"] = IndexQueue(kwargs["index_queue"], self)
             kwargs["data_queue"] = DataQueue(kwargs["data_queue"], self)
         try:
             return loop(*args, **kwargs)
@@ -501,8 +495,9 @@ def _type_name(value: Any) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-class IndexQueue:
-    """A worker's index queue: what it receives starts a batch (or a new epoch)."""
+class DataQueue:
+    """A worker's data queue: `(idx, batch)` put here is batch idx ready; `(_ResumeIteration, None)`
+    acknowledges a persistent worker's next epoch (its batches are numbered from 0 again)."""
 
     def __init__(self, queue: Any, recorder: BatchRecorder) -> None:
         self.queue, self.recorder = queue, recorder
@@ -510,27 +505,17 @@ class IndexQueue:
 
         self.resume = _ResumeIteration
 
-    def get(self, *args: Any, **kwargs: Any) -> Any:
-        r = self.queue.get(*args, **kwargs)
-        if isinstance(r, self.resume):
-            self.recorder.generation += 1
-        return r
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.queue, name)
-
-
-class DataQueue:
-    """A worker's data queue: `(idx, batch)` put here is batch idx ready."""
-
-    def __init__(self, queue: Any, recorder: BatchRecorder) -> None:
-        self.queue, self.recorder = queue, recorder
-
     def put(self, item: Any, *args: Any, **kwargs: Any) -> Any:
-        recorder = self.recorder
-        built = recorder.take_built()
-        if built is not None and type(item) is tuple and len(item) == 2 and type(item[0]) is int:
-            recorder.write_built(built, recorder.generation, item[0], time.time())
+        if type(item) is tuple and len(item) == 2:
+            recorder, idx = self.recorder, item[0]
+            if type(idx) is int:
+                local = recorder.local
+                built = local.built
+                if built is not None:  # (none: the fetch raised, and an ExceptionWrapper is sent)
+                    local.built = None
+                    recorder.write_built(built, recorder.generation, idx, time.time())
+            elif isinstance(idx, self.resume):
+                recorder.generation += 1
         return self.queue.put(item, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -552,7 +537,7 @@ def attach(torch: Any, directory: str, wrap: Callable[[Callable, Callable], Call
     fetch._MapDatasetFetcher.fetch = recorder.map_fetcher(fetch._MapDatasetFetcher.fetch)
     fetch._IterableDatasetFetcher.fetch = recorder.iterable_fetcher(fetch._IterableDatasetFetcher.fetch)
     names = list(inspect.signature(worker._worker_loop).parameters)
-    positions = (names.index("index_queue"), names.index("data_queue"), names.index("worker_id"))
+    positions = (names.index("data_queue"), names.index("worker_id"))
     worker._worker_loop = wrap(
         worker._worker_loop, lambda loop, *a, **k: recorder.worker_loop(loop, positions, *a, **k)
     )
