@@ -180,6 +180,15 @@ def worker_recorder(module: Any, directory: Path) -> tuple[Any, tuple[Any, Any, 
     return recorder.map_fetcher(BARE_FETCH), recorder.worker_loop(loop, positions, stub, STUB_QUEUE, 0)
 
 
+def rotated(order: list, r: int) -> list:
+    """Round r's order: each mode takes each place equally often. (Reversing the order every
+    other round, as this did, left the middle one of three in the middle always: the one after
+    the worker's rounds, or before them, pays for what they evicted, and --compare's REF never
+    did, which flattered it.)"""
+    k = r % len(order)
+    return order[k:] + order[:k]
+
+
 def paired(recorded: list[float], bare: list[float]) -> float:
     return statistics.median(x - b for x, b in zip(recorded, bare, strict=True))
 
@@ -263,14 +272,14 @@ def main() -> None:
             times: dict[str, list[float]] = {side: [] for mode in ("bare", *modes) for side in (mode, f"{mode} worker")}
             for r in range(args.rounds):
                 order = [("bare", (bare, None)), *((mode, (v, rec.delivered)) for mode, (v, rec, _) in modes.items())]
-                for mode, (values, delivered) in order if r % 2 else order[::-1]:
+                for mode, (values, delivered) in rotated(order, r):
                     put(values)
                     times[mode].append(epoch_seconds(loader, delivered, args.batches) / args.batches)
                 put(bare)
                 stub = StubIndexQueue()
                 sides = [("bare", (BARE_FETCH, (stub, stub, STUB_QUEUE)))]
                 sides += [(mode, worker) for mode, (_, _, worker) in modes.items()]
-                for mode, (fetch_, queues) in sides if r % 2 else sides[::-1]:
+                for mode, (fetch_, queues) in rotated(sides, r):
                     times[f"{mode} worker"].append(worker_seconds(dataset, fetch_, queues, indices) / len(indices))
             for side in ("", " worker"):
                 for mode in modes:
