@@ -129,6 +129,9 @@ def test_known_fetch_collate_and_wait_shares_in_the_main_process(tmp_path):
     assert shares["fetch_pct_of_build"] == pytest.approx(fetch_pct, abs=3.0)
     assert shares["wait_pct"] == pytest.approx(100.0 * truth["waited_s"] / truth["loop_s"], abs=3.0)
     assert [w["worker"] for w in batches["workers"]] == [None]  # the main process built them
+    # and timed each batch, never a sample one by one (3 ms each): the report says so
+    assert batches["built_in_main_untimed"] == 12 and batches["samples"]["count"] == 0
+    assert "slowest sample not known" in batches_report.wait_sentence(batches["longest_steady_wait"])
     cost = batches["own_cost"]  # measured as the script exited, at its loader's batch size
     assert cost["samples"] == 4 and cost["per_batch_us"] >= cost["batch_us"] >= 0 and cost["pct_of_build"] is not None
 

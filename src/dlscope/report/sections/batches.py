@@ -52,7 +52,7 @@ def wait_sentence(r: dict[str, Any]) -> str:
     elif r.get("fetched_whole"):
         sample = " (fetched whole by the dataset's __getitems__)"
     elif r["worker"] is None:
-        sample = " (its samples not timed one by one in the main process: slowest sample not known)"
+        sample = " (slowest sample not known: the main process times batches, not samples)"
     text += (
         f": fetch {_ms(r['fetch_ms'])} ms{sample}, collate {_ms(r['collate_ms'])} ms, queued {_ms(r['queued_ms'])} ms"
     )
