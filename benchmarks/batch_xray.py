@@ -7,9 +7,10 @@ of a few µs).
   main     a DataLoader with num_workers=0: everything the x-ray does is paid in the training
            loop (the timed fetcher, the built and taken records written by the loader hook's
            `delivered` call, made by hand as hooks.py makes it; the bare rounds make none)
-  worker   what a worker pays for the same batches (num_workers ≥ 1): the timed fetcher with
-           the worker's per-sample rule, and the built record written as the batch is put on
-           the data queue (a stub queue), against torch's fetch and the same put
+  worker   what a worker pays for the same batches (num_workers ≥ 1): the index queue's wrapper
+           (it counts resumed epochs), the timed fetcher with the worker's per-sample rule, and
+           the built record written as the batch is put on the data queue (stub queues), against
+           torch's fetch and the same get and put
 
 Datasets, from cheap to realistic:
   memory   a 28×28 float tensor sliced from memory (~µs a sample: the worst case)
@@ -86,6 +87,18 @@ class Files(Dataset):
 
 BARE_FETCH = _MapDatasetFetcher.fetch
 STUB_QUEUE = SimpleNamespace(put=lambda item: None)
+
+
+class StubIndexQueue:
+    """A worker's index queue, handing out a round's batches as `(idx, indices)`."""
+
+    def __init__(self) -> None:
+        self.sent: Any = iter(())
+
+    def get(self, timeout: float | None = None) -> tuple[int, list[int]]:
+        return next(self.sent)
+
+
 PATCHED = (
     (fetch._MapDatasetFetcher, "fetch"),
     (fetch._IterableDatasetFetcher, "fetch"),
@@ -95,6 +108,7 @@ PATCHED = (
     (dataloader._MultiProcessingDataLoaderIter, "_process_data"),
     (dataloader._MultiProcessingDataLoaderIter, "_reset"),
     (pinning, "pin_memory"),
+    (dataloader.DataLoader, "__iter__"),  # the loader record and pass count: the bare rounds run without them
 )
 
 
@@ -137,21 +151,42 @@ def epoch_seconds(loader: DataLoader, delivered: Any, batches_n: int) -> float:
     return time.thread_time() - start
 
 
-def worker_seconds(dataset: Dataset, fetch: Any, queue: Any, indices: list[list[int]]) -> float:
-    """CPU seconds of this thread to build `indices`' batches as a worker builds them: fetched,
-    then put on its data queue as (idx, batch)."""
+def worker_seconds(dataset: Dataset, fetch: Any, queues: tuple[Any, Any], indices: list[list[int]]) -> float:
+    """CPU seconds of this thread to build `indices`' batches as a worker builds them: taken from
+    its index queue as (idx, indices), fetched, then put on its data queue as (idx, batch);
+    `queues`: (the stub index queue, as the worker's loop sees it; the data queue)."""
     fetcher = _MapDatasetFetcher(dataset, True, default_collate, False)
+    stub, index_queue, data_queue = queues
+    stub.sent = iter(list(enumerate(indices)))
     start = time.thread_time()
-    for idx, index in enumerate(indices):
-        queue.put((idx, fetch(fetcher, index)))
+    for _ in indices:
+        idx, index = index_queue.get(timeout=5.0)
+        data_queue.put((idx, fetch(fetcher, index)))
     return time.thread_time() - start
 
 
-def worker_recorder(directory: Path) -> tuple[Any, Any]:
-    """This tree's timed map fetcher and data queue, set up as `worker_loop` sets them."""
-    recorder = batches.BatchRecorder(str(directory))
-    recorder.worker_id, recorder.sample_min_s = 0, batches.WORKER_SAMPLE_TIMING_MIN_S
-    return recorder.map_fetcher(BARE_FETCH), batches.DataQueue(STUB_QUEUE, recorder)
+def worker_recorder(module: Any, directory: Path) -> tuple[Any, tuple[Any, Any, Any]]:
+    """The timed map fetcher of `module` (a batches.py) and the queues its `worker_loop` hands the
+    worker's loop (the stub index queue, then it as the loop sees it, and the data queue)."""
+    recorder = module.BatchRecorder(str(directory))
+    stub = StubIndexQueue()
+
+    def loop(index_queue: Any, data_queue: Any, worker_id: int) -> tuple[Any, Any, Any]:
+        return stub, index_queue, data_queue
+
+    # where the loop's arguments stand: (data_queue, worker_id); a batches.py with an IndexQueue
+    # (a0ed266's) wraps the index queue too, and takes (index_queue, data_queue, worker_id)
+    positions = (0, 1, 2) if hasattr(module, "IndexQueue") else (1, 2)
+    return recorder.map_fetcher(BARE_FETCH), recorder.worker_loop(loop, positions, stub, STUB_QUEUE, 0)
+
+
+def rotated(order: list, r: int) -> list:
+    """Round r's order: each mode takes each place equally often. (Reversing the order every
+    other round, as this did, left the middle one of three in the middle always: the one after
+    the worker's rounds, or before them, pays for what they evicted, and --compare's REF never
+    did, which flattered it.)"""
+    k = r % len(order)
+    return order[k:] + order[:k]
 
 
 def paired(recorded: list[float], bare: list[float]) -> float:
@@ -219,35 +254,38 @@ def main() -> None:
             "decode": Files(root / "decode", n, decode_us=20.0),
         }
         bare = state()
-        modes = {}  # mode -> (its patches, its recorder)
+        modes = {}  # mode -> (its patches, its recorder, its worker's fetcher and queues)
         if args.compare:
             (root / "before").mkdir()
-            before = batches_at(args.compare, root).attach(torch, str(root / "before"), _wrap)
-            modes[args.compare] = (state(), before)
+            module = batches_at(args.compare, root)
+            before = module.attach(torch, str(root / "before"), _wrap)
+            modes[args.compare] = (state(), before, worker_recorder(module, root / "before"))
             put(bare)
         recorder = batches.attach(torch, str(root / "records"), _wrap)
-        modes["xray"] = (state(), recorder)
+        modes["xray"] = (state(), recorder, worker_recorder(batches, root / "records"))
         put(bare)
         print(f"µs a batch of {args.batch_size}, CPU time; cost: median of {args.rounds} paired rounds, and min - min")
         print(f"{'dataset':8} {'side':10} {'bare ms':>9} {'cost µs':>9} {'%':>8} {'min ms':>9} {'cost µs':>9} {'%':>8}")
-        worker_fetch, worker_queue = worker_recorder(root / "records")
         for name, dataset in datasets.items():
             loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=0)
             indices = list(BatchSampler(SequentialSampler(dataset), args.batch_size, False))[: args.batches]
-            times: dict[str, list[float]] = {"bare": [], "worker bare": [], "worker": [], **{m: [] for m in modes}}
+            times: dict[str, list[float]] = {side: [] for mode in ("bare", *modes) for side in (mode, f"{mode} worker")}
             for r in range(args.rounds):
-                order = [("bare", (bare, None)), *((mode, (v, rec.delivered)) for mode, (v, rec) in modes.items())]
-                for mode, (values, delivered) in order if r % 2 else order[::-1]:
+                order = [("bare", (bare, None)), *((mode, (v, rec.delivered)) for mode, (v, rec, _) in modes.items())]
+                for mode, (values, delivered) in rotated(order, r):
                     put(values)
                     times[mode].append(epoch_seconds(loader, delivered, args.batches) / args.batches)
                 put(bare)
-                sides = [("worker bare", BARE_FETCH, STUB_QUEUE), ("worker", worker_fetch, worker_queue)]
-                for side, fetch_, queue in sides if r % 2 else sides[::-1]:
-                    times[side].append(worker_seconds(dataset, fetch_, queue, indices) / len(indices))
-            for mode in modes:
-                report(name, "main" if mode == "xray" else f"main {mode}", times["bare"], times[mode])
-            report(name, "worker", times["worker bare"], times["worker"])
-        for _, rec in modes.values():  # their exit-time cost measurement and flush: not into a removed directory
+                stub = StubIndexQueue()
+                sides = [("bare", (BARE_FETCH, (stub, stub, STUB_QUEUE)))]
+                sides += [(mode, worker) for mode, (_, _, worker) in modes.items()]
+                for mode, (fetch_, queues) in rotated(sides, r):
+                    times[f"{mode} worker"].append(worker_seconds(dataset, fetch_, queues, indices) / len(indices))
+            for side in ("", " worker"):
+                for mode in modes:
+                    label = ("main" if not side else "worker") + ("" if mode == "xray" else f" {mode}")
+                    report(name, label, times[f"bare{side}"], times[f"{mode}{side}"])
+        for _, rec, _ in modes.values():  # their exit-time cost measurement and flush: not into a removed directory
             atexit.unregister(rec.close)
             rec.file.flush()
         written = sum(p.stat().st_size for p in (root / "records").glob("*.batches"))

@@ -129,6 +129,9 @@ def test_known_fetch_collate_and_wait_shares_in_the_main_process(tmp_path):
     assert shares["fetch_pct_of_build"] == pytest.approx(fetch_pct, abs=3.0)
     assert shares["wait_pct"] == pytest.approx(100.0 * truth["waited_s"] / truth["loop_s"], abs=3.0)
     assert [w["worker"] for w in batches["workers"]] == [None]  # the main process built them
+    # and timed each batch, never a sample one by one (3 ms each): the report says so
+    assert batches["built_in_main_untimed"] == 12 and batches["samples"]["count"] == 0
+    assert "slowest sample not known" in batches_report.wait_sentence(batches["longest_steady_wait"])
     cost = batches["own_cost"]  # measured as the script exited, at its loader's batch size
     assert cost["samples"] == 4 and cost["per_batch_us"] >= cost["batch_us"] >= 0 and cost["pct_of_build"] is not None
 
@@ -331,52 +334,91 @@ def test_a_batch_has_its_threads_system_calls_or_its_process_when_the_trace_has_
     )
 
 
-def test_samples_timed_one_by_one_where_slow_enough_else_one_batch_in_sample_every(tmp_path):
-    """The fetcher's rule, driven by the recorder's threshold (not by the machine's speed): under
-    it a batch is timed whole, and its samples one batch in SAMPLE_EVERY; over it, every batch's.
-    With num_workers=0 the loader hook's `delivered` writes each batch built and taken at once,
-    with the pin time of the batch pinned in that thread."""
+def test_a_worker_times_samples_one_by_one_where_slow_enough_else_one_batch_in_sample_every(tmp_path):
+    """A worker's rule, driven by the recorder's threshold (not by the machine's speed): under it a
+    batch is timed whole, and its samples one batch in SAMPLE_EVERY; over it, every batch's. Each
+    batch is written as the worker puts it on its data queue."""
     recorder = batches_module.BatchRecorder(str(tmp_path))
+    recorder.worker_id, recorder.time_samples = 0, True  # as worker_loop sets them
     fetch = recorder.map_fetcher(lambda fetcher, index: None)
     fetcher = SimpleNamespace(dataset=list(range(100)), auto_collation=True, collate_fn=list, drop_last=False)
-    iterator = SimpleNamespace(_dlscope_pass=(0, 0))
+    queue = batches_module.DataQueue(SimpleNamespace(put=lambda item: None), recorder)
     every = batches_module.SAMPLE_EVERY
+    idx = 0
     for threshold, count in ((3600.0, every + 1), (0.0, 3)):  # samples never an hour; always ≥ 0 s
         recorder.sample_min_s = threshold
         for b in range(count):
-            assert fetch(fetcher, [b, b + 1, b + 1]) == [b, b + 1, b + 1]
-            if b == 1 and threshold:
-                recorder.pin(lambda data: data, [b])  # pinned by the single-process path, in this thread
-            recorder.delivered(iterator, 10.0 + b, 10.5 + b)
+            queue.put((idx, fetch(fetcher, [b, b + 1, b + 1])))
+            idx += 1
     recorder.file.flush()
-    built, taken, samples, _ = batchflow.read_all(tmp_path)
+    built, _, samples, _ = batchflow.read_all(tmp_path)
     timed = (built["flags"] & batches_module.SAMPLE_TIMES != 0).tolist()
     # the first batch, then one in SAMPLE_EVERY; then over the threshold all, from the batch after
     # the first one fetched over it
     assert timed == [True] + [False] * (every - 1) + [True] + [False, True, True]
-    assert built["idx"].tolist() == taken["idx"].tolist() == list(range(every + 4))
-    assert (built["generation"] == 1).all() and (taken["worker_id"] == -1).all() and (taken["loader"] == 0).all()
-    assert taken["next_start"][3] == 13.0 and taken["next_end"][3] == built["ready"][3] == 13.5
+    assert built["idx"].tolist() == list(range(every + 4)) and (built["worker_id"] == 0).all()
     assert samples.count == 3 * 4 and built["slowest_sample"][0] in (0, 1)
-    pinned = ~np.isnan(taken["pin"])
-    assert pinned.tolist() == [False, True] + [False] * (every + 2)
 
 
-def test_an_iterable_batch_timed_whole_keeps_its_stream_positions(tmp_path):
+def test_the_training_process_times_batches_never_samples_one_by_one(tmp_path, monkeypatch):
+    """num_workers=0: the fetchers read the clock three times a batch (its start, the collate's
+    start and end) whatever its size, map-style or iterable, slow samples or not; the loader
+    hook's `delivered` writes each batch built and taken at once, with the pin time of the batch
+    pinned in that thread."""
+    reads = []
+    monkeypatch.setattr(batches_module.time, "time", lambda: reads.append(1) or 10.0 + len(reads))
     recorder = batches_module.BatchRecorder(str(tmp_path))
+    recorder.sample_min_s = 0.0  # a worker would time every sample
+    fetch = recorder.map_fetcher(lambda fetcher, index: None)
+    fetcher = SimpleNamespace(dataset=list(range(100)), auto_collation=True, collate_fn=list, drop_last=False)
+    iterator = SimpleNamespace(_dlscope_pass=(0, 0))
+    every = batches_module.SAMPLE_EVERY
+    for b in range(every + 2):
+        reads.clear()
+        assert fetch(fetcher, list(range(b, 2 * b + 1))) == list(range(b, 2 * b + 1))
+        assert len(reads) == 3  # for 1 to every + 2 samples
+        if b == 1:
+            recorder.pin(lambda data: data, [b])  # pinned by the single-process path, in this thread
+        recorder.delivered(iterator, 10.0 + b, 10.5 + b)
+    iterable = recorder.iterable_fetcher(lambda fetcher, index: None)
+    fetcher = SimpleNamespace(dataset_iter=iter("abcdefghij"), ended=False, auto_collation=True, drop_last=False)
+    fetcher.collate_fn = "".join
+    drawn = []
+    with pytest.raises(StopIteration):
+        while True:
+            reads.clear()
+            drawn.append(iterable(fetcher, range(4)))
+            assert len(reads) == 3
+            recorder.delivered(iterator, 1.0, 2.0)
+    recorder.file.flush()
+    built, taken, samples, _ = batchflow.read_all(tmp_path)
+    assert drawn == ["abcd", "efgh", "ij"] and len(built) == len(taken) == every + 5
+    assert (built["flags"] & batches_module.SAMPLE_TIMES == 0).all() and samples.count == 0
+    assert built["idx"].tolist() == taken["idx"].tolist() == list(range(every + 5))
+    assert (taken["worker_id"] == -1).all() and (taken["loader"] == 0).all()
+    assert taken["next_start"][3] == 13.0 and taken["next_end"][3] == built["ready"][3] == 13.5
+    pinned = ~np.isnan(taken["pin"])
+    assert pinned.tolist() == [False, True] + [False] * (every + 3)
+    indices = [i.tolist() for _, _, i in batchflow.sample_indices(tmp_path / f"{recorder.pid}.batches")]
+    assert indices[-3:] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # the iterable's stream positions
+
+
+def test_a_workers_iterable_batch_timed_whole_keeps_its_stream_positions(tmp_path):
+    recorder = batches_module.BatchRecorder(str(tmp_path))
+    recorder.worker_id, recorder.time_samples = 0, True  # as worker_loop sets them
     recorder.sample_min_s = 3600.0  # after the first batch, none of its samples timed one by one
     fetch = recorder.iterable_fetcher(lambda fetcher, index: None)
     fetcher = SimpleNamespace(dataset_iter=iter("abcdefghij"), ended=False, auto_collation=True, drop_last=False)
     fetcher.collate_fn = "".join
-    iterator = SimpleNamespace()
+    queue = batches_module.DataQueue(SimpleNamespace(put=lambda item: None), recorder)
     drawn = []
     with pytest.raises(StopIteration):
         while True:
             drawn.append(fetch(fetcher, range(4)))
-            recorder.delivered(iterator, 1.0, 2.0)
+            queue.put((len(drawn) - 1, drawn[-1]))
     recorder.file.flush()
-    built, taken, samples, _ = batchflow.read_all(tmp_path)
-    assert drawn == ["abcd", "efgh", "ij"] and len(taken) == 3
+    built, _, samples, _ = batchflow.read_all(tmp_path)
+    assert drawn == ["abcd", "efgh", "ij"] and len(built) == 3
     assert (built["flags"] & batches_module.ITERABLE != 0).all() and samples.count == 4
     assert (built["flags"] & batches_module.SAMPLE_TIMES != 0).tolist() == [True, False, False]
     indices = [i.tolist() for _, _, i in batchflow.sample_indices(tmp_path / f"{recorder.pid}.batches")]

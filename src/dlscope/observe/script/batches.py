@@ -5,15 +5,16 @@ to torch by the script hooks (hooks.py) once the script imports torch.
 
 Where it hooks (torch.utils.data, looked up once at attach):
   - the dataset fetchers (`_MapDatasetFetcher.fetch`, `_IterableDatasetFetcher.fetch`): the same
-    loop as torch's, timed around `collate_fn`, and where samples are timed one by one (see
-    WORKER_SAMPLE_TIMING_MIN_S) with one clock read after each sample (map-style `__getitem__`, or
-    the iterable's `next`); torch's own `Subset` (random_split's), whose
+    loop as torch's, timed around `collate_fn`, and in a worker, where samples are timed one by
+    one (see WORKER_SAMPLE_TIMING_MIN_S), with one clock read after each sample (map-style
+    `__getitem__`, or the iterable's `next`); torch's own `Subset` (random_split's), whose
     `__getitems__` only maps the indices, is fetched as it would fetch, `base[indices[i]]`,
     sample by sample; any other dataset with a `__getitems__` (a batched fetch) is timed whole;
   - the worker loop (`_worker_loop`, the target DataLoader starts its workers with — by name, so a
-    spawned worker, which unpickles it, gets the wrapped one too): its index queue and data queue
-    are handed on wrapped, so a batch is known by DataLoader's own number (the send index `idx`)
-    from the `(idx, indices)` the worker receives to the `(idx, batch)` it puts back;
+    spawned worker, which unpickles it, gets the wrapped one too): its data queue is handed on
+    wrapped, so a batch is known by DataLoader's own number (the send index `idx`) in the
+    `(idx, batch)` the worker puts back, and a persistent worker's next epoch by the
+    `_ResumeIteration` it acknowledges there;
   - in the training process, `_MultiProcessingDataLoaderIter._process_data` (each batch handed to
     `__next__`, with its worker) and `_get_data`, `_reset` (persistent workers' epochs); with
     num_workers=0 nothing more: the batch is built inside the iterator's `__next__`, whose hook
@@ -87,10 +88,11 @@ NAN = float("nan")
 FLUSH_RECORDS, FLUSH_RECORD_BYTES, FLUSH_SECONDS = 64, 1 << 14, 0.5
 # A clock read per sample costs ~55-100 ns. A worker (off the loop's critical path while the
 # workers keep ahead) reads one after each sample where its last batch's samples took ≥ 5 µs on
-# average (≤ ~1-2% of a sample); the training process (num_workers=0: every ns is the loop's) only
-# where they took ≥ 100 µs (≤ 0.1%): a batch there costs a record, not a clock read per sample.
-# Either way the samples of one batch in SAMPLE_EVERY are timed, so their distribution is seen.
-WORKER_SAMPLE_TIMING_MIN_S, MAIN_SAMPLE_TIMING_MIN_S, SAMPLE_EVERY = 5e-6, 100e-6, 16
+# average (≤ ~1-2% of a sample), and in one batch in SAMPLE_EVERY, so that their distribution is
+# seen. The training process (num_workers=0: every ns is the loop's) never does: a batch there
+# costs its record, not a clock read per sample (the issue's rule), and its slowest sample is
+# not known.
+WORKER_SAMPLE_TIMING_MIN_S, SAMPLE_EVERY = 5e-6, 16
 
 
 def header() -> bytes:
@@ -187,10 +189,10 @@ class BatchRecorder:
         self.serial = 0  # in the training process: single-process iterators numbered as they start
         self.pins: dict[int, float] = {}  # id(pinned batch) -> seconds, from the pin-memory thread
         self.shapes: dict[int, tuple[Callable[..., bytes], int]] = {}  # see _shape
-        # the next batch's samples are timed one by one: set by the fetchers after each batch, where
-        # its samples took ≥ sample_min_s on average, and one batch in SAMPLE_EVERY
-        self.time_samples = True
-        self.sample_min_s = MAIN_SAMPLE_TIMING_MIN_S  # a worker's loop sets WORKER_SAMPLE_TIMING_MIN_S
+        # the next batch's samples are timed one by one: in a worker only (its loop sets it, then
+        # samples_timed_next after each batch); the training process times batches, never samples
+        self.time_samples = False
+        self.sample_min_s = WORKER_SAMPLE_TIMING_MIN_S
         self.pid = os.getpid()  # getpid(2) is a system call: kept, and renewed in a forked child
         self.fetches = 0
         self.loaders = 0  # DataLoaders iterated in this process
@@ -204,8 +206,8 @@ class BatchRecorder:
 
     # the fetchers: one frame a batch, what they need in closure cells -------------------------
     def map_fetcher(self, original: Callable) -> Callable:
-        """`_MapDatasetFetcher.fetch` as torch runs it, timed: the fetch, the collate, and where
-        samples are timed one by one a clock read after each."""
+        """`_MapDatasetFetcher.fetch` as torch runs it, timed: the fetch, the collate, and in a
+        worker a clock read after each sample."""
         clock, local, recorder = time.time, self.local, self
 
         def fetch(fetcher: Any, possibly_batched_index: Any) -> Any:
@@ -228,15 +230,15 @@ class BatchRecorder:
                     for i in fetched:  # (a comprehension or an array('d') measured no cheaper: BENCHMARKS.md)
                         data.append(base[i])
                         ends.append(clock())
-                else:
+                else:  # (map(getitem, …) measured dearer: it loses 3.11's inlined call of a Python __getitem__)
                     data = [base[i] for i in fetched]
-            else:
+            else:  # one sample a batch (batch_size=None): its time is the batch's
                 indices = (possibly_batched_index,)
                 data = dataset[possibly_batched_index]
                 flags, ends = SAMPLE_TIMES, [clock()]
             done = clock()
-            recorder.fetches = fetches = recorder.fetches + 1
-            recorder.time_samples = done - start >= recorder.sample_min_s * len(indices) or not fetches % SAMPLE_EVERY
+            if recorder.worker_id >= 0:  # a worker's rule for its next batch; the training process never times samples
+                recorder.time_samples = recorder.samples_timed_next(done - start, len(indices))
             out = fetcher.collate_fn(data)
             local.built = (flags, start, done, clock(), indices, ends)
             return out
@@ -273,8 +275,8 @@ class BatchRecorder:
                 ends, n = [clock()], 1
             fetcher._dlscope_drawn = first + n
             done = clock()
-            recorder.fetches = fetches = recorder.fetches + 1
-            recorder.time_samples = done - start >= recorder.sample_min_s * n or not fetches % SAMPLE_EVERY
+            if recorder.worker_id >= 0:  # as the map fetcher
+                recorder.time_samples = recorder.samples_timed_next(done - start, n)
             out = fetcher.collate_fn(data)
             flags = ITERABLE if ends is None else ITERABLE | SAMPLE_TIMES
             local.built = (flags, start, done, clock(), range(first, first + n), ends)
@@ -282,11 +284,12 @@ class BatchRecorder:
 
         return _like(fetch, original)
 
-    def take_built(self) -> tuple | None:
-        local = self.local
-        built = local.built
-        local.built = None
-        return built
+    def samples_timed_next(self, seconds: float, samples: int) -> bool:
+        """A worker's rule, after a batch of `samples` fetched in `seconds`: are the next batch's
+        samples timed one by one? Where these took ≥ sample_min_s each on average, and one batch
+        in SAMPLE_EVERY."""
+        self.fetches += 1
+        return seconds >= self.sample_min_s * samples or not self.fetches % SAMPLE_EVERY
 
     def write_built(self, built: tuple, generation: int, idx: int, ready: float, taken: tuple = ()) -> None:
         """The built record of `built` (a Built), batch idx of `generation`; with `taken`, the
@@ -323,19 +326,16 @@ class BatchRecorder:
         return shape
 
     # a worker -------------------------------------------------------------------------------
-    def worker_loop(self, loop: Callable, positions: tuple[int, int, int], *args: Any, **kwargs: Any) -> Any:
-        """The worker's own loop, run with its queues wrapped."""
-        index_at, data_at, worker_at = positions
+    def worker_loop(self, loop: Callable, positions: tuple[int, int], *args: Any, **kwargs: Any) -> Any:
+        """The worker's own loop, run with its data queue wrapped."""
+        data_at, worker_at = positions
         args = list(args)
         self.worker_id = int(args[worker_at]) if len(args) > worker_at else int(kwargs.get("worker_id", -1))
         self.generation = 0
-        # off the loop's critical path while the workers keep ahead: samples timed one by one
-        # wherever a clock read costs ≤ ~1% of one
-        self.sample_min_s, self.time_samples = WORKER_SAMPLE_TIMING_MIN_S, True
+        self.time_samples = True  # its first batch's samples: then samples_timed_next's rule
         if len(args) > data_at:
-            args[index_at], args[data_at] = IndexQueue(args[index_at], self), DataQueue(args[data_at], self)
+            args[data_at] = DataQueue(args[data_at], self)
         else:
-            kwargs["index_queue"] = IndexQueue(kwargs["index_queue"], self)
             kwargs["data_queue"] = DataQueue(kwargs["data_queue"], self)
         try:
             return loop(*args, **kwargs)
@@ -495,8 +495,9 @@ def _type_name(value: Any) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-class IndexQueue:
-    """A worker's index queue: what it receives starts a batch (or a new epoch)."""
+class DataQueue:
+    """A worker's data queue: `(idx, batch)` put here is batch idx ready; `(_ResumeIteration, None)`
+    acknowledges a persistent worker's next epoch (its batches are numbered from 0 again)."""
 
     def __init__(self, queue: Any, recorder: BatchRecorder) -> None:
         self.queue, self.recorder = queue, recorder
@@ -504,27 +505,17 @@ class IndexQueue:
 
         self.resume = _ResumeIteration
 
-    def get(self, *args: Any, **kwargs: Any) -> Any:
-        r = self.queue.get(*args, **kwargs)
-        if isinstance(r, self.resume):
-            self.recorder.generation += 1
-        return r
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.queue, name)
-
-
-class DataQueue:
-    """A worker's data queue: `(idx, batch)` put here is batch idx ready."""
-
-    def __init__(self, queue: Any, recorder: BatchRecorder) -> None:
-        self.queue, self.recorder = queue, recorder
-
     def put(self, item: Any, *args: Any, **kwargs: Any) -> Any:
-        recorder = self.recorder
-        built = recorder.take_built()
-        if built is not None and type(item) is tuple and len(item) == 2 and type(item[0]) is int:
-            recorder.write_built(built, recorder.generation, item[0], time.time())
+        if type(item) is tuple and len(item) == 2:
+            recorder, idx = self.recorder, item[0]
+            if type(idx) is int:
+                local = recorder.local
+                built = local.built
+                if built is not None:  # (none: the fetch raised, and an ExceptionWrapper is sent)
+                    local.built = None
+                    recorder.write_built(built, recorder.generation, idx, time.time())
+            elif isinstance(idx, self.resume):
+                recorder.generation += 1
         return self.queue.put(item, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -546,7 +537,7 @@ def attach(torch: Any, directory: str, wrap: Callable[[Callable, Callable], Call
     fetch._MapDatasetFetcher.fetch = recorder.map_fetcher(fetch._MapDatasetFetcher.fetch)
     fetch._IterableDatasetFetcher.fetch = recorder.iterable_fetcher(fetch._IterableDatasetFetcher.fetch)
     names = list(inspect.signature(worker._worker_loop).parameters)
-    positions = (names.index("index_queue"), names.index("data_queue"), names.index("worker_id"))
+    positions = (names.index("data_queue"), names.index("worker_id"))
     worker._worker_loop = wrap(
         worker._worker_loop, lambda loop, *a, **k: recorder.worker_loop(loop, positions, *a, **k)
     )

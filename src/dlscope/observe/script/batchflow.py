@@ -751,6 +751,10 @@ def section(flow: Flow, steps: np.ndarray, out_csv: Path, trace_io: bool) -> dic
         "loaders": loader_table(flow, c),
         "own_cost": own_cost(flow),
         "fetched_whole": int(np.count_nonzero(c.joined & (c.built("flags") & WHOLE != 0))),
+        # the training process times batches, never samples one by one (batches.py)
+        "built_in_main_untimed": int(
+            np.count_nonzero(c.joined & (c.built("worker_id") < 0) & (c.built("flags") & (SAMPLE_TIMES | WHOLE) == 0))
+        ),
         "shares": shares(c, in_steps, steps),
         "workers": workers,
         "keeping_ahead": keeping_ahead(c, in_steps),

@@ -51,6 +51,8 @@ def wait_sentence(r: dict[str, Any]) -> str:
         sample = f" ({sample})"
     elif r.get("fetched_whole"):
         sample = " (fetched whole by the dataset's __getitems__)"
+    elif r["worker"] is None:
+        sample = " (slowest sample not known: the main process times batches, not samples)"
     text += (
         f": fetch {_ms(r['fetch_ms'])} ms{sample}, collate {_ms(r['collate_ms'])} ms, queued {_ms(r['queued_ms'])} ms"
     )
@@ -116,6 +118,15 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
             f"{samples['median_ms']:.3g} ms ({where(s)}, {worker_name(s['worker'])}{file})."
         )
         items.append(("warn", text))
+    untimed = section.get("built_in_main_untimed", 0)
+    if untimed:
+        text = (
+            f"{untimed} batch{'es' * (untimed != 1)} were built in the main process (num_workers=0), where dlscope "
+            "times each batch's fetch and collate but not its samples one by one (that would cost the loop a "
+            "clock read per sample): their slowest sample is not known. With num_workers ≥ 1 each worker times "
+            "its samples."
+        )
+        items.append(("info", text))
     whole = section.get("fetched_whole", 0)
     if whole:
         text = (
