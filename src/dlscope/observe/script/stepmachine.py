@@ -346,8 +346,9 @@ class StepMachine:
         self.has_optimizer = True
 
     def optimizer_begin(self, now: float) -> None:
-        self.optimizer_depth += 1
-        if self.optimizer_depth != 1:  # a wrapped optimizer's step calls the inner one: time the outer
+        depth = self.optimizer_depth
+        self.optimizer_depth = depth + 1
+        if depth:  # a wrapped optimizer's step calls the inner one: time the outer
             return
         if self.attention or self.part is not None:
             self._open(OPTIMIZER, now)
@@ -363,19 +364,18 @@ class StepMachine:
         self._close(FORWARD, now)
 
     def optimizer_end(self, now: float) -> None:
-        if self.optimizer_depth == 0:
+        depth = self.optimizer_depth
+        if depth != 1:  # none open, or a wrapped optimizer's inner step ends
+            self.optimizer_depth = depth - 1 if depth else 0
             return
-        self.optimizer_depth -= 1
-        if self.optimizer_depth:
-            return
+        self.optimizer_depth = 0
         if self.part == OPTIMIZER and not self.outer:
             self.totals[OPTIMIZER] += now - self.since if now > self.since else 0.0
             self.part = None
         else:
             self._close(OPTIMIZER, now)
-        self.has_optimizer = True
         if not self.optimizer_stepped:
-            self.optimizer_stepped = True
+            self.optimizer_stepped = self.has_optimizer = True
             self._set_step("backward", None)  # the backward stream stops: the optimizer's steps are the steps
         self.end_step("optimizer", now)
 
