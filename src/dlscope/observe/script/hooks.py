@@ -7,7 +7,8 @@ until the script imports it (a finder on sys.meta_path calls `attach_torch` righ
 module is executed — not when something merely asks `importlib.util.find_spec("torch")`).
 
 What feeds the machine: the global optimizer step hooks (torch.optim, GradScaler.step, LBFGS, an
-optimizer wrapped by accelerate or Lightning alike), the forward of the modules called at top level
+optimizer wrapped by accelerate or Lightning alike; a step timed from the call of its class's
+`step`), the forward of the modules called at top level
 (found by torch's global module forward hooks until a step ends, then timed by their class's own
 `__call__`, `root_call`: no module call, submodules included, takes `Module._call_impl`'s slow path),
 `torch.autograd.backward`, DataLoader iterators' `__next__`, `Module.train`, and the checkpoint
@@ -206,6 +207,7 @@ class TorchHooks:
         self.untimed_roots = False  # a top-level module with a call of its own: discovery never ends
         self.batches: batches.BatchRecorder | None = None  # the batch x-ray, once torch is attached
         self.trial: Any = None  # a `dlscope doctor` trial's change and stop (observe/script/trial.py)
+        self.step_called: float | None = None  # when an optimizer's `step` was entered (`time_step_calls`)
 
     def _mark_begin(self, name: str) -> None:
         phases.mark_begin(name)  # the I/O tracers' phase marker
@@ -378,8 +380,12 @@ class TorchHooks:
 
     def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         """The step begins; its closure (LBFGS, Lightning) is handed on timed, so the time inside
-        it is forward and backward, not optimizer. `args` holds the optimizer first."""
-        self.machine.optimizer_begin(time.time())
+        it is forward and backward, not optimizer. `args` holds the optimizer first. The step is
+        timed from the call of `step` when `time_step_calls` saw it (torch enters a record_function
+        before the pre-hooks run: ~0.2 ms after an idle moment, which was the loop's "other")."""
+        now, called = time.time(), self.step_called
+        self.step_called = None
+        self.machine.optimizer_begin(called if called is not None and called <= now else now)
         if not kwargs and len(args) == 1:  # optimizer.step(): no closure
             return None
         if callable(kwargs.get("closure")):
@@ -407,7 +413,24 @@ class TorchHooks:
     def optimizer_init(self, init_: Callable, *args: Any, **kwargs: Any) -> Any:
         self.machine.optimizer_created()
         self.discover()  # the model it trains may not have been called yet
-        return init_(*args, **kwargs)
+        created = init_(*args, **kwargs)
+        self.time_step_calls(type(args[0]))  # after torch has wrapped its `step` (Optimizer.__init__)
+        return created
+
+    def time_step_calls(self, optimizer_class: type) -> None:
+        """Note when the class's `step` is entered (once per class; a subclass inheriting it is
+        covered, torch's own `hooked` mark is kept): optimizer_pre times the step from there."""
+        step = optimizer_class.step
+        if getattr(step, "dlscope_called", False):
+            return
+
+        @functools.wraps(step)
+        def called(*args: Any, **kwargs: Any) -> Any:
+            self.step_called = time.time()
+            return step(*args, **kwargs)
+
+        called.dlscope_called = True  # type: ignore[attr-defined]
+        optimizer_class.step = called  # type: ignore[method-assign]
 
     def module_train(self, train_: Callable, module: Any, mode: bool = True) -> Any:
         self.train_depth += 1
