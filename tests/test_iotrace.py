@@ -227,6 +227,7 @@ def test_analysis_nests_phases_and_follows_renames():
     # `dlscope run --trace-io`: what dlscope keeps in the job's processes is not the job's data
     for own in ("live-41.bin", "41.steps", "profile-41.json", "stacks-41.txt"):
         assert category(f"/r/run/processes/{own}") == "dlscope records"
+    assert category("/tmp/dlscope-calibrate-x1y2/live-41.bin") == "dlscope records"
 
 
 def test_flow_graph_svg_with_and_without_graphviz():

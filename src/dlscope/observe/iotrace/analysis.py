@@ -20,8 +20,9 @@ IO_FIELDS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes")
 
 CATEGORY_RULES: list[tuple[str, re.Pattern[str]]] = [
     ("phase marker", re.compile(r"^/dev/null/dlscope/")),
-    # what `dlscope run` itself keeps in the observed processes: steps, live file, stacks, profiler traces
-    ("dlscope records", re.compile(r"/processes/[^/]*\d[^/]*$")),
+    # what `dlscope run` itself keeps in the observed processes (steps, live file, stacks, profiler
+    # traces), and its calibration's scratch copies of them (observe/script/calibrate.py)
+    ("dlscope records", re.compile(r"(/processes/[^/]*\d[^/]*$|/dlscope-calibrate-[^/]*/)")),
     ("dataset", re.compile(r"(idx\d-ubyte|/MNIST/|\.npy$|\.npz$|\.parquet$|\.tfrecord|/datasets?/)")),
     ("checkpoint", re.compile(r"(\.pt|\.pth|\.ckpt|\.safetensors)(\.\d+)?$")),
     ("tensorboard log", re.compile(r"events\.out\.tfevents")),
