@@ -28,6 +28,9 @@ EXEMPT = {
     ("data/pipeline/stages.py", "ReaderConfig"),
     # a line in the observed process's stacks file, for the person who opens it: a log line
     ("observe/hang/agent.py", "_attach_failed"),
+    # faulthandler's dump format ("Current thread 0x… (most recent call first):"), which
+    # hang/capture.py parses back into facts: a record's layout, not a sentence
+    ("observe/hang/agent.py", "_dump_stacks"),
     # the name of a place in a file (where a pickle lies, as "archive/data.pkl" is), not a finding
     ("ckpt/scan.py", "BEFORE_FIRST_MEMBER"),
 }
