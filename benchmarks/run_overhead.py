@@ -252,6 +252,7 @@ def count_ops(steps: int = 50) -> None:
         step()
         bare_ops, bare_calls = per_step()
         hooks.step_hooks(torch)
+        hooks.time_optimizer(type(optimizer))  # as the optimizer's creation does in a job
         step()
         hooked_ops, hooked_calls = per_step()
     owner = "torch and the loop"
@@ -288,6 +289,10 @@ if sys.argv[1] in ("hooked", "wrappers"):
     hooks.machine.on_step = LiveStatus(scratch, None).step_ended
     hooks.machine.memory = None  # read every 100 ms: under valgrind that is every few steps
     hooks.step_hooks(torch)
+    if hasattr(hooks, "time_optimizer"):  # as the optimizer's creation does in a job
+        hooks.time_optimizer(type(optimizer))
+    elif hasattr(hooks, "time_step_calls"):  # a baseline from before: global hooks and this wrapper
+        hooks.time_step_calls(type(optimizer))
 for _ in range(20):
     step()
 if sys.argv[1] == "wrappers":  # after a step has ended: the modules called at top level are found

@@ -436,7 +436,21 @@ def run_example(example: Example, env: dict[str, str]) -> str:
         last_status = proc.returncode
     text = "\n".join(p for p in parts if p) + "\n"
     print(f"{example.name}: {time.monotonic() - started:.0f} s", file=sys.stderr)
-    return text.replace(str(SCRATCH) + "/", "").replace(str(ROOT) + "/", "")
+    return "\n".join(machine_free(line) for line in text.split("\n"))
+
+
+def machine_free(line: str) -> str:
+    """The line without this checkout's directories (paths read from the scratch directory and
+    the project root). Each one taken out of a table's cell is given back as spaces at the gap
+    after that cell, so the columns to its right stay where the 80-column render put them."""
+    for prefix in (str(SCRATCH) + "/", str(ROOT) + "/"):
+        while prefix in line:
+            at = line.index(prefix)
+            line = line[:at] + line[at + len(prefix) :]
+            gap = line.find("  ", at)
+            if gap != -1:
+                line = line[:gap] + " " * len(prefix) + line[gap:]
+    return line
 
 
 # TensorFlow's start-up log (absl, C++ and Python) goes to stderr whatever TF_CPP_MIN_LOG_LEVEL says when a child

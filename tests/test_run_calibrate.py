@@ -12,6 +12,7 @@ from torch.optim import optimizer as torch_optimizer
 from dlscope.observe.script import calibrate
 from dlscope.observe.script.hooks import TorchHooks
 from dlscope.observe.script.records import RecordFile, read_records
+from dlscope.observe.script.stepmachine import StepMachine
 
 
 def global_hooks() -> list[int]:
@@ -24,21 +25,23 @@ def global_hooks() -> list[int]:
 
 
 def test_calibration_runs_the_hooked_step_and_leaves_torch_as_it_was(tmp_path, monkeypatch):
-    before = (global_hooks(), torch.autograd.backward, torch.get_num_threads(), torch.random.get_rng_state())
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)])  # torch wraps SGD.step at its first instance
+    torch_state = (global_hooks, lambda: torch.autograd.backward, lambda: torch.optim.SGD.__dict__.get("step"))
+    before = ([state() for state in torch_state], torch.get_num_threads(), torch.random.get_rng_state())
     hooked_steps: list[int] = []
-    original = TorchHooks.optimizer_post
+    original = StepMachine.optimizer_end
 
-    def counted(self, optimizer, args, kwargs):
+    def counted(self, now):
         hooked_steps.append(1)
-        return original(self, optimizer, args, kwargs)
+        return original(self, now)
 
-    monkeypatch.setattr(TorchHooks, "optimizer_post", counted)
+    monkeypatch.setattr(StepMachine, "optimizer_end", counted)
     step_us, loader_us = calibrate.per_step_us(TorchHooks, torch)
     # the hooked bursts ran through the hooks, each after the step that finds the module to time
     assert len(hooked_steps) == calibrate.ROUNDS * (calibrate.STEPS + 1)
     assert step_us >= 0 and loader_us >= 0  # a cost (never negative), whatever the load
-    after = (global_hooks(), torch.autograd.backward, torch.get_num_threads(), torch.random.get_rng_state())
-    assert after[:3] == before[:3] and torch.equal(after[3], before[3])
+    after = ([state() for state in torch_state], torch.get_num_threads(), torch.random.get_rng_state())
+    assert after[:2] == before[:2] and torch.equal(after[2], before[2])
 
 
 def test_calibration_is_recorded_in_the_observers_records_only(tmp_path):

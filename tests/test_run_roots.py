@@ -35,7 +35,10 @@ def global_module_hooks() -> int:
 def observed(tmp_path):
     hooks = TorchHooks(RecordFile(str(tmp_path)), (1, 0, 0, 0))
     hooks.torch, hooks.is_compiling = torch, torch.compiler.is_compiling
-    return hooks, hooks.step_hooks(torch)
+    remove = hooks.step_hooks(torch)
+    torch.optim.SGD([nn.Parameter(torch.zeros(1))])  # torch wraps SGD.step at a first instance
+    hooks.time_optimizer(torch.optim.SGD)  # as an optimizer's creation does in a job
+    return hooks, remove
 
 
 def timed(module: nn.Module) -> bool:
@@ -124,6 +127,47 @@ def test_a_timed_module_pickles_and_copies_and_its_copies_compute_as_themselves(
         assert torch.equal(replica(torch.ones(1, 4)), torch.zeros(1, 2))
     finally:
         remove()
+
+
+def test_a_timed_module_class_is_still_a_module_call_to_torch_fx_and_to_a_subclass(tmp_path):
+    """A timed call does torch's `Module.__call__` work itself; while torch.fx traces (it patches
+    `Module.__call__`), and for a subclass's instance (whose classes may hold a `__call__` after
+    the timed one), it goes through the call it replaces."""
+    hooks, remove = observed(tmp_path)
+    try:
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+
+        class SlowerLoss(SlowLoss):
+            def forward(self, output: torch.Tensor) -> torch.Tensor:
+                time.sleep(SLOW_LOSS_S)
+                return super().forward(output)
+
+        for step in range(4):
+            optimizer.zero_grad()
+            loss = SlowerLoss() if step % 2 else SlowLoss()
+            loss(model(torch.ones(3, 4))).backward()
+            optimizer.step()
+        assert timed(model)
+        calls: list[int] = []
+
+        class Counting(nn.Module):
+            def __call__(self, *args, **kwargs):
+                calls.append(1)
+                return super().__call__(*args, **kwargs)
+
+        class CountedLoss(SlowLoss, Counting):  # its classes: CountedLoss, SlowLoss (timed), Counting, Module
+            pass
+
+        CountedLoss()(torch.ones(1))
+        assert calls == [1]
+        graph = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 2), nn.ReLU())).graph
+        assert [n.op for n in graph.nodes] == ["placeholder", "call_module", "call_module", "output"]
+    finally:
+        remove()
+    forward = [row["forward"] for row in steps_of(hooks, tmp_path)]
+    assert forward[2] >= SLOW_LOSS_S and forward[3] >= 2 * SLOW_LOSS_S  # both losses, each once
+    assert all(f < 3 * SLOW_LOSS_S for f in forward[2:])
 
 
 def test_a_module_with_a_call_of_its_own_keeps_the_global_hooks(tmp_path):

@@ -2,7 +2,7 @@
 step takes: a tiny real training step (a Linear module's forward, `backward()`, an SGD step), run
 bare and through the hooks, in interleaved bursts. The hooked bursts go through a scratch observer
 (the same class, with the same hooks registered the same way — the module's timed call found on
-a first step, the timed `torch.autograd.backward`, the optimizer's hook dispatch —
+a first step, the timed `torch.autograd.backward`, the optimizer class's timed `step` —
 its records and live status file in a temporary directory), so the figure holds everything torch
 does to reach the hooks, the step machine, the step's row and the live file's update.
 
@@ -64,6 +64,7 @@ def per_step_us(observer_class: type, torch: Any) -> tuple[float, float]:
                     for _ in range(ROUNDS):
                         bare.append(_burst(step))
                         remove = observer.step_hooks(torch)
+                        observer.time_optimizer(type(optimizer))  # as its first instance does in a job
                         try:
                             step()  # the module called at top level found (a job's first step), untimed
                             hooked.append(_burst(step))

@@ -6,9 +6,9 @@ Installed by the bootstrap (observe/bootstrap) before the script runs; nothing t
 until the script imports it (a finder on sys.meta_path calls `attach_torch` right after the
 module is executed — not when something merely asks `importlib.util.find_spec("torch")`).
 
-What feeds the machine: the global optimizer step hooks (torch.optim, GradScaler.step, LBFGS, an
-optimizer wrapped by accelerate or Lightning alike; a step timed from the call of its class's
-`step`), the forward of the modules called at top level
+What feeds the machine: the `step` of every torch optimizer's class, timed from its call to its
+return (torch.optim, GradScaler.step, LBFGS, an optimizer wrapped by accelerate or Lightning
+alike: each calls a torch optimizer's `step`), the forward of the modules called at top level
 (found by torch's global module forward hooks until a step ends, then timed by their class's own
 `__call__`, `root_call`: no module call, submodules included, takes `Module._call_impl`'s slow path),
 `torch.autograd.backward`, DataLoader iterators' `__next__`, `Module.train`, and the checkpoint
@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import inspect
 import os
 import sys
 import time
@@ -43,6 +44,8 @@ from dlscope.observe.script.stepmachine import StepMachine
 PROFILE_ENV = "DLSCOPE_RUN_PROFILE"  # "start_after:wait:warmup:active"; active 0 turns the profiler off
 PROFILE_BUDGET_S = 5.0  # active recording stops at the first step end past this (an LBFGS step can be huge)
 LIGHTNING_CHECKPOINT_IO = ("lightning.fabric.plugins.io.torch_io", "lightning_fabric.plugins.io.torch_io")
+# torch.autograd.backward's parameters, in order (torch 2.x): its timed wrapper spells them out
+BACKWARD_PARAMETERS = ("tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs")
 FILE_KEYWORDS = ("f", "filename", "path", "filepath")  # how the wrapped writers and readers name their file
 
 
@@ -207,7 +210,8 @@ class TorchHooks:
         self.untimed_roots = False  # a top-level module with a call of its own: discovery never ends
         self.batches: batches.BatchRecorder | None = None  # the batch x-ray, once torch is attached
         self.trial: Any = None  # a `dlscope doctor` trial's change and stop (observe/script/trial.py)
-        self.step_called: float | None = None  # when an optimizer's `step` was entered (`time_step_calls`)
+        # the optimizer classes whose `step` is timed (`time_optimizer`): their own `step` (or None)
+        self.timed_optimizers: dict[type, Callable | None] = {}
 
     def _mark_begin(self, name: str) -> None:
         phases.mark_begin(name)  # the I/O tracers' phase marker
@@ -325,15 +329,33 @@ class TorchHooks:
     def root_call(self, cls: type, own: Callable | None) -> Callable:
         """A top-level module's call, timed as the step's forward (or an evaluation forward): one
         frame in place of torch's global hooks, which send every module call, submodules
-        included, through `Module._call_impl`'s slow path (~20,000 instructions a call)."""
+        included, through `Module._call_impl`'s slow path (~20,000 instructions a call).
+
+        The frame does the work of torch's `Module.__call__` (`_wrapped_call_impl`) in its place,
+        rather than calling it: one layer of `*args, **kwargs` less, ~2,000 instructions a call.
+        Only for a module of this very class whose classes up to `Module` had no `__call__` of
+        their own (one timed since is a call that would pass on: skipped alike), while torch.fx
+        has not patched `Module.__call__`; any other call goes through the call it replaces."""
         hooks, machine, trial, clock = self, self.machine, self.trial, time.time
         # torch.compile's tracing sees this call (the class's `__call__` is not torch's): it reads
         # True there, and the call passes on untouched (one Python frame; `is_compiling` is two)
         is_tracing, grad_enabled = self.torch.compiler.is_dynamo_compiling, self.torch.is_grad_enabled
+        module_class = self.torch.nn.Module
+        torch_call = getattr(module_class, "_wrapped_call_impl", None)
+        bases = cls.__mro__[1 : cls.__mro__.index(module_class)]
+        direct = (
+            own is None
+            and torch_call is not None
+            and module_class.__call__ is torch_call
+            and not any("__call__" in base.__dict__ for base in bases)
+        )
 
         def call(module: Any, *args: Any, **kwargs: Any) -> Any:
-            # the call it replaces, looked up now (torch.fx patches `Module.__call__` while it traces)
-            inner = super(cls, module).__call__ if own is None else own.__get__(module)
+            if direct and type(module) is cls and module_class.__call__ is torch_call:
+                compiled = module._compiled_call_impl
+                inner = module._call_impl if compiled is None else compiled
+            else:  # the call it replaces, looked up now (torch.fx patches `Module.__call__` while it traces)
+                inner = super(cls, module).__call__ if own is None else own.__get__(module)
             if hooks.forward_depth or is_tracing():  # inside another timed call, or traced
                 return inner(*args, **kwargs)
             hooks.forward_depth = 1
@@ -363,36 +385,51 @@ class TorchHooks:
         return isinstance(inner, self.torch.nn.Module) and inner.training
 
     def timed_backward(self, backward_: Callable) -> Callable:
-        """`torch.autograd.backward` timed as the step's backward (one frame around it)."""
+        """`torch.autograd.backward` timed as the step's backward (one frame around it). Its
+        parameters spelled out when they are torch's known ones: passed on through `*args,
+        **kwargs`, the keyword `Tensor.backward` gives (`inputs=`) cost ~1,500 instructions a step."""
         machine, clock, trial = self.machine, time.time, self.trial
+        if list(inspect.signature(backward_).parameters) != list(BACKWARD_PARAMETERS):
+
+            @functools.wraps(backward_)
+            def any_backward(*args: Any, **kwargs: Any) -> Any:
+                if trial is not None:  # a doctor trial reads the loss
+                    trial.backward(args[0] if args else kwargs.get("tensors"))
+                machine.backward_begin(clock())
+                try:
+                    return backward_(*args, **kwargs)
+                finally:
+                    machine.backward_end(clock())
+
+            return any_backward
 
         @functools.wraps(backward_)
-        def backward(*args: Any, **kwargs: Any) -> Any:
-            if trial is not None:  # a doctor trial reads the loss
-                trial.backward(args, kwargs)
+        def backward(
+            tensors: Any,
+            grad_tensors: Any = None,
+            retain_graph: Any = None,
+            create_graph: bool = False,
+            grad_variables: Any = None,
+            inputs: Any = None,
+        ) -> Any:
+            if trial is not None:
+                trial.backward(tensors)
             machine.backward_begin(clock())
             try:
-                return backward_(*args, **kwargs)
+                return backward_(tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)
             finally:
                 machine.backward_end(clock())
 
         return backward
 
-    def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
-        """The step begins; its closure (LBFGS, Lightning) is handed on timed, so the time inside
-        it is forward and backward, not optimizer. `args` holds the optimizer first. The step is
-        timed from the call of `step` when `time_step_calls` saw it (torch enters a record_function
-        before the pre-hooks run: ~0.2 ms after an idle moment, which was the loop's "other")."""
-        now, called = time.time(), self.step_called
-        self.step_called = None
-        self.machine.optimizer_begin(called if called is not None and called <= now else now)
-        if not kwargs and len(args) == 1:  # optimizer.step(): no closure
-            return None
+    def _closure_timed(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        """`step`'s arguments with its closure (LBFGS, Lightning) timed, so the time inside it is
+        forward and backward, not optimizer; `args` holds the optimizer first."""
         if callable(kwargs.get("closure")):
             return args, {**kwargs, "closure": self._timed_closure(kwargs["closure"])}
         if len(args) > 1 and callable(args[1]):
             return (args[0], self._timed_closure(args[1]), *args[2:]), kwargs
-        return None
+        return args, kwargs
 
     def _timed_closure(self, closure: Callable) -> Callable:
         machine = self.machine
@@ -407,30 +444,38 @@ class TorchHooks:
 
         return timed
 
-    def optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.machine.optimizer_end(time.time())
-
     def optimizer_init(self, init_: Callable, *args: Any, **kwargs: Any) -> Any:
         self.machine.optimizer_created()
         self.discover()  # the model it trains may not have been called yet
         created = init_(*args, **kwargs)
-        self.time_step_calls(type(args[0]))  # after torch has wrapped its `step` (Optimizer.__init__)
+        self.time_optimizer(type(args[0]))  # after torch has wrapped its `step` (Optimizer.__init__)
         return created
 
-    def time_step_calls(self, optimizer_class: type) -> None:
-        """Note when the class's `step` is entered (once per class; a subclass inheriting it is
-        covered, torch's own `hooked` mark is kept): optimizer_pre times the step from there."""
+    def time_optimizer(self, optimizer_class: type) -> None:
+        """The class's `step` timed as the step's optimizer part, from its call to its return (once
+        per class; a subclass inheriting it is covered; torch's own `hooked` mark is kept, so torch
+        does not wrap it again). In place of torch's global optimizer hooks: torch enters a
+        record_function before its hooks run (~0.2 ms after an idle moment, which was the loop's
+        "other"), and their dispatch cost ~2,500 instructions a step more than this one frame. A
+        step that raises still closes the part (a hook after it would never have run)."""
         step = optimizer_class.step
-        if getattr(step, "dlscope_called", False):
+        if getattr(step, "dlscope_timed", False):
             return
+        machine, clock = self.machine, time.time
 
         @functools.wraps(step)
-        def called(*args: Any, **kwargs: Any) -> Any:
-            self.step_called = time.time()
-            return step(*args, **kwargs)
+        def timed_step(*args: Any, **kwargs: Any) -> Any:
+            machine.optimizer_begin(clock())
+            if kwargs or len(args) > 1:  # a closure, maybe
+                args, kwargs = self._closure_timed(args, kwargs)
+            try:
+                return step(*args, **kwargs)
+            finally:
+                machine.optimizer_end(clock())
 
-        called.dlscope_called = True  # type: ignore[attr-defined]
-        optimizer_class.step = called  # type: ignore[method-assign]
+        timed_step.dlscope_timed = True  # type: ignore[attr-defined]
+        self.timed_optimizers[optimizer_class] = optimizer_class.__dict__.get("step")
+        optimizer_class.step = timed_step  # type: ignore[method-assign]
 
     def module_train(self, train_: Callable, module: Any, mode: bool = True) -> Any:
         self.train_depth += 1
@@ -473,29 +518,24 @@ class TorchHooks:
 
     # attaching -------------------------------------------------------------------------------
     def step_hooks(self, torch: Any) -> Callable[[], None]:
-        """Install what a training step runs through (the optimizer's step hooks, the timed
-        backward, the modules' forward found by `discover`); returns the function that removes them
-        (and the timed calls of the modules' classes)."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-        handles = [
-            register_optimizer_step_pre_hook(self.optimizer_pre),
-            register_optimizer_step_post_hook(self.optimizer_post),
-        ]
+        """Install what a training step runs through (the timed backward, the modules' forward
+        found by `discover`; an optimizer class's timed `step` comes with its first instance,
+        `optimizer_init`); returns the function that removes them (and the timed calls of the
+        modules' and optimizers' classes)."""
         backward = torch.autograd.backward
         torch.autograd.backward = self.timed_backward(backward)
         self.discover()
 
         def remove() -> None:
-            for handle in handles:
-                handle.remove()
             self._discovered_all()
-            for cls, own in self.timed_classes.items():
-                if own is None:
-                    del cls.__call__  # type: ignore[attr-defined]
-                else:
-                    cls.__call__ = own  # type: ignore[method-assign]
-            self.timed_classes.clear()
+            for timed in (self.timed_classes, self.timed_optimizers):
+                name = "__call__" if timed is self.timed_classes else "step"
+                for cls, own in timed.items():
+                    if own is None:
+                        delattr(cls, name)
+                    else:
+                        setattr(cls, name, own)
+                timed.clear()
             torch.autograd.backward = backward
 
         return remove

@@ -8,7 +8,7 @@ stamped with CLOCK_REALTIME seconds by the caller:
     forward_begin(now, training)     the outermost module call starts; `training` is False for
     forward_end(now)                 an evaluation forward (no grad, or the module run in eval mode)
     backward_begin(now) / backward_end(now)
-    optimizer_begin(now) / optimizer_end(now)   torch.optim's step hooks (nested calls: the outer)
+    optimizer_begin(now) / optimizer_end(now)   a torch optimizer's `step` (nested calls: the outer)
     optimizer_created()              a torch optimizer exists in this process
     train_mode(now, mode)            Module.train(mode) on an outermost call
     checkpoint_begin(now, name, file) / checkpoint_end(now)

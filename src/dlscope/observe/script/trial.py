@@ -352,11 +352,10 @@ class Trial:
         return widened(output)
 
     # events ----------------------------------------------------------------------------------
-    def backward(self, args: tuple, kwargs: dict[str, Any]) -> None:
+    def backward(self, tensor: Any) -> None:
         """The loss a step's backward starts from, the first `losses` of them (a float: cheap on CPU)."""
         if self.losses >= self.config.get("losses", 0) or os.getpid() != self.main_pid:
             return
-        tensor = args[0] if args else kwargs.get("tensors")
         if getattr(tensor, "numel", lambda: 0)() == 1:
             self.records.write({"k": "loss", "i": self.losses, "v": float(tensor.detach().float())})
             self.losses += 1

@@ -47,7 +47,10 @@ def windows_chart(windows: list[dict[str, Any]], changes: list[dict[str, Any]]) 
 
 
 def render(section: dict[str, Any]) -> list[Block]:
-    source = {"optimizer": "optimizer steps (torch.optim step hooks)", "backward": "backward() calls (no optimizer)"}
+    source = {
+        "optimizer": "optimizer steps (calls of a torch optimizer's step)",
+        "backward": "backward() calls (no optimizer)",
+    }
     if not section.get("count"):
         return [Para("No training step was seen: no process ran a backward() or an optimizer step.")]
     per_process = ", ".join(f"pid {p['pid']}: {p['count']}" for p in section["processes"] if p["count"])
