@@ -25,7 +25,7 @@ from dlscope.observe.iotrace.events import TRACED_SYSCALLS, FdTables, make_event
 from dlscope.observe.iotrace.tracer import availability, trace_command
 from dlscope.phases import MARKER_PREFIX, parse_marker
 from dlscope.report.flowgraph import fallback_svg, render_svg
-from dlscope.report.sections.iotrace import findings
+from dlscope.report.sections.iotrace import findings, phase_table
 
 AVAILABLE = availability()
 BACKENDS = [
@@ -228,6 +228,29 @@ def test_analysis_nests_phases_and_follows_renames():
     for own in ("live-41.bin", "41.steps", "profile-41.json", "stacks-41.txt"):
         assert category(f"/r/run/processes/{own}") == "dlscope records"
     assert category("/tmp/dlscope-calibrate-x1y2/live-41.bin") == "dlscope records"
+
+
+def test_dlscope_own_records_are_kept_out_of_the_phases_totals_and_said_beside_them():
+    """Under `dlscope run --trace-io` the profiler's trace is written in the job's train phase: a
+    megabyte the job never wrote. The phase counts the job's bytes; the records are said apart."""
+    a = Analysis()
+    marker = f"{MARKER_PREFIX}train_steps/begin"
+    for event in (
+        make_event(1.0, 1, 1, "openat", 3, path=marker),
+        make_event(1.1, 1, 1, "write", 100, path="/r/out/ckpt.pt"),
+        make_event(1.2, 1, 1, "write", 1_000_000, path="/r/run/processes/profile-41.json"),
+        make_event(1.3, 1, 1, "write", 58, path="/r/run/processes/41.jsonl"),
+    ):
+        a.add(event)
+    a.finish()
+    summary = a.summary()
+    [train] = [p for p in summary["phases"] if p["phase"] == "train_steps"]
+    assert (train["bytes_written"], train["calls"]) == (100, 1)
+    assert train["own_records"] == {"calls": 2, "bytes_read": 0, "bytes_written": 1_000_058}
+    assert summary["categories"]["dlscope records"]["bytes_written"] == 1_000_058  # still in the file tables
+    section = {**summary, "backend": "ebpf"}
+    legend = phase_table(section).legend
+    assert "2 calls, 1,000,058 bytes written" in legend
 
 
 def test_flow_graph_svg_with_and_without_graphviz():

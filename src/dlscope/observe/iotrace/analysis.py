@@ -13,7 +13,8 @@ from dlscope.observe.iotrace.events import Event
 STARTUP = "startup"  # before the first marker: interpreter start-up and imports
 OUTSIDE = "outside-phases"  # after a phase ended and before the next began
 # many small files: one node each
-GROUPED_IN_FLOW = ("python module", "shared library", "device", "config", "dlscope records")
+OWN_RECORDS = "dlscope records"  # what `dlscope run` writes in the observed processes: not the job's I/O
+GROUPED_IN_FLOW = ("python module", "shared library", "device", "config", OWN_RECORDS)
 MAPPED_FILES_LISTED = 10  # the data files mapped into memory, most mapped first
 ALWAYS_LISTED = ("dataset", "checkpoint", "tensorboard log")  # in the section's file table, however small
 IO_FIELDS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes")
@@ -22,7 +23,7 @@ CATEGORY_RULES: list[tuple[str, re.Pattern[str]]] = [
     ("phase marker", re.compile(r"^/dev/null/dlscope/")),
     # what `dlscope run` itself keeps in the observed processes (steps, live file, stacks, profiler
     # traces), and its calibration's scratch copies of them (observe/script/calibrate.py)
-    ("dlscope records", re.compile(r"(/processes/[^/]*\d[^/]*$|/dlscope-calibrate-[^/]*/)")),
+    (OWN_RECORDS, re.compile(r"(/processes/[^/]*\d[^/]*$|/dlscope-calibrate-[^/]*/)")),
     ("dataset", re.compile(r"(idx\d-ubyte|/MNIST/|\.npy$|\.npz$|\.parquet$|\.tfrecord|/datasets?/)")),
     ("checkpoint", re.compile(r"(\.pt|\.pth|\.ckpt|\.safetensors)(\.\d+)?$")),
     ("tensorboard log", re.compile(r"events\.out\.tfevents")),
@@ -71,6 +72,7 @@ class PhaseStats:
     order: int
     seconds: float = 0.0
     kinds: dict[str, KindStats] = field(default_factory=lambda: defaultdict(KindStats))
+    own: dict[str, KindStats] = field(default_factory=lambda: defaultdict(KindStats))  # dlscope's records
     io: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IO_FIELDS, 0))
     io_samples: int = 0
 
@@ -151,15 +153,17 @@ class Analysis:
         self.calls[call] += 1
         phase = self.current
         kind = event["kind"]
-        stats = self.phase(phase).kinds[kind]
+        path = event.get("path")
+        f = None if path is None else self._file(path, phase)
+        # dlscope's own records are not the job's I/O: counted apart, beside the phase
+        kinds = self.phase(phase).own if f is not None and f.category == OWN_RECORDS else self.phase(phase).kinds
+        stats = kinds[kind]
         stats.count += 1
         stats.errors += event["err"] is not None
         stats.bytes += event["bytes"] or 0
         stats.seconds += event["dur"] or 0.0
-        path = event.get("path")
-        if path is None:
+        if f is None or path is None:
             return
-        f = self._file(path, phase)
         f.seconds += event["dur"] or 0.0
         moved = event["bytes"] or 0
         if kind == "open":
@@ -238,6 +242,12 @@ class Analysis:
             }
             if p.io_samples:
                 row["proc_io"] = dict(p.io)
+            if p.own:
+                row["own_records"] = {
+                    "calls": sum(k.count for k in p.own.values()),
+                    "bytes_read": p.own["read"].bytes if "read" in p.own else 0,
+                    "bytes_written": p.own["write"].bytes if "write" in p.own else 0,
+                }
             phases.append(row)
         files = self.file_rows()
         by_bytes = sorted(files, key=lambda r: -(r["bytes_read"] + r["bytes_written"]))

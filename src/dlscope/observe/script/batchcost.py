@@ -9,7 +9,8 @@ records go to a scratch file that is never written. Stdlib only.
 
 With workers, a worker pays the built side of the same path (its samples timed one by one by
 its own rule: WORKER_SAMPLE_TIMING_MIN_S in batches.py) and the training process the taken side (~1.5
-µs a batch, benchmarks/batch_xray.py); with num_workers=0 one process pays both: this figure.
+µs a batch on a quiet AVX-512 2-vCPU host, 2–4 µs on a slower or busy one: benchmarks/batch_xray.py);
+with num_workers=0 one process pays both: this figure.
 """
 
 from __future__ import annotations

@@ -107,7 +107,16 @@ def phase_table(section: dict[str, Any]) -> Table:
         for p in section["phases"]
     ]
     columns = ["phase", "s", "calls", "failed", "bytes read", "bytes written", "ms in syscalls", "by kind"]
-    return Table(columns, rows, "Per phase (startup: before the first marker — interpreter and imports)")
+    caption = "Per phase (startup: before the first marker — interpreter and imports)"
+    own = [p["own_records"] for p in section["phases"] if "own_records" in p]
+    legend = ""
+    if own:
+        calls, written = sum(o["calls"] for o in own), sum(o["bytes_written"] for o in own)
+        legend = (
+            f"Not counted above: dlscope's own records in the observed processes (steps, live status, "
+            f"profiler traces): {calls:,} calls, {written:,} bytes written."
+        )
+    return Table(columns, rows, caption, legend=legend)
 
 
 def rank_tables(section: dict[str, Any]) -> list[Block]:
