@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from dlscope.cli import main
 from dlscope.observe.script.records import StepFile
@@ -75,6 +76,29 @@ def check_fed_steps(sections: dict, truth: dict[str, str]) -> None:
 
 def phase_totals(sections: dict) -> dict[str, dict]:
     return {t["phase"]: t for t in sections["phases"]["totals"]}
+
+
+UNPICKLED_OPTIMIZER = """
+import sys, torch
+model, optimizer = torch.load(sys.argv[1], weights_only=False)  # an Adagrad this process never built
+for _ in range(3):
+    optimizer.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+print("TRUTH steps=3")
+"""
+
+
+def test_an_unpickled_optimizer_steps_are_counted(tmp_path, capfd):
+    """Its `__init__` never runs in the observed process (torch.load of a whole optimizer, or the
+    copy a spawned worker receives): its class is timed when it is unpickled."""
+    model = torch.nn.Linear(4, 2)
+    torch.save((model, torch.optim.Adagrad(model.parameters())), tmp_path / "saved.pt")
+    script = tmp_path / "unpickled.py"
+    script.write_text(UNPICKLED_OPTIMIZER)
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(script), str(tmp_path / "saved.pt")])
+    assert (sections["steps"]["source"], sections["steps"]["count"]) == ("optimizer", int(truth["steps"]))
+    assert all(r["optimizer_ms"] > 0 for r in step_rows(sections))
 
 
 @pytest.mark.slow

@@ -451,6 +451,12 @@ class TorchHooks:
         self.time_optimizer(type(args[0]))  # after torch has wrapped its `step` (Optimizer.__init__)
         return created
 
+    def optimizer_unpickled(self, setstate_: Callable, optimizer: Any, state: dict[str, Any]) -> None:
+        """An optimizer unpickled (`torch.load` of a whole optimizer, the copy a spawned process
+        receives) never ran `__init__` here: its class is timed as at creation."""
+        setstate_(optimizer, state)
+        self.time_optimizer(type(optimizer))
+
     def time_optimizer(self, optimizer_class: type) -> None:
         """The class's `step` timed as the step's optimizer part, from its call to its return (once
         per class; a subclass inheriting it is covered; torch's own `hooked` mark is kept, so torch
@@ -581,6 +587,7 @@ class TorchHooks:
         self.machine.on_step = hang.step_ended if self.trial is None else self._step_ended
         self.step_hooks(torch)
         torch.optim.Optimizer.__init__ = _wrap(torch.optim.Optimizer.__init__, self.optimizer_init)
+        torch.optim.Optimizer.__setstate__ = _wrap(torch.optim.Optimizer.__setstate__, self.optimizer_unpickled)
         iterator = dataloader._BaseDataLoaderIter
         iterator.__next__ = self.timed_loader_next(iterator.__next__)
         torch.nn.Module.train = _wrap(torch.nn.Module.train, self.module_train)
