@@ -253,6 +253,29 @@ def test_dlscope_own_records_are_kept_out_of_the_phases_totals_and_said_beside_t
     assert "2 calls, 1,000,058 bytes written" in legend
 
 
+def test_a_path_that_holds_other_paths_seen_is_a_directory_not_other():
+    """The import system stats the script's directory and the venv's at every import: tens of ms
+    in the top files by time, which "other" would leave unexplained."""
+    a = Analysis()
+    for event in (
+        make_event(1.0, 1, 1, "newfstatat", 0, path="/w/proj"),
+        make_event(1.1, 1, 1, "openat", 3, path="/w/proj/data/0.bin"),
+        make_event(1.2, 1, 1, "read", 4096, path="/w/proj/data/0.bin"),
+        make_event(1.3, 1, 1, "newfstatat", 0, path="/w/proj/.venv/lib/python3.11/site-packages"),
+        make_event(1.4, 1, 1, "newfstatat", -2, path="/w/other"),
+    ):
+        a.add(event)
+    a.finish()
+    rows = {r["path"]: r["category"] for r in a.file_rows()}
+    assert rows == {
+        "/w/proj": "directory",
+        "/w/proj/data/0.bin": "other",
+        "/w/proj/.venv/lib/python3.11/site-packages": "python module",  # a rule names it first
+        "/w/other": "other",  # nothing seen inside it: not known to be a directory
+    }
+    assert a.summary()["categories"]["directory"]["files"] == 1
+
+
 def test_flow_graph_svg_with_and_without_graphviz():
     edges = [
         {"from": "/d/train.gz", "to": "data_load", "bytes": 9_000_000, "opens": 1},

@@ -13,6 +13,7 @@ from dlscope.observe.iotrace.events import Event
 STARTUP = "startup"  # before the first marker: interpreter start-up and imports
 OUTSIDE = "outside-phases"  # after a phase ended and before the next began
 # many small files: one node each
+DIRECTORY = "directory"  # a path seen that holds other paths seen, not named by any rule below
 OWN_RECORDS = "dlscope records"  # what `dlscope run` writes in the observed processes: not the job's I/O
 GROUPED_IN_FLOW = ("python module", "shared library", "device", "config", OWN_RECORDS)
 MAPPED_FILES_LISTED = 10  # the data files mapped into memory, most mapped first
@@ -281,11 +282,25 @@ class Analysis:
 
     def file_rows(self) -> list[dict[str, Any]]:
         """Every file seen, one row each (files.csv)."""
-        return [self._file_row(f) for f in self.files.values() if f.category != "phase marker"]
+        directories = self._directories()
+        return [self._file_row(f, directories) for f in self.files.values() if f.category != "phase marker"]
+
+    def _directories(self) -> set[str]:
+        """The paths seen that hold other paths seen: directories (the import system stats each
+        directory on its path at every import; their name alone does not say what they are)."""
+        parents: set[str] = set()
+        for path in self.files:
+            at = path.rfind("/")
+            while at > 0 and path[:at] not in parents:  # a parent seen: its own parents are in already
+                parents.add(path[:at])
+                at = path.rfind("/", 0, at)
+        return parents
 
     @staticmethod
-    def _file_row(f: FileStats) -> dict[str, Any]:
+    def _file_row(f: FileStats, directories: set[str]) -> dict[str, Any]:
         row = {k: v for k, v in vars(f).items() if k != "read_sizes"}
+        if f.category == "other" and f.path in directories:
+            row["category"] = DIRECTORY
         row["seconds"] = round(f.seconds, 6)
         row["read_sizes"] = dict(sorted(f.read_sizes.items(), key=lambda kv: -kv[1]))
         return row
@@ -296,7 +311,7 @@ class Analysis:
         memory in a phase has an edge of its own, its mmap() count said. The many small files
         of a kind (modules, libraries, devices, config) become one node per kind, "python module files",
         whose edges say how many files they stand for."""
-        phase_names = set(self.phases)
+        phase_names, directories = set(self.phases), self._directories()
         weights = {k: n for k, n in self.edges.items() if n > 0} or dict(self.opens_by_edge)
         by_bytes = any(n > 0 for n in self.edges.values())
         merged: dict[tuple[str, str], dict[str, Any]] = {}
@@ -305,6 +320,8 @@ class Analysis:
             kind = category(path)
             if kind == "phase marker":
                 continue
+            if kind == "other" and path in directories:
+                kind = DIRECTORY
             node = f"{kind} files" if kind in GROUPED_IN_FLOW else path
             key = (node, b) if b in phase_names else (a, node)
             edge = merged.setdefault(key, {"from": key[0], "to": key[1], "bytes": 0, "opens": 0, "files": 0})
