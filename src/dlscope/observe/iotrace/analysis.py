@@ -12,9 +12,9 @@ from dlscope.observe.iotrace.events import Event
 
 STARTUP = "startup"  # before the first marker: interpreter start-up and imports
 OUTSIDE = "outside-phases"  # after a phase ended and before the next began
-# many small files: one node each
 DIRECTORY = "directory"  # a path seen that holds other paths seen, not named by any rule below
 OWN_RECORDS = "dlscope records"  # what `dlscope run` writes in the observed processes: not the job's I/O
+# many small files: one node each
 GROUPED_IN_FLOW = ("python module", "shared library", "device", "config", OWN_RECORDS)
 MAPPED_FILES_LISTED = 10  # the data files mapped into memory, most mapped first
 ALWAYS_LISTED = ("dataset", "checkpoint", "tensorboard log")  # in the section's file table, however small
@@ -76,6 +76,15 @@ class PhaseStats:
     own: dict[str, KindStats] = field(default_factory=lambda: defaultdict(KindStats))  # dlscope's records
     io: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IO_FIELDS, 0))
     io_samples: int = 0
+
+
+def _moved(kinds: dict[str, KindStats]) -> dict[str, int]:
+    """A phase's calls and bytes moved, from its table by kind of call."""
+    return {
+        "calls": sum(k.count for k in kinds.values()),
+        "bytes_read": kinds["read"].bytes if "read" in kinds else 0,
+        "bytes_written": kinds["write"].bytes if "write" in kinds else 0,
+    }
 
 
 @dataclass
@@ -156,14 +165,14 @@ class Analysis:
         kind = event["kind"]
         path = event.get("path")
         f = None if path is None else self._file(path, phase)
+        phase_stats = self.phase(phase)
         # dlscope's own records are not the job's I/O: counted apart, beside the phase
-        kinds = self.phase(phase).own if f is not None and f.category == OWN_RECORDS else self.phase(phase).kinds
-        stats = kinds[kind]
+        stats = (phase_stats.own if f is not None and f.category == OWN_RECORDS else phase_stats.kinds)[kind]
         stats.count += 1
         stats.errors += event["err"] is not None
         stats.bytes += event["bytes"] or 0
         stats.seconds += event["dur"] or 0.0
-        if f is None or path is None:
+        if path is None or f is None:
             return
         f.seconds += event["dur"] or 0.0
         moved = event["bytes"] or 0
@@ -234,21 +243,15 @@ class Analysis:
             row: dict[str, Any] = {
                 "phase": p.name,
                 "seconds": round(p.seconds, 6),
-                "calls": sum(k.count for k in p.kinds.values()),
+                **_moved(p.kinds),
                 "errors": sum(k.errors for k in p.kinds.values()),
-                "bytes_read": p.kinds["read"].bytes if "read" in p.kinds else 0,
-                "bytes_written": p.kinds["write"].bytes if "write" in p.kinds else 0,
                 "syscall_seconds": round(sum(k.seconds for k in p.kinds.values()), 6),
                 "by_kind": {k: vars(v) for k, v in sorted(p.kinds.items())},
             }
             if p.io_samples:
                 row["proc_io"] = dict(p.io)
             if p.own:
-                row["own_records"] = {
-                    "calls": sum(k.count for k in p.own.values()),
-                    "bytes_read": p.own["read"].bytes if "read" in p.own else 0,
-                    "bytes_written": p.own["write"].bytes if "write" in p.own else 0,
-                }
+                row["own_records"] = _moved(p.own)
             phases.append(row)
         files = self.file_rows()
         by_bytes = sorted(files, key=lambda r: -(r["bytes_read"] + r["bytes_written"]))
@@ -296,11 +299,15 @@ class Analysis:
                 at = path.rfind("/", 0, at)
         return parents
 
-    @staticmethod
-    def _file_row(f: FileStats, directories: set[str]) -> dict[str, Any]:
+    def _category(self, path: str, directories: set[str]) -> str:
+        """The file's category, a directory named as one (the rules go by name alone)."""
+        f = self.files.get(path)
+        kind = f.category if f is not None else category(path)
+        return DIRECTORY if kind == "other" and path in directories else kind
+
+    def _file_row(self, f: FileStats, directories: set[str]) -> dict[str, Any]:
         row = {k: v for k, v in vars(f).items() if k != "read_sizes"}
-        if f.category == "other" and f.path in directories:
-            row["category"] = DIRECTORY
+        row["category"] = self._category(f.path, directories)
         row["seconds"] = round(f.seconds, 6)
         row["read_sizes"] = dict(sorted(f.read_sizes.items(), key=lambda kv: -kv[1]))
         return row
@@ -317,11 +324,9 @@ class Analysis:
         merged: dict[tuple[str, str], dict[str, Any]] = {}
         for (a, b), n in weights.items():
             path = a if b in phase_names else b
-            kind = category(path)
+            kind = self._category(path, directories)
             if kind == "phase marker":
                 continue
-            if kind == "other" and path in directories:
-                kind = DIRECTORY
             node = f"{kind} files" if kind in GROUPED_IN_FLOW else path
             key = (node, b) if b in phase_names else (a, node)
             edge = merged.setdefault(key, {"from": key[0], "to": key[1], "bytes": 0, "opens": 0, "files": 0})
@@ -329,7 +334,7 @@ class Analysis:
             edge["opens"] += self.opens_by_edge.get((a, b), 0) if by_bytes else n
             edge["files"] += 1
         for (path, phase), n in self.maps_by_edge.items():  # read through a mapping: no bytes to weigh
-            if category(path) not in GROUPED_IN_FLOW:
+            if self._category(path, directories) not in GROUPED_IN_FLOW:
                 edge = merged.setdefault((path, phase), {"from": path, "to": phase, "bytes": 0, "opens": 0, "files": 1})
                 edge["opens"] = self.opens_by_edge.get((path, phase), 0)
                 edge["maps"] = n

@@ -343,12 +343,8 @@ class TorchHooks:
         module_class = self.torch.nn.Module
         torch_call = getattr(module_class, "_wrapped_call_impl", None)
         bases = cls.__mro__[1 : cls.__mro__.index(module_class)]
-        direct = (
-            own is None
-            and torch_call is not None
-            and module_class.__call__ is torch_call
-            and not any("__call__" in base.__dict__ for base in bases)
-        )
+        # (whether torch.fx has patched `Module.__call__` is asked at each call)
+        direct = own is None and torch_call is not None and not any("__call__" in base.__dict__ for base in bases)
 
         def call(module: Any, *args: Any, **kwargs: Any) -> Any:
             if direct and type(module) is cls and module_class.__call__ is torch_call:
@@ -534,8 +530,7 @@ class TorchHooks:
 
         def remove() -> None:
             self._discovered_all()
-            for timed in (self.timed_classes, self.timed_optimizers):
-                name = "__call__" if timed is self.timed_classes else "step"
+            for name, timed in (("__call__", self.timed_classes), ("step", self.timed_optimizers)):
                 for cls, own in timed.items():
                     if own is None:
                         delattr(cls, name)
