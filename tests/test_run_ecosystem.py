@@ -28,7 +28,10 @@ def observe_ranks(tmp_path: Path, capfd: pytest.CaptureFixture, argv: list[str])
     code = main(["run", "--out", str(out), *FAST_PROFILE, "--", *argv])
     printed = capfd.readouterr().out
     assert code == 0, printed[-3000:]
-    truths = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in printed.splitlines() if line.startswith("TRUTH")]
+    # Ranks print at once, and an unbuffered print writes its text and its newline apart
+    # (PYTHONUNBUFFERED), so one rank's record may land in the middle of another's line.
+    records = [r.partition("\n")[0] for r in re.split(r"(?=TRUTH )", printed)[1:]]
+    truths = [dict(re.findall(r"(\w+)=(\S*)", record)) for record in records]
     assert truths, printed[-3000:]
     sections = load_results(out)["sections"]
     sections["steps"]["file"] = str(out / sections["steps"]["file"])  # recorded relative to the run directory
