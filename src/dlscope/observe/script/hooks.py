@@ -35,7 +35,7 @@ from typing import Any
 
 from dlscope import phases
 from dlscope.observe.hang import agent as hang
-from dlscope.observe.script import batches, calibrate, trial
+from dlscope.observe.script import batches, calibrate, tracebacks, trial
 from dlscope.observe.script.after_import import AfterImport
 from dlscope.observe.script.attach import REQUEST_EVERY_S, take_request
 from dlscope.observe.script.records import RecordFile, clocks
@@ -589,6 +589,7 @@ class TorchHooks:
         torch.save = _wrap(torch.save, functools.partial(self.checkpoint, "checkpoint_save", 1))
         torch.load = _wrap(torch.load, functools.partial(self.checkpoint, "checkpoint_load", 0))
         self.batches = batches.attach(torch, self.records.directory, _wrap)
+        tracebacks.attach_torch(torch, _wrap)
         if self.trial is not None:
             self.trial.attach(torch)
 
@@ -692,5 +693,6 @@ def install(directory: str) -> None:
     if hooks.trial is not None:
         callbacks["h5py"] = hooks.trial.attach_h5py
     sys.meta_path.insert(0, AfterImport(callbacks, on_error))
+    tracebacks.install()
     atexit.register(hooks.finish)
     os.register_at_fork(after_in_child=hooks.after_fork)

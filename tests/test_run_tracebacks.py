@@ -1,0 +1,73 @@
+"""An error in the observed program prints the traceback it prints without dlscope, less the
+frames dlscope's wrappers stand in for; an error raised in dlscope's own code keeps them all."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlscope.cli import main
+from dlscope.observe.script import tracebacks
+
+SCRIPT = Path(__file__).parent / "scripts" / "errors.py"
+FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
+
+
+def frames(stderr: str) -> list[tuple[str, str, str]]:
+    return FRAME.findall(stderr)
+
+
+@pytest.mark.parametrize("where", ["forward", "worker", "load"])
+def test_a_failing_script_shows_its_own_traceback(tmp_path, capfd, where):
+    argv = [sys.executable, str(SCRIPT), where, str(tmp_path / "missing.pt")]
+    bare = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    code = main(["run", "--out", str(tmp_path / "run"), "--profile-steps", "0", "--", *argv])
+    observed = capfd.readouterr().err
+    assert code == bare.returncode == 1
+    seen = frames(observed)
+    assert seen and not [f for f in seen if f[0].startswith(tracebacks.OBSERVERS)]
+    # the script's frames and the error line as without dlscope; the frames left are all bare ones
+    assert [f for f in seen if f[0] == str(SCRIPT)] == [f for f in frames(bare.stderr) if f[0] == str(SCRIPT)]
+    assert set(seen) <= set(frames(bare.stderr))
+    error = bare.stderr.strip().splitlines()[-1]
+    assert error.startswith(("RuntimeError", "ValueError", "FileNotFoundError")) and error in observed
+
+
+def raise_through(raiser: str) -> BaseException:
+    """An error raised by `raiser` (user code or ours) and passed on by a wrapper of ours."""
+    ours = compile(
+        "def wrapper(call):\n    return call()\ndef raising():\n    raise KeyError('ours')\n",
+        str(Path(tracebacks.OBSERVERS) / "script" / "wrapper.py"),
+        "exec",
+    )
+    namespace: dict = {}
+    exec(ours, namespace)
+
+    def users() -> None:
+        raise KeyError("theirs")
+
+    try:
+        namespace["wrapper"](users if raiser == "user" else namespace["raising"])
+    except KeyError as e:
+        return e
+    raise AssertionError("nothing raised")
+
+
+def names(tb) -> list[str]:
+    out = []
+    while tb is not None:
+        out.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return out
+
+
+def test_only_an_error_passing_through_our_frames_loses_them():
+    theirs = raise_through("user")
+    assert names(theirs.__traceback__) == ["raise_through", "wrapper", "users"]
+    assert names(tracebacks.without_our_frames(theirs.__traceback__)) == ["raise_through", "users"]
+    ours = raise_through("ours")
+    assert names(tracebacks.without_our_frames(ours.__traceback__)) == ["raise_through", "wrapper", "raising"]
