@@ -4,6 +4,8 @@ measures goes through the hooks a real step goes through, and leaves torch as it
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import torch
 from torch.nn.modules import module as torch_module
@@ -26,7 +28,12 @@ def global_hooks() -> list[int]:
 
 def test_calibration_runs_the_hooked_step_and_leaves_torch_as_it_was(tmp_path, monkeypatch):
     torch.optim.SGD([torch.zeros(1, requires_grad=True)])  # torch wraps SGD.step at its first instance
-    torch_state = (global_hooks, lambda: torch.autograd.backward, lambda: torch.optim.SGD.__dict__.get("step"))
+    torch_state = (
+        global_hooks,
+        lambda: torch.autograd.backward,
+        lambda: torch.optim.SGD.__dict__.get("step"),
+        lambda: calibrate._Optimizer.__dict__["step"],  # its optimizer's `step`, timed in the hooked bursts only
+    )
     before = ([state() for state in torch_state], torch.get_num_threads(), torch.random.get_rng_state())
     hooked_steps: list[int] = []
     original = StepMachine.optimizer_end
@@ -51,3 +58,22 @@ def test_calibration_is_recorded_in_the_observers_records_only(tmp_path):
     assert record["k"] == "calibration" and record["per_step_us"] >= 0
     assert observer.machine.counts == {"optimizer": 0, "backward": 0}  # its steps were a scratch observer's
     assert not list(tmp_path.glob("*.steps")) and not list(tmp_path.glob("live-*"))
+
+
+# a process that imports torch and is calibrated, as a script without a torch optimizer is
+WITHOUT_OPTIMIZER = """
+import sys
+import torch
+from dlscope.observe.script import calibrate
+from dlscope.observe.script.hooks import TorchHooks
+calibrate.per_step_us(TorchHooks, torch)
+print("torch._dynamo" in sys.modules)
+"""
+
+
+def test_calibration_leaves_torch_dynamo_unimported():
+    # torch imports torch._dynamo (1-2 s) at a torch optimizer's creation: a script with a
+    # hand-written update never pays it, and must not pay it for dlscope's calibration
+    out = subprocess.run([sys.executable, "-c", WITHOUT_OPTIMIZER], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False"]
