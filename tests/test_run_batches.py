@@ -423,3 +423,14 @@ def test_a_workers_iterable_batch_timed_whole_keeps_its_stream_positions(tmp_pat
     assert (built["flags"] & batches_module.SAMPLE_TIMES != 0).tolist() == [True, False, False]
     indices = [i.tolist() for _, _, i in batchflow.sample_indices(tmp_path / f"{recorder.pid}.batches")]
     assert indices == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_workers_terminated_at_exit_leave_their_batches_recorded(tmp_path):
+    # the loop stops with its iterator alive (an endless loader's loop does): torch leaves the
+    # workers running at exit and multiprocessing terminates them (SIGTERM); each still writes
+    # the batches it built, so every batch taken is joined to its worker
+    make_files(tmp_path / "data", 32, 4096)
+    sections, truth, out = observe(tmp_path, "--workers", "2", "--stop-after", "5")
+    batches = sections["batches"]
+    assert truth["steps"] == batches["batches_taken"] == batches["joined"] == 5
+    assert all(row["fetch_ms"] for row in csv_rows(out, batches))

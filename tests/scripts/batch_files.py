@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_
 
 CHUNK = 65536
 SPENT = {"fetch_s": 0.0, "collate_s": 0.0}  # timed by the script itself (with --workers 0: this process)
+ALIVE: list = []  # iterators kept to the end of the process (--stop-after)
 
 
 def busy(ms: float) -> None:
@@ -154,6 +155,7 @@ def main() -> None:
     parser.add_argument("--noise-thread", default=None)
     parser.add_argument("--fetched-log", default=None)
     parser.add_argument("--lab-loader", action="store_true")
+    parser.add_argument("--stop-after", type=int, default=0)  # steps, then exit with the iterator alive
     args = parser.parse_args()
     if args.lab_loader:
         return lab_loader(args)
@@ -192,6 +194,9 @@ def main() -> None:
             optimizer.zero_grad()
             busy(args.step_ms)
             steps += 1
+            if steps == args.stop_after:  # as an endless loader's loop stops (makemore): the workers
+                ALIVE.append(it)  # are still up at exit, and multiprocessing terminates them
+                break
     if args.whole_loader:  # an evaluation-like pass outside any step
         for _ in DataLoader(WholeFiles(paths, args), batch_size=args.batch_size, collate_fn=Collate(0.0)):
             pass

@@ -28,8 +28,9 @@ Per batch, one binary record in `<pid>.batches`, never one per sample:
 "taken" in the training process (written by hooks.loader_next with the wait; with num_workers=0
 both in one write); per DataLoader, one "loader" record in the training process, and at its exit
 one "cost". Records are buffered and written at FLUSH_RECORDS (a large one at once) or
-FLUSH_SECONDS after the oldest, when a worker's loop ends and at exit: a write(2) per batch was
-half the cost on a fast dataset; a SIGKILL loses at most FLUSH_SECONDS of batches.
+FLUSH_SECONDS after the oldest, when a worker's loop ends, before a worker waits for indices
+(IndexQueue) and at exit: a write(2) per batch was half the cost on a fast dataset; a SIGKILL
+loses at most FLUSH_SECONDS of batches.
 
     b"DLSBATCH"  uint32 n  n bytes of JSON {"version", "built", "taken", "loader", "cost"}  records...
     a record:    uint32 its length in bytes, uint8 kind (0 built, 1 taken, 2 loader, 3 cost), the
@@ -326,17 +327,18 @@ class BatchRecorder:
         return shape
 
     # a worker -------------------------------------------------------------------------------
-    def worker_loop(self, loop: Callable, positions: tuple[int, int], *args: Any, **kwargs: Any) -> Any:
-        """The worker's own loop, run with its data queue wrapped."""
-        data_at, worker_at = positions
+    def worker_loop(self, loop: Callable, positions: tuple[int, int, int], *args: Any, **kwargs: Any) -> Any:
+        """The worker's own loop, run with its index and data queues wrapped."""
+        index_at, data_at, worker_at = positions
         args = list(args)
         self.worker_id = int(args[worker_at]) if len(args) > worker_at else int(kwargs.get("worker_id", -1))
         self.generation = 0
         self.time_samples = True  # its first batch's samples: then samples_timed_next's rule
-        if len(args) > data_at:
-            args[data_at] = DataQueue(args[data_at], self)
-        else:
-            kwargs["data_queue"] = DataQueue(kwargs["data_queue"], self)
+        for at, name, proxy in ((index_at, "index_queue", IndexQueue), (data_at, "data_queue", DataQueue)):
+            if len(args) > at:
+                args[at] = proxy(args[at], self)
+            else:
+                kwargs[name] = proxy(kwargs[name], self)
         try:
             return loop(*args, **kwargs)
         finally:
@@ -495,6 +497,32 @@ def _type_name(value: Any) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+class IndexQueue:
+    """A worker's index queue: before the worker waits for its next batch's indices, the batches
+    it built are written. A worker still running at the training process's exit (a loop that
+    stopped with its iterator alive, as an endless loader's does) is terminated, and torch's
+    SIGTERM handler leaves at once: what it had not written would be lost. A worker waits when it
+    is ahead of the loop, so the write costs the loop nothing; one kept busy writes every
+    FLUSH_RECORDS or FLUSH_SECONDS as before."""
+
+    def __init__(self, queue: Any, recorder: BatchRecorder) -> None:
+        self.queue, self.file = queue, recorder.file
+        from queue import Empty
+
+        self.empty = Empty
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        if self.file.pending:
+            try:
+                return self.queue.get(False)
+            except self.empty:
+                self.file.flush()
+        return self.queue.get(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queue, name)
+
+
 class DataQueue:
     """A worker's data queue: `(idx, batch)` put here is batch idx ready; `(_ResumeIteration, None)`
     acknowledges a persistent worker's next epoch (its batches are numbered from 0 again)."""
@@ -537,7 +565,7 @@ def attach(torch: Any, directory: str, wrap: Callable[[Callable, Callable], Call
     fetch._MapDatasetFetcher.fetch = recorder.map_fetcher(fetch._MapDatasetFetcher.fetch)
     fetch._IterableDatasetFetcher.fetch = recorder.iterable_fetcher(fetch._IterableDatasetFetcher.fetch)
     names = list(inspect.signature(worker._worker_loop).parameters)
-    positions = (names.index("data_queue"), names.index("worker_id"))
+    positions = (names.index("index_queue"), names.index("data_queue"), names.index("worker_id"))
     worker._worker_loop = wrap(
         worker._worker_loop, lambda loop, *a, **k: recorder.worker_loop(loop, positions, *a, **k)
     )
