@@ -77,6 +77,7 @@ def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persi
     assert sorted(s["pass"] for s in outliers) == [0, 1]  # persistent workers: the same batch each epoch
     assert [(w["worker"], w["processes"], w["batches"]) for w in batches["workers"]] == [(0, 1, 6), (1, 1, 6)]
     assert steady["pin_ms"] is None  # pin_memory without an accelerator: torch warns and pins nothing
+    assert not steady["ready_before_asked"] and "not its building" not in batches_report.wait_sentence(steady)
     with open(out / batches["file"], newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 12 and {r["step"] for r in rows} == {str(k) for k in range(12)}
@@ -430,7 +431,10 @@ def test_workers_terminated_at_exit_leave_their_batches_recorded(tmp_path):
     # workers running at exit and multiprocessing terminates them (SIGTERM); each still writes
     # the batches it built, so every batch taken is joined to its worker
     make_files(tmp_path / "data", 32, 4096)
-    sections, truth, out = observe(tmp_path, "--workers", "2", "--stop-after", "5")
+    sections, truth, out = observe(tmp_path, "--workers", "2", "--stop-after", "5", "--step-ms", "50")
     batches = sections["batches"]
     assert truth["steps"] == batches["batches_taken"] == batches["joined"] == 5
     assert all(row["fetch_ms"] for row in csv_rows(out, batches))
+    # the workers keep ahead of 50 ms steps: a wait for a batch already built is not its building
+    steady = batches["longest_steady_wait"]
+    assert steady["ready_before_asked"] and "not its building" in batches_report.wait_sentence(steady)

@@ -71,6 +71,12 @@ def wait_sentence(r: dict[str, Any]) -> str:
                 f"; its process's other threads read files meanwhile ({r['other_threads_reads']} reads, "
                 f"{_bytes(r['other_threads_bytes'])}), not counted in the batch"
             )
+    if r.get("ready_before_asked") and r["worker"] is not None:
+        text += (
+            f"; it was ready {_ms(max(r['queued_ms'] - r['waited_ms'], 0.0))} ms before the loop asked for it, "
+            "so the wait was not its building: it went to handing the batch over (the worker's queue "
+            "thread pickling it, this process receiving it) or to waiting for a core"
+        )
     return text + "."
 
 
