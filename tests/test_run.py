@@ -281,3 +281,48 @@ def test_ctrl_c_stops_the_command_and_still_leaves_a_report(tmp_path):
     results = load_results(out)
     assert results["run"]["status"] == "interrupted"
     assert results["sections"]["steps"]["count"] >= 1 and (out / "report.html").exists()
+
+
+# a GAN's loop: the discriminator's optimizer, then the generator's, each iteration
+IN_TURN = """
+import torch
+g, d = torch.nn.Linear(2, 4), torch.nn.Linear(4, 1)
+opt_d, opt_g = torch.optim.Adam(d.parameters()), torch.optim.SGD(g.parameters(), lr=0.1)
+for _ in range(ITERATIONS):
+    fake = g(torch.randn(8, 2))
+    opt_d.zero_grad()
+    d(fake.detach()).mean().backward()
+    opt_d.step()
+    opt_g.zero_grad()
+    (-d(fake).mean()).backward()
+    opt_g.step()
+"""
+
+
+@pytest.mark.parametrize("optimizers", [2, 1])
+def test_optimizers_stepping_in_turn_are_named_with_their_steps(tmp_path, optimizers):
+    script = tmp_path / "gan.py"
+    text = IN_TURN.replace("ITERATIONS", "9")
+    script.write_text(text if optimizers == 2 else text.replace("    opt_g.step()\n", ""))
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), "--profile-steps", "0", "--", sys.executable, str(script)]) == 0
+    steps = load_results(out)["sections"]["steps"]
+    if optimizers == 2:
+        assert steps["count"] == 18
+        assert steps["optimizers_in_turn"] == [{"class": "Adam", "steps": 9}, {"class": "SGD", "steps": 9}]
+        assert "2 torch optimizers stepped in turn: Adam (9 steps), SGD (9 steps)" in (out / "report.md").read_text()
+    else:
+        assert steps["count"] == 9 and "optimizers_in_turn" not in steps
+
+
+def test_a_run_directory_given_again_holds_only_the_new_runs_processes(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(IN_TURN.replace("ITERATIONS", "3"))
+    out = tmp_path / "run"
+    argv = ["run", "--out", str(out), "--profile-steps", "0", "--", sys.executable, str(script)]
+    assert main(argv) == 0
+    first = load_results(out)["sections"]["steps"]["main_pid"]
+    assert main(argv) == 0
+    steps = load_results(out)["sections"]["steps"]
+    assert steps["main_pid"] != first
+    assert [p["pid"] for p in steps["processes"] if p["count"]] == [steps["main_pid"]]

@@ -21,6 +21,7 @@ import fcntl
 import json
 import math
 import os
+import shutil
 import sys
 import time
 import weakref
@@ -129,6 +130,12 @@ class RunDir:
 
     def sub(self, name: str) -> Path:
         return make_dirs(self.path / name)
+
+    def fresh_sub(self, name: str) -> Path:
+        """`name` emptied first: what a run left there before (an --out given again) must not be
+        read as this run's (its processes, its traces)."""
+        shutil.rmtree(self.path / name, ignore_errors=True)
+        return self.sub(name)
 
     def release(self) -> None:
         """Let another process write this run directory."""

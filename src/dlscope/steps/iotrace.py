@@ -19,7 +19,7 @@ from dlscope.steps.base import Context, Step
 
 
 def trace(run: RunDir, options: TraceOptions, say: Callable[[str], None]) -> dict[str, Any]:
-    out = run.sub("iotrace")
+    out = run.fresh_sub("iotrace")
     outcome = trace_command(options.command, options.backend, out, say=say)
     section = outcome.section
     pids = rank_pids(run.path)  # a torchrun job (--nproc-per-node): its I/O rank by rank

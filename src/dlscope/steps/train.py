@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import time
 from collections.abc import Sequence
@@ -37,7 +36,7 @@ from dlscope.options import RunOptions, StepOptions
 from dlscope.phases import mark_begin, mark_end
 from dlscope.plan import Plan
 from dlscope.restore import in_memory, load_checkpoint, resume
-from dlscope.rundir import last_checkpoint, processes_dir, ranks_dir, ranks_section
+from dlscope.rundir import PROCESSES, last_checkpoint, processes_dir, ranks_dir, ranks_section
 from dlscope.steps.base import Context, Step
 from dlscope.train import DataParallel, StopAtAccuracy, TrainConfig, Trainer, evaluate
 
@@ -183,12 +182,6 @@ def starting_state(steps: StepOptions, run_path: Path, restart: int = 0) -> dict
     return load_checkpoint(steps.train.resume) if steps.train.resume else None
 
 
-def fresh_processes_dir(run_path: Path) -> Path:
-    """The live files of the training's processes (an --out used before: none of its own)."""
-    shutil.rmtree(processes_dir(run_path), ignore_errors=True)
-    return make_dirs(processes_dir(run_path))
-
-
 def record_hang(ctx: Context, watchdog: Watchdog) -> None:
     """The hang section, when the watchdog captured the job (also when the training then failed)."""
     section = watchdog.section()
@@ -233,7 +226,7 @@ def run(ctx: Context) -> dict[str, Any]:
     resume_state = starting_state(ctx.steps, ctx.run.path)
     if resume_state is not None:
         config = ctx.config = resumed_config(resume_state, ctx.steps.train.epochs, ctx.config.threads)
-    watchdog = Watchdog(fresh_processes_dir(ctx.run.path), ctx.run.path, ctx.steps.train.hang, ctx.say)
+    watchdog = Watchdog(ctx.run.fresh_sub(PROCESSES), ctx.run.path, ctx.steps.train.hang, ctx.say)
     agent.install(str(processes_dir(ctx.run.path)), follow_markers=True)
     try:
         with watchdog.in_this_process():
@@ -260,7 +253,7 @@ def launch(ctx: Context) -> int:
     threads = threads_per_rank(ctx.config.threads, ctx.steps.dist.nproc_per_node)
     config = dataclasses.replace(ctx.config, threads=threads)
     plan = Plan(ctx.run.results["run"]["command"], ["train"], config, ctx.options, ctx.steps, argv=[])
-    watchdog = Watchdog(fresh_processes_dir(ctx.run.path), ctx.run.path, ctx.steps.train.hang, ctx.say)
+    watchdog = Watchdog(ctx.run.fresh_sub(PROCESSES), ctx.run.path, ctx.steps.train.hang, ctx.say)
     try:
         status = run_torchrun(plan, ctx.run.path, started=watchdog.start)
     finally:

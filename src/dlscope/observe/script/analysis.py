@@ -88,6 +88,9 @@ def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] 
         row_bytes=steps.dtype.itemsize,
         **{k: v for k, v in summary.items() if k not in ("steady", "all", "profiler", "loader_steps")},
     )
+    stepped = [r for r in observed.records[main] if r.get("k") == "optimizers"]
+    if stepped and len(stepped[-1]["stepped"]) > 1 and stepped[-1]["returns"]:
+        section["optimizers_in_turn"] = stepped[-1]["stepped"]  # each loop iteration: several steps
     return section
 
 

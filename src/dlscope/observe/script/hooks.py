@@ -212,6 +212,9 @@ class TorchHooks:
         self.trial: Any = None  # a `dlscope doctor` trial's change and stop (observe/script/trial.py)
         # the optimizer classes whose `step` is timed (`time_optimizer`): their own `step` (or None)
         self.timed_optimizers: dict[type, Callable | None] = {}
+        # the optimizer instance stepping at top level, since which step count; each instance's
+        # class and steps (by id: none is kept alive); how often one stepped again after another
+        self._forget_optimizers()
 
     def _mark_begin(self, name: str) -> None:
         phases.mark_begin(name)  # the I/O tracers' phase marker
@@ -255,11 +258,16 @@ class TorchHooks:
         self.machine.reset(self.new_profiler())
         self.machine.profiler.done = True
         self.forward_depth = self.train_depth = 0
+        self._forget_optimizers()
         self.memory_files = _open_memory_files()
         self.begin_process(forked=True)
 
     def finish(self) -> None:
         try:
+            self._stepping_ends()
+            if self.optimizers_stepped:
+                stepped = [{"class": name, "steps": steps} for name, steps in self.optimizers_stepped.values()]
+                self.records.write({"k": "optimizers", "stepped": stepped, "returns": self.optimizers_returned})
             self.machine.finish(time.time(), torch_attached=self.torch is not None)
         finally:
             self.records.close_steps()
@@ -463,10 +471,12 @@ class TorchHooks:
         step = optimizer_class.step
         if getattr(step, "dlscope_timed", False):
             return
-        machine, clock = self.machine, time.time
+        hooks, machine, clock = self, self.machine, time.time
 
         @functools.wraps(step)
         def timed_step(*args: Any, **kwargs: Any) -> Any:
+            if args and args[0] is not hooks.stepping and not machine.optimizer_depth:
+                hooks.optimizer_switched(args[0])
             machine.optimizer_begin(clock())
             if kwargs or len(args) > 1:  # a closure, maybe
                 args, kwargs = self._closure_timed(args, kwargs)
@@ -478,6 +488,29 @@ class TorchHooks:
         timed_step.dlscope_timed = True  # type: ignore[attr-defined]
         self.timed_optimizers[optimizer_class] = optimizer_class.__dict__.get("step")
         optimizer_class.step = timed_step  # type: ignore[method-assign]
+
+    def optimizer_switched(self, optimizer: Any) -> None:
+        """Another optimizer instance steps than the one before (at top level): the steps of the
+        one before are its own. Several stepping in turn (a GAN's discriminator and generator)
+        make each loop iteration several steps, which the report says."""
+        self._stepping_ends()
+        stepped = self.optimizers_stepped
+        if id(optimizer) in stepped:
+            self.optimizers_returned += 1
+        else:
+            stepped[id(optimizer)] = [type(optimizer).__name__, 0]
+        self.stepping, self.stepping_since = optimizer, self.machine.counts["optimizer"]
+
+    def _stepping_ends(self) -> None:
+        if self.stepping is not None:
+            self.optimizers_stepped[id(self.stepping)][1] += self.machine.counts["optimizer"] - self.stepping_since
+            self.stepping = None
+
+    def _forget_optimizers(self) -> None:
+        """No optimizer has stepped yet (in a new process: a fork's are its parent's)."""
+        self.stepping: Any = None
+        self.stepping_since = self.optimizers_returned = 0
+        self.optimizers_stepped: dict[int, list[Any]] = {}
 
     def module_train(self, train_: Callable, module: Any, mode: bool = True) -> Any:
         self.train_depth += 1

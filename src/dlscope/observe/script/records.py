@@ -31,6 +31,8 @@ rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code to decode it:
     E         of a checkpoint phase: files (every file written inside it)
     profile   trace, ops (key_averages rows), export_seconds
     observed  torch_attached, optimizer_steps, backward_steps, torch_optimizer (at exit)
+    optimizers  stepped [{class, steps}] per optimizer instance stepped at top level, returns
+              (how often one stepped again after another); at exit, when one stepped
     error     where, error (an observer that could not attach, step fields it did not know)
     end       clocks (at exit)
 """

@@ -68,7 +68,7 @@ def observe_command(run: RunDir, options: ScriptOptions, say: Callable[[str], No
     processes left (steps, anatomy, top10, phases, distributed, iotrace) — also after a crash, a
     kill or Ctrl-C — and return the "run" section: the command, its exit status, the signal that
     interrupted it (a name, or None) and `run_status` (how the runner ends the run)."""
-    records_dir = run.sub(PROCESSES)
+    records_dir = run.fresh_sub(PROCESSES)
     profile = f"{options.start_after}:{options.wait}:{options.warmup}:{options.profile_steps}"
     base = {**os.environ, **options.extra_env}  # the command's own PYTHONPATH stays, after the bootstrap
     env = with_bootstrap(base, DLSCOPE_RUN_DIR=str(records_dir.resolve()), **{PROFILE_ENV: profile})
@@ -79,7 +79,7 @@ def observe_command(run: RunDir, options: ScriptOptions, say: Callable[[str], No
     try:
         if options.trace_io:
             watchdog.start(None)  # no root pid here: the live files name the processes
-            outcome = trace_command(options.command, options.trace_backend, run.sub("iotrace"), say, env)
+            outcome = trace_command(options.command, options.trace_backend, run.fresh_sub("iotrace"), say, env)
             iotrace = outcome.section
             code, interrupted = outcome.exit_code, iotrace["interrupted"]
         else:

@@ -79,6 +79,23 @@ def render(section: dict[str, Any]) -> list[Block]:
         ),
         Findings(changes or [("good", "The step time did not change for good at any point of the run.")]),
     ]
+    in_turn = section.get("optimizers_in_turn")
+    if in_turn:
+        names = ", ".join(f"{o['class']} ({o['steps']} steps)" for o in in_turn)
+        blocks.insert(
+            1,
+            Findings(
+                [
+                    (
+                        "info",
+                        f"{len(in_turn)} torch optimizers stepped in turn: {names}. Each step of any of "
+                        f"them is a step here, so a loop iteration that steps all {len(in_turn)} (a GAN's "
+                        f"discriminator and generator, an actor and a critic) is {len(in_turn)} steps, and "
+                        "the step times and shares are per optimizer step.",
+                    )
+                ]
+            ),
+        )
     if len(section["windows"]) >= 4:
         chart = partial(windows_chart, section["windows"], section["change_points"])
         blocks.append(Figure("steps_over_time", chart, "Step time over the run (windows)"))
