@@ -181,3 +181,18 @@ def test_traces_without_shapes_say_the_bytes_are_unknown(slow_rank_1, tmp_path):
     assert all(r["comm_bytes_per_step"] is None and r["collectives_per_step"] == 2 for r in section["ranks"])
     assert "distributed.comm_bytes_unknown" in [f["key"] for f in section["findings"]]
     assert section["stragglers"]["straggler"]["rank"] == 1  # arrival times need no shapes
+
+
+def test_ranks_started_by_multiprocessing_spawn_are_ranks(tmp_path, observe_script):
+    # PyTorch's DDP tutorial: no torchrun, no RANK; each process gives its rank to init_process_group
+    command = [sys.executable, str(SCRIPT.parent / "ddp_spawn.py"), "8"]
+    results, code = observe_script(command, tmp_path / "run", **PROFILE)
+    assert code == 0
+    sections = results["sections"]
+    assert sections["run"]["ranks"] == [0, 1] and sections["run"]["world_size"] == 2
+    ranked = [p for p in sections["run"]["processes"] if p["rank"] is not None]
+    assert len(ranked) == 2 and all(p["world_size"] == 2 for p in ranked)
+    distributed = sections["distributed"]
+    assert distributed["world_size"] == 2 and distributed["ranks_traced"] == [0, 1]
+    for rank in distributed["ranks"]:  # shapes recorded as under torchrun: DDP all-reduces each gradient byte
+        assert 0.99 <= rank["bytes_vs_grad"] <= 1.1

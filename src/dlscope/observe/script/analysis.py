@@ -54,12 +54,14 @@ class Observed:
 
 def process_info(pid: int, records: list[dict[str, Any]]) -> dict[str, Any]:
     head = next((r for r in records if r.get("k") == "process"), {})
+    # the rank it joined a process group as, else the one its environment gave (torchrun's RANK)
+    joined = next((r for r in records if r.get("k") == "rank"), head)
     return {
         "pid": pid,
         "ppid": head.get("ppid"),
         "argv": head.get("argv", []),
-        "rank": head.get("rank"),
-        "world_size": head.get("world_size"),
+        "rank": joined.get("rank"),
+        "world_size": joined.get("world_size"),
         "forked": head.get("forked", False),
         "clean_exit": any(r.get("k") == "end" for r in records),
         "errors": [f"{r['where']}: {r['error']}" for r in records if r.get("k") == "error"],

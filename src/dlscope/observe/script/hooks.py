@@ -133,7 +133,7 @@ class LateProfiler:
             activities=activities,
             schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
             on_trace_ready=self._ready,
-            record_shapes=(_env_int("WORLD_SIZE") or 1) > 1,
+            record_shapes=_distributed(torch),
             profile_memory=False,  # True makes the allocator warn on the script's stderr
             with_flops=False,
         )
@@ -626,6 +626,17 @@ class TorchHooks:
         if self.trial is not None:
             self.trial.attach(torch)
 
+    def attach_c10d(self, c10d: Any) -> None:
+        """A process that joins a process group is a rank whatever its environment says:
+        `torch.multiprocessing.spawn`'s processes (PyTorch's DDP tutorial) have no RANK, and
+        pass their rank to `init_process_group` (wrapped before torch.distributed copies it)."""
+        c10d.init_process_group = _wrap(c10d.init_process_group, functools.partial(self.process_group_joined, c10d))
+
+    def process_group_joined(self, c10d: Any, init: Callable, *args: Any, **kwargs: Any) -> Any:
+        joined = init(*args, **kwargs)
+        self.records.write({"k": "rank", "rank": c10d.get_rank(), "world_size": c10d.get_world_size()})
+        return joined
+
     def attach_safetensors(self, module: Any) -> None:
         module.save_file = _wrap(module.save_file, functools.partial(self.checkpoint, "checkpoint_save", 1))
         module.load_file = _wrap(module.load_file, functools.partial(self.checkpoint, "checkpoint_load", 0))
@@ -703,6 +714,14 @@ def _open_memory_files() -> tuple[int | None, int | None]:
     return status, clear
 
 
+def _distributed(torch: Any) -> bool:
+    """In a rank of a distributed job: from torchrun's environment, or a process group joined
+    without it (`torch.multiprocessing.spawn`'s processes)."""
+    dist = torch.distributed
+    joined = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return joined or (_env_int("WORLD_SIZE") or 1) > 1
+
+
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name, "")
     return int(value) if value.isdigit() else None
@@ -723,6 +742,7 @@ def install(directory: str) -> None:
     callbacks = {"torch": hooks.attach_torch, "safetensors.torch": hooks.attach_safetensors}
     callbacks.update(dict.fromkeys(LIGHTNING_CHECKPOINT_IO, hooks.attach_lightning))
     callbacks["transformers.trainer"] = hooks.attach_transformers
+    callbacks["torch.distributed.distributed_c10d"] = hooks.attach_c10d
     if hooks.trial is not None:
         callbacks["h5py"] = hooks.trial.attach_h5py
     sys.meta_path.insert(0, AfterImport(callbacks, on_error))

@@ -30,6 +30,7 @@ rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code to decode it:
     B / E     a phase begins / ends: name, ts, file (checkpoints)
     E         of a checkpoint phase: files (every file written inside it)
     profile   trace, ops (key_averages rows), export_seconds
+    rank      rank, world_size (when the process joined a process group: init_process_group)
     observed  torch_attached, optimizer_steps, backward_steps, torch_optimizer (at exit)
     optimizers  stepped [{class, steps}] per optimizer instance stepped at top level, returns
               (how often one stepped again after another); at exit, when one stepped
