@@ -108,6 +108,16 @@ def test_an_absolute_output_path_is_refused_not_clobbered(doctor, tmp_path):
     assert any(f["key"] == "doctor.refused" for f in doctor_words.findings(section))
 
 
+def test_a_directory_made_again_outside_is_no_write(doctor, tmp_path):
+    # matplotlib makes ~/.config/matplotlib with os.makedirs(exist_ok=True) at every import: where
+    # it exists nothing is written (karpathy/makemore's trials were refused for it). A directory
+    # outside the system's temporary one and ~/.cache: the script's own; the log outside ends it
+    outside = tmp_path / "elsewhere.log"
+    outside.write_text("written by the user's last real run\n")
+    section = doctor("--makedirs", str(SCRIPT.parent), "--log", str(outside), budget=90)
+    assert section["refused"] == [str(outside)]
+
+
 def test_relative_inputs_are_read_and_relative_outputs_of_a_last_run_left_alone(doctor, tmp_path):
     """nanoGPT's way: a file read by a name in the code, relative to the working directory, and
     out/ckpt.pt overwritten (torch.save, from C++) and out/history.log appended to at every step."""

@@ -10,6 +10,7 @@ at every step.
 """
 
 import argparse
+import os
 import time
 
 import torch
@@ -60,7 +61,10 @@ parser.add_argument("--batch-size", type=int, default=4)
 parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--log", default="train.log")
 parser.add_argument("--like-nanogpt", action="store_true")
+parser.add_argument("--makedirs", action="append", default=[])  # as a library makes its config directory
 args = parser.parse_args()
+for directory in args.makedirs:
+    os.makedirs(directory, exist_ok=True)
 if args.like_nanogpt:
     with open("settings.txt") as f:
         args.forward_ms = float(f.read())

@@ -47,6 +47,10 @@ SYSTEM_ROOTS = ("/dev/", "/proc/", "/sys/")
 LOADER_ARGUMENTS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 
 
+def _is_directory(path: Any) -> bool:
+    return isinstance(path, str | bytes | os.PathLike) and os.path.isdir(path)
+
+
 def settings() -> dict[str, Any] | None:
     text = os.environ.get(TRIAL_ENV)
     return json.loads(text) if text else None
@@ -210,6 +214,8 @@ class Trial:
                 self.check_write(path, keep_content=not truncates)
         elif event in ("os.rmdir", "shutil.rmtree"):  # a mirrored directory: its real copy, of symlinks
             self.check_write(args[0], opening=False)
+        elif event == "os.mkdir" and _is_directory(args[0]):
+            return  # fails with EEXIST and changes nothing: os.makedirs(exist_ok=True) of a library's config
         elif event in ("os.remove", "os.mkdir"):  # a symlink removed is the link alone
             self.check_write(args[0], opening=False, whole=False)
         elif event in ("os.rename", "os.replace"):  # so is one renamed, or renamed over
