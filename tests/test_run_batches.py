@@ -18,6 +18,7 @@ from dlscope.cli import main
 from dlscope.observe.iotrace import strace
 from dlscope.observe.script import batches as batches_module
 from dlscope.observe.script import batchflow
+from dlscope.report.sections import anatomy as anatomy_report
 from dlscope.report.sections import batches as batches_report
 from dlscope.rundir import load_results
 
@@ -431,10 +432,30 @@ def test_workers_terminated_at_exit_leave_their_batches_recorded(tmp_path):
     # workers running at exit and multiprocessing terminates them (SIGTERM); each still writes
     # the batches it built, so every batch taken is joined to its worker
     make_files(tmp_path / "data", 32, 4096)
-    sections, truth, out = observe(tmp_path, "--workers", "2", "--stop-after", "5", "--step-ms", "50")
+    options = ("--workers", "2", "--batch-size", "1", "--stop-after", "20", "--step-ms", "30")
+    sections, truth, out = observe(tmp_path, *options)
     batches = sections["batches"]
-    assert truth["steps"] == batches["batches_taken"] == batches["joined"] == 5
+    assert truth["steps"] == batches["batches_taken"] == batches["joined"] == 20
     assert all(row["fetch_ms"] for row in csv_rows(out, batches))
-    # the workers keep ahead of 50 ms steps: a wait for a batch already built is not its building
+    # the workers keep ahead of 30 ms steps: a wait for a batch already built is not its building
     steady = batches["longest_steady_wait"]
     assert steady["ready_before_asked"] and "not its building" in batches_report.wait_sentence(steady)
+    assert sections["anatomy"]["verdict"]["batches_ready_pct"] == batches["keeping_ahead"]["ready_pct"] >= 90
+
+
+@pytest.mark.parametrize("ready_pct", [99.7, 40.0, None])
+def test_an_input_bound_verdict_says_when_the_workers_had_the_batches_built(ready_pct):
+    verdict = {
+        "key": "input_bound",
+        "level": "moderately",
+        "data_pct": 9.2,
+        "data_ms": 5.2,
+        "step_ms": 56.7,
+        "steps": 292,
+        "thresholds_pct": {"highly": 20.0, "moderately": 5.0},
+        "batches_ready_pct": ready_pct,
+    }
+    _, text = anatomy_report.verdict(verdict)
+    assert text.startswith("Your program is MODERATELY input-bound")
+    # built before asked, the wait is the hand-over or a busy core: more workers would not help
+    assert ("more workers would not shorten it" in text) == (ready_pct == 99.7)

@@ -164,6 +164,13 @@ def record_sections(
         found["top10"]["trace"] = run.rel(found["top10"]["trace"])
     for window in found["top10"]["windows"]:
         window["trace"] = run.rel(window["trace"])
+    batches = None
+    if flow is not None:
+        batches = batchflow.section(flow, main_steps, run.path / "batches.csv", iotrace is not None)
+        verdict = found["anatomy"].get("verdict") or {}
+        if verdict.get("key") == "input_bound" and batches["keeping_ahead"]:
+            # the wait for batches the workers had built already is not their building
+            verdict["batches_ready_pct"] = batches["keeping_ahead"]["ready_pct"]
     for name in ("steps", "anatomy", "top10", "phases"):
         run.record(name, found[name])
     ranked = rank_traces(records)
@@ -171,8 +178,7 @@ def record_sections(
         run.record("distributed", distributed_section(ranked, run))
     if iotrace is not None:
         run.record("iotrace", iotrace)
-    if flow is not None:
-        batches = batchflow.section(flow, main_steps, run.path / "batches.csv", iotrace is not None)
+    if batches is not None:
         run.record("batches", {**batches, "file": run.rel(run.path / "batches.csv")})
     if options.tensorboard and found["steps"]["count"]:
         main = found["steps"]["main_pid"]

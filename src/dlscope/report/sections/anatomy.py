@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlscope.report.blocks import Block, Findings, Para, Table
+from dlscope.report.sections.batches import READY_PCT
 from dlscope.report.sections.steps import PARTS, mebibytes
 
 TITLE = "Step anatomy"
@@ -28,11 +29,19 @@ def verdict(v: dict[str, Any]) -> tuple[str, str]:
         t = v["thresholds_pct"]
         level = v["level"]
         said = {"highly": "HIGHLY input-bound", "moderately": "MODERATELY input-bound", "not": "NOT input-bound"}
-        return LEVEL_STYLE[level], (
+        text = (
             f"Your program is {said[level]}: {v['data_pct']:.1f}% of the step ({v['data_ms']:.3g} ms; {over}) "
             f"is spent inside DataLoader.__next__, waiting for a batch. Thresholds: ≥ {t['highly']:.0f}% highly, "
             f"{t['moderately']:.0f}–{t['highly']:.0f}% moderately (TensorFlow's input-pipeline analyser)."
         )
+        ready = v.get("batches_ready_pct")
+        if level != "not" and ready is not None and ready >= READY_PCT:
+            text += (
+                f" Yet the workers had {ready:.1f}% of the batches built before the loop asked for them (see "
+                "Batches): the wait goes to handing batches over (received and unpickled in this process) or "
+                "to waiting for a core, not to building them, and more workers would not shorten it."
+            )
+        return LEVEL_STYLE[level], text
     text = (
         f"No data source was seen (no DataLoader iterated), so nothing is said about input: the loop may "
         f"prefetch, build its batches in the loop body or read no data at all. The gap between a step's start "

@@ -9,6 +9,7 @@ from typing import Any
 from dlscope.report.blocks import Block, Findings, Para, Table
 
 TITLE = "Batches: the data flow, batch by batch"
+READY_PCT = 90.0  # % of batches built before the loop asked: the workers keep ahead
 
 
 def worker_name(worker: int | None) -> str:
@@ -109,7 +110,7 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         items.append(("info", text))
     ahead = section["keeping_ahead"]
     if ahead:
-        level = "good" if ahead["ready_pct"] >= 90 else "warn"
+        level = "good" if ahead["ready_pct"] >= READY_PCT else "warn"
         tenths = " ".join(f"{p:.0f}" for p in ahead["ready_pct_by_tenth"])
         text = (
             f"The workers had the batch ready before the loop asked for {ahead['ready_pct']:.1f}% of "
