@@ -114,6 +114,16 @@ def test_a_job_that_slows_down_3x_is_not_hung(tmp_path):
     assert len(ms) == 14 and min(ms[8:]) > 2.5 * 200  # it did slow down, past --hang-after
 
 
+def test_a_step_that_computes_past_the_threshold_is_not_hung(tmp_path):
+    """Steps of 50 ms, then one that runs on a core for 6 s: past max(20 × the median, 1 s),
+    but computing (pytorch/examples' LBFGS time_sequence_prediction was called hung at 90 s)."""
+    command = [sys.executable, str(SCRIPTS / "hang_loader.py"), "--steps", "12", "--step-ms", "50"]
+    long_step = ["--long-step", "6", "--long-s", "6"]
+    sections, code = run_job(tmp_path / "run", [*command, *long_step], HangOptions(hang_after=1.0))
+    assert code == 0 and "hang" not in sections
+    assert max(row["ms"] for row in step_rows(sections)) > 6000  # it did run that long
+
+
 def test_stacks_come_from_a_process_blocked_in_c_with_the_gil_held(tmp_path):
     code = (
         "import ctypes, os\nr, w = os.pipe()\n"

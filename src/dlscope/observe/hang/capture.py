@@ -55,6 +55,15 @@ def _read(path: str) -> str | None:
         return None
 
 
+def main_thread_cpu_s(pid: int) -> float | None:
+    """CPU seconds the process's main thread (its thread id is the pid) has run, user and system."""
+    stat = _read(f"/proc/{pid}/task/{pid}/stat")
+    if stat is None:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # fields[0] is the state (the 3rd field): utime is the 14th
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def alive(pid: int) -> bool:
     stat = _read(f"/proc/{pid}/stat")
     return stat is not None and stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -9,7 +9,9 @@ when the built-in job trains in dlscope's own process, in a thread of that proce
 (`in_this_process`), which it ends by raising in the main thread instead of signalling itself.
 
 Armed at the first step end: start-up (downloads, compilation, rendezvous) has no step to
-measure against. A job whose steps resume after a capture re-arms it. The median step is
+measure against. A step that runs long on a core is no hang: while a process that has stepped
+keeps its main thread computing and no rank waits in a collective, the clock is not running.
+A job whose steps resume after a capture re-arms it. The median step is
 measured from outside: between two reads, the time the newest step end moved over the number
 of steps that ended.
 """
@@ -29,12 +31,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dlscope.observe.hang.capture import alive, capture, descendants
+from dlscope.observe.hang.capture import alive, capture, descendants, main_thread_cpu_s
 from dlscope.observe.hang.live import LiveView, read_all
 from dlscope.observe.hang.verdict import verdict
 from dlscope.options import HangOptions
 
 POLL_S = 1.0
+# a process whose main thread ran at least this share of a poll's wall time is computing
+BUSY_SHARE = 0.5
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when the job is ended
 END_SIGNAL = signal.SIGRTMIN + 7  # to this process's main thread: the job it runs itself is ended
 
@@ -78,7 +82,10 @@ class Watchdog:
         self.seen: dict[int, tuple[int, float]] = {}  # pid -> (steps, last step end) at the last read
         self.captures: list[dict[str, Any]] = []
         self.ended = False
-        self.fired_at: float | None = None  # the last step end a capture was taken after
+        self.fired_at: float | None = None  # the last sign of life a capture was taken after
+        # pid -> (its main thread's CPU seconds, when read); when a stepping process last computed
+        self.cpu: dict[int, tuple[float, float]] = {}
+        self.computed_at = 0.0
         self._main_waits = False  # in_this_process: the main thread takes END_SIGNAL
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dlscope-watchdog", daemon=True)
@@ -111,14 +118,40 @@ class Watchdog:
             newest = max(newest or 0.0, v.last_step_end)
         return newest
 
+    def computing(self, views: list[LiveView]) -> bool:
+        """A process that has stepped keeps its main thread on a core (≥ BUSY_SHARE of the time
+        since the last read) while no rank is inside a collective: a step longer than the
+        threshold (LBFGS's many closures, a long first step), not a hang. A rank that spins in a
+        collective that never ends is inside it: still a hang; so is a loop that never stops."""
+        if any(v.collectives_entered > v.collectives_finished for v in views if not v.exited):
+            return False
+        busy, now = False, time.time()
+        for v in views:
+            if v.forked or v.exited or not v.steps:
+                continue
+            cpu = main_thread_cpu_s(v.pid)
+            if cpu is None:
+                continue
+            before = self.cpu.get(v.pid)
+            self.cpu[v.pid] = (cpu, now)
+            if before is not None and now > before[1] and cpu - before[0] >= BUSY_SHARE * (now - before[1]):
+                busy = True
+        return busy
+
     def _loop(self) -> None:
         while not self._stop.wait(POLL_S):
-            newest = self.observe(read_all(self.directory))
-            if newest is None or newest == self.fired_at:
+            views = read_all(self.directory)
+            newest = self.observe(views)
+            if self.computing(views):
+                self.computed_at = time.time()
+            if newest is None:
                 continue
-            idle, limit = time.time() - newest, self.threshold()
+            moved = max(newest, self.computed_at)  # the job's last sign of life
+            if moved == self.fired_at:
+                continue
+            idle, limit = time.time() - moved, self.threshold()
             if idle > limit:
-                self.fired_at = newest
+                self.fired_at = moved
                 self._fire(idle, limit)
 
     def _fire(self, idle: float, limit: float) -> None:
