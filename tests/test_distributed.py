@@ -211,13 +211,19 @@ def test_trace_io_attributes_the_shard_reads_and_checkpoint_writes_to_ranks(tmp_
     run = tmp_path / "traced"
     args = ["lab", "--steps", "train", "--trace-io", "--nproc-per-node", "2", "--out", str(run)]
     assert main([*args, *JOB, "--epochs", "1", *QUIET]) == 0
-    ranks = {r["rank"]: r for r in sections(run)["iotrace"]["ranks"]}
+    iotrace = sections(run)["iotrace"]
+    ranks = {r["rank"]: r for r in iotrace["ranks"]}
     assert sorted(ranks) == [0, 1]
     for rank in ranks.values():
         phases = {p["phase"]: p for p in rank["phases"]}
         assert phases["data_load"]["bytes_read"] > 1_000_000  # MNIST, which the rank then shards by index
-    # each rank reads the whole of the same files: its reads named as the dataset's, all of them
-    assert ranks[0]["categories"]["dataset"]["bytes_read"] == ranks[1]["categories"]["dataset"]["bytes_read"]
+    # each rank reads the whole of the same files: its reads named as the dataset's, all of them —
+    # unless the tracer lost events (a per-CPU buffer overflowing on a loaded machine: counted)
+    read = [ranks[r]["categories"]["dataset"]["bytes_read"] for r in (0, 1)]
+    if (iotrace.get("notes") or {}).get("lost_events", 0) == 0:
+        assert read[0] == read[1], iotrace["notes"]
+    else:
+        assert min(read) > 0.5 * max(read), iotrace["notes"]
     saves = {r: {p["phase"]: p for p in ranks[r]["phases"]}.get("checkpoint_save") for r in ranks}
     assert saves[0]["bytes_written"] > 0 and saves[1] is None  # rank 0 writes the checkpoint
     assert ranks[0]["categories"]["checkpoint"]["bytes_written"] > 0
