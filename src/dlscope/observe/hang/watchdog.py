@@ -11,9 +11,8 @@ when the built-in job trains in dlscope's own process, in a thread of that proce
 Armed at the first step end: start-up (downloads, compilation, rendezvous) has no step to
 measure against. A step that runs long on a core is no hang: while a process that has stepped
 keeps its main thread computing and no rank waits in a collective, the clock is not running.
-A job whose steps resume after a capture re-arms it. The median step is
-measured from outside: between two reads, the time the newest step end moved over the number
-of steps that ended.
+A job whose steps resume after a capture re-arms it. The median step is measured from outside:
+between two reads, the time the newest step end moved over the number of steps that ended.
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from queue import Empty
 from typing import Any, NamedTuple
 
 from dlscope.observe.script.stepmachine import native_thread_id
@@ -507,15 +508,12 @@ class IndexQueue:
 
     def __init__(self, queue: Any, recorder: BatchRecorder) -> None:
         self.queue, self.file = queue, recorder.file
-        from queue import Empty
-
-        self.empty = Empty
 
     def get(self, *args: Any, **kwargs: Any) -> Any:
         if self.file.pending:
             try:
                 return self.queue.get(False)
-            except self.empty:
+            except Empty:  # what a multiprocessing queue raises, too
                 self.file.flush()
         return self.queue.get(*args, **kwargs)
 

@@ -1,9 +1,9 @@
 """dlscope's own cost per step, measured in the observed process at attach, on the code path a real
 step takes: a tiny real training step (a Linear module's forward, `backward()`, an optimizer's
-`step`), run bare and through the hooks, in interleaved bursts. The hooked bursts go through a scratch observer
-(the same class, with the same hooks registered the same way — the module's timed call found on
-a first step, the timed `torch.autograd.backward`, the optimizer class's timed `step` —
-its records and live status file in a temporary directory), so the figure holds everything torch
+`step`), run bare and through the hooks, in interleaved bursts. The hooked bursts go through a
+scratch observer (the same class, with the same hooks registered the same way — the module's
+timed call found on a first step, the timed `torch.autograd.backward`, the optimizer class's timed
+`step` — its records and live status file in a temporary directory), so the figure holds everything torch
 does to reach the hooks, the step machine, the step's row and the live file's update.
 
 Recorded as {"k": "calibration", "per_step_us", "loader_us", "steps"}: `per_step_us` is the
