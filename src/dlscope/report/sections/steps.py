@@ -89,7 +89,7 @@ def render(section: dict[str, Any]) -> list[Block]:
                     (
                         "info",
                         f"{len(in_turn)} torch optimizers stepped in turn: {names}. Each step of any of "
-                        f"them is a step here, so a loop iteration that steps all {len(in_turn)} (a GAN's "
+                        f"them is a step here, so a loop iteration that steps each once (a GAN's "
                         f"discriminator and generator, an actor and a critic) is {len(in_turn)} steps, and "
                         "the step times and shares are per optimizer step.",
                     )
