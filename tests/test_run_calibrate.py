@@ -31,6 +31,7 @@ def test_calibration_runs_the_hooked_step_and_leaves_torch_as_it_was(tmp_path, m
     torch_state = (
         global_hooks,
         lambda: torch.autograd.backward,
+        lambda: torch.autograd.grad,
         lambda: torch.optim.SGD.__dict__.get("step"),
         lambda: calibrate._Optimizer.__dict__["step"],  # its optimizer's `step`, timed in the hooked bursts only
     )

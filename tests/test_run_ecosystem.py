@@ -215,6 +215,35 @@ def test_hf_trainer_under_torchrun_with_loader_workers(tmp_path, capfd):
     assert workers and all(p["rank"] is None for p in workers)
 
 
+def test_a_loop_taking_its_gradients_with_autograd_grad_has_a_step_at_each(tmp_path, capfd):
+    """No optimizer, no backward(): `torch.autograd.grad` and a hand-written update. Each call is
+    a step, and its time is the step's backward."""
+    argv = [sys.executable, str(SCRIPTS / "grad_loops.py"), "functional"]
+    sections, truth = observe(tmp_path, capfd, argv)
+    assert (sections["steps"]["source"], sections["steps"]["count"]) == ("backward", int(truth["steps"]))
+    rows = step_rows(sections)
+    assert all(r["backward_ms"] > 0 for r in rows)
+    # the script's clock around autograd.grad also holds dlscope's work at the step's end (the
+    # profiler's start and stop: each step's profiler_ms), which no part counts
+    backward_ms, profiler_ms = (sum(r[k] for r in rows) for k in ("backward_ms", "profiler_ms"))
+    assert 0.9 * float(truth["grad_ms"]) <= backward_ms + profiler_ms and backward_ms <= float(truth["grad_ms"]) + 0.05
+    check_anatomy(sections)
+
+
+def test_a_gradient_penalty_is_backward_time_inside_the_step_not_a_step(tmp_path, capfd):
+    """WGAN-GP's penalty: `autograd.grad(create_graph=True)` inside each optimizer step. One step
+    per optimizer step, and the penalty's gradient counted as backward, not "other"."""
+    argv = [sys.executable, str(SCRIPTS / "grad_loops.py"), "penalty"]
+    sections, truth = observe(tmp_path, capfd, argv)
+    assert (sections["steps"]["source"], sections["steps"]["count"]) == ("optimizer", int(truth["steps"]))
+    backwards = [int(step["backwards"]) for step in open_stream(StepFile(sections["steps"]["file"]))[1]]
+    assert set(backwards) == {1}  # the loss's backward(): the penalty's gradient is no backward() of its own
+    truth_ms = float(truth["grad_ms"]) + float(truth["backward_ms"])
+    # (dlscope's clocks run inside the script's; each row is rounded to the µs)
+    assert 0.9 * truth_ms <= sum(r["backward_ms"] for r in step_rows(sections)) <= truth_ms + 0.05
+    check_anatomy(sections)
+
+
 def test_a_run_that_sees_no_step_is_a_failed_observation(tmp_path, capfd):
     """Inference only: torch imported (after a find_spec), no optimizer, no backward. The command's
     status passes through; the run is not "ok", and the report says why."""

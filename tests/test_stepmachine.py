@@ -149,6 +149,22 @@ def test_no_optimizer_steps_end_at_backward_and_drive_the_profiler():
     assert r.steps[1]["data_source"] == "gap" and r.steps[1]["data"] == pytest.approx(1.0)
 
 
+def test_a_differentiable_gradient_is_backward_time_and_no_step():
+    """No optimizer: each iteration takes a gradient penalty (autograd.grad, create_graph=True),
+    then backward(): one step each, both gradients its backward, one backward() counted."""
+    m, r = machine()
+    for k in range(3):
+        t = k * 10.0
+        m.forward_begin(t, training=True)
+        m.forward_end(t + 2)
+        m.backward_begin(t + 2)
+        m.backward_end(t + 4, False)  # the penalty's gradient
+        m.backward_begin(t + 5)
+        m.backward_end(t + 8)
+    assert [(s["src"], s["i"]) for s in r.steps] == [("backward", 0), ("backward", 1), ("backward", 2)]
+    assert all((s["backward"], s["backwards"]) == (5.0, 1) for s in r.steps)
+
+
 def test_wrapped_optimizer_nested_step_is_one_step():
     m, r = machine()
     m.optimizer_created()

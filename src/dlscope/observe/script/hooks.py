@@ -426,6 +426,28 @@ class TorchHooks:
 
         return backward
 
+    def timed_grad(self, grad_: Callable) -> Callable:
+        """`torch.autograd.grad` timed as backward: a loop that takes its gradients this way (a
+        functional update, no optimizer) has its steps end there as at a `backward()`; one kept
+        differentiable (`create_graph=True`: a gradient penalty, a meta-learning inner loop) is
+        backward time inside the step, not a step."""
+        machine, clock, trial = self.machine, time.time, self.trial
+        names = list(inspect.signature(grad_).parameters)
+        at = names.index("create_graph") if "create_graph" in names else len(names)  # passed by position
+
+        @functools.wraps(grad_)
+        def grad(*args: Any, **kwargs: Any) -> Any:
+            create_graph = bool(args[at] if len(args) > at else kwargs.get("create_graph", False))
+            if trial is not None and not create_graph:
+                trial.backward(args[0] if args else kwargs.get("outputs"))
+            machine.backward_begin(clock())
+            try:
+                return grad_(*args, **kwargs)
+            finally:
+                machine.backward_end(clock(), not create_graph)
+
+        return grad
+
     def _closure_timed(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         """`step`'s arguments with its closure (LBFGS, Lightning) timed, so the time inside it is
         forward and backward, not optimizer; `args` holds the optimizer first."""
@@ -557,8 +579,9 @@ class TorchHooks:
         found by `discover`; an optimizer class's timed `step` comes with its first instance,
         `optimizer_init`); returns the function that removes them (and the timed calls of the
         modules' and optimizers' classes)."""
-        backward = torch.autograd.backward
+        backward, grad = torch.autograd.backward, torch.autograd.grad
         torch.autograd.backward = self.timed_backward(backward)
+        torch.autograd.grad = self.timed_grad(grad)
         self.discover()
 
         def remove() -> None:
@@ -570,7 +593,7 @@ class TorchHooks:
                     else:
                         setattr(cls, name, own)
                 timed.clear()
-            torch.autograd.backward = backward
+            torch.autograd.backward, torch.autograd.grad = backward, grad
 
         return remove
 

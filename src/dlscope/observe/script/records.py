@@ -17,7 +17,8 @@ rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code to decode it:
             profiler_seconds float32 (dlscope's own time after the step, outside it),
             peak_rss_kib / peak_cuda_kib uint32 (0xFFFFFFFF: not measured),
             profiler_step uint32 (N of the profiler's ProfilerStep#N; 0xFFFFFFFF: none),
-            backwards uint16 (backward() calls in the step), src uint8 (optimizer|backward),
+            backwards uint16 (backward() calls in the step, and autograd.grad calls not kept
+            differentiable), src uint8 (optimizer|backward),
             data_source uint8 (gap|loader), profiled uint8 (none|wait|warmup|active),
             flags uint8 (reserved, 0)
 

@@ -7,7 +7,8 @@ stamped with CLOCK_REALTIME seconds by the caller:
     loader_next(start, end)          a batch drawn from a DataLoader (training only)
     forward_begin(now, training)     the outermost module call starts; `training` is False for
     forward_end(now)                 an evaluation forward (no grad, or the module run in eval mode)
-    backward_begin(now) / backward_end(now)
+    backward_begin(now) / backward_end(now, ends_step)   a `backward()`, or an `autograd.grad` call;
+                                     ends_step False for a gradient kept differentiable (create_graph)
     optimizer_begin(now) / optimizer_end(now)   a torch optimizer's `step` (nested calls: the outer)
     optimizer_created()              a torch optimizer exists in this process
     train_mode(now, mode)            Module.train(mode) on an outermost call
@@ -15,7 +16,9 @@ stamped with CLOCK_REALTIME seconds by the caller:
 
 Steps. A step ends when an optimizer steps: one step however many closures `optimizer.step(closure)`
 calls (LBFGS) and however many micro-batches it accumulates. A loop with no torch optimizer at all
-(Keras 3 on torch, hand-written SGD) ends a step at each `backward()` outside an optimizer call.
+(Keras 3 on torch, hand-written SGD) ends a step at each `backward()` or `autograd.grad` outside an
+optimizer call — never at a gradient kept differentiable (`create_graph=True`: a gradient penalty's,
+a meta-learning inner loop's), which is backward time inside a step and no step of its own.
 Both streams are recorded until an optimizer has stepped; only the primary one (the optimizer's
 when a torch optimizer exists) drives the profiler and samples memory.
 
@@ -331,12 +334,14 @@ class StepMachine:
         else:
             self.part, self.since = BACKWARD, now
 
-    def backward_end(self, now: float) -> None:
+    def backward_end(self, now: float, ends_step: bool = True) -> None:
         if self.part == BACKWARD and not self.outer:
             self.totals[BACKWARD] += now - self.since if now > self.since else 0.0
             self.part = None
         else:
             self._close(BACKWARD, now)
+        if not ends_step:  # a differentiable gradient: its time, neither a backward() nor a step
+            return
         self.backwards += 1
         # a closure's backward inside optimizer.step is part of that optimizer's step
         if not self.optimizer_stepped and self.optimizer_depth == 0:

@@ -50,8 +50,8 @@ def verdict(v: dict[str, Any]) -> tuple[str, str]:
     )
     if v["gap_holds_update"]:
         text += (
-            ", and, with no torch optimizer (a step ends at backward()), the weight update as well (Keras's "
-            "optimizer, a hand-written SGD)"
+            ", and, with no torch optimizer (a step ends at backward() or autograd.grad), the weight "
+            "update as well (Keras's optimizer, a hand-written SGD)"
         )
     return "info", text + "."
 

@@ -8,8 +8,10 @@ from dlscope.report.blocks import Block, Findings, Para, Table
 
 TITLE = "The observed command"
 NOT_OBSERVED = {  # no training step was seen: why, from the processes' own records
-    True: "No training step was observed: torch was imported, but no optimizer stepped and no "
-    "backward() ran in any process (an inference-only script, or steps dlscope cannot see). "
+    True: "No training step was observed: torch was imported, but in no process did an optimizer "
+    "step, a backward() run, or an autograd.grad whose gradients are not kept differentiable (an "
+    "inference-only script, or steps dlscope cannot see: torch.func.grad's, which keeps them "
+    "differentiable; a training loop in compiled code). "
     "The run is marked failed: there is nothing to explain.",
     False: "No training step was observed: no process imported torch (dlscope's hooks wait for "
     "torch's import). The run is marked failed: there is nothing to explain.",

@@ -49,10 +49,15 @@ def windows_chart(windows: list[dict[str, Any]], changes: list[dict[str, Any]]) 
 def render(section: dict[str, Any]) -> list[Block]:
     source = {
         "optimizer": "optimizer steps (calls of a torch optimizer's step)",
-        "backward": "backward() calls (no optimizer)",
+        "backward": "backward() or autograd.grad calls (no optimizer)",
     }
     if not section.get("count"):
-        return [Para("No training step was seen: no process ran a backward() or an optimizer step.")]
+        return [
+            Para(
+                "No training step was seen: no process ran an optimizer step, a backward(), or an "
+                "autograd.grad not kept differentiable."
+            )
+        ]
     per_process = ", ".join(f"pid {p['pid']}: {p['count']}" for p in section["processes"] if p["count"])
     parts = shown_parts(section)
     header = ["step", "ms", *(SHORT[p] for p in parts), "MB", "profiler"]
