@@ -309,10 +309,49 @@ def test_optimizers_stepping_in_turn_are_named_with_their_steps(tmp_path, optimi
     steps = load_results(out)["sections"]["steps"]
     if optimizers == 2:
         assert steps["count"] == 18
-        assert steps["optimizers_in_turn"] == [{"class": "Adam", "steps": 9}, {"class": "SGD", "steps": 9}]
+        in_turn = [{"class": "Adam", "steps": 9, "first": 0}, {"class": "SGD", "steps": 9, "first": 1}]
+        assert steps["optimizers_in_turn"] == in_turn
         assert "2 torch optimizers stepped in turn: Adam (9 steps), SGD (9 steps)" in (out / "report.md").read_text()
     else:
         assert steps["count"] == 9 and "optimizers_in_turn" not in steps
+
+
+# a sweep: a model and an optimizer made anew for each size, each trained in turn, the later
+# steps slower (a larger model); the optimizers are freed as they go (a new one may take the
+# address of one freed: no optimizer is taken for another)
+IN_SEQUENCE = """
+import torch
+def train(width, steps):
+    model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(256, 64)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+for width in (WIDTHS):
+    train(width, STEPS)
+"""
+
+
+def test_optimizers_stepping_one_after_another_are_named_with_their_step_ranges(tmp_path):
+    script = tmp_path / "sweep.py"
+    script.write_text(IN_SEQUENCE.replace("WIDTHS", "8, 8, 8, 4096").replace("STEPS", "40"))
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), "--profile-steps", "0", "--", sys.executable, str(script)]) == 0
+    steps = load_results(out)["sections"]["steps"]
+    assert steps["count"] == 160 and "optimizers_in_turn" not in steps
+    assert [(o["first"], o["steps"]) for o in steps["optimizers_in_sequence"]] == [
+        (0, 40),
+        (40, 40),
+        (80, 40),
+        (120, 40),
+    ]
+    report = (out / "report.md").read_text()
+    assert "4 torch optimizers stepped one after another" in report and "SGD (steps 120–159)" in report
+    # the 64→4096→1 model's steps are several times slower: a change where the 4th optimizer takes over
+    assert any(abs(c["step"] - 120) <= 1 for c in steps["change_points"])
+    assert "where optimizer 4 (SGD) takes over" in report
 
 
 def test_a_run_directory_given_again_holds_only_the_new_runs_processes(tmp_path):

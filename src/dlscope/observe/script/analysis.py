@@ -91,8 +91,10 @@ def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] 
         **{k: v for k, v in summary.items() if k not in ("steady", "all", "profiler", "loader_steps")},
     )
     stepped = [r for r in observed.records[main] if r.get("k") == "optimizers"]
-    if stepped and len(stepped[-1]["stepped"]) > 1 and stepped[-1]["returns"]:
-        section["optimizers_in_turn"] = stepped[-1]["stepped"]  # each loop iteration: several steps
+    if stepped and len(stepped[-1]["stepped"]) > 1:
+        # back to one that stepped before: in turn (each loop iteration several steps); never: one
+        # after another (a sweep's or k-fold's models, each from its first step on)
+        section["optimizers_in_turn" if stepped[-1]["returns"] else "optimizers_in_sequence"] = stepped[-1]["stepped"]
     return section
 
 

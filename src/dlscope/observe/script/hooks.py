@@ -30,6 +30,7 @@ import os
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -266,8 +267,8 @@ class TorchHooks:
         try:
             self._stepping_ends()
             if self.optimizers_stepped:
-                stepped = [{"class": name, "steps": steps} for name, steps in self.optimizers_stepped.values()]
-                self.records.write({"k": "optimizers", "stepped": stepped, "returns": self.optimizers_returned})
+                stepped, returns = self.optimizers_stepped, self.optimizers_returned
+                self.records.write({"k": "optimizers", "stepped": stepped, "returns": returns})
             self.machine.finish(time.time(), torch_attached=self.torch is not None)
         finally:
             self.records.close_steps()
@@ -514,25 +515,36 @@ class TorchHooks:
     def optimizer_switched(self, optimizer: Any) -> None:
         """Another optimizer instance steps than the one before (at top level): the steps of the
         one before are its own. Several stepping in turn (a GAN's discriminator and generator)
-        make each loop iteration several steps, which the report says."""
+        make each loop iteration several steps; several one after another (a sweep, k-fold: a
+        new model each time) each start at a step of their own. The report says which."""
         self._stepping_ends()
-        stepped = self.optimizers_stepped
-        if id(optimizer) in stepped:
+        counts = self.machine.counts["optimizer"]
+        try:  # known by a weak reference: a new optimizer may take the address of one freed
+            entry = self.optimizer_entry.get(optimizer)
+        except TypeError:  # not weakly referable, or not hashable: one entry per switch to it
+            entry = None
+        if entry is not None:
             self.optimizers_returned += 1
         else:
-            stepped[id(optimizer)] = [type(optimizer).__name__, 0]
-        self.stepping, self.stepping_since = optimizer, self.machine.counts["optimizer"]
+            entry = {"class": type(optimizer).__name__, "steps": 0, "first": counts}
+            self.optimizers_stepped.append(entry)
+            with contextlib.suppress(TypeError):
+                self.optimizer_entry[optimizer] = entry
+        self.stepping, self.stepping_entry, self.stepping_since = optimizer, entry, counts
 
     def _stepping_ends(self) -> None:
-        if self.stepping is not None:
-            self.optimizers_stepped[id(self.stepping)][1] += self.machine.counts["optimizer"] - self.stepping_since
-            self.stepping = None
+        if self.stepping_entry is not None:
+            self.stepping_entry["steps"] += self.machine.counts["optimizer"] - self.stepping_since
+            self.stepping = self.stepping_entry = None
 
     def _forget_optimizers(self) -> None:
         """No optimizer has stepped yet (in a new process: a fork's are its parent's)."""
-        self.stepping: Any = None
+        self.stepping: Any = None  # the optimizer stepping now (the timed step's one compare)
+        self.stepping_entry: dict[str, Any] | None = None  # and its entry in optimizers_stepped
         self.stepping_since = self.optimizers_returned = 0
-        self.optimizers_stepped: dict[int, list[Any]] = {}
+        # {"class", "steps", "first": its first step's index}, in the order they first stepped
+        self.optimizers_stepped: list[dict[str, Any]] = []
+        self.optimizer_entry: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
     def module_train(self, train_: Callable, module: Any, mode: bool = True) -> Any:
         self.train_depth += 1

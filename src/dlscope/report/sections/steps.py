@@ -62,14 +62,19 @@ def render(section: dict[str, Any]) -> list[Block]:
     parts = shown_parts(section)
     header = ["step", "ms", *(SHORT[p] for p in parts), "MB", "profiler"]
     q = section["percentiles_ms"]
-    changes = [
-        (
-            "warn" if c["after_ms"] > c["before_ms"] else "good",
+    # where an optimizer that stepped after another one took over: a change there is its steps'
+    taking_over = {o["first"]: (n, o["class"]) for n, o in enumerate(section.get("optimizers_in_sequence", [])) if n}
+    changes = []
+    for c in section["change_points"]:
+        text = (
             f"From step {c['step']} ({c['start_s']:.1f} s into the run) the median step went from "
-            f"{fmt(c['before_ms'])} ms to {fmt(c['after_ms'])} ms ({c['after_ms'] / c['before_ms']:.3g}×).",
+            f"{fmt(c['before_ms'])} ms to {fmt(c['after_ms'])} ms ({c['after_ms'] / c['before_ms']:.3g}×)"
         )
-        for c in section["change_points"]
-    ]
+        over = next((taking_over[s] for s in (c["step"], c["step"] - 1, c["step"] + 1) if s in taking_over), None)
+        if over is not None:
+            changes.append(("info", f"{text}: where optimizer {over[0] + 1} ({over[1]}) takes over."))
+        else:
+            changes.append(("warn" if c["after_ms"] > c["before_ms"] else "good", f"{text}."))
     blocks: list[Block] = [
         Para(
             f"{section['count']} steps in the training process (pid {section['main_pid']}), counted from "
@@ -97,6 +102,27 @@ def render(section: dict[str, Any]) -> list[Block]:
                         f"them is a step here, so a loop iteration that steps each once (a GAN's "
                         f"discriminator and generator, an actor and a critic) is {len(in_turn)} steps, and "
                         "the step times and shares are per optimizer step.",
+                    )
+                ]
+            ),
+        )
+    in_sequence = section.get("optimizers_in_sequence")
+    if in_sequence:
+        ranges = ", ".join(
+            f"{o['class']} (step {o['first']})"
+            if o["steps"] == 1
+            else f"{o['class']} (steps {o['first']}–{o['first'] + o['steps'] - 1})"
+            for o in in_sequence
+        )
+        blocks.insert(
+            1,
+            Findings(
+                [
+                    (
+                        "info",
+                        f"{len(in_sequence)} torch optimizers stepped one after another, each taking "
+                        f"over from the one before: {ranges} (a sweep's or k-fold's models, say, or an "
+                        "optimizer made anew each epoch). Read the step times per optimizer.",
                     )
                 ]
             ),
