@@ -23,14 +23,15 @@ def observe(tmp_path, observe_script):
         command = [sys.executable, str(SCRIPT), str(truth), *args]
         results, code = observe_script(command, tmp_path / "run", profile_steps=0)
         assert code == 0
-        return results["sections"]["anatomy"], json.loads(truth.read_text())
+        return results["sections"], json.loads(truth.read_text())
 
     return run
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_decoding_dataloader_gets_its_measured_share(observe, workers):
-    anatomy, truth = observe("--loader", "decode", "--decode-ms", "2", "--workers", str(workers))
+    sections, truth = observe("--loader", "decode", "--decode-ms", "2", "--workers", str(workers))
+    anatomy = sections["anatomy"]
     verdict = anatomy["verdict"]
     assert verdict["key"] == "input_bound" and anatomy["data_source"] == "loader"
     assert verdict["data_pct"] == pytest.approx(truth["data_pct"], abs=TOLERANCE_PP)
@@ -40,11 +41,19 @@ def test_a_decoding_dataloader_gets_its_measured_share(observe, workers):
     assert f"{verdict['data_pct']:.1f}%" in text and level == anatomy_words.LEVEL_STYLE[verdict["level"]]
 
 
-@pytest.mark.parametrize("loader", ["none", "prefetched"])
+@pytest.mark.parametrize("loader", ["none", "prefetched", "thread"])
 def test_no_data_source_is_never_called_input_bound(observe, loader):
-    anatomy, truth = observe("--loader", loader, "--decode-ms", "1")
+    """thread: the DataLoader is drawn in a prefetching thread, never in the loop's own: its time
+    there is no wait of the loop's (the loop's wait is on the queue, in the gap)."""
+    sections, truth = observe("--loader", loader, "--decode-ms", "1")
+    anatomy = sections["anatomy"]
     verdict = anatomy["verdict"]
     assert verdict["key"] == "no_data_source" and anatomy["percent"]["data"] == 0
+    assert (verdict["batches_elsewhere"] >= truth["steps"]) == (loader == "thread")
+    if loader == "thread":  # the batch x-ray joins none of those batches to a step, and counts no wait
+        batches = sections["batches"]
+        assert batches["in_steps"] == 0 and batches["taken_elsewhere"] >= truth["steps"] - 2
+        assert not batches["longest_waits"] and not batches["shares"]
     # the gap before the first forward: batch building in the loop (none), a list's next (prefetched)
     assert verdict["gap_pct"] == pytest.approx(truth["before_forward_pct"], abs=TOLERANCE_PP)
     level, text = anatomy_words.verdict(verdict)
@@ -52,7 +61,8 @@ def test_no_data_source_is_never_called_input_bound(observe, loader):
 
 
 def test_a_sleep_in_the_loop_body_is_other_not_data(observe):
-    anatomy, truth = observe("--loader", "decode", "--decode-ms", "0.2", "--sleep-ms", "6")
+    sections, truth = observe("--loader", "decode", "--decode-ms", "0.2", "--sleep-ms", "6")
+    anatomy = sections["anatomy"]
     assert anatomy["percent"]["data"] == pytest.approx(truth["data_pct"], abs=TOLERANCE_PP)
     assert anatomy["percent"]["other"] == pytest.approx(truth["other_pct"], abs=TOLERANCE_PP)
     assert truth["other_pct"] > 20  # the 6 ms sleep is most of it

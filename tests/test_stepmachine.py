@@ -165,6 +165,28 @@ def test_a_differentiable_gradient_is_backward_time_and_no_step():
     assert all((s["backward"], s["backwards"]) == (5.0, 1) for s in r.steps)
 
 
+def test_batches_another_thread_draws_are_no_data_of_the_steps():
+    """A prefetching thread draws from the DataLoader while the loop's thread runs the steps: its
+    time is no wait of the loop's, and the draws are counted apart."""
+    records = Records()
+    thread = [1]  # the thread each event comes from: the loop's (1) or the prefetcher's (2)
+    m = StepMachine(records, clock=lambda: 0.0, thread_id=lambda: thread[0])
+    m.optimizer_created()
+    t = 0.0
+    for _ in range(3):
+        thread[0] = 2
+        m.loader_next(t, t + 5)  # inside the loop's step, as far as the clock goes
+        thread[0] = 1
+        forward_backward(m, t + 1, t + 3, t + 6)
+        m.optimizer_begin(t + 6)
+        m.optimizer_end(t + 7)
+        t += 7
+    later = [s for s in records.steps if s["src"] == "optimizer"][1:]  # (the first starts at its first work)
+    assert len(later) == 2 and all((s["data"], s["data_source"], s["forward"]) == (1.0, "gap", 2.0) for s in later)
+    m.finish(t, torch_attached=True)
+    assert records.other[-1]["batches_elsewhere"] == 3
+
+
 def test_wrapped_optimizer_nested_step_is_one_step():
     m, r = machine()
     m.optimizer_created()

@@ -6,6 +6,8 @@ number of milliseconds, so it holds wall time as real work would.
     --loader decode      a DataLoader whose samples each take --decode-ms to "decode"
     --loader none        no data source: each batch is built in the loop body (--decode-ms a sample)
     --loader prefetched  every batch built before the loop, then drawn from a list
+    --loader thread      a DataLoader drawn by a prefetching thread into a queue, the loop taking
+                         its batches from the queue (prefetch_generator's BackgroundGenerator)
     --sleep-ms X         a sleep after each optimizer step (logging, a barrier) in the loop body
     --read-ms X          a sleep per sample in __getitem__ before its decoding (reading it from slow
                          storage): workers overlap it even when the machine's cores are all busy
@@ -15,6 +17,8 @@ number of milliseconds, so it holds wall time as real work would.
 
 import argparse
 import json
+import queue
+import threading
 import time
 
 import torch
@@ -61,7 +65,7 @@ class Model(nn.Module):
 
 parser = argparse.ArgumentParser()
 parser.add_argument("truth")
-parser.add_argument("--loader", choices=["decode", "none", "prefetched"], default="decode")
+parser.add_argument("--loader", choices=["decode", "none", "prefetched", "thread"], default="decode")
 parser.add_argument("--decode-ms", type=float, default=1.0)
 parser.add_argument("--workers", type=int, default=0)
 parser.add_argument("--batch-size", type=int, default=4)
@@ -80,6 +84,11 @@ if args.loader == "decode":
     batches = iter(
         DataLoader(Decoded(n, args.decode_ms, args.read_ms), batch_size=args.batch_size, num_workers=args.workers)
     )
+elif args.loader == "thread":
+    ready: queue.Queue = queue.Queue(maxsize=4)
+    loader = DataLoader(Decoded(n, args.decode_ms), batch_size=args.batch_size)
+    threading.Thread(target=lambda: [*map(ready.put, loader), ready.put(None)], daemon=True).start()
+    batches = iter(ready.get, None)
 elif args.loader == "prefetched":
     dataset = Decoded(n, args.decode_ms)
     batches = iter(

@@ -104,11 +104,15 @@ def classify(input_pct: float) -> str:
     return "moderately" if input_pct >= MODERATELY_PCT else "not"
 
 
-def anatomy_section(section: dict[str, Any], summary: dict[str, Any] | None, own_us: float | None) -> dict[str, Any]:
+def anatomy_section(
+    section: dict[str, Any], summary: dict[str, Any] | None, own_us: float | None, batches_elsewhere: int = 0
+) -> dict[str, Any]:
     """Mean step anatomy over the steady steps: not the first (start-up, first batch), not the
     profiler's warm-up and active steps (their recording cost is reported with the top-10).
     dlscope's own calibrated cost per step (`own_us`) is taken out of the step and out of
-    "other" before any share is computed. The verdict is facts: a key, a level, its numbers."""
+    "other" before any share is computed. The verdict is facts: a key, a level, its numbers.
+    `batches_elsewhere`: DataLoader batches the process drew in a thread other than the steps'
+    (a prefetching thread): no wait of the loop's, never its data."""
     if summary is None or not summary["count"]:
         return {"steps_used": 0, "verdict": {"key": "no_steps"}}
     used, sums = "steady", summary["steady"]
@@ -132,6 +136,7 @@ def anatomy_section(section: dict[str, Any], summary: dict[str, Any] | None, own
             "data_ms": round(mean_s["data"] * 1e3, 3),
             "thresholds_pct": {"highly": INPUT_BOUND_PCT, "moderately": MODERATELY_PCT},
             "loader_steps": summary["loader_steps"],
+            "batches_elsewhere": batches_elsewhere,
         }
     else:
         verdict = {
@@ -140,6 +145,7 @@ def anatomy_section(section: dict[str, Any], summary: dict[str, Any] | None, own
             "gap_pct": round(pct["gap"], 2),
             "gap_ms": round(mean_s["gap"] * 1e3, 3),
             "gap_holds_update": section["source"] == "backward",
+            "batches_elsewhere": batches_elsewhere,
         }
     return {
         "steps_used": count,
@@ -308,6 +314,11 @@ def run_section(records: Records, main: int | None, steps_seen: int) -> dict[str
     }
 
 
+def batches_elsewhere(records: list[dict[str, Any]]) -> int:
+    """DataLoader batches this process drew in a thread other than its steps'."""
+    return sum(r.get("batches_elsewhere", 0) for r in records if r.get("k") == "observed")
+
+
 def own_cost_us(records: list[dict[str, Any]]) -> float | None:
     """dlscope's own cost per step in this process, as it calibrated it at attach."""
     found = next((r for r in records if r.get("k") == "calibration"), None)
@@ -324,7 +335,7 @@ def sections(observed: Observed, origin: float, sort_by: str = "self_cpu") -> di
     return {
         "run": run_section(observed.records, main, steps["count"]),
         "steps": steps,
-        "anatomy": anatomy_section(steps, summary, own),
+        "anatomy": anatomy_section(steps, summary, own, batches_elsewhere(observed.records.get(main, []))),
         "top10": top10_section(
             observed.records,
             steps,

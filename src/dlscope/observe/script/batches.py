@@ -65,7 +65,7 @@ from typing import Any, NamedTuple
 from dlscope.observe.script.stepmachine import native_thread_id
 
 BATCHES_MAGIC = b"DLSBATCH"
-BATCHES_VERSION = 2
+BATCHES_VERSION = 3  # 3: the taking thread in each taken record
 KIND_BUILT, KIND_TAKEN, KIND_LOADER, KIND_COST = 0, 1, 2, 3
 # built flags: samples timed one by one; an iterable dataset; fetched whole by `__getitems__`
 SAMPLE_TIMES, ITERABLE, WHOLE = 1, 2, 4
@@ -76,10 +76,11 @@ BUILT = struct.Struct("<IBBhIIIIdddd")
 BUILT_FIELDS = ("length", "kind", "flags", "worker_id", "generation", "idx", "samples", "tid")
 BUILT_TIMES = ("start", "fetched", "collated", "ready")
 # length, kind, pad, worker_id, worker_pid, generation, idx, loader, pass (UNKNOWN: a loader
-# iterated without DataLoader.__iter__), next_start, next_end (the loader's __next__), taken (the
-# training process had the batch in hand), pin seconds (NaN: not pinned)
-TAKEN = struct.Struct("<IBxhIIIIIdddf")
-TAKEN_FIELDS = ("length", "kind", "worker_id", "worker_pid", "generation", "idx", "loader", "pass")
+# iterated without DataLoader.__iter__), tid (the thread that took it: the loop's, or a
+# prefetcher's), next_start, next_end (the loader's __next__), taken (the training process had
+# the batch in hand), pin seconds (NaN: not pinned)
+TAKEN = struct.Struct("<IBxhIIIIIIdddf")
+TAKEN_FIELDS = ("length", "kind", "worker_id", "worker_pid", "generation", "idx", "loader", "pass", "tid")
 TAKEN_TIMES = ("next_start", "next_end", "taken", "pin")
 TAKEN_SIZE = TAKEN.size
 LOADER = struct.Struct("<IBxxxI")  # length, kind, loader; then its description as JSON
@@ -380,8 +381,9 @@ class BatchRecorder:
                 worker_id, pid, generation, idx, when, pin = taken
                 loader, passes = own.get("_dlscope_pass", UNKNOWN_PASS)
                 record = TAKEN.pack(
-                    TAKEN.size, KIND_TAKEN, worker_id, pid, generation, idx, loader, passes, start, end, when, pin
-                )
+                    TAKEN.size, KIND_TAKEN, worker_id, pid, generation, idx, loader, passes, native_thread_id(),
+                    start, end, when, pin,
+                )  # fmt: skip
                 self.file.write(record, end)
             return
         local.built = None
@@ -394,7 +396,21 @@ class BatchRecorder:
         pin = local.pin
         if pin == pin:  # pinned (not NaN)
             local.pin = NAN
-        taken = (TAKEN_SIZE, KIND_TAKEN, -1, self.pid, serial, idx, loader, passes, start, end, end, pin)
+        taken = (
+            TAKEN_SIZE,
+            KIND_TAKEN,
+            -1,
+            self.pid,
+            serial,
+            idx,
+            loader,
+            passes,
+            native_thread_id(),
+            start,
+            end,
+            end,
+            pin,
+        )
         self.write_built(built, serial, idx, end, taken)
 
     def loader_iter(self, iter_: Callable, loader: Any) -> Any:

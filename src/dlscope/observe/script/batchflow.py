@@ -98,13 +98,14 @@ TAKEN_RECORD = np.dtype(
             "idx",
             "loader",
             "pass",
+            "tid",
             "next_start",
             "next_end",
             "taken",
             "pin",
         ],
-        "formats": ["<i2", "<u4", "<u4", "<u4", "<u4", "<u4", "<f8", "<f8", "<f8", "<f4"],
-        "offsets": [6, 8, 12, 16, 20, 24, 28, 36, 44, 52],
+        "formats": ["<i2", "<u4", "<u4", "<u4", "<u4", "<u4", "<u4", "<f8", "<f8", "<f8", "<f4"],
+        "offsets": [6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56],
         "itemsize": TAKEN.size,
     }
 )
@@ -157,6 +158,7 @@ class Taken:
     idx: int
     loader: int
     pass_: int
+    tid: int
     next_start: float
     next_end: float
     taken: float
@@ -517,6 +519,7 @@ class Flow:
     samples: SampleTimes = field(default_factory=SampleTimes)
     io: dict[int, dict[str, Any]] = field(default_factory=dict)  # built row -> its system calls
     loaders: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)  # (pid, number) -> what
+    taken_elsewhere: int = 0  # batches taken during a step by a thread other than the step's (a prefetcher)
 
     def __len__(self) -> int:
         return len(self.taken)
@@ -546,10 +549,14 @@ def join(
     mine = taken[taken["pid"] == main] if main is not None and np.any(taken["pid"] != main) else taken
     if np.any(np.diff(mine["next_start"]) < 0):  # written in order: sorted already, no copy
         mine = mine[np.argsort(mine["next_start"], kind="stable")]
+    elsewhere = np.zeros(len(mine), bool)
     if len(steps):
         starts = steps["start"].astype(np.float64)
         ends = starts + steps["seconds"].astype(np.float64)
         step, in_step = step_of(mine["next_start"], starts, ends, steps["i"])
+        if "tid" in (steps.dtype.names or ()):
+            elsewhere = in_step & _other_thread(mine["tid"], steps["tid"], starts, mine["next_start"])
+            in_step &= ~elsewhere
     else:
         step, in_step = np.zeros(len(mine), np.int64), np.zeros(len(mine), bool)
     in_step &= ~_inside_any(mine["next_start"], evals)
@@ -559,8 +566,17 @@ def join(
     # (a worker's: the training process's own first batch of a pass waits for no process to start)
     worker_first[matched] = firsts[match[matched]] & (built["worker_id"][match[matched]] >= 0)
     flow = Flow(built, mine, match, step, in_step, worker_first, samples or SampleTimes())
+    flow.taken_elsewhere = int(np.count_nonzero(elsewhere))
     _return_freed_memory()
     return flow
+
+
+def _other_thread(taken_tid: np.ndarray, step_tid: np.ndarray, starts: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Which batches a thread other than the one running the step around them took (a prefetching
+    thread's `BackgroundGenerator`): its wait is that thread's, not the step's (0: not recorded)."""
+    k = np.maximum(np.searchsorted(starts, at, side="right") - 1, 0)
+    around = step_tid[k]
+    return (taken_tid != 0) & (around != 0) & (taken_tid != around)
 
 
 def _return_freed_memory() -> None:
@@ -747,6 +763,7 @@ def section(flow: Flow, steps: np.ndarray, out_csv: Path, trace_io: bool) -> dic
         "batches_built": len(flow.built),
         "joined": len(joined),
         "in_steps": len(in_steps),
+        "taken_elsewhere": flow.taken_elsewhere,
         "trace_io": trace_io,
         "loaders": loader_table(flow, c),
         "own_cost": own_cost(flow),

@@ -32,7 +32,8 @@ rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code to decode it:
     E         of a checkpoint phase: files (every file written inside it)
     profile   trace, ops (key_averages rows), export_seconds
     rank      rank, world_size (when the process joined a process group: init_process_group)
-    observed  torch_attached, optimizer_steps, backward_steps, torch_optimizer (at exit)
+    observed  torch_attached, optimizer_steps, backward_steps, torch_optimizer, batches_elsewhere
+              (batches drawn in a thread other than the steps': a prefetcher's) (at exit)
     optimizers  stepped [{class, steps}] per optimizer instance stepped at top level, returns
               (how often one stepped again after another); at exit, when one stepped
     error     where, error (an observer that could not attach, step fields it did not know)

@@ -4,7 +4,8 @@ every rule below is tested on recorded event sequences (tests/test_stepmachine.p
 The torch layer (observe/script/hooks.py) turns torch's extension points into these events, each
 stamped with CLOCK_REALTIME seconds by the caller:
 
-    loader_next(start, end)          a batch drawn from a DataLoader (training only)
+    loader_next(start, end)          a batch drawn from a DataLoader (training only; in the thread
+                                     that ends the steps: one a prefetching thread draws is no wait of the loop's)
     forward_begin(now, training)     the outermost module call starts; `training` is False for
     forward_end(now)                 an evaluation forward (no grad, or the module run in eval mode)
     backward_begin(now) / backward_end(now, ends_step)   a `backward()`, or an `autograd.grad` call;
@@ -179,6 +180,11 @@ class StepMachine:
         self.totals = [0.0, 0.0, 0.0, 0.0]
         self.backwards = self.batches = 0
         self.optimizer_depth = 0
+        # the thread that ended the last primary step (until one has: the thread that attached,
+        # the main thread, where nearly every loop runs); batches another thread draws (a
+        # prefetcher's) are counted, never the steps' data
+        self.step_thread = self.thread_id()
+        self.batches_elsewhere = 0
         self.next_profiled: tuple[str | None, int | None] = NOT_PROFILED
         self.next_memory = float("-inf")  # when peak memory is read next
         self.next_work = float("-inf")  # when a step end next has memory or the profiler to look at
@@ -302,6 +308,9 @@ class StepMachine:
     def loader_next(self, start: float, end: float) -> None:
         if self.in_eval:
             return
+        if self.thread_id() != self.step_thread:
+            self.batches_elsewhere += 1
+            return
         if self.idle:
             self.activity(start)
         current = self.part
@@ -418,7 +427,9 @@ class StepMachine:
         counts[src] = index + 1
         peak_rss = peak_cuda = profiled = profiler_step = None
         resumed = now  # when the next step starts: after dlscope's own work at this step end
+        tid = self.thread_id()
         if src == "optimizer" or not self.has_optimizer:  # the primary stream
+            self.step_thread = tid
             if index == 0:
                 self._switch("first_batch", "train_steps", now)
             if self.on_step is not None:
@@ -452,7 +463,7 @@ class StepMachine:
             profiled,
             profiler_step,
             resumed - now,
-            self.thread_id(),
+            tid,
         )
         # the next step of this stream, in the same object (`steps` and `live` hold it)
         step.start = resumed
@@ -492,6 +503,7 @@ class StepMachine:
                     "optimizer_steps": self.counts["optimizer"],
                     "backward_steps": self.counts["backward"],
                     "torch_optimizer": self.has_optimizer,
+                    "batches_elsewhere": self.batches_elsewhere,
                     "pid": os.getpid(),
                 }
             )

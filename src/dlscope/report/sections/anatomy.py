@@ -34,6 +34,11 @@ def verdict(v: dict[str, Any]) -> tuple[str, str]:
             f"is spent inside DataLoader.__next__, waiting for a batch. Thresholds: ≥ {t['highly']:.0f}% highly, "
             f"{t['moderately']:.0f}–{t['highly']:.0f}% moderately (TensorFlow's input-pipeline analyser)."
         )
+        if v.get("batches_elsewhere"):
+            text += (
+                f" Another thread of the process also drew from a DataLoader ({v['batches_elsewhere']} calls of "
+                "its __next__: a prefetcher's): that time is the thread's, not the loop's."
+            )
         ready = v.get("batches_ready_pct")
         if level != "not" and ready is not None and ready >= READY_PCT:
             text += (
@@ -42,11 +47,19 @@ def verdict(v: dict[str, Any]) -> tuple[str, str]:
                 "to waiting for a core, not to building them, and more workers would not shorten it."
             )
         return LEVEL_STYLE[level], text
+    elsewhere = v.get("batches_elsewhere", 0)
+    seen = (
+        "The steps' thread drew no batch from a DataLoader: another thread of the process drew them (a "
+        f"prefetcher's: {elsewhere} calls of DataLoader's __next__), so the loop's wait for them, if any, is "
+        "not timed inside a DataLoader. "
+        if elsewhere
+        else "No data source was seen (no DataLoader iterated), so nothing is said about input: the loop may "
+        "prefetch, build its batches in the loop body or read no data at all. "
+    )
     text = (
-        f"No data source was seen (no DataLoader iterated), so nothing is said about input: the loop may "
-        f"prefetch, build its batches in the loop body or read no data at all. The gap between a step's start "
-        f"and its first forward is {v['gap_pct']:.1f}% of the step ({v['gap_ms']:.3g} ms; {over}); it holds "
-        "whatever the loop does there (zero_grad, moving a batch, Python work)"
+        f"{seen}The gap between a step's start and its first forward is {v['gap_pct']:.1f}% of the step "
+        f"({v['gap_ms']:.3g} ms; {over}); it holds whatever the loop does there (zero_grad, moving a batch, "
+        f"{'taking a batch from the prefetcher, ' if elsewhere else ''}Python work)"
     )
     if v["gap_holds_update"]:
         text += (

@@ -194,11 +194,19 @@ def batch_table(
 
 
 def render(section: dict[str, Any]) -> list[Block]:
+    elsewhere = section.get("taken_elsewhere", 0)
     blocks: list[Block] = [
         Para(
-            f"{section['batches_taken']} batches taken by the training loop, {section['batches_built']} built "
+            f"{section['batches_taken']} batches taken by the training process, {section['batches_built']} built "
             f"({section['joined']} joined to the worker that built them by DataLoader's own batch number, "
             f"{section['in_steps']} to the step that used them). Every batch is a row of {section['file']}."
+            + (
+                f" {elsewhere} were taken by a thread other than the one running the steps (a prefetching "
+                "thread's): no step waited inside DataLoader for those, so they are joined to no step and "
+                "count in no wait below."
+                if elsewhere
+                else ""
+            )
         )
     ]
     items = findings(section)
