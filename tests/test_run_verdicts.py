@@ -60,6 +60,21 @@ def test_no_data_source_is_never_called_input_bound(observe, loader):
     assert level == "info" and "input-bound" not in text
 
 
+@pytest.mark.parametrize("loader", ["decode", "none"])
+def test_a_no_grad_forward_in_each_step_is_the_steps_not_an_evaluation(observe, loader):
+    """A frozen teacher's forward under no_grad at each step (distillation; DQN's target network):
+    after the batch is drawn it is the step's forward; with no data source, before the model's
+    forward, it is the step's gap. Never an evaluation phase per step."""
+    sections, truth = observe("--loader", loader, "--decode-ms", "0.5", "--teacher-ms", "3")
+    anatomy = sections["anatomy"]
+    if loader == "decode":
+        assert anatomy["percent"]["forward"] == pytest.approx(truth["forward_pct"], abs=TOLERANCE_PP)
+        assert anatomy["percent"]["data"] == pytest.approx(truth["data_pct"], abs=TOLERANCE_PP)
+    else:
+        assert anatomy["verdict"]["gap_pct"] == pytest.approx(truth["before_forward_pct"], abs=TOLERANCE_PP)
+    assert not [t for t in sections["phases"]["totals"] if t["phase"] == "eval"]
+
+
 def test_a_sleep_in_the_loop_body_is_other_not_data(observe):
     sections, truth = observe("--loader", "decode", "--decode-ms", "0.2", "--sleep-ms", "6")
     anatomy = sections["anatomy"]

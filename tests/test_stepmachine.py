@@ -229,6 +229,30 @@ def test_eval_forwards_are_an_eval_phase_and_leave_the_step_untouched():
     assert second["start"] == t + 10 and second["forward"] == 2  # eval time belongs to no step
 
 
+def test_no_grad_forwards_are_an_evaluation_only_from_enough_in_a_row():
+    """Under no_grad alone (no eval()): 2 a step (DQN's action and target) are the step's gap; 6
+    in a row between two steps (a validation loop) are one eval phase, from the first."""
+    m, r = machine()
+    m.optimizer_created()
+    t = plain_step(m, 0.0)
+    for _ in range(3):
+        for k in range(2):
+            m.forward_begin(t + k, training=False)
+            m.forward_end(t + k + 0.5)
+        t = plain_step(m, t + 2)
+    assert not [p for p in r.phases() if p[1] == "eval"]
+    opt = [s for s in r.steps if s["src"] == "optimizer"]
+    # their time is the step's (in its interval), not forward: none of its work had started
+    assert [(s["end"] - s["start"], s["data"], s["forward"]) for s in opt[1:]] == [(9.0, 1.0, 2.0)] * 3
+    for k in range(6):
+        m.forward_begin(t + k, training=False)
+        m.forward_end(t + k + 0.5)
+    plain_step(m, t + 10)
+    evals = [rec for rec in r.other if rec["k"] in "BE" and rec["name"] == "eval"]
+    assert [(rec["k"], rec["ts"]) for rec in evals] == [("B", t), ("E", t + 11)]
+    assert [s for s in r.steps if s["src"] == "optimizer"][-1]["start"] == t + 11  # eval time: no step's
+
+
 def test_checkpoint_inside_a_trainer_save_is_one_phase_listing_its_files():
     m, r = machine()
     assert m.checkpoint_begin(1.0, "checkpoint_save", "last.ckpt")

@@ -11,6 +11,8 @@ number of milliseconds, so it holds wall time as real work would.
     --sleep-ms X         a sleep after each optimizer step (logging, a barrier) in the loop body
     --read-ms X          a sleep per sample in __getitem__ before its decoding (reading it from slow
                          storage): workers overlap it even when the machine's cores are all busy
+    --teacher-ms X       each step, a frozen module's forward under no_grad before the model's (a
+                         teacher in distillation, a target network in DQN): X ms of busy-wait
     --forward-waits      the forward sleeps its --forward-ms instead of busy-waiting (a host waiting
                          for its GPU): the CPU is left to the DataLoader's workers (dlscope diff's test)
 """
@@ -74,10 +76,12 @@ parser.add_argument("--forward-ms", type=float, default=4.0)
 parser.add_argument("--sleep-ms", type=float, default=0.0)
 parser.add_argument("--forward-waits", action="store_true")
 parser.add_argument("--read-ms", type=float, default=0.0)
+parser.add_argument("--teacher-ms", type=float, default=0.0)
 args = parser.parse_args()
 
 torch.manual_seed(0)
 model = Model(args.forward_ms, args.forward_waits)
+teacher = Model(args.teacher_ms, False).requires_grad_(False)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 n = args.steps * args.batch_size
 if args.loader == "decode":
@@ -98,9 +102,10 @@ else:
     dataset = Decoded(n, args.decode_ms)
     batches = (torch.stack([dataset[i + j] for j in range(args.batch_size)]) for i in range(0, n, args.batch_size))
 
-# per step: the time to get a batch, to reach the first forward, outside the batch and the training
-# work (zero_grad, the sleep: dlscope's "other"), and the whole step
-data, before_forward, outside, total = [], [], [], []
+# per step: the time to get a batch, to reach the first forward (the teacher's: in the gap with no
+# data source), in forwards (the teacher's too: no grad, inside the step), outside the batch and the
+# training work (zero_grad, the sleep: dlscope's "other"), and the whole step
+data, before_forward, forward, outside, total = [], [], [], [], []
 while True:
     start = time.perf_counter()
     try:
@@ -109,6 +114,10 @@ while True:
         break
     got = time.perf_counter()
     optimizer.zero_grad()
+    taught = time.perf_counter()
+    if args.teacher_ms:
+        with torch.no_grad():
+            teacher(x)
     reached = time.perf_counter()
     out = model(x)
     forwarded = time.perf_counter()
@@ -122,7 +131,8 @@ while True:
     end = time.perf_counter()
     data.append(got - start)
     before_forward.append(reached - start)
-    outside.append(end - stepped + reached - got + lossed - forwarded)
+    forward.append(forwarded - taught)
+    outside.append(end - stepped + taught - got + lossed - forwarded)
     total.append(end - start)
 
 steady = slice(1, None)  # the first step holds start-up (workers forked), as dlscope leaves it out
@@ -132,6 +142,11 @@ def share(part: list[float]) -> float:
     return 100.0 * sum(part[steady]) / sum(total[steady])
 
 
-truth = {"data_pct": share(data), "before_forward_pct": share(before_forward), "other_pct": share(outside)}
+truth = {
+    "data_pct": share(data),
+    "before_forward_pct": share(before_forward),
+    "forward_pct": share(forward),
+    "other_pct": share(outside),
+}
 with open(args.truth, "w") as f:
     json.dump({**truth, "steps": len(total)}, f)

@@ -7,7 +7,8 @@ stamped with CLOCK_REALTIME seconds by the caller:
     loader_next(start, end)          a batch drawn from a DataLoader (training only; in the thread
                                      that ends the steps: one a prefetching thread draws is no wait of the loop's)
     forward_begin(now, training)     the outermost module call starts; `training` is False for
-    forward_end(now)                 an evaluation forward (no grad, or the module run in eval mode)
+    forward_end(now)                 a forward with no grad, or of a module in eval mode: see
+                                     IMPLICIT_EVAL_FORWARDS for when those are an evaluation
     backward_begin(now) / backward_end(now, ends_step)   a `backward()`, or an `autograd.grad` call;
                                      ends_step False for a gradient kept differentiable (create_graph)
     optimizer_begin(now) / optimizer_end(now)   a torch optimizer's `step` (nested calls: the outer)
@@ -22,6 +23,13 @@ optimizer call — never at a gradient kept differentiable (`create_graph=True`:
 a meta-learning inner loop's), which is backward time inside a step and no step of its own.
 Both streams are recorded until an optimizer has stepped; only the primary one (the optimizer's
 when a torch optimizer exists) drives the profiler and samples memory.
+
+Evaluations. An outermost `Module.train(False)` (`model.eval()`) starts an eval phase, and the
+next training work ends it; its time belongs to no step. A forward with no grad outside one is an
+evaluation only from IMPLICIT_EVAL_FORWARDS in a row (a validation loop under `torch.no_grad()`
+alone); fewer, between two backward() calls or step ends, are the step's: a frozen teacher's in
+distillation, a target network's and the action chosen in DQN — timed as forward once the step's
+work has started (a batch drawn), in its gap before.
 
 Parts never overlap: an interval opened inside another (a closure's forward and backward inside
 `optimizer.step`, an activation-checkpoint recompute's forward inside backward) is that inner
@@ -59,6 +67,9 @@ STEP_ARGS = (
     "profiler_seconds",
     "tid",
 )
+# this many forwards with no grad (or of modules in eval mode), with no train(False) around them and
+# no backward() or step end between, are an evaluation; fewer are the step's own work
+IMPLICIT_EVAL_FORWARDS = 4
 MEMORY_INTERVAL_S = 0.1  # peak memory read at most this often: a /proc read costs ~10 µs
 
 
@@ -169,6 +180,9 @@ class StepMachine:
         self.last_end = float("-inf")
         self.checkpoint_files: list[str] = []  # of the open checkpoint phase
         self.in_eval = False
+        # forwards with no grad (or in eval mode) since the last backward() or step end, the first's time
+        self.quiet_forwards = 0
+        self.quiet_since = 0.0
         # open parts, as exclusive time: the innermost runs (`part`, since `since`), those around it
         # (`outer`, innermost last) are paused until it closes — no list per part in a step
         self.part: int | None = None
@@ -228,6 +242,7 @@ class StepMachine:
             return
         self.end("eval", now)
         self.in_eval = False
+        self.quiet_forwards = 0
         self._restart_fresh(now)
 
     def _restart_fresh(self, now: float) -> None:
@@ -324,8 +339,20 @@ class StepMachine:
 
     def forward_begin(self, now: float, training: bool) -> None:
         if not training:
-            self.eval_begin(now)
-        elif self.attention or self.part is not None:
+            if self.in_eval:
+                return
+            # no grad, or a module in eval mode, with no train(False) around: an evaluation once
+            # IMPLICIT_EVAL_FORWARDS run with no backward() or step end between (from the first);
+            # until then the step's (a frozen teacher's, a target network's, an action chosen)
+            self.quiet_forwards += 1
+            if self.quiet_forwards == 1:
+                self.quiet_since = now
+            if self.quiet_forwards >= IMPLICIT_EVAL_FORWARDS:
+                self.eval_begin(self.quiet_since)
+                return
+            if self.idle:  # before the step's work: in its gap, as whatever else the loop does there
+                return
+        if self.attention or self.part is not None:
             self._open(FORWARD, now)
         else:  # the step's work started, no part open: as in most steps
             self.part, self.since = FORWARD, now
@@ -352,6 +379,7 @@ class StepMachine:
         if not ends_step:  # a differentiable gradient: its time, neither a backward() nor a step
             return
         self.backwards += 1
+        self.quiet_forwards = 0
         # a closure's backward inside optimizer.step is part of that optimizer's step
         if not self.optimizer_stepped and self.optimizer_depth == 0:
             self.end_step("backward", now)
@@ -473,6 +501,7 @@ class StepMachine:
         step.first_work = None
         step.fresh = True
         self.idle = self.unworked = self.attention = True
+        self.quiet_forwards = 0
 
     def _between_steps(self, index: int, now: float) -> tuple[int | None, int | None, float]:
         """At a primary step end once `next_work` is due: peak memory (at most every
