@@ -229,6 +229,29 @@ def test_eval_forwards_are_an_eval_phase_and_leave_the_step_untouched():
     assert second["start"] == t + 10 and second["forward"] == 2  # eval time belongs to no step
 
 
+def test_a_module_put_in_eval_mode_is_an_evaluation_only_once_it_runs_a_forward():
+    """`bn.eval()` at each step (a BatchNorm frozen) runs no forward with no grad: no eval phase,
+    no record per step. `model.eval()` then a validation forward: an eval phase from that forward."""
+    m, r = machine()
+    m.optimizer_created()
+    t = plain_step(m, 0.0)
+    for _ in range(3):
+        m.loader_next(t, t + 1)
+        m.train_mode(t + 1, False)  # the BatchNorm's eval(): an outermost train(False)
+        forward_backward(m, t + 2, t + 3, t + 4)  # the model's training forward ends it
+        m.optimizer_begin(t + 4)
+        m.optimizer_end(t + 5)
+        t += 5
+    assert not [p for p in r.phases() if p[1] == "eval"]
+    assert [s["data"] for s in r.steps if s["src"] == "optimizer"][1:] == [1.0] * 3
+    m.train_mode(t + 1, False)
+    m.forward_begin(t + 3, training=False)
+    m.forward_end(t + 4)
+    m.train_mode(t + 5, True)
+    evals = [(rec["k"], rec["ts"]) for rec in r.other if rec["k"] in "BE" and rec["name"] == "eval"]
+    assert evals == [("B", t + 3), ("E", t + 5)]
+
+
 def test_no_grad_forwards_are_an_evaluation_only_from_enough_in_a_row():
     """Under no_grad alone (no eval()): 2 a step (DQN's action and target) are the step's gap; 6
     in a row between two steps (a validation loop) are one eval phase, from the first."""

@@ -24,12 +24,15 @@ a meta-learning inner loop's), which is backward time inside a step and no step 
 Both streams are recorded until an optimizer has stepped; only the primary one (the optimizer's
 when a torch optimizer exists) drives the profiler and samples memory.
 
-Evaluations. An outermost `Module.train(False)` (`model.eval()`) starts an eval phase, and the
-next training work ends it; its time belongs to no step. A forward with no grad outside one is an
-evaluation only from IMPLICIT_EVAL_FORWARDS in a row (a validation loop under `torch.no_grad()`
-alone); fewer, between two backward() calls or step ends, are the step's: a frozen teacher's in
-distillation, a target network's and the action chosen in DQN — timed as forward once the step's
-work has started (a batch drawn), in its gap before.
+Evaluations. An outermost `Module.train(False)` (`model.eval()`) starts an evaluation, and the
+next training work ends it; batches drawn in it are no step's data, and once a forward with no
+grad has run in it, it is an eval phase (from that forward) whose time belongs to no step. One
+that runs no such forward (a BatchNorm frozen by `bn.eval()` at each step) is no evaluation. A
+forward with no grad outside one is an evaluation only from IMPLICIT_EVAL_FORWARDS in a row (a
+validation loop under `torch.no_grad()` alone); fewer, between two backward() calls or step
+ends, are the step's: a frozen teacher's in distillation, a target network's and the action
+chosen in DQN — timed as forward once the step's work has started (a batch drawn), in its gap
+before.
 
 Parts never overlap: an interval opened inside another (a closure's forward and backward inside
 `optimizer.step`, an activation-checkpoint recompute's forward inside backward) is that inner
@@ -180,6 +183,7 @@ class StepMachine:
         self.last_end = float("-inf")
         self.checkpoint_files: list[str] = []  # of the open checkpoint phase
         self.in_eval = False
+        self.eval_written = False  # the evaluation's phase written (at its first forward with no grad)
         # forwards with no grad (or in eval mode) since the last backward() or step end, the first's time
         self.quiet_forwards = 0
         self.quiet_since = 0.0
@@ -232,18 +236,28 @@ class StepMachine:
             self.end(old, now)
             self.begin(new, now)
 
-    def eval_begin(self, now: float) -> None:
+    def eval_begin(self, now: float, forwarded: bool = True) -> None:
+        """An evaluation; its phase from `now` when `forwarded` (it starts with a forward), else (a
+        module put in eval mode) from its first forward with no grad (eval_forward), if any."""
         if not self.in_eval:
-            self.begin("eval", now)
             self.in_eval = self.attention = True
+            self.eval_written = False
+        if forwarded:
+            self.eval_forward(now)
+
+    def eval_forward(self, now: float) -> None:
+        if not self.eval_written:
+            self.eval_written = True
+            self.begin("eval", now)
 
     def eval_end(self, now: float) -> None:
         if not self.in_eval:
             return
-        self.end("eval", now)
         self.in_eval = False
         self.quiet_forwards = 0
-        self._restart_fresh(now)
+        if self.eval_written:
+            self.end("eval", now)
+            self._restart_fresh(now)
 
     def _restart_fresh(self, now: float) -> None:
         """Time spent in eval or a checkpoint between two steps belongs to neither."""
@@ -340,6 +354,7 @@ class StepMachine:
     def forward_begin(self, now: float, training: bool) -> None:
         if not training:
             if self.in_eval:
+                self.eval_forward(now)
                 return
             # no grad, or a module in eval mode, with no train(False) around: an evaluation once
             # IMPLICIT_EVAL_FORWARDS run with no backward() or step end between (from the first);
@@ -425,7 +440,7 @@ class StepMachine:
         if mode:
             self.eval_end(now)
         else:
-            self.eval_begin(now)
+            self.eval_begin(now, forwarded=False)
 
     # checkpoints -----------------------------------------------------------------------------
     def checkpoint_begin(self, now: float, name: str, file: str | None) -> bool:
