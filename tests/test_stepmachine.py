@@ -229,9 +229,10 @@ def test_eval_forwards_are_an_eval_phase_and_leave_the_step_untouched():
     assert second["start"] == t + 10 and second["forward"] == 2  # eval time belongs to no step
 
 
-def test_a_module_put_in_eval_mode_is_an_evaluation_only_once_it_runs_a_forward():
-    """`bn.eval()` at each step (a BatchNorm frozen) runs no forward with no grad: no eval phase,
-    no record per step. `model.eval()` then a validation forward: an eval phase from that forward."""
+def test_a_module_put_in_eval_mode_is_an_evaluation_only_once_it_draws_or_runs_a_forward():
+    """`bn.eval()` at each step (a BatchNorm frozen) draws no batch and runs no forward with no
+    grad: no eval phase, no record per step. `model.eval()` then a validation forward: an eval
+    phase from that forward."""
     m, r = machine()
     m.optimizer_created()
     t = plain_step(m, 0.0)

@@ -25,9 +25,9 @@ Both streams are recorded until an optimizer has stepped; only the primary one (
 when a torch optimizer exists) drives the profiler and samples memory.
 
 Evaluations. An outermost `Module.train(False)` (`model.eval()`) starts an evaluation, and the
-next training work ends it; batches drawn in it are no step's data, and once a forward with no
-grad has run in it, it is an eval phase (from that forward) whose time belongs to no step. One
-that runs no such forward (a BatchNorm frozen by `bn.eval()` at each step) is no evaluation. A
+next training work ends it; batches drawn in it are no step's data, and once a batch is drawn
+or a forward with no grad runs in it, it is an eval phase (from then) whose time belongs to no
+step. One that does neither (a BatchNorm frozen by `bn.eval()` at each step) is no evaluation. A
 forward with no grad outside one is an evaluation only from IMPLICIT_EVAL_FORWARDS in a row (a
 validation loop under `torch.no_grad()` alone); fewer, between two backward() calls or step
 ends, are the step's: a frozen teacher's in distillation, a target network's and the action
@@ -183,7 +183,7 @@ class StepMachine:
         self.last_end = float("-inf")
         self.checkpoint_files: list[str] = []  # of the open checkpoint phase
         self.in_eval = False
-        self.eval_written = False  # the evaluation's phase written (at its first forward with no grad)
+        self.eval_written = False  # the evaluation's phase written (at its first batch or forward with no grad)
         # forwards with no grad (or in eval mode) since the last backward() or step end, the first's time
         self.quiet_forwards = 0
         self.quiet_since = 0.0
@@ -238,14 +238,14 @@ class StepMachine:
 
     def eval_begin(self, now: float, forwarded: bool = True) -> None:
         """An evaluation; its phase from `now` when `forwarded` (it starts with a forward), else (a
-        module put in eval mode) from its first forward with no grad (eval_forward), if any."""
+        module put in eval mode) from its first batch drawn or forward with no grad (eval_work), if any."""
         if not self.in_eval:
             self.in_eval = self.attention = True
             self.eval_written = False
         if forwarded:
-            self.eval_forward(now)
+            self.eval_work(now)
 
-    def eval_forward(self, now: float) -> None:
+    def eval_work(self, now: float) -> None:
         if not self.eval_written:
             self.eval_written = True
             self.begin("eval", now)
@@ -336,6 +336,7 @@ class StepMachine:
 
     def loader_next(self, start: float, end: float) -> None:
         if self.in_eval:
+            self.eval_work(start)
             return
         if self.thread_id() != self.step_thread:
             self.batches_elsewhere += 1
@@ -354,7 +355,7 @@ class StepMachine:
     def forward_begin(self, now: float, training: bool) -> None:
         if not training:
             if self.in_eval:
-                self.eval_forward(now)
+                self.eval_work(now)
                 return
             # no grad, or a module in eval mode, with no train(False) around: an evaluation once
             # IMPLICIT_EVAL_FORWARDS run with no backward() or step end between (from the first);

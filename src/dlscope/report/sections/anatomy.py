@@ -14,7 +14,7 @@ TITLE = "Step anatomy"
 LEVEL_STYLE = {"highly": "bad", "moderately": "warn", "not": "good"}
 PART_NAMES = {
     "data": "data (inside a data source)",
-    "gap": "gap (before the first forward)",
+    "gap": "gap (before the first training forward)",
     "forward": "forward",
     "backward": "backward",
     "optimizer": "optimizer",
@@ -57,9 +57,10 @@ def verdict(v: dict[str, Any]) -> tuple[str, str]:
         "prefetch, build its batches in the loop body or read no data at all. "
     )
     text = (
-        f"{seen}The gap between a step's start and its first forward is {v['gap_pct']:.1f}% of the step "
-        f"({v['gap_ms']:.3g} ms; {over}); it holds whatever the loop does there (zero_grad, moving a batch, "
-        f"{'taking a batch from the prefetcher, ' if elsewhere else ''}Python work)"
+        f"{seen}The gap between a step's start and its first training forward is {v['gap_pct']:.1f}% of the "
+        f"step ({v['gap_ms']:.3g} ms; {over}); it holds whatever the loop does there (zero_grad, moving a "
+        f"batch, {'taking a batch from the prefetcher, ' if elsewhere else ''}forwards without grad such as "
+        "a target network's, Python work)"
     )
     if v["gap_holds_update"]:
         text += (

@@ -135,8 +135,8 @@ def render(section: dict[str, Any]) -> list[Block]:
         Table(
             header,
             step_rows(section["edge_rows"], parts),
-            "First and last steps (ms; data = inside a DataLoader, gap = before the first forward when no data "
-            "source was seen; MB = peak RSS in the step)",
+            "First and last steps (ms; data = inside a DataLoader, gap = before the first training forward when "
+            "no data source was seen; MB = peak RSS in the step)",
         ),
     ]
     return blocks
