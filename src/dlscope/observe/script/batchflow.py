@@ -450,12 +450,15 @@ def attach_io(
 NONE = -1  # no built batch / no step
 
 
-def step_of(next_start: np.ndarray, starts: np.ndarray, ends: np.ndarray, numbers: np.ndarray) -> np.ndarray:
-    """The step whose interval holds each batch's `__next__` start, and whether there is one (not:
-    an evaluation loader, or a batch drawn after the last step)."""
-    k = np.searchsorted(starts, next_start, side="right") - 1
-    inside = (k >= 0) & (next_start <= ends[np.maximum(k, 0)])
-    return np.where(inside, numbers[np.maximum(k, 0)].astype(np.int64), 0), inside
+def step_of(
+    next_start: np.ndarray, starts: np.ndarray, ends: np.ndarray, numbers: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The step whose interval holds each batch's `__next__` start, whether there is one (not:
+    an evaluation loader, or a batch drawn after the last step), and that step's row (`starts`:
+    one step at least)."""
+    k = np.maximum(np.searchsorted(starts, next_start, side="right") - 1, 0)
+    inside = (next_start >= starts[0]) & (next_start <= ends[k])
+    return np.where(inside, numbers[k].astype(np.int64), 0), inside, k
 
 
 def _inside_any(at: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray:
@@ -553,9 +556,9 @@ def join(
     if len(steps):
         starts = steps["start"].astype(np.float64)
         ends = starts + steps["seconds"].astype(np.float64)
-        step, in_step = step_of(mine["next_start"], starts, ends, steps["i"])
+        step, in_step, row = step_of(mine["next_start"], starts, ends, steps["i"])
         if "tid" in (steps.dtype.names or ()):
-            elsewhere = in_step & _other_thread(mine["tid"], steps["tid"], starts, mine["next_start"])
+            elsewhere = in_step & _other_thread(mine["tid"], steps["tid"][row])
             in_step &= ~elsewhere
     else:
         step, in_step = np.zeros(len(mine), np.int64), np.zeros(len(mine), bool)
@@ -571,12 +574,11 @@ def join(
     return flow
 
 
-def _other_thread(taken_tid: np.ndarray, step_tid: np.ndarray, starts: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Which batches a thread other than the one running the step around them took (a prefetching
-    thread's `BackgroundGenerator`): its wait is that thread's, not the step's (0: not recorded)."""
-    k = np.maximum(np.searchsorted(starts, at, side="right") - 1, 0)
-    around = step_tid[k]
-    return (taken_tid != 0) & (around != 0) & (taken_tid != around)
+def _other_thread(taken_tid: np.ndarray, step_tid: np.ndarray) -> np.ndarray:
+    """Which batches a thread other than the one running the step around them (`step_tid`) took
+    (a prefetching thread's `BackgroundGenerator`): the wait is that thread's, not the step's (0:
+    not recorded)."""
+    return (taken_tid != 0) & (step_tid != 0) & (taken_tid != step_tid)
 
 
 def _return_freed_memory() -> None:

@@ -34,7 +34,8 @@ rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code to decode it:
     rank      rank, world_size (when the process joined a process group: init_process_group)
     observed  torch_attached, optimizer_steps, backward_steps, torch_optimizer, batches_elsewhere
               (batches drawn in a thread other than the steps': a prefetcher's) (at exit)
-    optimizers  stepped [{class, steps}] per optimizer instance stepped at top level, returns
+    optimizers  stepped [{class, steps, first}] per optimizer instance stepped at top level, in the
+              order they first stepped (first: the index of its first step), returns
               (how often one stepped again after another); at exit, when one stepped
     error     where, error (an observer that could not attach, step fields it did not know)
     end       clocks (at exit)

@@ -183,7 +183,6 @@ class StepMachine:
         self.last_end = float("-inf")
         self.checkpoint_files: list[str] = []  # of the open checkpoint phase
         self.in_eval = False
-        self.eval_written = False  # the evaluation's phase written (at its first batch or forward with no grad)
         # forwards with no grad (or in eval mode) since the last backward() or step end, the first's time
         self.quiet_forwards = 0
         self.quiet_since = 0.0
@@ -241,13 +240,11 @@ class StepMachine:
         module put in eval mode) from its first batch drawn or forward with no grad (eval_work), if any."""
         if not self.in_eval:
             self.in_eval = self.attention = True
-            self.eval_written = False
         if forwarded:
             self.eval_work(now)
 
     def eval_work(self, now: float) -> None:
-        if not self.eval_written:
-            self.eval_written = True
+        if "eval" not in self.stack:  # its phase not written yet
             self.begin("eval", now)
 
     def eval_end(self, now: float) -> None:
@@ -255,7 +252,7 @@ class StepMachine:
             return
         self.in_eval = False
         self.quiet_forwards = 0
-        if self.eval_written:
+        if "eval" in self.stack:
             self.end("eval", now)
             self._restart_fresh(now)
 
