@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -103,7 +105,7 @@ def test_where_everything_is_never_folds_a_path_at_80_columns(tmp_path, monkeypa
     path = Path("runs/lab-20261125-024836")
     (path / "tensorboard").mkdir(parents=True)
     (path / "tensorboard" / "events").write_text("x")
-    run = SimpleNamespace(path=path, results={"run": {"status": "ok", "wall_seconds": 1.0}})
+    run = SimpleNamespace(path=path, results={"run": {"status": "ok", "wall_seconds": 1.0}}, started=time.time())
     print_locations(run, path / "report.html", path / "report.md")
     lines = capsys.readouterr().out.splitlines()
     assert any(f"dlscope tensorboard {path}" in line for line in lines)
@@ -112,3 +114,23 @@ def test_where_everything_is_never_folds_a_path_at_80_columns(tmp_path, monkeypa
     # each hint follows its path, so "and report.md" goes on from report.html
     report = next(i for i, line in enumerate(lines) if line.startswith("report:"))
     assert str(path / "report.html") in lines[report] and lines[report + 1].strip().startswith("and report.md")
+
+
+def test_where_everything_is_lists_only_what_this_run_wrote(tmp_path, capsys):
+    """An --out given again keeps an earlier run's folders (its iotrace, from --trace-io): the
+    list names a folder only when this run wrote into it."""
+    from types import SimpleNamespace
+
+    from dlscope.runner import print_locations
+
+    (tmp_path / "iotrace").mkdir()
+    (tmp_path / "iotrace" / "events.jsonl").write_text("{}")
+    (tmp_path / "tensorboard" / "train").mkdir(parents=True)
+    earlier = time.time() - 3600
+    for entry in (tmp_path / "iotrace", tmp_path / "iotrace" / "events.jsonl"):
+        os.utime(entry, (earlier, earlier))
+    run = SimpleNamespace(path=tmp_path, results={"run": {"status": "ok", "wall_seconds": 1.0}}, started=time.time())
+    (tmp_path / "tensorboard" / "train" / "events").write_text("x")  # written by this run, one level down
+    print_locations(run, tmp_path / "report.html", tmp_path / "report.md")
+    printed = capsys.readouterr().out
+    assert "tensorboard" in printed and "iotrace" not in printed

@@ -256,11 +256,8 @@ def print_locations(run: Any, html: Path, md: Path) -> None:
         "checkpoints": "dlscope ckpt verify <file>",
         "iotrace": "events.jsonl, trace.json, phases.csv, files.csv",
     }
-    rows += [
-        (name, str(run.path / name), hint)
-        for name, hint in artifacts.items()
-        if (run.path / name).is_dir() and any((run.path / name).iterdir())
-    ]
+    written = [name for name in artifacts if _written(run.path / name, run.started)]
+    rows += [(name, str(run.path / name), artifacts[name]) for name in written]
     name_width = max(len(name) for name, _, _ in rows)
     path_width = max(len(path) for _, path, _ in rows)
     # paths are never cut or wrapped by us (they are what the user copies), nor is a path in a hint
@@ -284,6 +281,16 @@ def print_locations(run: Any, html: Path, md: Path) -> None:
     info = run.results["run"]
     style = "good" if info["status"] == "ok" else "bad"
     console.print(f"[{style}]{info['status']}[/] in {info.get('wall_seconds', 0):.1f}s")
+
+
+def _written(directory: Path, since: float) -> bool:
+    """`directory` holds something written since `since` (less a second: a file system stamps
+    with a coarser clock than time.time's): an --out given again keeps what an earlier run wrote
+    there (the iotrace of a run with --trace-io), which is not this run's."""
+    try:
+        return any(entry.stat().st_mtime >= since - 1.0 for entry in directory.rglob("*"))
+    except OSError:  # not there, or gone meanwhile
+        return False
 
 
 # --- commands that answer on the terminal: no run directory ------------------------------------
