@@ -244,6 +244,27 @@ def test_a_gradient_penalty_is_backward_time_inside_the_step_not_a_step(tmp_path
     check_anatomy(sections)
 
 
+def test_a_step_the_gradscaler_skips_is_still_a_step_and_is_named(tmp_path, capfd):
+    """Mixed precision: `GradScaler.step` skips the optimizer's step when it finds inf or NaN
+    gradients. Each iteration is a step all the same (before, a skipped one was lumped into the
+    next), the skipped ones are named, and the scaler's own check is the step's optimizer time."""
+    argv = [sys.executable, str(SCRIPTS / "amp_scaler.py")]
+    sections, truth = observe(tmp_path, capfd, argv)
+    steps = sections["steps"]
+    skipped = [int(i) for i in truth["skipped"].split(",")]
+    assert (steps["source"], steps["count"]) == ("optimizer", int(truth["steps"]))
+    assert steps["scaler_skipped"]["count"] == len(skipped) and steps["scaler_skipped"]["first_steps"] == skipped
+    rows = step_rows(sections)
+    optimizer_ms, profiler_ms = (sum(r[k] for r in rows) for k in ("optimizer_ms", "profiler_ms"))
+    truth_ms = float(truth["scaler_step_ms"])  # the script's clock around scaler.step: dlscope's step-end work too
+    assert 0.9 * truth_ms <= optimizer_ms + profiler_ms and optimizer_ms <= truth_ms + 0.05
+    check_anatomy(sections)
+    report = " ".join((tmp_path / "run" / "report.md").read_text().split())
+    # two NaN losses of 40 steps past the scale's start: over the warning's threshold
+    assert f"{len(skipped)} of {truth['steps']} steps were skipped by the GradScaler" in report
+    assert "2 of them (5% of the steps) came after the start of the run" in report
+
+
 def test_a_run_that_sees_no_step_is_a_failed_observation(tmp_path, capfd):
     """Inference only: torch imported (after a find_spec), no optimizer, no backward. The command's
     status passes through; the run is not "ok", and the report says why."""
@@ -270,3 +291,14 @@ def test_the_phases_table_names_every_file_of_a_trainer_checkpoint():
     [_, table] = phases.render({"totals": totals, "rows": []})
     cell = table.rows[0][3]
     assert cell.startswith(folder) and all(n in cell for n in names)
+
+
+def test_gradscaler_skips_only_at_the_start_are_information():
+    """Skips while the loss scale comes down (steps 0, 1, … in a row) and one now and then are
+    what mixed precision does: no warning; the steps are named as ranges."""
+    from dlscope.report.sections import steps
+
+    level, text = steps.scaler_skipped({"count": 8, "first_steps": [0, 1, 2, 3, 4, 5, 6, 2050], "leading": 7}, 4000)
+    assert level == "info" and "(steps 0–6, 2050)" in text and "The first 7 are the loss scale" in text
+    level, text = steps.scaler_skipped({"count": 60, "first_steps": list(range(3, 63)), "leading": 0}, 1000)
+    assert level == "warn" and "60 of them (6% of the steps)" in text

@@ -95,6 +95,10 @@ def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] 
         # back to one that stepped before: in turn (each loop iteration several steps); never: one
         # after another (a sweep's or k-fold's models, each from its first step on)
         section["optimizers_in_turn" if stepped[-1]["returns"] else "optimizers_in_sequence"] = stepped[-1]["stepped"]
+    if stepped and stepped[-1].get("scaler_skipped"):
+        first = stepped[-1]["scaler_skipped_steps"]
+        leading = next((n for n, step in enumerate(first) if step != n), len(first))  # steps 0, 1, … all skipped
+        section["scaler_skipped"] = {"count": stepped[-1]["scaler_skipped"], "first_steps": first, "leading": leading}
     return section
 
 

@@ -48,6 +48,7 @@ LIGHTNING_CHECKPOINT_IO = ("lightning.fabric.plugins.io.torch_io", "lightning_fa
 # torch.autograd.backward's parameters, in order (torch 2.x): its timed wrapper spells them out
 BACKWARD_PARAMETERS = ("tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs")
 FILE_KEYWORDS = ("f", "filename", "path", "filepath")  # how the wrapped writers and readers name their file
+SKIPPED_KEPT = 100  # the step numbers of the first GradScaler steps skipped
 
 
 class LateProfiler:
@@ -211,7 +212,8 @@ class TorchHooks:
         self.untimed_roots = False  # a top-level module with a call of its own: discovery never ends
         self.batches: batches.BatchRecorder | None = None  # the batch x-ray, once torch is attached
         self.trial: Any = None  # a `dlscope doctor` trial's change and stop (observe/script/trial.py)
-        # the optimizer classes whose `step` is timed (`time_optimizer`): their own `step` (or None)
+        # the optimizer classes whose `step` is timed (`time_optimizer`), and GradScaler
+        # (`time_scaler`): their own `step` (or None)
         self.timed_optimizers: dict[type, Callable | None] = {}
         # the optimizer instance stepping at top level, since which step count; each instance's
         # class and steps (by id: none is kept alive); how often one stepped again after another
@@ -268,7 +270,8 @@ class TorchHooks:
             self._stepping_ends()
             if self.optimizers_stepped:
                 stepped, returns = self.optimizers_stepped, self.optimizers_returned
-                self.records.write({"k": "optimizers", "stepped": stepped, "returns": returns})
+                skipped = {"scaler_skipped": self.scaler_skipped, "scaler_skipped_steps": self.scaler_skipped_steps}
+                self.records.write({"k": "optimizers", "stepped": stepped, "returns": returns, **skipped})
             self.machine.finish(time.time(), torch_attached=self.torch is not None)
         finally:
             self.records.close_steps()
@@ -512,6 +515,38 @@ class TorchHooks:
         self.timed_optimizers[optimizer_class] = optimizer_class.__dict__.get("step")
         optimizer_class.step = timed_step  # type: ignore[method-assign]
 
+    def time_scaler(self, scaler_class: type) -> None:
+        """`GradScaler.step(optimizer)` timed as that optimizer's step: its unscale and inf/NaN
+        check are the step's optimizer part, and an iteration whose gradients it finds inf or NaN,
+        where it never calls the optimizer's `step`, still ends a step (before, it was lumped into
+        the next one: mixed precision's first iterations, while the scale comes down). Those are
+        counted (SKIPPED_KEPT of their step numbers kept). An optimizer that takes the scaler's
+        check into its own `step` (`_step_supports_amp_scaling`: fused Adam) is called every time,
+        and a skip inside it is not seen."""
+        step = scaler_class.step
+        if getattr(step, "dlscope_timed", False):
+            return
+        hooks, machine, clock = self, self.machine, time.time
+
+        @functools.wraps(step)
+        def timed_step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if optimizer is not hooks.stepping and not machine.optimizer_depth:
+                hooks.optimizer_switched(optimizer)
+            index, inner = machine.counts["optimizer"], machine.inner_steps
+            machine.optimizer_begin(clock())
+            try:
+                return step(scaler, optimizer, *args, **kwargs)
+            finally:
+                machine.optimizer_end(clock())
+                if machine.inner_steps == inner and getattr(scaler, "_enabled", True):
+                    hooks.scaler_skipped += 1
+                    if len(hooks.scaler_skipped_steps) < SKIPPED_KEPT:
+                        hooks.scaler_skipped_steps.append(index)
+
+        timed_step.dlscope_timed = True  # type: ignore[attr-defined]
+        self.timed_optimizers[scaler_class] = scaler_class.__dict__.get("step")
+        scaler_class.step = timed_step  # type: ignore[method-assign]
+
     def optimizer_switched(self, optimizer: Any) -> None:
         """Another optimizer instance steps than the one before (at top level): the steps of the
         one before are its own. Several stepping in turn (a GAN's discriminator and generator)
@@ -545,6 +580,8 @@ class TorchHooks:
         # {"class", "steps", "first": its first step's index}, in the order they first stepped
         self.optimizers_stepped: list[dict[str, Any]] = []
         self.optimizer_entry: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+        self.scaler_skipped = 0  # GradScaler steps that did not call the optimizer's (time_scaler)
+        self.scaler_skipped_steps: list[int] = []
 
     def module_train(self, train_: Callable, module: Any, mode: bool = True) -> Any:
         self.train_depth += 1
@@ -594,6 +631,7 @@ class TorchHooks:
         backward, grad = torch.autograd.backward, torch.autograd.grad
         torch.autograd.backward = self.timed_backward(backward)
         torch.autograd.grad = self.timed_grad(grad)
+        self.time_scaler(torch.amp.GradScaler)  # (its cuda and cpu subclasses inherit its `step`)
         self.discover()
 
         def remove() -> None:

@@ -36,7 +36,9 @@ rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code to decode it:
               (batches drawn in a thread other than the steps': a prefetcher's) (at exit)
     optimizers  stepped [{class, steps, first}] per optimizer instance stepped at top level, in the
               order they first stepped (first: the index of its first step), returns
-              (how often one stepped again after another); at exit, when one stepped
+              (how often one stepped again after another), scaler_skipped (GradScaler steps that
+              did not call the optimizer's) and scaler_skipped_steps (the first 100 of their step
+              numbers); at exit, when one stepped
     error     where, error (an observer that could not attach, step fields it did not know)
     end       clocks (at exit)
 """

@@ -11,7 +11,9 @@ stamped with CLOCK_REALTIME seconds by the caller:
                                      IMPLICIT_EVAL_FORWARDS for when those are an evaluation
     backward_begin(now) / backward_end(now, ends_step)   a `backward()`, or an `autograd.grad` call;
                                      ends_step False for a gradient kept differentiable (create_graph)
-    optimizer_begin(now) / optimizer_end(now)   a torch optimizer's `step` (nested calls: the outer)
+    optimizer_begin(now) / optimizer_end(now)   a torch optimizer's `step` (nested calls: the outer,
+                                     and `inner_steps` counts the nested ones), or a GradScaler's
+                                     `step`: a step whether or not it calls the optimizer's
     optimizer_created()              a torch optimizer exists in this process
     train_mode(now, mode)            Module.train(mode) on an outermost call
     checkpoint_begin(now, name, file) / checkpoint_end(now)
@@ -197,6 +199,7 @@ class StepMachine:
         self.totals = [0.0, 0.0, 0.0, 0.0]
         self.backwards = self.batches = 0
         self.optimizer_depth = 0
+        self.inner_steps = 0  # optimizer steps called inside another (a GradScaler's, a wrapper's)
         # the thread that ended the last primary step (until one has: the thread that attached,
         # the main thread, where nearly every loop runs); batches another thread draws (a
         # prefetcher's) are counted, never the steps' data
@@ -404,6 +407,7 @@ class StepMachine:
         depth = self.optimizer_depth
         self.optimizer_depth = depth + 1
         if depth:  # a wrapped optimizer's step calls the inner one: time the outer
+            self.inner_steps += 1
             return
         if self.attention or self.part is not None:
             self._open(OPTIMIZER, now)

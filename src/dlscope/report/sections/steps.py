@@ -10,6 +10,7 @@ from typing import Any
 from dlscope.report.blocks import Block, Figure, Findings, Para, Table, fmt
 
 TITLE = "Training steps"
+SKIPPED_WARN_PCT = 1.0  # GradScaler skips past the start of the run, in % of the steps: a warning from this
 PARTS = ("data", "gap", "forward", "backward", "optimizer", "other")
 SHORT = {"data": "data", "gap": "gap", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
 
@@ -44,6 +45,43 @@ def windows_chart(windows: list[dict[str, Any]], changes: list[dict[str, Any]]) 
     ax.set(xlabel="step", ylabel="step time (ms)", title="Step time per window of the run (dotted: a change)")
     plots.legend_outside(ax)
     return plots.png(fig)
+
+
+def scaler_skipped(skipped: dict[str, Any], steps: int) -> tuple[str, str]:
+    """The GradScaler's skipped steps: expected while the loss scale comes down at the start (and
+    one now and then as it grows back); a warning when more than SKIPPED_WARN_PCT of the steps
+    past that start were skipped."""
+    n, leading, first = skipped["count"], skipped["leading"], skipped["first_steps"]
+    later = n - leading
+    where = step_ranges(first) + (", …" if n > len(first) else "")
+    text = (
+        f"{n} of {steps} steps were skipped by the GradScaler: it found inf or NaN gradients and did not call "
+        f"the optimizer's step (step{'s' if n > 1 else ''} {where}). Each is still a step here: its forward "
+        "and backward ran."
+    )
+    if 100.0 * later / steps >= SKIPPED_WARN_PCT:
+        return "warn", (
+            f"{text} {later} of them ({100.0 * later / steps:.2g}% of the steps) came after the start of the run, "
+            f"past the ≥ {SKIPPED_WARN_PCT:g}% where this warns: float16 gradients overflowing again and again, or "
+            "NaN losses (a model diverging, a learning rate too high)."
+        )
+    if leading:
+        text += (
+            f" The first {leading} are the loss scale coming down from its initial value until float16 holds the "
+            "gradients, as at the start of any mixed-precision training."
+        )
+    return "info", text
+
+
+def step_ranges(steps: list[int]) -> str:
+    """0, 1, 2, 5, 7, 8 → "0–2, 5, 7–8"."""
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in runs)
 
 
 def render(section: dict[str, Any]) -> list[Block]:
@@ -106,6 +144,9 @@ def render(section: dict[str, Any]) -> list[Block]:
                 ]
             ),
         )
+    skipped = section.get("scaler_skipped")
+    if skipped:
+        blocks.insert(1, Findings([scaler_skipped(skipped, section["count"])]))
     in_sequence = section.get("optimizers_in_sequence")
     if in_sequence:
         ranges = ", ".join(
