@@ -265,6 +265,28 @@ def test_a_step_the_gradscaler_skips_is_still_a_step_and_is_named(tmp_path, capf
     assert "2 of them (5% of the steps) came after the start of the run" in report
 
 
+def test_a_validation_pass_with_neither_eval_nor_no_grad_is_an_evaluation_not_a_step(tmp_path, capfd):
+    """A student's validation runs training forwards on batches of its own loader, and no
+    backward(): each pass is an eval phase, its batches and forwards none of the steps' (before,
+    they were the next epoch's first step, doubling the steps' forward time). A loss summed over
+    four batches before one backward() stays training."""
+    argv = [sys.executable, str(SCRIPTS / "naive_validation.py")]
+    sections, truth = observe(tmp_path, capfd, argv)
+    assert (sections["steps"]["source"], sections["steps"]["count"]) == ("optimizer", int(truth["steps"]))
+    evals = [r["seconds"] * 1e3 for r in sections["phases"]["rows"] if r["phase"] == "eval"]
+    passes = [float(ms) for ms in truth["val_ms"].split(",")]
+    assert len(evals) == len(passes)
+    # each from its first batch's draw to the next training batch's (the last: to the process's end)
+    for measured, known in zip(evals[:-1], passes[:-1], strict=True):
+        assert 0.95 * known <= measured <= known + 20.0, (evals, passes)
+    rows = step_rows(sections)
+    assert sum(r["forward_ms"] for r in rows) <= 1.1 * float(truth["forward_ms"]) + 5.0
+    assert sum(r["data_source"] == "loader" for r in rows) == len(rows)
+    check_anatomy(sections)
+    batches = sections["batches"]
+    assert batches["in_steps"] == int(truth["steps"]) - 1 + 4  # the summed pass drew four
+
+
 def test_a_run_that_sees_no_step_is_a_failed_observation(tmp_path, capfd):
     """Inference only: torch imported (after a find_spec), no optimizer, no backward. The command's
     status passes through; the run is not "ok", and the report says why."""

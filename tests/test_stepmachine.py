@@ -277,6 +277,76 @@ def test_no_grad_forwards_are_an_evaluation_only_from_enough_in_a_row():
     assert [s for s in r.steps if s["src"] == "optimizer"][-1]["start"] == t + 11  # eval time: no step's
 
 
+def fed_batches(m: StepMachine, t: float, n: int, source: str) -> float:
+    """`n` batches of `source`, each fed to a training forward (no backward): 1 + 2 each."""
+    for _ in range(n):
+        m.loader_next(t, t + 1, source)
+        m.forward_begin(t + 1, training=True)
+        m.forward_end(t + 3)
+        t += 3
+    return t
+
+
+def train_step(m: StepMachine, t: float, source: str = "train") -> float:
+    m.loader_next(t, t + 1, source)
+    forward_backward(m, t + 1, t + 3, t + 6)
+    m.optimizer_begin(t + 6)
+    m.optimizer_end(t + 7)
+    return t + 7
+
+
+def eval_spans(r: Records) -> list[tuple[float, float]]:
+    marks = [rec["ts"] for rec in r.other if rec["k"] in "BE" and rec["name"] == "eval"]
+    return list(zip(marks[::2], marks[1::2], strict=True))
+
+
+def test_batches_fed_to_training_forwards_with_no_backward_were_an_evaluation():
+    """A validation loop with neither eval() nor no_grad(): known when a batch of another dataset
+    comes, it is an eval phase from its first batch, and the step it was counted in gets back
+    what it had; an epoch's end (no batch: source None) between changes nothing."""
+    m, r = machine()
+    m.optimizer_created()
+    t = train_step(m, 0.0)
+    m.loader_next(t, t + 0.5, None)  # the training loader's StopIteration
+    val = t + 0.5
+    t = fed_batches(m, val, 5, "val")
+    t = train_step(m, t)
+    assert eval_spans(r) == [(val, val + 15)]
+    step = r.steps[-1]
+    assert (step["start"], step["end"], step["data"], step["forward"], step["data_source"]) == (
+        val + 15,
+        t,
+        1,
+        2,
+        "loader",
+    )
+    t = fed_batches(m, t, 4, "val")  # the last pass: ended by the process's end
+    m.finish(t + 1, torch_attached=True)
+    assert eval_spans(r)[-1] == (t - 12, t + 1)
+
+
+def test_batches_ended_by_a_backward_or_drawn_back_to_back_stay_the_steps():
+    """Four batches each fed to a forward, then one backward() on the summed loss: training. Four
+    drawn back to back, then a forward and backward each (the HF Trainer's gradient accumulation
+    draws its micro-batches first): training, even when another dataset's batch ends them."""
+    m, r = machine()
+    m.optimizer_created()
+    t = train_step(m, 0.0)
+    t = fed_batches(m, t, 4, "train")
+    m.backward_begin(t)
+    m.backward_end(t + 3)
+    m.optimizer_begin(t + 3)
+    m.optimizer_end(t + 4)
+    assert (r.steps[-1]["data"], r.steps[-1]["forward"], r.steps[-1]["backward"]) == (4, 8, 3)
+    t += 4
+    for k in range(4):
+        m.loader_next(t + k, t + k + 1, "train")
+    m.loader_next(t + 4, t + 5, "unlabelled")
+    t = train_step(m, t + 5)
+    assert not eval_spans(r)
+    assert r.steps[-1]["data"] == 6
+
+
 def test_checkpoint_inside_a_trainer_save_is_one_phase_listing_its_files():
     m, r = machine()
     assert m.checkpoint_begin(1.0, "checkpoint_save", "last.ckpt")

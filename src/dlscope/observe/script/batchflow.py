@@ -464,7 +464,7 @@ def step_of(
 def _inside_any(at: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray:
     out = np.zeros(len(at), dtype=bool)
     for begin, end in spans:  # an eval phase each: a handful
-        out |= (begin <= at) & (at <= end)
+        out |= (begin <= at) & (at < end)  # (one known afterwards ends where the next step's batch starts)
     return out
 
 

@@ -284,12 +284,16 @@ class TorchHooks:
         return self._loader_next(next_, iterator)
 
     def _loader_next(self, next_: Callable, iterator: Any) -> Any:
+        source = getattr(iterator, "_dataset", None)
         start = time.time()
         try:
             return next_(iterator)
+        except BaseException:
+            source = None  # no batch (the iterator ended, or failed), though its time is the loop's wait
+            raise
         finally:
             end = time.time()
-            self.machine.loader_next(start, end)
+            self.machine.loader_next(start, end, source)
             if self.batches is not None:
                 self.batches.delivered(iterator, start, end)
 

@@ -4,8 +4,10 @@ every rule below is tested on recorded event sequences (tests/test_stepmachine.p
 The torch layer (observe/script/hooks.py) turns torch's extension points into these events, each
 stamped with CLOCK_REALTIME seconds by the caller:
 
-    loader_next(start, end)          a batch drawn from a DataLoader (training only; in the thread
-                                     that ends the steps: one a prefetching thread draws is no wait of the loop's)
+    loader_next(start, end, source)  a batch drawn from a DataLoader (training only; in the thread
+                                     that ends the steps: one a prefetching thread draws is no wait
+                                     of the loop's); `source` its dataset (any object, compared by
+                                     identity; None: no batch came, as at an epoch's end)
     forward_begin(now, training)     the outermost module call starts; `training` is False for
     forward_end(now)                 a forward with no grad, or of a module in eval mode: see
                                      IMPLICIT_EVAL_FORWARDS for when those are an evaluation
@@ -34,7 +36,14 @@ forward with no grad outside one is an evaluation only from IMPLICIT_EVAL_FORWAR
 validation loop under `torch.no_grad()` alone); fewer, between two backward() calls or step
 ends, are the step's: a frozen teacher's in distillation, a target network's and the action
 chosen in DQN — timed as forward once the step's work has started (a batch drawn), in its gap
-before.
+before. A validation loop with neither `eval()` nor `no_grad()` (a student's) runs training
+forwards: it is known afterwards, when IMPLICIT_EVAL_BATCHES batches or more drawn from one
+dataset right after a step end, each fed to a forward, with no backward() between, end without
+one — at a batch from another dataset, `train()`, a checkpoint, the process's end. They were an
+evaluation from the first batch to there (written then, so an I/O tracer's phase markers do not
+see it), and the step they were counted in gets back what it had before them. Ended by a
+backward() instead (a loss summed over several batches before one backward, the next epoch's
+training on the same dataset object), they stay the step's.
 
 Parts never overlap: an interval opened inside another (a closure's forward and backward inside
 `optimizer.step`, an activation-checkpoint recompute's forward inside backward) is that inner
@@ -75,6 +84,9 @@ STEP_ARGS = (
 # this many forwards with no grad (or of modules in eval mode), with no train(False) around them and
 # no backward() or step end between, are an evaluation; fewer are the step's own work
 IMPLICIT_EVAL_FORWARDS = 4
+# this many batches or more drawn right after a step end, each fed to a forward, with no backward()
+# between, ended by something other than a backward(), were an evaluation (see the module's text)
+IMPLICIT_EVAL_BATCHES = 4
 MEMORY_INTERVAL_S = 0.1  # peak memory read at most this often: a /proc read costs ~10 µs
 
 
@@ -188,6 +200,15 @@ class StepMachine:
         # forwards with no grad (or in eval mode) since the last backward() or step end, the first's time
         self.quiet_forwards = 0
         self.quiet_since = 0.0
+        # batches drawn since the last backward() or step end (a row), from `row_source`, how many
+        # after a forward (fed); at its first: when, the totals and batch count then, whether the
+        # step had no part yet (`unworked`: batches drawn only, as the epoch's end is)
+        self.row = self.row_fed = 0
+        self.row_source: Any = None
+        self.row_since = self.row_forward = 0.0
+        self.row_totals: list[float] = []
+        self.row_batches = 0
+        self.row_fresh = False
         # open parts, as exclusive time: the innermost runs (`part`, since `since`), those around it
         # (`outer`, innermost last) are paused until it closes — no list per part in a step
         self.part: int | None = None
@@ -334,23 +355,55 @@ class StepMachine:
         for step in self.live:
             step.fresh = False
 
-    def loader_next(self, start: float, end: float) -> None:
+    def loader_next(self, start: float, end: float, source: Any = None) -> None:
         if self.in_eval:
             self.eval_work(start)
             return
         if self.thread_id() != self.step_thread:
             self.batches_elsewhere += 1
             return
+        totals = self.totals
+        if source is None:  # no batch: no row
+            pass
+        elif self.row and source is self.row_source:
+            self.row += 1
+            if totals[FORWARD] > self.row_forward:  # a forward ran since the batch before
+                self.row_fed += 1
+                self.row_forward = totals[FORWARD]
+        else:
+            if self.row:  # from another dataset
+                self.row_ends(start)
+            self.row, self.row_fed, self.row_source, self.row_since = 1, 0, source, start
+            self.row_totals, self.row_batches, self.row_fresh = totals[:], self.batches, self.unworked
+            self.row_forward = totals[FORWARD]
         if self.idle:
             self.activity(start)
         current = self.part
         if current is not None:  # drawn inside a part: paused meanwhile
             spent = start - self.since
             if spent > 0.0:
-                self.totals[current] += spent
+                totals[current] += spent
             self.since = end
-        self.totals[DATA] += end - start
+        totals[DATA] += end - start
         self.batches += 1
+
+    def row_ends(self, now: float) -> None:
+        """The row of batches drawn since the last backward() or step end ends without one: an
+        evaluation from its first batch to `now` if it was long enough, every batch but the last
+        fed to a forward, right after a step end, with no part open now (see the module's text)."""
+        rows, self.row = self.row, 0
+        if rows < IMPLICIT_EVAL_BATCHES or self.row_fed < rows - 1 or not self.row_fresh or self.part is not None:
+            return
+        self.totals[:] = self.row_totals
+        self.batches = self.row_batches
+        # its records alone, no markers: the phase is over (from `now` the next step's batch is drawn)
+        since, tid = max(self.row_since, self.last_end), self.thread_id()
+        self.sink.write({"k": "B", "name": "eval", "ts": since, "tid": tid})
+        self.sink.write({"k": "E", "name": "eval", "ts": now, "tid": tid})
+        self.last_end = now
+        for step in self.live:  # no work of its own before the row: it starts again after it
+            step.fresh, step.first_work = True, None
+        self._restart_fresh(now)
 
     def forward_begin(self, now: float, training: bool) -> None:
         if not training:
@@ -395,7 +448,7 @@ class StepMachine:
         if not ends_step:  # a differentiable gradient: its time, neither a backward() nor a step
             return
         self.backwards += 1
-        self.quiet_forwards = 0
+        self.quiet_forwards = self.row = 0
         # a closure's backward inside optimizer.step is part of that optimizer's step
         if not self.optimizer_stepped and self.optimizer_depth == 0:
             self.end_step("backward", now)
@@ -439,6 +492,8 @@ class StepMachine:
         self.end_step("optimizer", now)
 
     def train_mode(self, now: float, mode: bool) -> None:
+        if self.row:
+            self.row_ends(now)
         if mode:
             self.eval_end(now)
         else:
@@ -452,6 +507,8 @@ class StepMachine:
             if file is not None and file not in self.checkpoint_files:
                 self.checkpoint_files.append(file)
             return False
+        if self.row:
+            self.row_ends(now)
         self.eval_end(now)
         self.begin(name, now, file)
         self.checkpoint_files = [file] if file is not None else []
@@ -518,7 +575,7 @@ class StepMachine:
         step.first_work = None
         step.fresh = True
         self.idle = self.unworked = self.attention = True
-        self.quiet_forwards = 0
+        self.quiet_forwards = self.row = 0
 
     def _between_steps(self, index: int, now: float) -> tuple[int | None, int | None, float]:
         """At a primary step end once `next_work` is due: peak memory (at most every
@@ -538,6 +595,8 @@ class StepMachine:
     def finish(self, now: float, torch_attached: bool) -> None:
         """At exit: the facts a report needs to say whether the steps were observed at all."""
         try:
+            if self.row:
+                self.row_ends(now)
             self.profiler.stop()
         finally:
             while self.stack:

@@ -1,0 +1,53 @@
+"""A student's loop (prints the truth it knows): after each epoch a validation pass with neither
+`model.eval()` nor `torch.no_grad()`, so its forwards are training forwards; then, last, one
+pass of a loss summed over four batches before a single backward() (and an optimizer step), which
+is training, not an evaluation."""
+
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+EPOCHS = 3
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    train = DataLoader(TensorDataset(torch.randn(1280, 64), torch.randint(0, 10, (1280,))), batch_size=64, shuffle=True)
+    val = DataLoader(TensorDataset(torch.randn(2560, 64), torch.randint(0, 10, (2560,))), batch_size=64)
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    criterion = nn.CrossEntropyLoss()
+    forward_s, val_s, steps = 0.0, [], 0  # the training forwards (model and loss), each validation pass
+    for _ in range(EPOCHS):
+        for x, y in train:
+            optimizer.zero_grad()
+            start = time.perf_counter()
+            loss = criterion(model(x), y)
+            forward_s += time.perf_counter() - start
+            loss.backward()
+            optimizer.step()
+            steps += 1
+        start = time.perf_counter()
+        total = sum(criterion(model(x), y).item() for x, y in val)
+        val_s.append(time.perf_counter() - start)
+        print(f"validation loss {total / len(val):.3f}")
+    optimizer.zero_grad()
+    summed = None
+    for n, (x, y) in enumerate(train):  # four batches, each fed to a forward, then one backward
+        start = time.perf_counter()
+        loss = criterion(model(x), y)
+        forward_s += time.perf_counter() - start
+        summed = loss if summed is None else summed + loss
+        if n == 3:
+            break
+    summed.backward()
+    optimizer.step()
+    steps += 1
+    val_ms = ",".join(f"{1e3 * s:.3f}" for s in val_s)
+    print(f"TRUTH steps={steps} forward_ms={1e3 * forward_s:.3f} val_ms={val_ms}")
+
+
+if __name__ == "__main__":
+    main()
