@@ -63,6 +63,19 @@ def csv_rows(out: Path, batches: dict) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def test_a_sample_slow_at_one_fetch_only_is_told_from_a_slow_sample(tmp_path):
+    """Sample 9 sleeps at its first fetch only (three epochs): the outlier is named with its other
+    two fetches, fast, so the report calls that fetch slow, not the sample."""
+    make_files(tmp_path / "data", 24, 4096)
+    options = ("--workers", "2", "--sleep-index", "9", "--sleep-ms", "200", "--sleep-once", "--epochs", "3")
+    sections, _, out = observe(tmp_path, *options)
+    [outlier] = [s for s in sections["batches"]["samples"]["outliers"] if s["sample"] == 9]
+    assert (outlier["pass"], outlier["other_fetches"], outlier["other_slow"]) == (0, 2, 0)
+    assert outlier["ms"] >= 200 and outlier["other_median_ms"] < 200
+    report = " ".join((out / "report.md").read_text().split())
+    assert "its 2 other fetches took" in report and "that fetch was slow, not the sample" in report
+
+
 def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persistent_epochs(tmp_path):
     make_files(tmp_path / "data", 24, 4096)
     options = ("--workers", "2", "--sleep-index", "9", "--sleep-ms", "300", "--persistent", "--epochs", "2")
@@ -76,6 +89,9 @@ def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persi
     outliers = batches["samples"]["outliers"][:2]  # the slowest first (a loaded machine may add others)
     assert [(s["sample"], s["batch"], s["worker"]) for s in outliers] == [(9, 2, 0), (9, 2, 0)]
     assert sorted(s["pass"] for s in outliers) == [0, 1]  # persistent workers: the same batch each epoch
+    # each fetch of it was slow: the sample's own cost, said so
+    assert all((s["other_fetches"], s["other_slow"]) == (1, 1) for s in outliers)
+    assert "the sample itself is slow" in " ".join((out / "report.md").read_text().split())
     assert [(w["worker"], w["processes"], w["batches"]) for w in batches["workers"]] == [(0, 1, 6), (1, 1, 6)]
     assert steady["pin_ms"] is None  # pin_memory without an accelerator: torch warns and pins nothing
     assert not steady["ready_before_asked"] and "not its building" not in batches_report.wait_sentence(steady)

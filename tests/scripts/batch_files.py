@@ -58,13 +58,23 @@ class Files(Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
+    def slept_before(self) -> bool:
+        """With --sleep-once, whether any process slept already (a mark in the data directory)."""
+        if not self.args.sleep_once:
+            return False
+        mark = os.path.join(self.args.data, "slept")
+        if os.path.exists(mark):
+            return True
+        open(mark, "w").close()
+        return False
+
     def __getitem__(self, i: int) -> torch.Tensor:
         start = time.perf_counter()
         if self.args.fetched_log:
             with open(os.path.join(self.args.fetched_log, str(os.getpid())), "a") as log:
                 log.write(f"{i}\n")
         n = read_file(self.paths[i])
-        if i == self.args.sleep_index:
+        if i == self.args.sleep_index and not self.slept_before():
             time.sleep(self.args.sleep_ms / 1e3)
         busy(self.args.busy_ms)
         sample = torch.tensor([float(n)])
@@ -141,6 +151,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--sleep-index", type=int, default=-1)
     parser.add_argument("--sleep-ms", type=float, default=0.0)
+    parser.add_argument("--sleep-once", action="store_true", help="sleep at the first fetch of --sleep-index only")
     parser.add_argument("--busy-ms", type=float, default=0.0)
     parser.add_argument("--collate-ms", type=float, default=0.0)
     parser.add_argument("--step-ms", type=float, default=0.0)

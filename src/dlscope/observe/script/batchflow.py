@@ -34,6 +34,7 @@ from dlscope.observe.script.batches import (
     BATCHES_VERSION,
     BUILT,
     BUILT_TIMES,
+    ITERABLE,
     KIND_BUILT,
     KIND_COST,
     KIND_TAKEN,
@@ -259,12 +260,18 @@ def _gather(data: np.ndarray, offsets: np.ndarray, record: np.dtype) -> np.ndarr
     return data[offsets[:, None] + np.arange(record.itemsize)].view(record).reshape(-1)
 
 
-def _built_rows(pid: int, data: np.ndarray, offsets: np.ndarray, first_row: int, samples: SampleTimes) -> np.ndarray:
+def _whole_built(data: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The built records at `offsets` whose length is right for their samples (a corrupt one is
+    left out): (their heads, offsets, sample counts, whether their samples were timed)."""
     heads = _gather(data, offsets, BUILT_RECORD)
     n = heads["samples"].astype(np.int64)
     timed = (heads["flags"] & SAMPLE_TIMES) != 0
-    whole = heads["length"] == BUILT.size + 8 * n * (1 + timed)  # a corrupt record is left out
-    heads, offsets, n, timed = heads[whole], offsets[whole], n[whole], timed[whole]
+    whole = heads["length"] == BUILT.size + 8 * n * (1 + timed)
+    return heads[whole], offsets[whole], n[whole], timed[whole]
+
+
+def _built_rows(pid: int, data: np.ndarray, offsets: np.ndarray, first_row: int, samples: SampleTimes) -> np.ndarray:
+    heads, offsets, n, timed = _whole_built(data, offsets)
     rows = np.zeros(len(heads), dtype=BUILT_ROW)
     rows["pid"] = pid
     for name in ("flags", "worker_id", "generation", "idx", "samples", "tid", *BUILT_TIMES):
@@ -523,6 +530,8 @@ class Flow:
     io: dict[int, dict[str, Any]] = field(default_factory=dict)  # built row -> its system calls
     loaders: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)  # (pid, number) -> what
     taken_elsewhere: int = 0  # batches taken during a step by a thread other than the step's (a prefetcher)
+    # (loader, sample index) of each outlier sample -> every timed fetch of it in the run (seconds)
+    refetched: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.taken)
@@ -603,6 +612,7 @@ def read_flow(
         return None
     flow = join(built, taken, main, steps, evals, samples)
     flow.loaders = loaders
+    flow.refetched = refetches(directory, flow)
     if syscalls is not None:
         flow.io = attach_io(built, syscalls, to_realtime)
     return flow
@@ -918,20 +928,88 @@ def keeping_ahead(c: Columns, rows: np.ndarray) -> dict[str, Any]:
     }
 
 
+def outlier_bar(times: SampleTimes) -> tuple[float, float]:
+    """(the median sample fetch, the time from which a sample is an outlier)."""
+    median = float(np.median(times.values()))
+    return median, max(OUTLIER_FACTOR * median, OUTLIER_MIN_S)
+
+
+def _outliers(flow: Flow) -> list[tuple[float, int, int, int, int]]:
+    """(seconds, built row, position in its batch, sample index, loader or -1) of the outlier samples."""
+    times = flow.samples
+    if not times.count:
+        return []
+    _, bar = outlier_bar(times)
+    built_loader = _built_loaders(flow)
+    return [(s, row, at, sample, int(built_loader[row])) for s, row, at, sample in times.top.tolist() if s >= bar]
+
+
+def _built_loaders(flow: Flow) -> np.ndarray:
+    """Each built batch's loader number (-1: not taken, or taken from a loader not numbered)."""
+    loaders = np.full(len(flow.built), -1, np.int64)
+    joined = flow.match != NONE
+    numbered = flow.taken["loader"][joined].astype(np.int64)
+    loaders[flow.match[joined]] = np.where(numbered == UNKNOWN, -1, numbered)
+    return loaders
+
+
+def refetches(directory: Path, flow: Flow) -> dict[tuple[int, int], np.ndarray]:
+    """Every timed fetch of each outlier sample of a map-style dataset, by (loader, sample index):
+    a second pass over the built records, only where there are outliers, keeping only theirs. A
+    sample slow each time it is fetched is the data's; one slow once and fast again is the
+    moment's (a worker waiting for a core, a cold cache). An iterable's positions are no samples."""
+    wanted = {
+        (loader, sample) for _, row, _, sample, loader in _outliers(flow) if not flow.built["flags"][row] & ITERABLE
+    }
+    if not wanted:
+        return {}
+    built_loader = _built_loaders(flow)
+    indices_wanted = np.array(sorted({sample for _, sample in wanted}), np.int64)
+    found: dict[tuple[int, int], list[np.ndarray]] = {key: [] for key in wanted}
+    first_row = 0  # built rows are numbered as read_all numbers them: files sorted, whole records in order
+    for path in sorted(directory.glob("*.batches")):
+        if not path.stem.isdigit():
+            continue
+        for block, built_at, _, _, _ in _records(path):
+            if not built_at:
+                continue
+            data = np.frombuffer(block, np.uint8)
+            heads, offsets, n, timed = _whole_built(data, np.array(built_at, np.int64))
+            mapped = timed & ((heads["flags"] & ITERABLE) == 0)
+            for width in np.unique(n[mapped]).tolist():
+                group = np.flatnonzero(mapped & (n == width))
+                if not width or not len(group):
+                    continue
+                at = offsets[group][:, None] + BUILT.size
+                columns = np.arange(8 * width)
+                indices = data[at + columns].view("<i8")
+                hit = np.isin(indices, indices_wanted)
+                if not hit.any():
+                    continue
+                ends = data[at + 8 * width + columns].view("<f8") - heads["start"][group][:, None]
+                seconds = np.diff(ends, axis=1, prepend=0.0)
+                line, k = np.nonzero(hit)
+                loaders = built_loader[first_row + group[line]]
+                for loader, sample, spent in zip(
+                    loaders.tolist(), indices[line, k].tolist(), seconds[line, k], strict=True
+                ):
+                    if (loader, sample) in found:
+                        found[loader, sample].append(spent)
+            first_row += len(heads)
+    return {key: np.array(times) for key, times in found.items() if times}
+
+
 def sample_outliers(flow: Flow) -> dict[str, Any]:
     """Per-sample fetch time: its distribution and the samples at ≥ OUTLIER_FACTOR × the median
-    (from a uniform reservoir past SAMPLES_KEPT samples: then `estimated_from` says how many)."""
+    (from a uniform reservoir past SAMPLES_KEPT samples: then `estimated_from` says how many), each
+    with its other timed fetches in the run (`refetched`)."""
     times = flow.samples
     values = times.values()
     if not times.count:
         return {"count": 0}
-    median = float(np.median(values))
-    bar = max(OUTLIER_FACTOR * median, OUTLIER_MIN_S)
+    median, bar = outlier_bar(times)
     outliers = []
-    for s in times.top.tolist():
-        seconds, row, at, sample = s
-        if seconds < bar:
-            break
+    for seconds, row, at, sample, loader in _outliers(flow):
         b = flow.built[row]
         taken = np.flatnonzero(flow.match == row)  # the batch's pass, where the loop took it
         t = flow.taken[taken[0]] if len(taken) else None
@@ -941,10 +1019,11 @@ def sample_outliers(flow: Flow) -> dict[str, Any]:
                 "ms": _ms(seconds),
                 "times_median": round(seconds / median, 1) if median > 0 else None,
                 "worker": None if b["worker_id"] < 0 else int(b["worker_id"]),
-                "loader": None if t is None or t["loader"] == UNKNOWN else int(t["loader"]),
+                "loader": None if loader < 0 else loader,
                 "pass": None if t is None or t["pass"] == UNKNOWN else int(t["pass"]),
                 "batch": int(b["idx"]),
                 "file": _sample_file(flow, row, at),
+                **_other_fetches(flow.refetched.get((loader, sample)), seconds, bar),
             }
         )
     above = int(np.count_nonzero(values >= bar))
@@ -960,6 +1039,21 @@ def sample_outliers(flow: Flow) -> dict[str, Any]:
     if len(values) < times.count:
         out["estimated_from"] = len(values)
     return out
+
+
+def _other_fetches(fetches: np.ndarray | None, seconds: float, bar: float) -> dict[str, Any]:
+    """The sample's other timed fetches (this one taken out once): how many, their median, and
+    how many of them were outliers too. None where not looked up (an iterable's position)."""
+    if fetches is None:
+        return {"other_fetches": None}
+    others = np.delete(fetches, int(np.argmin(np.abs(fetches - seconds))))
+    if not len(others):
+        return {"other_fetches": 0}
+    return {
+        "other_fetches": len(others),
+        "other_median_ms": _ms(float(np.median(others))),
+        "other_slow": int(np.count_nonzero(others >= bar)),
+    }
 
 
 def _sample_file(flow: Flow, row: int, at: int) -> str | None:

@@ -122,9 +122,9 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         file = f", file {s['file']}" if s.get("file") else ""
         text = (
             f"Sample {s['sample']} took {_ms(s['ms'])} ms to fetch, {s['times_median']:,.0f}× the median "
-            f"{samples['median_ms']:.3g} ms ({where(s)}, {worker_name(s['worker'])}{file})."
+            f"{samples['median_ms']:.3g} ms ({where(s)}, {worker_name(s['worker'])}{file})"
         )
-        items.append(("warn", text))
+        items.append(outlier_finding(s, text))
     untimed = section.get("built_in_main_untimed", 0)
     if untimed:
         text = (
@@ -191,6 +191,29 @@ def batch_table(
     if not any(r.get("pass") for r in rows):
         columns = [c for c in columns if c[1] != "pass"]
     return Table([h for h, _ in columns], cells(rows, tuple(k for _, k in columns)), *text, **kw)
+
+
+def outlier_finding(s: dict[str, Any], text: str) -> tuple[str, str]:
+    """An outlier sample, with what its other fetches in the run say: slow again (the sample's own
+    cost: a warning), fast (that fetch's moment: information), or none to compare."""
+    others = s.get("other_fetches")
+    if others is None:  # an iterable dataset's position: no sample to fetch again
+        return "warn", f"{text}."
+    if not others:
+        return (
+            "warn",
+            f"{text}; its only timed fetch in the run, so whether the sample or that moment was slow is not known.",
+        )
+    fetches = f"{others} other fetch{'es' * (others != 1)}"
+    if s["other_slow"]:
+        return "warn", (
+            f"{text}, and {s['other_slow']} of its {fetches} were as slow (median {_ms(s['other_median_ms'])} ms): "
+            "the sample itself is slow."
+        )
+    return "info", (
+        f"{text}; its {fetches} took {_ms(s['other_median_ms'])} ms (median): that fetch was slow, not the "
+        "sample (a worker waiting for a core, a cold cache)."
+    )
 
 
 def render(section: dict[str, Any]) -> list[Block]:
