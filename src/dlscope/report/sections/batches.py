@@ -202,7 +202,7 @@ def outlier_finding(s: dict[str, Any], text: str) -> tuple[str, str]:
     if not others:
         return (
             "warn",
-            f"{text}; its only timed fetch in the run, so whether the sample or that moment was slow is not known.",
+            f"{text}; fetched once in the run: no other fetch to compare it with.",
         )
     fetches = f"{others} other fetch{'es' * (others != 1)}"
     if s["other_slow"]:
