@@ -287,6 +287,25 @@ def test_a_validation_pass_with_neither_eval_nor_no_grad_is_an_evaluation_not_a_
     assert batches["in_steps"] == int(truth["steps"]) - 1 + 4  # the summed pass drew four
 
 
+@pytest.mark.parametrize("mode", ["forgot", "right", "adversarial", "teacher"])
+def test_steps_that_train_a_model_left_in_eval_mode_are_named(tmp_path, capfd, mode):
+    """A model.train() missing after an evaluation: the steps that trained the model in eval mode,
+    exactly, and none where the model trains in train mode (an attack crafted in eval mode, a
+    frozen teacher in eval mode beside it)."""
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "eval_mode.py"), mode])
+    steps = sections["steps"]
+    assert steps["count"] == int(truth["steps"])
+    if not int(truth["eval_mode_steps"]):
+        assert "eval_mode_steps" not in steps
+        return
+    moded = steps["eval_mode_steps"]
+    count, first = int(truth["eval_mode_steps"]), int(truth["first"])
+    assert (moded["steps"], moded["first"], moded["last"]) == (count, first, first + count - 1)
+    assert moded["layers"] == ["BatchNorm1d", "Dropout"]
+    report = " ".join((tmp_path / "run" / "report.md").read_text().split())
+    assert f"{count} of {truth['steps']} steps trained Sequential in eval mode" in report
+
+
 def test_a_run_that_sees_no_step_is_a_failed_observation(tmp_path, capfd):
     """Inference only: torch imported (after a find_spec), no optimizer, no backward. The command's
     status passes through; the run is not "ok", and the report says why."""

@@ -99,6 +99,9 @@ def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] 
         first = stepped[-1]["scaler_skipped_steps"]
         leading = next((n for n, step in enumerate(first) if step != n), len(first))  # steps 0, 1, … all skipped
         section["scaler_skipped"] = {"count": stepped[-1]["scaler_skipped"], "first_steps": first, "leading": leading}
+    moded = [r for r in observed.records[main] if r.get("k") == "eval_mode_steps"]
+    if moded:
+        section["eval_mode_steps"] = {k: v for k, v in moded[-1].items() if k != "k"}
     return section
 
 

@@ -272,6 +272,8 @@ class TorchHooks:
                 stepped, returns = self.optimizers_stepped, self.optimizers_returned
                 skipped = {"scaler_skipped": self.scaler_skipped, "scaler_skipped_steps": self.scaler_skipped_steps}
                 self.records.write({"k": "optimizers", "stepped": stepped, "returns": returns, **skipped})
+            if self.eval_mode_steps:
+                self.records.write({"k": "eval_mode_steps", **self.eval_mode_steps})
             self.machine.finish(time.time(), torch_attached=self.torch is not None)
         finally:
             self.records.close_steps()
@@ -326,7 +328,7 @@ class TorchHooks:
         return self.trial.forward_end(output) if self.trial is not None else None
 
     def _training(self, module: Any) -> bool:
-        return self.torch.is_grad_enabled() and (module.training or self._wrapper_training(module))
+        return self.torch.is_grad_enabled() and (module.training or self._runs_training(module))
 
     def _time_root(self, module: Any) -> None:
         """`module`, called at top level: its class's calls timed from now on by `root_call`, set
@@ -371,7 +373,7 @@ class TorchHooks:
             if hooks.forward_depth or is_tracing():  # inside another timed call, or traced
                 return inner(*args, **kwargs)
             hooks.forward_depth = 1
-            machine.forward_begin(clock(), grad_enabled() and (module.training or hooks._wrapper_training(module)))
+            machine.forward_begin(clock(), grad_enabled() and (module.training or hooks._runs_training(module)))
             if trial is None:
                 try:
                     return inner(*args, **kwargs)
@@ -391,10 +393,47 @@ class TorchHooks:
         call.__qualname__ = f"{cls.__qualname__}.__call__"
         return call
 
-    def _wrapper_training(self, module: Any) -> bool:
-        """A module in eval mode around one in train mode: a DDP-style wrapper runs `module`."""
+    def _runs_training(self, module: Any) -> bool:
+        """A module in eval mode called with grad: whether it runs a training forward (a DDP-style
+        wrapper left in eval mode around a module in train mode does); if not, noted
+        (`eval_mode_forward`)."""
         inner = getattr(module, "module", None)
-        return isinstance(inner, self.torch.nn.Module) and inner.training
+        if isinstance(inner, self.torch.nn.Module) and inner.training:
+            return True
+        self.eval_mode_forward(module)
+        return False
+
+    def eval_mode_forward(self, module: Any) -> None:
+        """A forward with grad of a module in eval mode: at the next step's end (`_eval_mode_step`)
+        it was a training step in eval mode if the module is still in eval mode, the optimizer
+        stepping updates its parameters and it has layers that behave otherwise in train mode
+        (dropout, batch norm) — a `model.train()` missing after an evaluation. An evaluation's
+        forwards with grad are followed by `train()` before the next step ends, as an adversarial
+        attack's are; a frozen teacher's or a GAN discriminator's parameters are not the stepping
+        optimizer's."""
+        if self.eval_moded is module:
+            return
+        self.eval_moded = module
+        self.machine.eval_mode_check = self._eval_mode_step
+
+    def _eval_mode_step(self, index: int) -> None:
+        module, self.eval_moded = self.eval_moded, None
+        optimizer = self.stepping
+        if module is None or module.training or optimizer is None:
+            return
+        key = (id(module), id(optimizer))
+        layers = self.mode_layers.get(key)
+        if layers is None:
+            if len(self.mode_layers) > 256:  # modules and optimizers made anew: ids reused
+                self.mode_layers.clear()
+            layers = self.mode_layers[key] = _mode_layers(self.torch, module, optimizer)
+        if not layers:
+            return
+        seen = self.eval_mode_steps
+        if not seen:
+            seen.update(steps=0, first=index, module=type(module).__name__, layers=layers)
+        seen["steps"] += 1
+        seen["last"] = index
 
     def timed_backward(self, backward_: Callable) -> Callable:
         """`torch.autograd.backward` timed as the step's backward (one frame around it). Its
@@ -586,6 +625,11 @@ class TorchHooks:
         self.optimizer_entry: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self.scaler_skipped = 0  # GradScaler steps that did not call the optimizer's (time_scaler)
         self.scaler_skipped_steps: list[int] = []
+        # training steps in eval mode (eval_mode_forward): the module noted in this step, the
+        # mode-dependent layers of (module, optimizer) pairs, {steps, first, last, module, layers}
+        self.eval_moded: Any = None
+        self.mode_layers: dict[tuple[int, int], list[str]] = {}
+        self.eval_mode_steps: dict[str, Any] = {}
 
     def module_train(self, train_: Callable, module: Any, mode: bool = True) -> Any:
         self.train_depth += 1
@@ -770,6 +814,16 @@ def _wrap(original: Callable, around: Callable) -> Callable:
         return around(original, *args, **kwargs)
 
     return wrapper
+
+
+def _mode_layers(torch: Any, module: Any, optimizer: Any) -> list[str]:
+    """The classes of `module`'s layers that behave otherwise in train and eval mode (dropout,
+    batch norm), where `optimizer` updates some of its parameters; [] otherwise."""
+    updated = {id(p) for group in getattr(optimizer, "param_groups", []) for p in group.get("params", [])}
+    if not any(id(p) in updated for p in module.parameters()):
+        return []
+    moded = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
+    return sorted({type(m).__name__ for m in module.modules() if isinstance(m, moded)})
 
 
 def _file_name(file: Any) -> str | None:

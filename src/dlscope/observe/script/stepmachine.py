@@ -227,6 +227,9 @@ class StepMachine:
         self.step_thread = self.thread_id()
         self.batches_elsewhere = 0
         self.next_profiled: tuple[str | None, int | None] = NOT_PROFILED
+        # asked with the index at the next primary step end, then dropped (set by the torch layer
+        # when a forward ran in eval mode with grad: was that step a training step in eval mode?)
+        self.eval_mode_check: Callable[[int], None] | None = None
         self.next_memory = float("-inf")  # when peak memory is read next
         self.next_work = float("-inf")  # when a step end next has memory or the profiler to look at
 
@@ -536,6 +539,9 @@ class StepMachine:
                 self._switch("first_batch", "train_steps", now)
             if self.on_step is not None:
                 self.on_step(index + 1, now)
+            if self.eval_mode_check is not None:
+                self.eval_mode_check(index)
+                self.eval_mode_check = None
             profiled, profiler_step = self.next_profiled
             if now >= self.next_work:
                 peak_rss, peak_cuda, resumed = self._between_steps(index, now)

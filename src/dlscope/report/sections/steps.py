@@ -73,6 +73,19 @@ def scaler_skipped(skipped: dict[str, Any], steps: int) -> tuple[str, str]:
     return "info", text
 
 
+def eval_mode_steps(moded: dict[str, Any], steps: int) -> tuple[str, str]:
+    """Training steps whose model ran in eval mode: a model.train() missing after an evaluation."""
+    n, layers = moded["steps"], ", ".join(moded["layers"])
+    span = f"step {moded['first']}" if n == 1 else f"steps {moded['first']}–{moded['last']}"
+    return "warn", (
+        f"{n} of {steps} steps trained {moded['module']} in eval mode ({span}): its forward ran with grad while "
+        f"the module was in eval mode, and the optimizer stepping updates its parameters, so its {layers} "
+        "layers behaved as in evaluation (no dropout; batch norm with its running statistics, which are not "
+        "updated). A model.train() missing after an evaluation? If on purpose (batch norm frozen for "
+        "fine-tuning), nothing to change."
+    )
+
+
 def step_ranges(steps: list[int]) -> str:
     """0, 1, 2, 5, 7, 8 → "0–2, 5, 7–8"."""
     runs: list[list[int]] = []
@@ -144,6 +157,9 @@ def render(section: dict[str, Any]) -> list[Block]:
                 ]
             ),
         )
+    moded = section.get("eval_mode_steps")
+    if moded:
+        blocks.insert(1, Findings([eval_mode_steps(moded, section["count"])]))
     skipped = section.get("scaler_skipped")
     if skipped:
         blocks.insert(1, Findings([scaler_skipped(skipped, section["count"])]))
