@@ -265,12 +265,16 @@ def test_a_step_the_gradscaler_skips_is_still_a_step_and_is_named(tmp_path, capf
     assert "2 of them (5% of the steps) came after the start of the run" in report
 
 
-def test_a_validation_pass_with_neither_eval_nor_no_grad_is_an_evaluation_not_a_step(tmp_path, capfd):
-    """A student's validation runs training forwards on batches of its own loader, and no
-    backward(): each pass is an eval phase, its batches and forwards none of the steps' (before,
-    they were the next epoch's first step, doubling the steps' forward time). A loss summed over
-    four batches before one backward() stays training."""
-    argv = [sys.executable, str(SCRIPTS / "naive_validation.py")]
+@pytest.mark.parametrize("style", ["neither", "eval-grad", "eval-no-grad"])
+def test_a_validation_pass_after_each_epoch_is_an_evaluation_in_no_step(tmp_path, capfd, style):
+    """Each validation pass is one eval phase, and no step's interval holds any of it: with
+    neither eval() nor no_grad() (a student's: training forwards on batches of its own loader, no
+    backward; before, they were the next epoch's first step, doubling the steps' forward time),
+    with eval() alone (its loss module runs in train mode with grad; before, it ended the eval
+    phase at each batch: 30 phases), or with both (the loader's end before it made the next step
+    start its work: the pass was inside that step, as "other"). A loss summed over four batches
+    before one backward() stays training."""
+    argv = [sys.executable, str(SCRIPTS / "naive_validation.py"), "--style", style]
     sections, truth = observe(tmp_path, capfd, argv)
     assert (sections["steps"]["source"], sections["steps"]["count"]) == ("optimizer", int(truth["steps"]))
     evals = [r["seconds"] * 1e3 for r in sections["phases"]["rows"] if r["phase"] == "eval"]
@@ -280,6 +284,9 @@ def test_a_validation_pass_with_neither_eval_nor_no_grad_is_an_evaluation_not_a_
     for measured, known in zip(evals[:-1], passes[:-1], strict=True):
         assert 0.95 * known <= measured <= known + 20.0, (evals, passes)
     rows = step_rows(sections)
+    spans = [(r["begin_ts"], r["end_ts"]) for r in sections["phases"]["rows"] if r["phase"] == "eval"]
+    for r in rows:  # (a step's start is rounded to the µs)
+        assert not [s for s in spans if r["start_s"] + r["ms"] / 1e3 > s[0] + 1e-6 and r["start_s"] < s[1] - 1e-6], r
     assert sum(r["forward_ms"] for r in rows) <= 1.1 * float(truth["forward_ms"]) + 5.0
     assert sum(r["data_source"] == "loader" for r in rows) == len(rows)
     check_anatomy(sections)

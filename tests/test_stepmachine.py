@@ -229,6 +229,29 @@ def test_eval_forwards_are_an_eval_phase_and_leave_the_step_untouched():
     assert second["start"] == t + 10 and second["forward"] == 2  # eval time belongs to no step
 
 
+def test_an_evaluation_after_an_epochs_end_is_in_no_step_and_a_loss_module_in_it_is_its_work():
+    """The loop's `for` ends its loader (a `__next__` with no batch), then evaluates with
+    model.eval() and no no_grad(): the model's forwards in eval mode and a loss module's in train
+    mode are the evaluation's, one phase; the next step starts after it, its parts its own (before:
+    the epoch's end made the step start its work, so the evaluation was inside it, as "other")."""
+    m, r = machine()
+    m.optimizer_created()
+    t = plain_step(m, 0.0)
+    m.loader_ended(t, t + 0.5)
+    m.train_mode(t + 1, False)
+    for k in range(3):
+        m.loader_next(t + 1 + 3 * k, t + 2 + 3 * k, "val")
+        m.forward_begin(t + 2 + 3 * k, training=False)  # the model, in eval mode
+        m.forward_end(t + 3 + 3 * k)
+        m.forward_begin(t + 3 + 3 * k, training=True)  # the loss module, in train mode
+        m.forward_end(t + 4 + 3 * k)
+    m.train_mode(t + 12, True)
+    end = plain_step(m, t + 12)
+    assert eval_spans(r) == [(t + 1, t + 12)]
+    step = r.steps[-1]
+    assert (step["start"], step["end"], step["data"], step["forward"], step["backward"]) == (t + 12, end, 1, 2, 3)
+
+
 def test_a_module_put_in_eval_mode_is_an_evaluation_only_once_it_draws_or_runs_a_forward():
     """`bn.eval()` at each step (a BatchNorm frozen) draws no batch and runs no forward with no
     grad: no eval phase, no record per step. `model.eval()` then a validation forward: an eval

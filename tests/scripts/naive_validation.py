@@ -1,8 +1,12 @@
-"""A student's loop (prints the truth it knows): after each epoch a validation pass with neither
-`model.eval()` nor `torch.no_grad()`, so its forwards are training forwards; then, last, one
-pass of a loss summed over four batches before a single backward() (and an optimizer step), which
-is training, not an evaluation."""
+"""A loop that validates after each epoch (prints the truth it knows), in one of three styles:
+neither       neither `model.eval()` nor `torch.no_grad()` (a student's): its forwards are training forwards
+eval-grad     `model.eval()` without `torch.no_grad()`: the loss module's forward is in train mode, with grad
+eval-no-grad  both, as the PyTorch tutorials write it
+then, last, one pass of a loss summed over four batches before a single backward() (and an
+optimizer step), which is training, not an evaluation."""
 
+import argparse
+import contextlib
 import time
 
 import torch
@@ -13,6 +17,9 @@ EPOCHS = 3
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--style", choices=("neither", "eval-grad", "eval-no-grad"), default="neither")
+    style = parser.parse_args().style
     torch.manual_seed(0)
     train = DataLoader(TensorDataset(torch.randn(1280, 64), torch.randint(0, 10, (1280,))), batch_size=64, shuffle=True)
     val = DataLoader(TensorDataset(torch.randn(2560, 64), torch.randint(0, 10, (2560,))), batch_size=64)
@@ -21,6 +28,8 @@ def main() -> None:
     criterion = nn.CrossEntropyLoss()
     forward_s, val_s, steps = 0.0, [], 0  # the training forwards (model and loss), each validation pass
     for _ in range(EPOCHS):
+        if style != "neither":
+            model.train()
         for x, y in train:
             optimizer.zero_grad()
             start = time.perf_counter()
@@ -30,9 +39,13 @@ def main() -> None:
             optimizer.step()
             steps += 1
         start = time.perf_counter()
-        total = sum(criterion(model(x), y).item() for x, y in val)
+        if style != "neither":
+            model.eval()
+        with torch.no_grad() if style == "eval-no-grad" else contextlib.nullcontext():
+            total = sum(criterion(model(x), y).item() for x, y in val)
         val_s.append(time.perf_counter() - start)
         print(f"validation loss {total / len(val):.3f}")
+    model.train()
     optimizer.zero_grad()
     summed = None
     for n, (x, y) in enumerate(train):  # four batches, each fed to a forward, then one backward

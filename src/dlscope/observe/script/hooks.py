@@ -286,16 +286,18 @@ class TorchHooks:
         return self._loader_next(next_, iterator)
 
     def _loader_next(self, next_: Callable, iterator: Any) -> Any:
-        source = getattr(iterator, "_dataset", None)
+        drawn = False
         start = time.time()
         try:
-            return next_(iterator)
-        except BaseException:
-            source = None  # no batch (the iterator ended, or failed), though its time is the loop's wait
-            raise
+            batch = next_(iterator)
+            drawn = True
+            return batch
         finally:
             end = time.time()
-            self.machine.loader_next(start, end, source)
+            if drawn:
+                self.machine.loader_next(start, end, getattr(iterator, "_dataset", None))
+            else:  # the iterator ended (or failed): no batch, though its time is the loop's wait
+                self.machine.loader_ended(start, end)
             if self.batches is not None:
                 self.batches.delivered(iterator, start, end)
 

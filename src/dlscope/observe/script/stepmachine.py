@@ -7,7 +7,8 @@ stamped with CLOCK_REALTIME seconds by the caller:
     loader_next(start, end, source)  a batch drawn from a DataLoader (training only; in the thread
                                      that ends the steps: one a prefetching thread draws is no wait
                                      of the loop's); `source` its dataset (any object, compared by
-                                     identity; None: no batch came, as at an epoch's end)
+                                     identity; None: not known)
+    loader_ended(start, end)         a DataLoader's `__next__` that drew no batch (an epoch's end)
     forward_begin(now, training)     the outermost module call starts; `training` is False for
     forward_end(now)                 a forward with no grad, or of a module in eval mode: see
                                      IMPLICIT_EVAL_FORWARDS for when those are an evaluation
@@ -31,7 +32,11 @@ when a torch optimizer exists) drives the profiler and samples memory.
 Evaluations. An outermost `Module.train(False)` (`model.eval()`) starts an evaluation, and the
 next training work ends it; batches drawn in it are no step's data, and once a batch is drawn
 or a forward with no grad runs in it, it is an eval phase (from then) whose time belongs to no
-step. One that does neither (a BatchNorm frozen by `bn.eval()` at each step) is no evaluation. A
+step, and from then a forward of a module in train mode with grad (a loss module, when the
+evaluation runs without `no_grad()`) is its work too: a backward(), an optimizer step or
+`train()` ends it (an evaluation found from forwards with no grad, below, ends at a forward
+with grad). One that does neither (a BatchNorm frozen by `bn.eval()` at each step) is no
+evaluation, and the step's training forward ends it. A
 forward with no grad outside one is an evaluation only from IMPLICIT_EVAL_FORWARDS in a row (a
 validation loop under `torch.no_grad()` alone); fewer, between two backward() calls or step
 ends, are the step's: a frozen teacher's in distillation, a target network's and the action
@@ -197,6 +202,7 @@ class StepMachine:
         self.last_end = float("-inf")
         self.checkpoint_files: list[str] = []  # of the open checkpoint phase
         self.in_eval = False
+        self.eval_explicit = False  # the evaluation was started by train(False), not by forwards with no grad
         # forwards with no grad (or in eval mode) since the last backward() or step end, the first's time
         self.quiet_forwards = 0
         self.quiet_since = 0.0
@@ -267,8 +273,11 @@ class StepMachine:
         module put in eval mode) from its first batch drawn or forward with no grad (eval_work), if any."""
         if not self.in_eval:
             self.in_eval = self.attention = True
+            self.eval_explicit = False
         if forwarded:
             self.eval_work(now)
+        else:
+            self.eval_explicit = True
 
     def eval_work(self, now: float) -> None:
         if "eval" not in self.stack:  # its phase not written yet
@@ -281,7 +290,7 @@ class StepMachine:
         self.quiet_forwards = 0
         if "eval" in self.stack:
             self.end("eval", now)
-            self._restart_fresh(now)
+            self._restart_fresh(self.last_end)  # (stamped after the phase marker: the next step starts there)
 
     def _restart_fresh(self, now: float) -> None:
         """Time spent in eval or a checkpoint between two steps belongs to neither."""
@@ -366,7 +375,7 @@ class StepMachine:
             self.batches_elsewhere += 1
             return
         totals = self.totals
-        if source is None:  # no batch: no row
+        if source is None:  # not known: no row
             pass
         elif self.row and source is self.row_source:
             self.row += 1
@@ -389,6 +398,21 @@ class StepMachine:
             self.since = end
         totals[DATA] += end - start
         self.batches += 1
+
+    def loader_ended(self, start: float, end: float) -> None:
+        """A `__next__` that drew no batch (the iterator ended: an epoch's end, with non-persistent
+        workers their shutdown): the loop's wait, so data if the step goes on, but no work of the
+        step's — an evaluation or a checkpoint next moves the step's start past it (before, the
+        evaluation after each epoch was inside the next step, as "other")."""
+        if self.in_eval or self.thread_id() != self.step_thread:
+            return
+        current = self.part
+        if current is not None:  # inside a part: paused meanwhile
+            spent = start - self.since
+            if spent > 0.0:
+                self.totals[current] += spent
+            self.since = end
+        self.totals[DATA] += end - start
 
     def row_ends(self, now: float) -> None:
         """The row of batches drawn since the last backward() or step end ends without one: an
@@ -425,6 +449,8 @@ class StepMachine:
             if self.idle:  # before the step's work: in its gap, as whatever else the loop does there
                 return
         if self.attention or self.part is not None:
+            if self.in_eval and self.eval_explicit and "eval" in self.stack:  # a loss module, in train mode
+                return
             self._open(FORWARD, now)
         else:  # the step's work started, no part open: as in most steps
             self.part, self.since = FORWARD, now
@@ -520,7 +546,7 @@ class StepMachine:
     def checkpoint_end(self, now: float, name: str) -> None:
         self.end(name, now, files=self.checkpoint_files)
         self.checkpoint_files = []
-        self._restart_fresh(now)
+        self._restart_fresh(self.last_end)
 
     # steps -----------------------------------------------------------------------------------
     def end_step(self, src: str, now: float) -> None:
