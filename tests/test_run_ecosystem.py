@@ -292,6 +292,13 @@ def test_a_validation_pass_after_each_epoch_is_an_evaluation_in_no_step(tmp_path
     check_anatomy(sections)
     batches = sections["batches"]
     assert batches["in_steps"] == int(truth["steps"]) - 1 + 4  # the summed pass drew four
+    # what to change: train mode in an evaluation; grad on in one (the model's forwards: a batch each)
+    phases = sections["phases"]
+    expected = {"neither": (3, 0), "eval-grad": (0, int(truth["val_batches"])), "eval-no-grad": (0, 0)}[style]
+    assert (phases.get("evals_in_train_mode", 0), phases.get("eval_grad_forwards", 0)) == expected
+    report = " ".join((tmp_path / "run" / "report.md").read_text().split())
+    assert ("3 evaluations ran in train mode with grad" in report) == (style == "neither")
+    assert ("in evaluations ran with grad on" in report) == (style == "eval-grad")
 
 
 @pytest.mark.parametrize("mode", ["forgot", "right", "adversarial", "teacher"])

@@ -59,7 +59,7 @@ def main() -> None:
     optimizer.step()
     steps += 1
     val_ms = ",".join(f"{1e3 * s:.3f}" for s in val_s)
-    print(f"TRUTH steps={steps} forward_ms={1e3 * forward_s:.3f} val_ms={val_ms}")
+    print(f"TRUTH steps={steps} forward_ms={1e3 * forward_s:.3f} val_ms={val_ms} val_batches={EPOCHS * len(val)}")
 
 
 if __name__ == "__main__":

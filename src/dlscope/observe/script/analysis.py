@@ -179,6 +179,8 @@ def phase_slices(pid: int, records: list[dict[str, Any]], origin: float, last_st
         elif r.get("k") == "E" and open_:
             begin = open_.pop()
             slices.append(_slice(pid, begin, r["ts"], origin, len(open_), closed=True, files=r.get("files")))
+            if r.get("train_mode"):  # an evaluation found afterwards: training forwards, no backward
+                slices[-1]["train_mode"] = True
     while open_:
         slices.append(_slice(pid, open_.pop(), last, origin, len(open_), closed=False))
     return sorted(slices, key=lambda s: (s["start_s"], s["depth"]))
@@ -211,7 +213,14 @@ def phases_section(observed: Observed, origin: float) -> dict[str, Any]:
         t["count"] += 1
         t["seconds"] = round(t["seconds"] + s["seconds"], 6)
         t["files"] += [f for f in s["files"] if f not in t["files"]]
-    return {"rows": rows, "totals": list(totals.values())}
+    section: dict[str, Any] = {"rows": rows, "totals": list(totals.values())}
+    train_mode = sum(1 for s in rows if s.get("train_mode"))
+    if train_mode:
+        section["evals_in_train_mode"] = train_mode
+    grad = sum(r["forwards"] for rs in observed.records.values() for r in rs if r.get("k") == "eval_grad")
+    if grad:
+        section["eval_grad_forwards"] = grad
+    return section
 
 
 def ops_per_step(trace_path: Path) -> list[dict[str, Any]]:

@@ -274,6 +274,8 @@ class TorchHooks:
                 self.records.write({"k": "optimizers", "stepped": stepped, "returns": returns, **skipped})
             if self.eval_mode_steps:
                 self.records.write({"k": "eval_mode_steps", **self.eval_mode_steps})
+            if self.eval_grad_forwards:
+                self.records.write({"k": "eval_grad", "forwards": self.eval_grad_forwards})
             self.machine.finish(time.time(), torch_attached=self.torch is not None)
         finally:
             self.records.close_steps()
@@ -413,6 +415,8 @@ class TorchHooks:
         forwards with grad are followed by `train()` before the next step ends, as an adversarial
         attack's are; a frozen teacher's or a GAN discriminator's parameters are not the stepping
         optimizer's."""
+        if self.machine.in_eval:  # an evaluation without no_grad(): autograd keeps its graph
+            self.eval_grad_forwards += 1
         if self.eval_moded is module:
             return
         self.eval_moded = module
@@ -632,6 +636,7 @@ class TorchHooks:
         self.eval_moded: Any = None
         self.mode_layers: dict[tuple[int, int], list[str]] = {}
         self.eval_mode_steps: dict[str, Any] = {}
+        self.eval_grad_forwards = 0  # forwards with grad of modules in eval mode, in an evaluation
 
     def module_train(self, train_: Callable, module: Any, mode: bool = True) -> Any:
         self.train_depth += 1

@@ -426,7 +426,7 @@ class StepMachine:
         # its records alone, no markers: the phase is over (from `now` the next step's batch is drawn)
         since, tid = max(self.row_since, self.last_end), self.thread_id()
         self.sink.write({"k": "B", "name": "eval", "ts": since, "tid": tid})
-        self.sink.write({"k": "E", "name": "eval", "ts": now, "tid": tid})
+        self.sink.write({"k": "E", "name": "eval", "ts": now, "tid": tid, "train_mode": True})
         self.last_end = now
         for step in self.live:  # no work of its own before the row: it starts again after it
             step.fresh, step.first_work = True, None

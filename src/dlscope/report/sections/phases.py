@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dlscope.report.blocks import Block, Para, Table
+from dlscope.report.blocks import Block, Findings, Para, Table
 
 TITLE = "Phases"
 
@@ -30,4 +30,35 @@ def render(section: dict[str, Any]) -> list[Block]:
             "checkpoint_save/checkpoint_load inside them."
         ),
         Table(["phase", "times", "s", "files"], rows, "Phases, all processes"),
+        *evaluation_findings(section),
     ]
+
+
+def evaluation_findings(section: dict[str, Any]) -> list[Block]:
+    """What the evaluations' own mode says to change: run in train mode (neither model.eval() nor
+    torch.no_grad()), or in eval mode with grad on (no torch.no_grad())."""
+    items = []
+    n = section.get("evals_in_train_mode", 0)
+    if n:
+        items.append(
+            (
+                "warn",
+                f"{n} evaluation{'s' * (n != 1)} ran in train mode with grad (neither model.eval() nor "
+                "torch.no_grad(): found as batches of a loader of their own, each fed to a training forward, with "
+                "no backward()): the model's dropout and batch norm layers, if it has any, ran as in training "
+                "(dropout on; batch norm statistics updated from the evaluation's batches), and autograd recorded "
+                "graphs nobody used. Call model.eval() and wrap the evaluation in torch.no_grad() (and "
+                "model.train() before training again).",
+            )
+        )
+    forwards = section.get("eval_grad_forwards", 0)
+    if forwards:
+        items.append(
+            (
+                "info",
+                f"{forwards} forward{'s' * (forwards != 1)} in evaluations ran with grad on (model.eval() without "
+                "torch.no_grad()): autograd recorded a graph for each, memory and time an evaluation does not "
+                "use. Wrap the evaluation in torch.no_grad() (or torch.inference_mode()).",
+            )
+        )
+    return [Findings(items)] if items else []
