@@ -584,13 +584,14 @@ class TorchHooks:
             index, inner = machine.counts["optimizer"], machine.inner_steps
             machine.optimizer_begin(clock())
             try:
-                return step(scaler, optimizer, *args, **kwargs)
+                returned = step(scaler, optimizer, *args, **kwargs)
             finally:
                 machine.optimizer_end(clock())
-                if machine.inner_steps == inner and getattr(scaler, "_enabled", True):
-                    hooks.scaler_skipped += 1
-                    if len(hooks.scaler_skipped_steps) < SKIPPED_KEPT:
-                        hooks.scaler_skipped_steps.append(index)
+            if machine.inner_steps == inner and getattr(scaler, "_enabled", True):  # (one that raised: no skip)
+                hooks.scaler_skipped += 1
+                if len(hooks.scaler_skipped_steps) < SKIPPED_KEPT:
+                    hooks.scaler_skipped_steps.append(index)
+            return returned
 
         timed_step.dlscope_timed = True  # type: ignore[attr-defined]
         self.timed_optimizers[scaler_class] = scaler_class.__dict__.get("step")

@@ -36,8 +36,9 @@ step, and from then a forward of a module in train mode with grad (a loss module
 evaluation runs without `no_grad()`) is its work too: a backward(), an optimizer step or
 `train()` ends it (an evaluation found from forwards with no grad, below, ends at a forward
 with grad). One that does neither (a BatchNorm frozen by `bn.eval()` at each step) is no
-evaluation, and the step's training forward ends it. A
-forward with no grad outside one is an evaluation only from IMPLICIT_EVAL_FORWARDS in a row (a
+evaluation, and the step's training forward ends it.
+
+A forward with no grad outside one is an evaluation only from IMPLICIT_EVAL_FORWARDS in a row (a
 validation loop under `torch.no_grad()` alone); fewer, between two backward() calls or step
 ends, are the step's: a frozen teacher's in distillation, a target network's and the action
 chosen in DQN — timed as forward once the step's work has started (a batch drawn), in its gap
@@ -390,13 +391,7 @@ class StepMachine:
             self.row_forward = totals[FORWARD]
         if self.idle:
             self.activity(start)
-        current = self.part
-        if current is not None:  # drawn inside a part: paused meanwhile
-            spent = start - self.since
-            if spent > 0.0:
-                totals[current] += spent
-            self.since = end
-        totals[DATA] += end - start
+        self._data(start, end)
         self.batches += 1
 
     def loader_ended(self, start: float, end: float) -> None:
@@ -404,10 +399,13 @@ class StepMachine:
         workers their shutdown): the loop's wait, so data if the step goes on, but no work of the
         step's — an evaluation or a checkpoint next moves the step's start past it (before, the
         evaluation after each epoch was inside the next step, as "other")."""
-        if self.in_eval or self.thread_id() != self.step_thread:
-            return
+        if not self.in_eval and self.thread_id() == self.step_thread:
+            self._data(start, end)
+
+    def _data(self, start: float, end: float) -> None:
+        """`start`–`end` inside a data source: data time, and a part open meanwhile paused."""
         current = self.part
-        if current is not None:  # inside a part: paused meanwhile
+        if current is not None:
             spent = start - self.since
             if spent > 0.0:
                 self.totals[current] += spent
