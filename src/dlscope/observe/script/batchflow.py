@@ -289,6 +289,16 @@ def _built_rows(pid: int, data: np.ndarray, offsets: np.ndarray, first_row: int,
     return rows
 
 
+def _sample_times(
+    data: np.ndarray, offsets: np.ndarray, starts: np.ndarray, width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Timed built records of `width` samples at `offsets`: (their sample indices, when each
+    sample ended in seconds from its batch's start), both (records, width)."""
+    at = offsets[:, None] + BUILT.size
+    columns = np.arange(8 * width)
+    return data[at + columns].view("<i8"), data[at + 8 * width + columns].view("<f8") - starts[:, None]
+
+
 def _slowest_samples(
     rows: np.ndarray,
     group: np.ndarray,
@@ -300,10 +310,7 @@ def _slowest_samples(
     samples: SampleTimes,
 ) -> None:
     """The timed batches `group` of `width` samples: each one's slowest sample, all into `samples`."""
-    at = offsets[group][:, None] + BUILT.size
-    columns = np.arange(8 * width)
-    indices = data[at + columns].view("<i8")
-    ends = data[at + 8 * width + columns].view("<f8") - heads["start"][group][:, None]
+    indices, ends = _sample_times(data, offsets[group], heads["start"][group], width)
     seconds = np.diff(ends, axis=1, prepend=0.0)
     k = np.argmax(seconds, axis=1)
     line = np.arange(len(group))
@@ -532,6 +539,8 @@ class Flow:
     taken_elsewhere: int = 0  # batches taken during a step by a thread other than the step's (a prefetcher)
     # (loader, sample index) of each outlier sample -> every timed fetch of it in the run (seconds)
     refetched: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    # (seconds, built row, position in its batch, sample index, loader or -1) of the outlier samples
+    outliers: list[tuple[float, int, int, int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.taken)
@@ -612,7 +621,9 @@ def read_flow(
         return None
     flow = join(built, taken, main, steps, evals, samples)
     flow.loaders = loaders
-    flow.refetched = refetches(directory, flow)
+    built_loader = _built_loaders(flow)
+    flow.outliers = _outliers(flow, built_loader)
+    flow.refetched = refetches(directory, flow, built_loader)
     if syscalls is not None:
         flow.io = attach_io(built, syscalls, to_realtime)
     return flow
@@ -934,13 +945,12 @@ def outlier_bar(times: SampleTimes) -> tuple[float, float]:
     return median, max(OUTLIER_FACTOR * median, OUTLIER_MIN_S)
 
 
-def _outliers(flow: Flow) -> list[tuple[float, int, int, int, int]]:
-    """(seconds, built row, position in its batch, sample index, loader or -1) of the outlier samples."""
+def _outliers(flow: Flow, built_loader: np.ndarray) -> list[tuple[float, int, int, int, int]]:
+    """Flow.outliers, from the slowest samples kept (`built_loader`: _built_loaders')."""
     times = flow.samples
     if not times.count:
         return []
     _, bar = outlier_bar(times)
-    built_loader = _built_loaders(flow)
     return [(s, row, at, sample, int(built_loader[row])) for s, row, at, sample in times.top.tolist() if s >= bar]
 
 
@@ -953,17 +963,16 @@ def _built_loaders(flow: Flow) -> np.ndarray:
     return loaders
 
 
-def refetches(directory: Path, flow: Flow) -> dict[tuple[int, int], np.ndarray]:
+def refetches(directory: Path, flow: Flow, built_loader: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
     """Every timed fetch of each outlier sample of a map-style dataset, by (loader, sample index):
     a second pass over the built records, only where there are outliers, keeping only theirs. A
     sample slow each time it is fetched is the data's; one slow once and fast again is the
     moment's (a worker waiting for a core, a cold cache). An iterable's positions are no samples."""
     wanted = {
-        (loader, sample) for _, row, _, sample, loader in _outliers(flow) if not flow.built["flags"][row] & ITERABLE
+        (loader, sample) for _, row, _, sample, loader in flow.outliers if not flow.built["flags"][row] & ITERABLE
     }
     if not wanted:
         return {}
-    built_loader = _built_loaders(flow)
     indices_wanted = np.array(sorted({sample for _, sample in wanted}), np.int64)
     found: dict[tuple[int, int], list[np.ndarray]] = {key: [] for key in wanted}
     first_row = 0  # built rows are numbered as read_all numbers them: files sorted, whole records in order
@@ -980,13 +989,10 @@ def refetches(directory: Path, flow: Flow) -> dict[tuple[int, int], np.ndarray]:
                 group = np.flatnonzero(mapped & (n == width))
                 if not width or not len(group):
                     continue
-                at = offsets[group][:, None] + BUILT.size
-                columns = np.arange(8 * width)
-                indices = data[at + columns].view("<i8")
+                indices, ends = _sample_times(data, offsets[group], heads["start"][group], width)
                 hit = np.isin(indices, indices_wanted)
                 if not hit.any():
                     continue
-                ends = data[at + 8 * width + columns].view("<f8") - heads["start"][group][:, None]
                 seconds = np.diff(ends, axis=1, prepend=0.0)
                 line, k = np.nonzero(hit)
                 loaders = built_loader[first_row + group[line]]
@@ -1009,7 +1015,7 @@ def sample_outliers(flow: Flow) -> dict[str, Any]:
         return {"count": 0}
     median, bar = outlier_bar(times)
     outliers = []
-    for seconds, row, at, sample, loader in _outliers(flow):
+    for seconds, row, at, sample, loader in flow.outliers:
         b = flow.built[row]
         taken = np.flatnonzero(flow.match == row)  # the batch's pass, where the loop took it
         t = flow.taken[taken[0]] if len(taken) else None

@@ -383,9 +383,8 @@ class StepMachine:
             if totals[FORWARD] > self.row_forward:  # a forward ran since the batch before
                 self.row_fed += 1
                 self.row_forward = totals[FORWARD]
-        else:
-            if self.row:  # from another dataset
-                self.row_ends(start)
+        else:  # the first of a row (one from another dataset ends the row before)
+            self.row_ends(start)
             self.row, self.row_fed, self.row_source, self.row_since = 1, 0, source, start
             self.row_totals, self.row_batches, self.row_fresh = totals[:], self.batches, self.unworked
             self.row_forward = totals[FORWARD]
@@ -519,8 +518,7 @@ class StepMachine:
         self.end_step("optimizer", now)
 
     def train_mode(self, now: float, mode: bool) -> None:
-        if self.row:
-            self.row_ends(now)
+        self.row_ends(now)
         if mode:
             self.eval_end(now)
         else:
@@ -534,8 +532,7 @@ class StepMachine:
             if file is not None and file not in self.checkpoint_files:
                 self.checkpoint_files.append(file)
             return False
-        if self.row:
-            self.row_ends(now)
+        self.row_ends(now)
         self.eval_end(now)
         self.begin(name, now, file)
         self.checkpoint_files = [file] if file is not None else []
@@ -625,8 +622,7 @@ class StepMachine:
     def finish(self, now: float, torch_attached: bool) -> None:
         """At exit: the facts a report needs to say whether the steps were observed at all."""
         try:
-            if self.row:
-                self.row_ends(now)
+            self.row_ends(now)
             self.profiler.stop()
         finally:
             while self.stack:
