@@ -356,6 +356,37 @@ def test_optimizers_stepping_one_after_another_are_named_with_their_step_ranges(
     assert "where optimizer 4 (SGD) takes over" in report
 
 
+EPISODES = """
+import torch
+torch.set_num_threads(1)
+policy = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
+optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
+for episode in range(240):
+    log_probs = []
+    for t in range(4 if episode < 120 else 24):  # the policy survives longer: episodes grow 6x
+        log_probs.append(torch.log_softmax(policy(torch.randn(1, 8)), -1)[0, 0])
+    optimizer.zero_grad()
+    torch.stack(log_probs).sum().backward()
+    optimizer.step()
+"""
+
+
+def test_a_step_time_change_from_longer_episodes_is_more_forwards_not_slower_work(tmp_path):
+    """REINFORCE's shape: one step an episode, a forward per action, and episodes that grow as the
+    policy learns. The step time changes where they grow; dlscope counts the forwards a step and
+    says the step does more work, rather than that the job slowed down."""
+    script = tmp_path / "episodes.py"
+    script.write_text(EPISODES)
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), "--profile-steps", "0", "--", sys.executable, str(script)]) == 0
+    changes = load_results(out)["sections"]["steps"]["change_points"]
+    change = next(c for c in changes if abs(c["step"] - 120) <= 1)
+    assert change["forwards"] == [4, 24]
+    # information, not a warning: the step does 6x the work in 3-4x the time
+    assert "\n- From step 120 " in (out / "report.md").read_text()  # (a warning reads "- ⚠ From")
+    assert "each step ran more forwards (median 4 → 24)" in (out / "report.md").read_text()
+
+
 def test_a_run_directory_given_again_holds_only_the_new_runs_processes(tmp_path):
     script = tmp_path / "loop.py"
     script.write_text(IN_TURN.replace("ITERATIONS", "3"))

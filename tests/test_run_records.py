@@ -21,6 +21,7 @@ from dlscope.observe.script.records import (
     read_records,
     steps_header,
 )
+from dlscope.report.sections import steps as steps_section
 
 
 def step(i: int, start: float, seconds: float = 0.01, **fields) -> dict:
@@ -43,8 +44,9 @@ def step(i: int, start: float, seconds: float = 0.01, **fields) -> dict:
     return {**base, **fields}
 
 
-def bulk(path, seconds: np.ndarray, loader: bool = True, data_fraction: float = 0.2) -> StepFile:
-    """A step file of len(seconds) steps, written as the hooks' rows would be (in one go)."""
+def bulk(path, seconds: np.ndarray, loader: bool = True, data_fraction: float = 0.2, **parts: np.ndarray) -> StepFile:
+    """A step file of len(seconds) steps, written as the hooks' rows would be (in one go): data
+    `data_fraction` of each step, forward 0.3 of it (or `parts`, seconds), the rest "other"."""
     path.write_bytes(steps_header())
     header = StepFile(path)
     rows = np.zeros(len(seconds), header.dtype)
@@ -53,6 +55,8 @@ def bulk(path, seconds: np.ndarray, loader: bool = True, data_fraction: float = 
     rows["seconds"] = seconds
     rows["data"] = seconds * data_fraction
     rows["forward"] = seconds * 0.3
+    for name, values in parts.items():
+        rows[name] = values
     rows["data_source"] = header.codes["data_source"].index("loader" if loader else "gap")
     rows["peak_rss_kib"] = 1000
     rows["peak_cuda_kib"] = 0xFFFFFFFF
@@ -155,6 +159,51 @@ def test_summary_stays_the_same_size_at_any_length_and_finds_the_slowdown(tmp_pa
         assert len(steps["windows"]) == 100
         assert found["anatomy"]["percent"]["data"] == pytest.approx(20, abs=0.1)
     assert sizes[200_000] < 1.1 * sizes[2_000] and sizes[200_000] < 100_000
+
+
+def place(tmp_path, name: str):
+    (tmp_path / name).mkdir()
+    return tmp_path / name
+
+
+def test_a_change_point_names_the_part_it_is_in(tmp_path):
+    """A slower input pipeline from step k: the change is in data; a step doing twice the work
+    (every part twice as long): every part grew alike."""
+    rng = np.random.default_rng(2)
+    n, k = 4_000, 2_500
+    seconds = rng.normal(0.010, 0.0003, n)
+    data = seconds * 0.2
+    forward = seconds * 0.3
+    data[k:] += 0.008  # the loader slows down by 8 ms a batch; the rest of the step is unchanged
+    seconds[k:] += 0.008
+    found = sections_of(place(tmp_path, "loader"), seconds, data=data, forward=forward)
+    change = found["steps"]["change_points"][0]
+    assert abs(change["step"] - k) <= 1
+    assert change["parts_ms"]["data"] == pytest.approx([2.0, 10.0], rel=0.05)
+    assert change["parts_ms"]["forward"] == pytest.approx([3.0, 3.0], rel=0.05)
+    assert change["parts_ms"]["other"] == pytest.approx([5.0, 5.0], rel=0.05)
+    text = steps_section.change_parts(change)[0]
+    assert text.startswith("the change is in data (data 2.00 → 10.00 ms, forward 3.00 → 3.00 ms")
+
+    doubled = rng.normal(0.010, 0.0003, n)
+    doubled[k:] *= 2.0
+    forwards = np.full(n, 3)
+    change = sections_of(place(tmp_path, "doubled"), doubled, forwards=forwards)["steps"]["change_points"][0]
+    assert change["parts_ms"]["other"] == pytest.approx([5.0, 10.0], rel=0.05)
+    assert change["forwards"] == [3, 3]
+    text, more_work = steps_section.change_parts(change)
+    assert text.startswith("every part grew alike (data 2.00 → 4.0") and not more_work
+    assert "with the same forwards a step (3): each step did more of the same work" in text
+    forwards[k:] = 6  # twice the forwards a step (an episode twice as long): more work, not slower
+    change = sections_of(place(tmp_path, "episodes"), doubled, forwards=forwards)["steps"]["change_points"][0]
+    text, more_work = steps_section.change_parts(change)
+    assert "and each step ran more forwards (median 3 → 6): each step did more work" in text and more_work
+    slower_loop = rng.normal(0.010, 0.0003, n)
+    slower_loop[k:] *= 2.0
+    data = slower_loop * 0.2
+    data[k:] = 0.006  # data 2 → 6 ms, forward 3 → 6 (0.3 of the step), other 5 → 8: none carries it
+    change = sections_of(place(tmp_path, "spread"), slower_loop, data=data)["steps"]["change_points"][0]
+    assert steps_section.change_parts(change)[0].startswith("spread over several parts")
 
 
 def test_a_steady_run_has_no_change_point(tmp_path):

@@ -82,3 +82,12 @@ def test_a_sleep_in_the_loop_body_is_other_not_data(observe):
     assert anatomy["percent"]["other"] == pytest.approx(truth["other_pct"], abs=TOLERANCE_PP)
     assert truth["other_pct"] > 20  # the 6 ms sleep is most of it
     assert anatomy["verdict"]["level"] != "highly"
+
+
+def test_a_forward_called_directly_is_timed_whole(observe):
+    """`model.forward(x)` (pytorch/examples' forward-forward MNIST calls `self.forward`): past
+    `__call__`, only the Linear inside was timed, and the forward's own 4 ms were "other"."""
+    sections, truth = observe("--loader", "decode", "--decode-ms", "0.2", "--direct-forward")
+    anatomy = sections["anatomy"]
+    assert anatomy["percent"]["forward"] == pytest.approx(truth["forward_pct"], abs=TOLERANCE_PP)
+    assert anatomy["percent"]["other"] == pytest.approx(truth["other_pct"], abs=TOLERANCE_PP)

@@ -212,6 +212,7 @@ def test_gradient_accumulation_is_one_step_with_its_micro_batches():
     opt = [s for s in r.steps if s["src"] == "optimizer"]
     assert len(opt) == 1
     assert (opt[0]["data"], opt[0]["forward"], opt[0]["backward"], opt[0]["backwards"]) == (4, 4, 4, 4)
+    assert opt[0]["forwards"] == 4
 
 
 def test_eval_forwards_are_an_eval_phase_and_leave_the_step_untouched():
@@ -336,11 +337,12 @@ def test_batches_fed_to_training_forwards_with_no_backward_were_an_evaluation():
     t = train_step(m, t)
     assert eval_spans(r) == [(val, val + 15)]
     step = r.steps[-1]
-    assert (step["start"], step["end"], step["data"], step["forward"], step["data_source"]) == (
+    assert (step["start"], step["end"], step["data"], step["forward"], step["forwards"], step["data_source"]) == (
         val + 15,
         t,
         1,
         2,
+        1,
         "loader",
     )
     t = fed_batches(m, t, 4, "val")  # the last pass: ended by the process's end

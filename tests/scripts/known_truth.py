@@ -13,6 +13,8 @@ number of milliseconds, so it holds wall time as real work would.
                          storage): workers overlap it even when the machine's cores are all busy
     --teacher-ms X       each step, a frozen module's forward under no_grad before the model's (a
                          teacher in distillation, a target network in DQN): X ms of busy-wait
+    --direct-forward     the loop calls model.forward(x), not model(x) (past `__call__`: only the
+                         Linear inside is a module call)
     --forward-waits      the forward sleeps its --forward-ms instead of busy-waiting (a host waiting
                          for its GPU): the CPU is left to the DataLoader's workers (dlscope diff's test)
 """
@@ -77,6 +79,7 @@ parser.add_argument("--sleep-ms", type=float, default=0.0)
 parser.add_argument("--forward-waits", action="store_true")
 parser.add_argument("--read-ms", type=float, default=0.0)
 parser.add_argument("--teacher-ms", type=float, default=0.0)
+parser.add_argument("--direct-forward", action="store_true")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -119,7 +122,7 @@ while True:
         with torch.no_grad():
             teacher(x)
     reached = time.perf_counter()
-    out = model(x)
+    out = model.forward(x) if args.direct_forward else model(x)
     forwarded = time.perf_counter()
     loss = out.pow(2).mean()  # outside the module's call: dlscope's "other", as zero_grad is
     lossed = time.perf_counter()

@@ -207,6 +207,8 @@ class TorchHooks:
         self.forward_depth = self.train_depth = 0
         # the classes of the modules called at top level, timed by `root_call`: their own `__call__` (or None)
         self.timed_classes: dict[type, Callable | None] = {}
+        # the classes whose `forward` a script calls directly (`_time_forward`): their own `forward` (or None)
+        self.timed_forwards: dict[type, Callable | None] = {}
         self.discovery: list[Any] = []  # torch's global forward hooks' handles, while `discover` runs
         self.on_step: Callable[[int, float], None] | None = None  # the machine's, while discovering
         self.untimed_roots = False  # a top-level module with a call of its own: discovery never ends
@@ -338,7 +340,12 @@ class TorchHooks:
         """`module`, called at top level: its class's calls timed from now on by `root_call`, set
         as the class's `__call__` (a class attribute: never pickled nor deep-copied with a
         module, and a DataParallel replica or a copy calls it as itself). Any other instance of the
-        class called at top level is timed alike (a loss module built anew at each step)."""
+        class called at top level is timed alike (a loss module built anew at each step). When the
+        call is made inside a module's `forward` run directly (`self.forward(x)`), that module's
+        class gets a timed `forward` too (`_time_forward`)."""
+        outer = _direct_forward_caller(self.torch.nn.Module, module)
+        if outer is not None:
+            self._time_forward(type(outer))
         cls = type(module)
         if cls in self.timed_classes or isinstance(module, self.torch.jit.ScriptModule):
             # timed already, yet this call went past `root_call` (a call of its own): the global hooks stay on
@@ -376,26 +383,60 @@ class TorchHooks:
                 inner = super(cls, module).__call__ if own is None else own.__get__(module)
             if hooks.forward_depth or is_tracing():  # inside another timed call, or traced
                 return inner(*args, **kwargs)
+            if trial is not None:
+                return hooks.forward_timed(module, inner, args, kwargs)
+            # (forward_timed's work inline: one frame less on every step's forward)
             hooks.forward_depth = 1
             machine.forward_begin(clock(), grad_enabled() and (module.training or hooks._runs_training(module)))
-            if trial is None:
-                try:
-                    return inner(*args, **kwargs)
-                finally:
-                    hooks.forward_depth = 0
-                    machine.forward_end(clock())
-            trial.forward_begin()
-            output = None
             try:
-                output = inner(*args, **kwargs)
+                return inner(*args, **kwargs)
             finally:
                 hooks.forward_depth = 0
                 machine.forward_end(clock())
-                replaced = trial.forward_end(output)  # autocast left even when the forward raised
-            return output if replaced is None else replaced
 
         call.__qualname__ = f"{cls.__qualname__}.__call__"
         return call
+
+    def forward_timed(self, module: Any, inner: Callable, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """`inner(*args, **kwargs)`, `module`'s outermost forward, timed as the step's forward (or an
+        evaluation's), with a doctor trial's change around it."""
+        machine, trial = self.machine, self.trial
+        self.forward_depth = 1
+        machine.forward_begin(time.time(), self._training(module))
+        if trial is None:
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.forward_depth = 0
+                machine.forward_end(time.time())
+        trial.forward_begin()
+        output = None
+        try:
+            output = inner(*args, **kwargs)
+        finally:
+            self.forward_depth = 0
+            machine.forward_end(time.time())
+            replaced = trial.forward_end(output)  # autocast left even when the forward raised
+        return output if replaced is None else replaced
+
+    def _time_forward(self, cls: type) -> None:
+        """`cls.forward` timed as an outermost forward: a script runs it directly (`self.forward(x)`,
+        as pytorch/examples' forward-forward MNIST does), past `__call__` and so past `root_call`;
+        before, only the module calls inside it were timed (a ReLU's), and its own work was the
+        step's gap or "other". Called through `__call__` it is inside the timed call and passes on."""
+        if cls in self.timed_forwards:
+            return
+        forward = cls.forward
+        hooks, is_tracing = self, self.torch.compiler.is_dynamo_compiling
+
+        @functools.wraps(forward)  # (its signature read through: the HF Trainer drops columns by it)
+        def timed_forward(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if hooks.forward_depth or is_tracing():
+                return forward(module, *args, **kwargs)
+            return hooks.forward_timed(module, functools.partial(forward, module), args, kwargs)
+
+        self.timed_forwards[cls] = cls.__dict__.get("forward")
+        cls.forward = timed_forward  # type: ignore[attr-defined]
 
     def _runs_training(self, module: Any) -> bool:
         """A module in eval mode called with grad: whether it runs a training forward (a DDP-style
@@ -692,7 +733,8 @@ class TorchHooks:
 
         def remove() -> None:
             self._discovered_all()
-            for name, timed in (("__call__", self.timed_classes), ("step", self.timed_optimizers)):
+            patched = {"__call__": self.timed_classes, "forward": self.timed_forwards, "step": self.timed_optimizers}
+            for name, timed in patched.items():
                 for cls, own in timed.items():
                     if own is None:
                         delattr(cls, name)
@@ -832,6 +874,22 @@ def _mode_layers(torch: Any, module: Any, optimizer: Any) -> list[str]:
         return []
     moded = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
     return sorted({type(m).__name__ for m in module.modules() if isinstance(m, moded)})
+
+
+def _direct_forward_caller(module_class: type, module: Any, frames: int = 16) -> Any:
+    """The module whose `forward` runs around this outermost call of `module`, run directly (by
+    `self.forward(x)`: through `__call__` it would have made this call an inner one), or None.
+    Asked while discovering only: a frame's locals cost a dict each."""
+    frame = sys._getframe(2)
+    for _ in range(frames):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "forward":
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, module_class) and owner is not module:
+                return owner
+        frame = frame.f_back
+    return None
 
 
 def _file_name(file: Any) -> str | None:

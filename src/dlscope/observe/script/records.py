@@ -1,7 +1,7 @@
 """The files through which an observed process talks to `dlscope run` — never the command's
 stdout. Written by the observed process with the stdlib only; read back by `dlscope run`.
 
-`<run dir>/<pid>.steps`: every finished training step as one fixed-size binary row (58 bytes;
+`<run dir>/<pid>.steps`: every finished training step as one fixed-size binary row (60 bytes;
 a row is never more than 64), packed straight into a small shared memory map of the file's end
 (STEPS_WINDOW bytes, moved along as it fills): no system call per step, and a SIGKILL loses
 nothing written (the rows are in the page cache). Until the process exits (when the file is cut
@@ -18,7 +18,8 @@ rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code to decode it:
             peak_rss_kib / peak_cuda_kib uint32 (0xFFFFFFFF: not measured),
             profiler_step uint32 (N of the profiler's ProfilerStep#N; 0xFFFFFFFF: none),
             backwards uint16 (backward() calls in the step, and autograd.grad calls not kept
-            differentiable), src uint8 (optimizer|backward),
+            differentiable), forwards uint16 (forwards timed as the step's: its outermost module
+            calls), src uint8 (optimizer|backward),
             data_source uint8 (gap|loader), profiled uint8 (none|wait|warmup|active),
             flags uint8 (reserved, 0)
 
@@ -75,6 +76,7 @@ STEP_ROW = (
     ("peak_cuda_kib", "I", "<u4"),
     ("profiler_step", "I", "<u4"),
     ("backwards", "H", "<u2"),
+    ("forwards", "H", "<u2"),
     ("src", "B", "u1"),
     ("data_source", "B", "u1"),
     ("profiled", "B", "u1"),
@@ -158,6 +160,7 @@ class RecordFile:
         backward: float,
         optimizer: float,
         backwards: int = 0,
+        forwards: int = 0,
         peak_rss: int | None = None,
         peak_cuda: int | None = None,
         profiled: str | None = None,
@@ -189,6 +192,7 @@ class RecordFile:
             NONE_U4 if peak_cuda is None else _kib(peak_cuda),
             NONE_U4 if profiler_step is None else profiler_step,
             backwards if backwards < 0xFFFF else 0xFFFF,
+            forwards if forwards < 0xFFFF else 0xFFFF,
             _SRC[src],
             _DATA_SOURCE[data_source],
             _PROFILED[profiled],

@@ -80,6 +80,7 @@ STEP_ARGS = (
     "backward",
     "optimizer",
     "backwards",
+    "forwards",
     "peak_rss",
     "peak_cuda",
     "profiled",
@@ -155,14 +156,14 @@ class NoProfiler:
 
 class StepParts:
     """The step being accumulated: its start, and the machine's running totals when it started
-    (its parts, backward() calls and batches drawn are the totals' growth since)."""
+    (its parts, backward() calls, forwards and batches drawn are the totals' growth since)."""
 
-    __slots__ = ("backwards", "batches", "first_work", "fresh", "start", "totals")
+    __slots__ = ("backwards", "batches", "first_work", "forwards", "fresh", "start", "totals")
 
-    def __init__(self, start: float, totals: list[float], backwards: int, batches: int) -> None:
+    def __init__(self, start: float, totals: list[float], backwards: int, forwards: int, batches: int) -> None:
         self.start = start
         self.totals = totals[:]
-        self.backwards, self.batches = backwards, batches
+        self.backwards, self.forwards, self.batches = backwards, forwards, batches
         self.first_work: float | None = None  # when its first part opened: the gap ends there
         self.fresh = True  # no training work yet: an eval or checkpoint before it moves its start
 
@@ -214,18 +215,18 @@ class StepMachine:
         self.row_source: Any = None
         self.row_since = self.row_forward = 0.0
         self.row_totals: list[float] = []
-        self.row_batches = 0
+        self.row_batches = self.row_forward_calls = 0
         self.row_fresh = False
         # open parts, as exclusive time: the innermost runs (`part`, since `since`), those around it
         # (`outer`, innermost last) are paused until it closes — no list per part in a step
         self.part: int | None = None
         self.since = 0.0
         self.outer: list[int] = []
-        # seconds per part, backward() calls and batches drawn since the start: a part closing adds
-        # to one total whatever the number of steps accumulating (the two streams before an
-        # optimizer has stepped)
+        # seconds per part, backward() calls, forwards timed as a step's and batches drawn since the
+        # start: a part closing adds to one total whatever the number of steps accumulating (the
+        # two streams before an optimizer has stepped)
         self.totals = [0.0, 0.0, 0.0, 0.0]
-        self.backwards = self.batches = 0
+        self.backwards = self.forwards = self.batches = 0
         self.optimizer_depth = 0
         self.inner_steps = 0  # optimizer steps called inside another (a GradScaler's, a wrapper's)
         # the thread that ended the last primary step (until one has: the thread that attached,
@@ -300,7 +301,7 @@ class StepMachine:
                 self._set_step(src, self._new_step(now))
 
     def _new_step(self, start: float) -> StepParts:
-        return StepParts(start, self.totals, self.backwards, self.batches)
+        return StepParts(start, self.totals, self.backwards, self.forwards, self.batches)
 
     def _set_step(self, src: str, step: StepParts | None) -> None:
         self.steps[src] = step
@@ -387,6 +388,7 @@ class StepMachine:
             self.row_ends(start)
             self.row, self.row_fed, self.row_source, self.row_since = 1, 0, source, start
             self.row_totals, self.row_batches, self.row_fresh = totals[:], self.batches, self.unworked
+            self.row_forward_calls = self.forwards
             self.row_forward = totals[FORWARD]
         if self.idle:
             self.activity(start)
@@ -419,7 +421,7 @@ class StepMachine:
         if rows < IMPLICIT_EVAL_BATCHES or self.row_fed < rows - 1 or not self.row_fresh or self.part is not None:
             return
         self.totals[:] = self.row_totals
-        self.batches = self.row_batches
+        self.batches, self.forwards = self.row_batches, self.row_forward_calls
         # its records alone, no markers: the phase is over (from `now` the next step's batch is drawn)
         since, tid = max(self.row_since, self.last_end), self.thread_id()
         self.sink.write({"k": "B", "name": "eval", "ts": since, "tid": tid})
@@ -451,6 +453,7 @@ class StepMachine:
             self._open(FORWARD, now)
         else:  # the step's work started, no part open: as in most steps
             self.part, self.since = FORWARD, now
+        self.forwards += 1
 
     def forward_end(self, now: float) -> None:
         if self.part == FORWARD and not self.outer:  # the one part open: as in most steps
@@ -587,6 +590,7 @@ class StepMachine:
             backward - backward0,
             optimizer - optimizer0,
             self.backwards - step.backwards,
+            self.forwards - step.forwards,
             peak_rss,
             peak_cuda,
             profiled,
@@ -598,6 +602,7 @@ class StepMachine:
         step.start = resumed
         step.totals = totals[:]
         step.backwards = self.backwards
+        step.forwards = self.forwards
         step.batches = self.batches
         step.first_work = None
         step.fresh = True

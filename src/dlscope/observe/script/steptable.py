@@ -20,6 +20,7 @@ CHANGE_WINDOWS = 400  # finer windows for finding where the step time changed
 CHANGE_MIN_RATIO = 1.2  # a change smaller than 20% is not reported
 CHANGE_MIN_T = 6.0  # nor one the noise between windows could make
 MAX_CHANGES = 8
+CHANGE_SAMPLE = 20_000  # a change point's parts: medians over at most this many steps a side
 SLOWEST = 10
 EDGE = 10  # the first and the last steps kept as rows
 TIMELINE_STEPS = 4000  # step slices on the timeline: the first and last half each, profiled, slowest
@@ -144,7 +145,7 @@ def summarise(table: np.ndarray, origin: float, codes: dict[str, list[str | None
         ],
         "slowest": [row(table[k], origin, codes, loader) for k in slowest_at],
         "edge_rows": [row(table[k], origin, codes, loader) for k in edge],
-        "change_points": change_points(seconds, table, origin),
+        "change_points": change_points(seconds, table, origin, loader),
         # the sums the anatomy is drawn from (not kept in results.json)
         "steady": {"count": steady_count, "seconds": steady_seconds, "parts_seconds": sums["steady"]},
         "all": {"count": n, "seconds": float(seconds.sum()), "parts_seconds": sums["all"]},
@@ -174,11 +175,12 @@ def _percentiles(seconds: np.ndarray, names: tuple[str, ...] = ("min", "p50", "p
     return result
 
 
-def change_points(seconds: np.ndarray, table: np.ndarray, origin: float) -> list[dict[str, Any]]:
+def change_points(seconds: np.ndarray, table: np.ndarray, origin: float, loader: int) -> list[dict[str, Any]]:
     """Where the step time changed and stayed changed: binary segmentation of the log of window
     medians (a split is kept when the two sides differ by ≥ CHANGE_MIN_RATIO and by CHANGE_MIN_T
     times what the windows' own scatter explains), then the exact step found inside the two
-    windows around it. A lone slow step is not a change (the slowest list holds those)."""
+    windows around it. A lone slow step is not a change (the slowest list holds those). Each
+    change has its parts' medians on either side (`parts_ms`: part -> [before, after])."""
     n = len(seconds)
     windows = min(CHANGE_WINDOWS, n // 5)
     if windows < 8:
@@ -196,15 +198,27 @@ def change_points(seconds: np.ndarray, table: np.ndarray, origin: float) -> list
         after = float(np.median(seconds[at : edges[j + 2]]))
         if max(before, after) < CHANGE_MIN_RATIO * min(before, after):
             continue  # the exact step moved the split: the two sides' medians are too close now
+        sides = [_side_medians(table, edges[j], at, loader), _side_medians(table, at, edges[j + 2], loader)]
         result.append(
             {
                 "step": int(table["i"][at]),
                 "start_s": round(float(table["start"][at]) - origin, 3),
                 "before_ms": round(before * 1e3, 3),
                 "after_ms": round(after * 1e3, 3),
+                "parts_ms": {p: [sides[0][p], sides[1][p]] for p in PARTS},
+                "forwards": [sides[0]["forwards"], sides[1]["forwards"]],
             }
         )
     return result
+
+
+def _side_medians(table: np.ndarray, first: int, end: int, loader: int) -> dict[str, float]:
+    """Each part's median (ms) and the median forwards a step over the steps first..end-1, from at
+    most CHANGE_SAMPLE of them evenly spaced (a side of a million steps is read as 20,000 rows)."""
+    positions = np.unique(np.linspace(first, end - 1, min(end - first, CHANGE_SAMPLE)).astype(np.int64))
+    rows = np.asarray(table[positions])
+    medians = {p: round(float(np.median(v)) * 1e3, 4) for p, v in part_seconds(rows, loader).items()}
+    return {**medians, "forwards": float(np.median(rows["forwards"]))}
 
 
 def _split(y: np.ndarray, a: int, b: int, noise: float, found: list[int]) -> None:

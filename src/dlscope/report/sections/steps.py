@@ -12,6 +12,10 @@ from dlscope.report.blocks import Block, Figure, Findings, Para, Table, fmt
 TITLE = "Training steps"
 SKIPPED_WARN_PCT = 1.0  # GradScaler skips past the start of the run, in % of the steps: a warning from this
 PARTS = ("data", "gap", "forward", "backward", "optimizer", "other")
+FORWARDS_MOVED = 1.2  # the forwards a step moved by this factor or more: the work a step changed
+CARRIES = 0.6  # a part whose median moved by this share of the step's median carries the change
+ALIKE = 1.3  # parts whose ratios are all within this factor of the step's ratio moved alike
+SHOWN_PCT = 5.0  # a part under this share of the step on both sides is left out of a change's text
 SHORT = {"data": "data", "gap": "gap", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
 
 
@@ -45,6 +49,45 @@ def windows_chart(windows: list[dict[str, Any]], changes: list[dict[str, Any]]) 
     ax.set(xlabel="step", ylabel="step time (ms)", title="Step time per window of the run (dotted: a change)")
     plots.legend_outside(ax)
     return plots.png(fig)
+
+
+def change_parts(change: dict[str, Any]) -> tuple[str, bool]:
+    """Which parts a change in step time is in — one part carrying most of it, every part alike
+    (more of the same work, or a process slower as a whole), or several — and whether the work a
+    step does explains it: the forwards a step moved with it, by as much as the step time or more."""
+    parts = change.get("parts_ms")
+    if not parts:
+        return "", False
+    before, after = change["before_ms"], change["after_ms"]
+    delta, ratio = after - before, after / before
+    scale = max(before, after)
+    shown = [p for p in PARTS if max(parts[p]) >= SHOWN_PCT / 100 * scale]
+    moves = ", ".join(f"{p} {fmt(parts[p][0])} → {fmt(parts[p][1])} ms" for p in shown)
+    more, grew = ("more", "grew") if delta > 0 else ("fewer", "shrank")
+    calls = change.get("forwards") or [0, 0]
+    # the forwards a step moved with the step time, by as much as a change is: more (or less) work a step
+    work = min(calls) > 0 and (calls[1] - calls[0]) * delta > 0 and max(calls) >= FORWARDS_MOVED * min(calls)
+    explained = work and max(ratio, 1 / ratio) <= ALIKE * max(calls) / min(calls)
+    ran = f"each step ran {more} forwards (median {calls[0]:g} → {calls[1]:g})"
+    carrier = max(shown, key=lambda p: (parts[p][1] - parts[p][0]) / delta, default=None)
+    if carrier is not None and (parts[carrier][1] - parts[carrier][0]) / delta >= CARRIES:
+        return f"the change is in {carrier} ({moves})" + (f"; {ran}" if work else ""), explained
+    alike = all(min(parts[p]) > 0 and 1 / ALIKE <= parts[p][1] / parts[p][0] / ratio <= ALIKE for p in shown)
+    if not (shown and alike):
+        return f"spread over several parts ({moves})" + (f"; {ran}" if work else ""), explained
+    up = delta > 0
+    if work:
+        return (
+            f"every part {grew} alike ({moves}) and {ran}: each step did {'more' if up else 'less'} work "
+            f"({'a longer episode, more' if up else 'a shorter episode, fewer'} micro-batches), not "
+            f"{'slower' if up else 'faster'} work"
+        ), explained
+    same = f" with the same forwards a step ({calls[0]:g})" if calls[0] and calls[0] == calls[1] else ""
+    return (
+        f"every part {grew} alike ({moves}){same}: each step did {'more' if up else 'less'} of the same work "
+        f"(a {'longer' if up else 'shorter'} sequence or batch), or the whole process ran "
+        f"{'slower (a busier machine' if up else 'faster (a quieter machine'}, a changed clock)"
+    ), False
 
 
 def scaler_skipped(skipped: dict[str, Any], steps: int) -> tuple[str, str]:
@@ -122,10 +165,12 @@ def render(section: dict[str, Any]) -> list[Block]:
             f"{fmt(c['before_ms'])} ms to {fmt(c['after_ms'])} ms ({c['after_ms'] / c['before_ms']:.3g}×)"
         )
         over = next((taking_over[s] for s in (c["step"], c["step"] - 1, c["step"] + 1) if s in taking_over), None)
+        where, more_work = change_parts(c)
         if over is not None:
             changes.append(("info", f"{text}: where optimizer {over[0] + 1} ({over[1]}) takes over."))
         else:
-            changes.append(("warn" if c["after_ms"] > c["before_ms"] else "good", f"{text}."))
+            level = "info" if more_work else "warn" if c["after_ms"] > c["before_ms"] else "good"
+            changes.append((level, f"{text}: {where}." if where else f"{text}."))
     blocks: list[Block] = [
         Para(
             f"{section['count']} steps in the training process (pid {section['main_pid']}), counted from "
