@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from dlscope.cli import main
+from dlscope.observe.hang.live import read_all
 from dlscope.observe.iotrace import strace
-from dlscope.observe.script import timeline
+from dlscope.observe.script import timeline, watching
 from dlscope.observe.script.records import StepFile, clocks
 from dlscope.rundir import load_results
 
@@ -385,6 +386,50 @@ def test_a_step_time_change_from_longer_episodes_is_more_forwards_not_slower_wor
     # information, not a warning: the step does 6x the work in 3-4x the time
     assert "\n- From step 120 " in (out / "report.md").read_text()  # (a warning reads "- ⚠ From")
     assert "each step ran more forwards (median 4 → 24)" in (out / "report.md").read_text()
+
+
+HOGWILD = """
+import torch, torch.multiprocessing as mp
+from torch.utils.data import DataLoader, TensorDataset
+def train(rank, model):
+    x = torch.randn(640, 16)
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=32, num_workers=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in loader:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+if __name__ == "__main__":
+    mp.set_start_method("fork")
+    model = torch.nn.Linear(16, 1)
+    model.share_memory()
+    trainers = [mp.Process(target=train, args=(r, model)) for r in range(2)]
+    [p.start() for p in trainers]
+    [p.join() for p in trainers]
+"""
+
+
+def test_forked_processes_that_train_are_not_called_dataloader_workers(tmp_path):
+    """pytorch/examples' mnist_hogwild: forked processes train a shared model, each with its own
+    DataLoader worker. The trainers are forked processes with steps; only the DataLoader's are
+    workers — in the report, the live files `dlscope watch` and the hang watchdog read, and watch's
+    main process (before: the parent, which never steps)."""
+    script = tmp_path / "hogwild.py"
+    script.write_text(HOGWILD)
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), "--profile-steps", "0", "--", sys.executable, str(script)]) == 0
+    results = load_results(out)["sections"]
+    processes = {p["pid"]: p for p in results["run"]["processes"]}
+    trainers = [p["pid"] for p in results["steps"]["processes"] if p["count"] == 20]
+    assert len(trainers) == 2 and len(processes) == 5
+    assert all(processes[t]["forked"] and processes[t]["loader_worker"] is None for t in trainers)
+    workers = [p for p in processes.values() if p["loader_worker"] is not None]
+    assert sorted(p["ppid"] for p in workers) == sorted(trainers) and all(p["loader_worker"] == 0 for p in workers)
+    views = {v.pid: v for v in read_all(out / "processes")}
+    assert [views[t].loader_worker for t in trainers] == [False, False]
+    assert all(views[p["pid"]].loader_worker for p in workers)
+    assert watching.snapshot(out / "processes", 5)["main_pid"] in trainers
+    assert "loader worker 0" in (out / "report.md").read_text()
 
 
 def test_a_run_directory_given_again_holds_only_the_new_runs_processes(tmp_path):

@@ -99,8 +99,15 @@ def install(directory: str, follow_markers: bool = False) -> None:
     atexit.register(_exited)
     from dlscope.observe.script.after_import import AfterImport
 
-    callbacks = {"torch.distributed.distributed_c10d": attach_c10d, "torch.nn.parallel.distributed": attach_ddp}
+    callbacks = {
+        "torch.distributed.distributed_c10d": attach_c10d,
+        "torch.nn.parallel.distributed": attach_ddp,
+        "torch.utils.data._utils.worker": attach_loader_worker,
+    }
     sys.meta_path.insert(0, AfterImport(callbacks, _attach_failed))
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    if worker is not None:  # imported already (the built-in job's own process): its loop looked up per worker
+        attach_loader_worker(worker)
 
 
 def uninstall() -> None:
@@ -203,6 +210,20 @@ def _frame_lines(frame: FrameType | None) -> list[str]:
     if frame is not None:
         lines.append("  ...")
     return lines
+
+
+def attach_loader_worker(worker: Any) -> None:
+    """A DataLoader worker's loop marks its live file as a DataLoader worker's when it starts: a
+    forked child is not one by being forked (forked processes train too: hogwild, A3C)."""
+    loop = worker._worker_loop
+
+    @functools.wraps(loop)
+    def worker_loop(*args: Any, **kwargs: Any) -> Any:
+        if _live is not None:
+            _live.loader_worker()
+        return loop(*args, **kwargs)
+
+    worker._worker_loop = worker_loop
 
 
 # collectives ---------------------------------------------------------------------------------

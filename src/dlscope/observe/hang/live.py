@@ -8,7 +8,8 @@ also when it is stuck, killed or blocked in C. Stdlib only; little-endian; CLOCK
     8       i       pid
     12      i       rank (-1: none)
     16      i       state: 0 running, 1 exited through Python (atexit)
-    20      i       role: 0 the command's process, 1 a forked child (a DataLoader worker)
+    20      i       role: 0 the command's process, 1 a forked child, 2 a forked child that is a
+                    DataLoader worker (known once its worker loop starts)
     24      q       steps ended
     32      d       time of the last step end (0: none yet)
     40      d       time the current phase began
@@ -77,6 +78,10 @@ class LiveStatus:
         self.entered = self.finished = 0
         self._open(role=1)
 
+    def loader_worker(self) -> None:
+        """This forked child is a DataLoader worker (a forked child may train too: hogwild, A3C)."""
+        struct.pack_into("<i", self.map, 20, 2)
+
     def step_ended(self, count: int, now: float) -> None:
         """`count` steps have ended, the last at `now`."""
         _STEP.pack_into(self.map, 24, count, now)
@@ -106,6 +111,7 @@ class LiveView:
     rank: int | None
     exited: bool
     forked: bool
+    loader_worker: bool
     steps: int
     last_step_end: float | None
     phase: str | None
@@ -133,7 +139,8 @@ def read_live(path: Path) -> LiveView | None:
         pid=pid,
         rank=None if rank < 0 else rank,
         exited=state == 1,
-        forked=role == 1,
+        forked=role in (1, 2),
+        loader_worker=role == 2,
         steps=steps,
         last_step_end=last or None,
         phase=phase.rstrip(b"\0").decode(errors="replace") or None,

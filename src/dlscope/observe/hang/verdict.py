@@ -72,7 +72,7 @@ def _describe(process: dict[str, Any]) -> dict[str, Any]:
     return {
         "pid": process["pid"],
         "rank": live.get("rank"),
-        "role": "worker" if live.get("forked") else "process",
+        "role": "worker" if live.get("loader_worker") else "process",
         "steps": live.get("steps"),
         "phase": live.get("phase"),
         "collectives_entered": live.get("collectives_entered", 0),

@@ -126,7 +126,7 @@ class Watchdog:
             return False
         busy, now = False, time.time()
         for v in views:
-            if v.forked or v.exited or not v.steps:
+            if v.loader_worker or v.exited or not v.steps:
                 continue
             cpu = main_thread_cpu_s(v.pid)
             if cpu is None:

@@ -63,6 +63,8 @@ def process_info(pid: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         "rank": joined.get("rank"),
         "world_size": joined.get("world_size"),
         "forked": head.get("forked", False),
+        # the DataLoader worker id when it is one (a forked child may train: hogwild, A3C)
+        "loader_worker": next((r["worker_id"] for r in records if r.get("k") == "loader_worker"), None),
         "clean_exit": any(r.get("k") == "end" for r in records),
         "errors": [f"{r['where']}: {r['error']}" for r in records if r.get("k") == "error"],
     }

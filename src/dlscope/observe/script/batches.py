@@ -200,6 +200,7 @@ class BatchRecorder:
         self.fetches = 0
         self.loaders = 0  # DataLoaders iterated in this process
         self.batch_size = 0  # the first loader's: the x-ray's own cost is measured at it
+        self.on_worker: Callable[[int], None] | None = None  # told the worker id when a worker loop starts
 
     def forked(self) -> None:
         self.pid = os.getpid()
@@ -334,6 +335,8 @@ class BatchRecorder:
         index_at, data_at, worker_at = positions
         args = list(args)
         self.worker_id = int(args[worker_at]) if len(args) > worker_at else int(kwargs.get("worker_id", -1))
+        if self.on_worker is not None:
+            self.on_worker(self.worker_id)
         self.generation = 0
         self.time_samples = True  # its first batch's samples: then samples_timed_next's rule
         for at, name, proxy in ((index_at, "index_queue", IndexQueue), (data_at, "data_queue", DataQueue)):

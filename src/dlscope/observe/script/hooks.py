@@ -258,7 +258,8 @@ class TorchHooks:
             self.machine.begin("startup", time.time())
 
     def after_fork(self) -> None:
-        """A forked child (a DataLoader worker): its own records, no steps, no profiler."""
+        """A forked child (a DataLoader worker, or a process training too: hogwild, A3C): its own
+        records, its own steps, no profiler."""
         self.records.reopen()
         self.machine.reset(self.new_profiler())
         self.machine.profiler.done = True
@@ -266,6 +267,11 @@ class TorchHooks:
         self._forget_optimizers()
         self.memory_files = _open_memory_files()
         self.begin_process(forked=True)
+
+    def _loader_worker(self, worker_id: int) -> None:
+        """This forked child is a DataLoader worker: its records say so (its live file is marked by
+        the hang agent's own wrapper of the worker loop)."""
+        self.records.write({"k": "loader_worker", "worker_id": worker_id})
 
     def finish(self) -> None:
         try:
@@ -793,6 +799,7 @@ class TorchHooks:
         torch.save = _wrap(torch.save, functools.partial(self.checkpoint, "checkpoint_save", 1))
         torch.load = _wrap(torch.load, functools.partial(self.checkpoint, "checkpoint_load", 0))
         self.batches = batches.attach(torch, self.records.directory, _wrap)
+        self.batches.on_worker = self._loader_worker
         tracebacks.attach_torch(torch, _wrap)
         if self.trial is not None:
             self.trial.attach(torch)

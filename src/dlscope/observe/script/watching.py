@@ -33,7 +33,7 @@ def snapshot(directory: Path, recent: int) -> dict[str, Any]:
     running = [v for v in views if alive(v.pid) and not v.exited]
     status = run_status(directory.parent)
     processes = [_process(v, now, v in running) for v in views]
-    main = max((v for v in views if not v.forked), key=lambda v: (v.steps, -v.started), default=None)
+    main = max((v for v in views if not v.loader_worker), key=lambda v: (v.steps, -v.started), default=None)
     tail = _recent_steps(directory / f"{main.pid}.steps", recent) if main is not None and main.steps else None
     newest = max((v.last_step_end for v in views if v.last_step_end), default=None)
     return {
@@ -45,7 +45,7 @@ def snapshot(directory: Path, recent: int) -> dict[str, Any]:
         "main_pid": main.pid if main is not None else None,
         "steps": main.steps if main is not None else 0,
         "recent": tail,
-        "checkpoint": _last_checkpoint(directory, [v.pid for v in views if not v.forked]),
+        "checkpoint": _last_checkpoint(directory, [v.pid for v in views if not v.loader_worker]),
         "hang": _hang(directory.parent, newest, now, tail),
         "processes": processes,
     }
@@ -55,7 +55,7 @@ def _process(v: LiveView, now: float, running: bool) -> dict[str, Any]:
     return {
         "pid": v.pid,
         "rank": v.rank,
-        "worker": v.forked,
+        "worker": v.loader_worker,
         "running": running,
         "steps": v.steps,
         "last_step_ago_s": round(now - v.last_step_end, 3) if v.last_step_end else None,

@@ -20,6 +20,14 @@ NOT_OBSERVED = {  # no training step was seen: why, from the processes' own reco
 }
 
 
+def process_kind(process: dict[str, Any]) -> str:
+    """python: started with its own command line; forked: a fork of another (a DataLoader worker,
+    or a process that trains: hogwild, A3C)."""
+    if process.get("loader_worker") is not None:
+        return f"loader worker {process['loader_worker']}"
+    return "forked" if process["forked"] else "python"
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     command = " ".join(section.get("command", []))
     code = section.get("exit_code")
@@ -36,10 +44,7 @@ def render(section: dict[str, Any]) -> list[Block]:
     if killed:
         ended = f"Process {', '.join(map(str, killed))} ended without running its exit handlers (killed, or os._exit)"
         items.append(("warn", f"{ended}: its last phase is closed at its last record."))
-    rows = [
-        [p["pid"], p["ppid"], "worker" if p["forked"] else "python", p["rank"], " ".join(p["argv"])[-40:]]
-        for p in section["processes"]
-    ]
+    rows = [[p["pid"], p["ppid"], process_kind(p), p["rank"], " ".join(p["argv"])[-40:]] for p in section["processes"]]
     return [
         Para(
             f"Ran `{command}` in {section.get('wall_seconds', 0):.2f} s, exit status {code}; "
