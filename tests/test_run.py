@@ -417,8 +417,9 @@ def test_forked_processes_that_train_are_not_called_dataloader_workers(tmp_path)
     script = tmp_path / "hogwild.py"
     script.write_text(HOGWILD)
     out = tmp_path / "run"
-    assert main(["run", "--out", str(out), "--profile-steps", "0", "--", sys.executable, str(script)]) == 0
+    assert main(["run", "--out", str(out), "--", sys.executable, str(script)]) == 0
     results = load_results(out)["sections"]
+    assert results["top10"]["why_empty"] == "forked"  # (not "the profiler had not finished")
     processes = {p["pid"]: p for p in results["run"]["processes"]}
     trainers = [p["pid"] for p in results["steps"]["processes"] if p["count"] == 20]
     assert len(trainers) == 2 and len(processes) == 5
@@ -430,6 +431,30 @@ def test_forked_processes_that_train_are_not_called_dataloader_workers(tmp_path)
     assert all(views[p["pid"]].loader_worker for p in workers)
     assert watching.snapshot(out / "processes", 5)["main_pid"] in trainers
     assert "loader worker 0" in (out / "report.md").read_text()
+
+
+def test_no_operator_profile_says_why(tmp_path):
+    """A run too short for the profiler's window, and one with the profiler off, say so (before,
+    both read "the profiler had not finished when the command ended")."""
+    script = tmp_path / "three.py"
+    script.write_text(
+        "import torch\nmodel = torch.nn.Linear(4, 2)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n    optimizer.zero_grad()\n    model(torch.randn(8, 4)).sum().backward()\n"
+        "    optimizer.step()\n"
+    )
+    for options, why in (
+        (["--start-after", "1", "--wait", "1", "--warmup", "1"], "too_few"),
+        (["--profile-steps", "0"], "off"),
+    ):
+        out = tmp_path / why
+        assert main(["run", "--out", str(out), *options, "--", sys.executable, str(script)]) == 0
+        assert load_results(out)["sections"]["top10"]["why_empty"] == why
+    assert "the run ended after 3 steps, before the profiler's window had ended (it needs " in " ".join(
+        (tmp_path / "too_few" / "report.md").read_text().split()
+    )
+    assert (
+        "No operator profile: the profiler was off (--profile-steps 0)." in (tmp_path / "off" / "report.md").read_text()
+    )
 
 
 def test_a_run_directory_given_again_holds_only_the_new_runs_processes(tmp_path):

@@ -295,10 +295,31 @@ def top10_section(
     windows = [
         profile_window(pid, r, sort_by) for pid, rs in sorted(records.items()) for r in rs if r.get("k") == "profile"
     ]
+    # a window that recorded no operator is none (the process ended in its warm-up: stopped at exit)
+    windows = [w for w in windows if w["operators"]]
     first = next((w for w in windows if w["pid"] == main), None) if main else None
     if first is None or profiler is None:
-        why = "no_steps" if not steps["count"] else "unfinished"
-        return {"rows": [], "why_empty": why, "steps": steps["count"], "windows": windows}
+        head = next((r for r in records.get(main, []) if r.get("k") == "process"), {}) if main else {}
+        schedule = head.get("profile") or [0, 0, 0, 0]  # start_after, wait, warmup, active
+        needed = max(schedule[0], 1) + sum(schedule[1:])  # steps until the scheduled window has ended
+        if not steps["count"]:
+            why = "no_steps"
+        elif not schedule[3]:
+            why = "off"
+        elif head.get("forked"):
+            why = "forked"
+        elif steps["count"] < needed:
+            why = "too_few"
+        else:
+            why = "unfinished"
+        return {
+            "rows": [],
+            "why_empty": why,
+            "steps": steps["count"],
+            "needed": needed,
+            "pid": main,
+            "windows": windows,
+        }
     cost = {**profiler, "export_seconds": first["export_seconds"]}
     if stream is not None and first["first_step"] is not None:
         cost.update(window_cost(*stream, first["first_step"], first["last_step"]))

@@ -252,6 +252,7 @@ class TorchHooks:
                 "world_size": None if worker else _env_int("WORLD_SIZE"),
                 "clocks": clocks(),
                 "forked": forked,
+                "profile": list(self.profile_settings),  # start_after, wait, warmup, active
             }
         )
         if not forked:

@@ -82,6 +82,15 @@ def render(section: dict[str, Any]) -> list[Block]:
         why = {
             "no_steps": "no training step was seen, so nothing was profiled",
             "unfinished": f"the profiler had not finished when the command ended ({section.get('steps')} steps seen)",
+            "off": "the profiler was off (--profile-steps 0)",
+            "forked": (
+                f"the training process (pid {section.get('pid')}) is a forked child of the command's (hogwild-style "
+                "training), and dlscope runs no profiler window in a forked process"
+            ),
+            "too_few": (
+                f"the run ended after {section.get('steps')} steps, before the profiler's window had ended (it "
+                f"needs {section.get('needed')}: --start-after, --wait, --warmup and --profile-steps)"
+            ),
         }
         no_profile = Para(f"No operator profile: {why.get(section.get('why_empty', ''), 'nothing recorded')}.")
         return [no_profile, *windows_blocks(windows, None)]
