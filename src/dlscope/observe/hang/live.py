@@ -110,7 +110,7 @@ class LiveView:
     pid: int
     rank: int | None
     exited: bool
-    forked: bool
+    forked: bool  # a forked child, or a DataLoader worker (a spawned one too): no process of its own command
     loader_worker: bool
     steps: int
     last_step_end: float | None
