@@ -14,6 +14,7 @@ import pytest
 
 from dlscope.cli import main
 from dlscope.errors import DlscopeError
+from dlscope.observe.distributed import analysis as distributed_analysis
 from dlscope.observe.distributed.analysis import analyze_ranks
 from dlscope.observe.script import timeline
 from dlscope.report.sections.distributed import WORDS
@@ -81,6 +82,21 @@ def test_allreduce_bytes_per_step_are_the_models_gradient_bytes(slow_rank_1):
     section = slow_rank_1[0]["distributed"]
     assert section["grad_bytes"] == grad_bytes and section["grad_bytes_source"] == "trace"
     assert all(r["comm_bytes_per_step"] == grad_bytes and r["collectives_per_step"] == 2 for r in section["ranks"])
+    assert all(r["collective_kinds"] == {"allreduce": 2} for r in section["ranks"])  # DDP's two buckets
+
+
+@pytest.mark.parametrize(
+    ("launched", "kind"),
+    [
+        ("c10d::allreduce_", "allreduce"),
+        ("c10d::_allgather_base_", "allgather"),  # FSDP's parameters
+        ("c10d::_reduce_scatter_base_", "reduce_scatter"),  # FSDP's gradients
+        ("_allgather_base", "allgather"),  # record_param_comms' "Collective name"
+        ("c10d::broadcast_", "broadcast"),
+    ],
+)
+def test_a_collective_is_named_by_its_kind_not_called_an_all_reduce(launched, kind):
+    assert distributed_analysis.collective_kind(launched) == kind
 
 
 def test_hta_loads_the_per_rank_traces_but_its_analyses_are_empty_on_gloo(slow_rank_1):

@@ -144,6 +144,11 @@ def rank_summary(trace: RankTrace, rows: list[dict[str, Any]], grad_bytes: int |
         "overlap_pct": overlap_pct(comm, compute),
         "collectives_per_step": round(statistics.fmean(r["collectives"] for r in rows), 2),
         "comm_bytes_per_step": round(statistics.median(per_step)) if per_step else None,
+        # which collectives, launched how often a step: DDP's all-reduces, FSDP's all-gathers and reduce-scatters
+        "collective_kinds": {
+            kind: round(n / len(rows), 2)
+            for kind, n in Counter(collective_kind(c.name) for c in trace.collectives).most_common()
+        },
         "grad_bytes": reference,
     }
     if summary["comm_bytes_per_step"] is not None and reference:
@@ -151,6 +156,12 @@ def rank_summary(trace: RankTrace, rows: list[dict[str, Any]], grad_bytes: int |
     if trace.gpu_comm or trace.gpu_compute:
         summary["gpu_overlap_pct"] = overlap_pct(intersect(trace.gpu_comm, merge(spans)), trace.gpu_compute)
     return summary
+
+
+def collective_kind(name: str) -> str:
+    """A collective's kind from its launch's name: c10d::allreduce_ -> allreduce,
+    c10d::_allgather_base_ (or record_param_comms' _allgather_base) -> allgather."""
+    return name.removeprefix("c10d::").strip("_").removesuffix("_base")
 
 
 def straggler_table(ranks: list[RankTrace], steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -260,6 +271,7 @@ def findings(section: dict[str, Any]) -> list[dict[str, Any]]:
             "bytes_vs_grad": ratios[0],
             "grad_bytes": section["grad_bytes"],
             "collectives_per_step": first["collectives_per_step"],
+            "kinds": first["collective_kinds"],
         }
         out.append(Finding("distributed.comm_bytes", "info", values))
     return [f.to_json() for f in out]

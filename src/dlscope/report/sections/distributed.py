@@ -65,7 +65,7 @@ def rank_table(ranks: list[dict[str, Any]]) -> Table:
         rows,
         f"Mean profiled step per rank ({ranks[0]['steps']} steps each)",
         legend=LEGEND
-        + " MB/step: all-reduce payload per step."
+        + " MB/step: the collectives' payload per step."
         + (" GPU ovl: NCCL kernels overlapped." if gpu else ""),
         optional=("comm ms", "MB/step"),
     )
@@ -106,6 +106,15 @@ def left_out_note(left_out: list[dict[str, Any]]) -> list[Block]:
     return [Para(f"Left out, no collective launched (no training step): {listed}.")]
 
 
+def _kinds(v: dict[str, Any]) -> str:
+    """ "allgather ×21, reduce_scatter ×11": each kind of collective and how often a step (a result
+    written before kinds were kept: their number)."""
+    kinds = v.get("kinds")
+    if not kinds:
+        return f"{v['collectives_per_step']:g} collectives"
+    return ", ".join(f"{kind} ×{n:g}" for kind, n in kinds.items())
+
+
 def _no_straggler(v: dict[str, Any]) -> str:
     counts = ", ".join(f"rank {rank} {last}" for rank, last in v["last_by_rank"].items())
     return f"No straggler: the last rank to arrive varies ({counts} of {v['of']})."
@@ -125,17 +134,17 @@ WORDS = {
     "distributed.straggler": lambda v: (
         f"Rank {v['rank']} is the straggler: it enqueued {v['last']} of {v['of']} collectives last, "
         f"a median {v['median_gap_ms']:.1f} ms after the next-latest rank ({v['step_pct']:.0f}% of the "
-        f"{v['mean_step_ms']:.1f} ms mean step); the other ranks wait that long inside the all-reduce."
+        f"{v['mean_step_ms']:.1f} ms mean step); the other ranks wait that long inside the collectives."
     ),
     "distributed.no_straggler": _no_straggler,
     "distributed.exposed_comm": _exposed_comm,
     "distributed.comm_bytes_unknown": lambda v: (
-        "All-reduce bytes unknown: the traces record no tensor shapes (profile with record_shapes=True "
+        "Collective bytes unknown: the traces record no tensor shapes (profile with record_shapes=True "
         "to compare them with the gradients)."
     ),
     "distributed.comm_bytes": lambda v: (
-        f"All-reduce moves {v['comm_bytes_per_step']:,} B per step per rank, {v['bytes_vs_grad']:.2f}× the "
-        f"model's {v['grad_bytes']:,} B of gradients ({v['collectives_per_step']:g} collectives per step)."
+        f"The collectives move {v['comm_bytes_per_step']:,} B per step per rank, {v['bytes_vs_grad']:.2f}× the "
+        f"model's {v['grad_bytes']:,} B of gradients ({_kinds(v)} a step)."
     ),
 }
 
