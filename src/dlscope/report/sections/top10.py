@@ -73,7 +73,7 @@ def windows_blocks(windows: list[dict[str, Any]], shown_in_full: dict[str, Any] 
 
 def before_window(cost: dict[str, Any]) -> str:
     n = cost.get("unprofiled_steps")
-    return "" if n is None else f" in the {n} steps around the window"
+    return "" if n is None else f" in the {n} step{'' if n == 1 else 's'} around the window"
 
 
 def render(section: dict[str, Any]) -> list[Block]:
