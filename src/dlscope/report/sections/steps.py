@@ -16,6 +16,23 @@ FORWARDS_MOVED = 1.2  # the forwards a step moved by this factor or more: the wo
 CARRIES = 0.6  # a part whose median moved by this share of the step's median carries the change
 ALIKE = 1.3  # parts whose ratios are all within this factor of the step's ratio moved alike
 SHOWN_PCT = 5.0  # a part under this share of the step on both sides is left out of a change's text
+# a change's words, by its direction
+SLOWER_WORDS = {
+    "count": "more",
+    "grew": "grew",
+    "amount": "more",
+    "length": "longer",
+    "speed": "slower",
+    "machine": "busier",
+}
+FASTER_WORDS = {
+    "count": "fewer",
+    "grew": "shrank",
+    "amount": "less",
+    "length": "shorter",
+    "speed": "faster",
+    "machine": "quieter",
+}
 SHORT = {"data": "data", "gap": "gap", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
 
 
@@ -60,33 +77,30 @@ def change_parts(change: dict[str, Any]) -> tuple[str, bool]:
         return "", False
     before, after = change["before_ms"], change["after_ms"]
     delta, ratio = after - before, after / before
-    scale = max(before, after)
-    shown = [p for p in PARTS if max(parts[p]) >= SHOWN_PCT / 100 * scale]
+    w = SLOWER_WORDS if delta > 0 else FASTER_WORDS
+    shown = [p for p in PARTS if max(parts[p]) >= SHOWN_PCT / 100 * max(before, after)]
     moves = ", ".join(f"{p} {fmt(parts[p][0])} → {fmt(parts[p][1])} ms" for p in shown)
-    more, grew = ("more", "grew") if delta > 0 else ("fewer", "shrank")
     calls = change.get("forwards") or [0, 0]
     # the forwards a step moved with the step time, by as much as a change is: more (or less) work a step
     work = min(calls) > 0 and (calls[1] - calls[0]) * delta > 0 and max(calls) >= FORWARDS_MOVED * min(calls)
     explained = work and max(ratio, 1 / ratio) <= ALIKE * max(calls) / min(calls)
-    ran = f"each step ran {more} forwards (median {calls[0]:g} → {calls[1]:g})"
+    ran = f"each step ran {w['count']} forwards (median {calls[0]:g} → {calls[1]:g})"
     carrier = max(shown, key=lambda p: (parts[p][1] - parts[p][0]) / delta, default=None)
     if carrier is not None and (parts[carrier][1] - parts[carrier][0]) / delta >= CARRIES:
         return f"the change is in {carrier} ({moves})" + (f"; {ran}" if work else ""), explained
     alike = all(min(parts[p]) > 0 and 1 / ALIKE <= parts[p][1] / parts[p][0] / ratio <= ALIKE for p in shown)
     if not (shown and alike):
         return f"spread over several parts ({moves})" + (f"; {ran}" if work else ""), explained
-    up = delta > 0
     if work:
         return (
-            f"every part {grew} alike ({moves}) and {ran}: each step did {'more' if up else 'less'} work "
-            f"({'a longer episode, more' if up else 'a shorter episode, fewer'} micro-batches), not "
-            f"{'slower' if up else 'faster'} work"
+            f"every part {w['grew']} alike ({moves}) and {ran}: each step did {w['amount']} work "
+            f"(a {w['length']} episode, {w['count']} micro-batches), not {w['speed']} work"
         ), explained
     same = f" with the same forwards a step ({calls[0]:g})" if calls[0] and calls[0] == calls[1] else ""
     return (
-        f"every part {grew} alike ({moves}){same}: each step did {'more' if up else 'less'} of the same work "
-        f"(a {'longer' if up else 'shorter'} sequence or batch), or the whole process ran "
-        f"{'slower (a busier machine' if up else 'faster (a quieter machine'}, a changed clock)"
+        f"every part {w['grew']} alike ({moves}){same}: each step did {w['amount']} of the same work "
+        f"(a {w['length']} sequence or batch), or the whole process ran {w['speed']} (a {w['machine']} "
+        "machine, a changed clock)"
     ), False
 
 
