@@ -206,6 +206,22 @@ def test_a_change_point_names_the_part_it_is_in(tmp_path):
     assert steps_section.change_parts(change)[0].startswith("spread over several parts")
 
 
+def test_the_profilers_own_window_is_no_change_point(tmp_path):
+    """A short run whose profiled steps (2 warm-up, 10 active) took 1.6× longer, recording: the
+    profiler's cost, not the job's; the slowdown after them still is a change."""
+    n = 300
+    seconds = np.random.default_rng(3).normal(0.004, 0.0001, n)
+    seconds[0] = 0.02
+    seconds[2:14] *= 1.6
+    codes = bulk(tmp_path / "codes.steps", seconds[:1]).codes["profiled"]
+    profiled = np.full(n, codes.index(None))
+    profiled[1], profiled[2:4], profiled[4:14] = codes.index("wait"), codes.index("warmup"), codes.index("active")
+    assert sections_of(place(tmp_path, "window"), seconds, profiled=profiled)["steps"]["change_points"] == []
+    seconds[200:] *= 1.5
+    change = sections_of(place(tmp_path, "slower"), seconds, profiled=profiled)["steps"]["change_points"]
+    assert [c["step"] for c in change] == [200] and change[0]["before_ms"] == pytest.approx(4.0, rel=0.05)
+
+
 def test_a_steady_run_has_no_change_point(tmp_path):
     seconds = np.random.default_rng(1).lognormal(np.log(0.01), 0.3, 50_000)
     assert sections_of(tmp_path, seconds)["steps"]["change_points"] == []

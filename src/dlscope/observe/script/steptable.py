@@ -101,6 +101,7 @@ def summarise(table: np.ndarray, origin: float, codes: dict[str, list[str | None
     profiled = {name: codes["profiled"].index(name) for name in ("wait", "warmup", "active")}
     none = codes["profiled"].index(None)
     seconds = np.empty(n, np.float64)
+    steady_at = np.zeros(n, bool)
     windows = min(WINDOWS, n)
     bounds = (np.arange(windows + 1) * n) // windows if n else np.zeros(1, np.int64)
     window_sums = {p: np.zeros(windows) for p in PARTS}
@@ -113,7 +114,7 @@ def summarise(table: np.ndarray, origin: float, codes: dict[str, list[str | None
         seconds[first : first + len(chunk)] = chunk["seconds"]
         parts = part_seconds(chunk, loader)
         which = np.searchsorted(bounds, positions, side="right") - 1
-        steady = steady_steps(chunk, positions, codes)
+        steady = steady_at[first : first + len(chunk)] = steady_steps(chunk, positions, codes)
         for p in PARTS:
             window_sums[p] += np.bincount(which, weights=parts[p], minlength=windows)
             sums["steady"][p] += float(parts[p][steady].sum())
@@ -145,7 +146,7 @@ def summarise(table: np.ndarray, origin: float, codes: dict[str, list[str | None
         ],
         "slowest": [row(table[k], origin, codes, loader) for k in slowest_at],
         "edge_rows": [row(table[k], origin, codes, loader) for k in edge],
-        "change_points": change_points(seconds, table, origin, loader),
+        "change_points": change_points(seconds, table, origin, loader, np.flatnonzero(steady_at)),
         # the sums the anatomy is drawn from (not kept in results.json)
         "steady": {"count": steady_count, "seconds": steady_seconds, "parts_seconds": sums["steady"]},
         "all": {"count": n, "seconds": float(seconds.sum()), "parts_seconds": sums["all"]},
@@ -175,34 +176,43 @@ def _percentiles(seconds: np.ndarray, names: tuple[str, ...] = ("min", "p50", "p
     return result
 
 
-def change_points(seconds: np.ndarray, table: np.ndarray, origin: float, loader: int) -> list[dict[str, Any]]:
-    """Where the step time changed and stayed changed: binary segmentation of the log of window
-    medians (a split is kept when the two sides differ by ≥ CHANGE_MIN_RATIO and by CHANGE_MIN_T
-    times what the windows' own scatter explains), then the exact step found inside the two
-    windows around it. A lone slow step is not a change (the slowest list holds those). Each
-    change has its parts' medians on either side (`parts_ms`: part -> [before, after])."""
-    n = len(seconds)
+def change_points(
+    seconds: np.ndarray, table: np.ndarray, origin: float, loader: int, steady: np.ndarray
+) -> list[dict[str, Any]]:
+    """Where the step time changed and stayed changed, over the `steady` steps (positions: the
+    first step and the profiler's warm-up and active ones slowed by dlscope's own recording, not
+    by the job, are left out): binary segmentation of the log of window medians (a split is kept
+    when the two sides differ by ≥ CHANGE_MIN_RATIO and by CHANGE_MIN_T times what the windows'
+    own scatter explains), then the exact step found inside the two windows around it. A lone
+    slow step is not a change (the slowest list holds those). Each change has its parts' medians
+    on either side (`parts_ms`: part -> [before, after])."""
+    kept = seconds[steady]
+    n = len(kept)
     windows = min(CHANGE_WINDOWS, n // 5)
     if windows < 8:
         return []
     bounds = (np.arange(windows + 1) * n) // windows
-    medians = np.log(np.maximum([np.median(seconds[bounds[w] : bounds[w + 1]]) for w in range(windows)], 1e-9))
+    medians = np.log(np.maximum([np.median(kept[bounds[w] : bounds[w + 1]]) for w in range(windows)], 1e-9))
     noise = float(np.median(np.abs(np.diff(medians)))) / 0.6745 / math.sqrt(2) or 1e-6
     found: list[int] = []
     _split(medians, 0, windows, noise, found)
-    steps = sorted(_refine(np.log(np.maximum(seconds, 1e-9)), bounds, w) for w in found)
+    steps = sorted(_refine(np.log(np.maximum(kept, 1e-9)), bounds, w) for w in found)
     edges = [0, *steps, n]
     result = []
     for j, at in enumerate(steps):
-        before = float(np.median(seconds[edges[j] : at]))
-        after = float(np.median(seconds[at : edges[j + 2]]))
+        before = float(np.median(kept[edges[j] : at]))
+        after = float(np.median(kept[at : edges[j + 2]]))
         if max(before, after) < CHANGE_MIN_RATIO * min(before, after):
             continue  # the exact step moved the split: the two sides' medians are too close now
-        sides = [_side_medians(table, edges[j], at, loader), _side_medians(table, at, edges[j + 2], loader)]
+        sides = [
+            _side_medians(table, steady[edges[j] : at], loader),
+            _side_medians(table, steady[at : edges[j + 2]], loader),
+        ]
+        step = table[steady[at]]
         result.append(
             {
-                "step": int(table["i"][at]),
-                "start_s": round(float(table["start"][at]) - origin, 3),
+                "step": int(step["i"]),
+                "start_s": round(float(step["start"]) - origin, 3),
                 "before_ms": round(before * 1e3, 3),
                 "after_ms": round(after * 1e3, 3),
                 "parts_ms": {p: [sides[0][p], sides[1][p]] for p in PARTS},
@@ -212,11 +222,12 @@ def change_points(seconds: np.ndarray, table: np.ndarray, origin: float, loader:
     return result
 
 
-def _side_medians(table: np.ndarray, first: int, end: int, loader: int) -> dict[str, float]:
-    """Each part's median (ms) and the median forwards a step over the steps first..end-1, from at
-    most CHANGE_SAMPLE of them evenly spaced (a side of a million steps is read as 20,000 rows)."""
-    positions = np.unique(np.linspace(first, end - 1, min(end - first, CHANGE_SAMPLE)).astype(np.int64))
-    rows = np.asarray(table[positions])
+def _side_medians(table: np.ndarray, side: np.ndarray, loader: int) -> dict[str, float]:
+    """Each part's median (ms) and the median forwards a step over the steps at positions `side`,
+    from at most CHANGE_SAMPLE of them evenly spaced (a side of a million steps is read as 20,000
+    rows)."""
+    sample = np.unique(np.linspace(0, len(side) - 1, min(len(side), CHANGE_SAMPLE)).astype(np.int64))
+    rows = np.asarray(table[side[sample]])
     medians = {p: round(float(np.median(v)) * 1e3, 4) for p, v in part_seconds(rows, loader).items()}
     return {**medians, "forwards": float(np.median(rows["forwards"]))}
 
