@@ -265,15 +265,16 @@ def test_a_step_the_gradscaler_skips_is_still_a_step_and_is_named(tmp_path, capf
     assert "2 of them (5% of the steps) came after the start of the run" in report
 
 
-@pytest.mark.parametrize("style", ["neither", "eval-grad", "eval-no-grad"])
+@pytest.mark.parametrize("style", ["neither", "eval-grad", "eval-no-grad", "per-batch"])
 def test_a_validation_pass_after_each_epoch_is_an_evaluation_in_no_step(tmp_path, capfd, style):
     """Each validation pass is one eval phase, and no step's interval holds any of it: with
     neither eval() nor no_grad() (a student's: training forwards on batches of its own loader, no
     backward; before, they were the next epoch's first step, doubling the steps' forward time),
     with eval() alone (its loss module runs in train mode with grad; before, it ended the eval
     phase at each batch: 30 phases), or with both (the loader's end before it made the next step
-    start its work: the pass was inside that step, as "other"). A loss summed over four batches
-    before one backward() stays training."""
+    start its work: the pass was inside that step, as "other"), or set as skorch sets them, in
+    each batch's step function once its batch is drawn (before, the step around the evaluation
+    held it, as "other"). A loss summed over four batches before one backward() stays training."""
     argv = [sys.executable, str(SCRIPTS / "naive_validation.py"), "--style", style]
     sections, truth = observe(tmp_path, capfd, argv)
     assert (sections["steps"]["source"], sections["steps"]["count"]) == ("optimizer", int(truth["steps"]))
@@ -294,7 +295,7 @@ def test_a_validation_pass_after_each_epoch_is_an_evaluation_in_no_step(tmp_path
     assert batches["in_steps"] == int(truth["steps"]) - 1 + 4  # the summed pass drew four
     # what to change: train mode in an evaluation; grad on in one (the model's forwards: a batch each)
     phases = sections["phases"]
-    expected = {"neither": (3, 0), "eval-grad": (0, int(truth["val_batches"])), "eval-no-grad": (0, 0)}[style]
+    expected = {"neither": (3, 0), "eval-grad": (0, int(truth["val_batches"]))}.get(style, (0, 0))
     assert (phases.get("evals_in_train_mode", 0), phases.get("eval_grad_forwards", 0)) == expected
     report = " ".join((tmp_path / "run" / "report.md").read_text().split())
     assert ("3 evaluations ran in train mode with grad" in report) == (style == "neither")

@@ -436,3 +436,64 @@ def test_a_closure_is_forward_and_backward_never_optimizer():
     m.optimizer_end(8.0)
     [step] = records.steps
     assert (step["forward"], step["backward"], step["optimizer"]) == (3.0, 2.0, 3.0)
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_a_batch_drawn_before_its_train_or_eval_call_goes_with_the_work_it_was_drawn_for(marked):
+    """skorch's loop draws a batch, then calls module.train() or module.eval() in its step
+    function: the validation's first batch is drawn in train mode, the next epoch's first
+    training batch in eval mode. The evaluation runs from its first batch to the next step's
+    batch, and that step is its own (before: the step around the evaluation held it, as other).
+    With phase markers (an I/O tracer's), the evaluation's end is stamped where the batch was
+    drawn, not when the marker is written."""
+    m, r = machine()
+    m.optimizer_created()
+    marks: list[str] = []
+    if marked:
+        m.marker = (lambda name: marks.append("B " + name), lambda name: marks.append("E " + name))
+
+    def skorch_train_step(t: float) -> float:
+        m.loader_next(t, t + 1, "train")
+        m.train_mode(t + 1, True)  # the module's, then the loss module's
+        m.train_mode(t + 1, True)
+        forward_backward(m, t + 1, t + 3, t + 6)
+        m.optimizer_begin(t + 6)
+        m.optimizer_end(t + 7)
+        return t + 7
+
+    t = 0.0
+    for _ in range(3):
+        t = skorch_train_step(t)
+    m.loader_ended(t, t + 0.5)  # the training loader's StopIteration
+    val = t = t + 0.5
+    for _ in range(3):
+        m.loader_next(t, t + 1, "val")
+        m.train_mode(t + 1, False)
+        m.train_mode(t + 1, False)
+        m.forward_begin(t + 1, training=False)
+        m.forward_end(t + 2)
+        t += 2
+    m.loader_ended(t, t + 0.5)
+    train_batch = t = t + 0.5
+    t = skorch_train_step(t)
+    assert eval_spans(r) == [(val, train_batch)]
+    assert [mark for mark in marks if mark.endswith(" eval")] == (["B eval", "E eval"] if marked else [])
+    step = r.steps[-1]
+    assert (step["start"], step["end"], step["data"], step["forward"], step["backward"], step["optimizer"]) == (
+        train_batch,
+        t,
+        1,
+        2,
+        3,
+        1,
+    )
+    # an evaluation whose loop draws one batch more than it uses (a `break` after n batches): that
+    # batch, of the evaluation's own dataset, stays its own
+    m.train_mode(t, False)
+    for k in range(3):
+        m.loader_next(t + 2 * k, t + 2 * k + 1, "val")
+        m.forward_begin(t + 2 * k + 1, training=False)
+        m.forward_end(t + 2 * k + 2)
+    m.loader_next(t + 6, t + 7, "val")
+    m.train_mode(t + 7, True)
+    assert eval_spans(r)[-1] == (t, t + 7)

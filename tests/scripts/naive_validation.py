@@ -2,6 +2,9 @@
 neither       neither `model.eval()` nor `torch.no_grad()` (a student's): its forwards are training forwards
 eval-grad     `model.eval()` without `torch.no_grad()`: the loss module's forward is in train mode, with grad
 eval-no-grad  both, as the PyTorch tutorials write it
+per-batch     both, set by each batch's step function after the batch is drawn, the training one
+              inside `optimizer.step(closure)` (skorch's loop: the validation's first batch is drawn in
+              train mode, the next epoch's first training batch in eval mode)
 then, last, one pass of a loss summed over four batches before a single backward() (and an
 optimizer step), which is training, not an evaluation."""
 
@@ -18,7 +21,7 @@ EPOCHS = 3
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--style", choices=("neither", "eval-grad", "eval-no-grad"), default="neither")
+    parser.add_argument("--style", choices=("neither", "eval-grad", "eval-no-grad", "per-batch"), default="neither")
     style = parser.parse_args().style
     torch.manual_seed(0)
     train = DataLoader(TensorDataset(torch.randn(1280, 64), torch.randint(0, 10, (1280,))), batch_size=64, shuffle=True)
@@ -27,7 +30,9 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     criterion = nn.CrossEntropyLoss()
     forward_s, val_s, steps = 0.0, [], 0  # the training forwards (model and loss), each validation pass
-    for _ in range(EPOCHS):
+    if style == "per-batch":
+        forward_s, val_s, steps = per_batch(train, val, model, optimizer, criterion)
+    for _ in range(EPOCHS if style != "per-batch" else 0):
         if style != "neither":
             model.train()
         for x, y in train:
@@ -46,6 +51,7 @@ def main() -> None:
         val_s.append(time.perf_counter() - start)
         print(f"validation loss {total / len(val):.3f}")
     model.train()
+    criterion.train()  # (per-batch put it in eval mode too)
     optimizer.zero_grad()
     summed = None
     for n, (x, y) in enumerate(train):  # four batches, each fed to a forward, then one backward
@@ -60,6 +66,36 @@ def main() -> None:
     steps += 1
     val_ms = ",".join(f"{1e3 * s:.3f}" for s in val_s)
     print(f"TRUTH steps={steps} forward_ms={1e3 * forward_s:.3f} val_ms={val_ms} val_batches={EPOCHS * len(val)}")
+
+
+def per_batch(train, val, model, optimizer, criterion) -> tuple[float, list[float], int]:
+    """skorch's fit loop: (training forwards' seconds, each validation pass's, steps)."""
+    forward_s, val_s, steps = 0.0, [], 0
+    for _ in range(EPOCHS):
+        for x, y in train:
+
+            def closure(x=x, y=y) -> torch.Tensor:
+                nonlocal forward_s
+                start = time.perf_counter()  # a closure's time up to its backward is the step's forward
+                model.train()  # skorch's _set_training(True): the module, then the loss module
+                criterion.train()
+                optimizer.zero_grad()
+                loss = criterion(model(x), y)
+                forward_s += time.perf_counter() - start
+                loss.backward()
+                return loss
+
+            optimizer.step(closure)
+            steps += 1
+        start, total = time.perf_counter(), 0.0
+        for x, y in val:
+            model.eval()
+            criterion.eval()
+            with torch.no_grad():
+                total += criterion(model(x), y).item()
+        val_s.append(time.perf_counter() - start)
+        print(f"validation loss {total / len(val):.3f}")
+    return forward_s, val_s, steps
 
 
 if __name__ == "__main__":

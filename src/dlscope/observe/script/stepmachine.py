@@ -205,6 +205,13 @@ class StepMachine:
         self.checkpoint_files: list[str] = []  # of the open checkpoint phase
         self.in_eval = False
         self.eval_explicit = False  # the evaluation was started by train(False), not by forwards with no grad
+        # a loop that draws a batch, then calls train() or eval() (skorch's step functions): the row
+        # of batches drawn right before train(False), the evaluation's if it does any work (see
+        # train_mode); the last batch drawn in the evaluation with no forward after it (start, end,
+        # source), and the dataset its forwards were fed from (see eval_end)
+        self.eval_row: tuple[float, list[float], int, int, Any] | None = None
+        self.eval_drawn: tuple[float, float, Any] | None = None
+        self.eval_fed: Any = None
         # forwards with no grad (or in eval mode) since the last backward() or step end, the first's time
         self.quiet_forwards = 0
         self.quiet_since = 0.0
@@ -252,13 +259,15 @@ class StepMachine:
             self.marker[0](name)  # after the timestamp: the marker's syscall falls inside the slice
         self.stack.append(name)
 
-    def end(self, name: str, now: float, **facts: Any) -> None:
-        """Close `name` (and what a lost event left open inside it); `facts` go on its end record."""
+    def end(self, name: str, now: float, *, known_late: bool = False, **facts: Any) -> None:
+        """Close `name` (and what a lost event left open inside it); `facts` go on its end record.
+        `known_late`: it ended at `now`, known only since (its marker comes late by that much)."""
         while self.stack:
             top = self.stack.pop()
             if self.marker:
                 self.marker[1](top)
-                now = max(now, self.clock())  # stamped after the marker: it falls inside the slice
+                if not known_late:
+                    now = max(now, self.clock())  # stamped after the marker: it falls inside the slice
             record = {"k": "E", "name": top, "ts": now, "tid": self.thread_id()}
             self.sink.write({**record, **facts} if top == name else record)
             self.last_end = now
@@ -276,6 +285,7 @@ class StepMachine:
         if not self.in_eval:
             self.in_eval = self.attention = True
             self.eval_explicit = False
+            self.eval_drawn = self.eval_fed = None
         if forwarded:
             self.eval_work(now)
         else:
@@ -283,16 +293,38 @@ class StepMachine:
 
     def eval_work(self, now: float) -> None:
         if "eval" not in self.stack:  # its phase not written yet
+            held, self.eval_row = self.eval_row, None
+            if held is not None:  # the batches drawn right before train(False) were its own: the step gives them back
+                now, totals, self.batches, self.forwards, source = held
+                self.totals[:] = totals
+                for step in self.live:
+                    step.fresh, step.first_work = True, None
+                self.eval_drawn = (now, now, source)  # fed to its first forward
             self.begin("eval", now)
+
+    def eval_fed_by(self) -> None:
+        """A forward of the evaluation's: the batch drawn last was drawn for it."""
+        if self.eval_drawn is not None:
+            self.eval_fed, self.eval_drawn = self.eval_drawn[2], None
 
     def eval_end(self, now: float) -> None:
         if not self.in_eval:
             return
         self.in_eval = False
         self.quiet_forwards = 0
+        self.eval_row = None
+        drawn, self.eval_drawn = self.eval_drawn, None
         if "eval" in self.stack:
-            self.end("eval", now)
-            self._restart_fresh(self.last_end)  # (stamped after the phase marker: the next step starts there)
+            # a batch drawn after its last forward, from another dataset than the one it was fed
+            # (skorch draws the next epoch's first batch, then calls module.train()): the next
+            # step's, and the evaluation ended where it was drawn
+            if drawn is None or drawn[2] is None or drawn[2] is self.eval_fed:
+                self.end("eval", now)
+                self._restart_fresh(self.last_end)  # (stamped after the phase marker: the next step starts there)
+            else:
+                self.end("eval", drawn[0], known_late=True)
+                self._restart_fresh(drawn[0])
+                self.loader_next(*drawn)
 
     def _restart_fresh(self, now: float) -> None:
         """Time spent in eval or a checkpoint between two steps belongs to neither."""
@@ -372,6 +404,7 @@ class StepMachine:
     def loader_next(self, start: float, end: float, source: Any = None) -> None:
         if self.in_eval:
             self.eval_work(start)
+            self.eval_drawn = (start, end, source)
             return
         if self.thread_id() != self.step_thread:
             self.batches_elsewhere += 1
@@ -435,6 +468,7 @@ class StepMachine:
         if not training:
             if self.in_eval:
                 self.eval_work(now)
+                self.eval_fed_by()
                 return
             # no grad, or a module in eval mode, with no train(False) around: an evaluation once
             # IMPLICIT_EVAL_FORWARDS run with no backward() or step end between (from the first);
@@ -449,6 +483,7 @@ class StepMachine:
                 return
         if self.attention or self.part is not None:
             if self.in_eval and self.eval_explicit and "eval" in self.stack:  # a loss module, in train mode
+                self.eval_fed_by()
                 return
             self._open(FORWARD, now)
         else:  # the step's work started, no part open: as in most steps
@@ -521,10 +556,17 @@ class StepMachine:
         self.end_step("optimizer", now)
 
     def train_mode(self, now: float, mode: bool) -> None:
+        # batches drawn since the step ended, and nothing else yet: with train(False) next (skorch
+        # draws the validation's first batch, then calls module.eval()), the evaluation's once it
+        # does any work; not if training work comes first (a BatchNorm frozen by bn.eval())
+        held = self.row and self.row_fresh and self.unworked and self.part is None
+        row = (self.row_since, self.row_totals, self.row_batches, self.row_forward_calls, self.row_source)
         self.row_ends(now)
         if mode:
             self.eval_end(now)
         else:
+            if not self.in_eval:  # (skorch puts the module and the loss module in eval mode, one after the other)
+                self.eval_row = row if held else None
             self.eval_begin(now, forwarded=False)
 
     # checkpoints -----------------------------------------------------------------------------
