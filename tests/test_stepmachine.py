@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dlscope.observe.script.stepmachine import STEP_ARGS, StepMachine
+from dlscope.observe.script.stepmachine import PHASE_RECORDS, STEP_ARGS, StepMachine
 
 
 class Records:
@@ -497,3 +497,17 @@ def test_a_batch_drawn_before_its_train_or_eval_call_goes_with_the_work_it_was_d
     m.loader_next(t + 6, t + 7, "val")
     m.train_mode(t + 7, True)
     assert eval_spans(r)[-1] == (t, t + 7)
+
+
+def test_phases_past_the_records_kept_of_a_name_are_counted_with_their_files():
+    """A checkpoint at every step of a long job: its first PHASE_RECORDS phases are written, the
+    rest counted (with the files they wrote, a bounded list) and written once at exit."""
+    m, r = machine()
+    for k in range(PHASE_RECORDS + 3):
+        m.checkpoint_begin(2.0 * k, "checkpoint_save", f"ckpt-{k % 30}.pt")
+        m.checkpoint_end(2.0 * k + 1, "checkpoint_save")
+    m.finish(1e4, torch_attached=True)
+    assert len([x for x in r.other if x.get("name") == "checkpoint_save"]) == 2 * PHASE_RECORDS
+    (folded,) = [x["phases"] for x in r.other if x["k"] == "phases_folded"]
+    expected = [f"ckpt-{k % 30}.pt" for k in range(PHASE_RECORDS, PHASE_RECORDS + 3)]
+    assert folded == {"checkpoint_save": {"count": 3, "seconds": 3.0, "train_mode": 0, "files": expected}}

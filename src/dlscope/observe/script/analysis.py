@@ -14,6 +14,7 @@ import numpy as np
 
 from dlscope.observe.script import steptable
 from dlscope.observe.script.records import StepFile, read_records, step_files
+from dlscope.observe.script.stepmachine import PHASE_RECORDS
 
 # TensorFlow's input-pipeline analyser: a step is input-bound when ≥ 20% of it waits for input,
 # moderately between 5% and 20%.
@@ -207,16 +208,49 @@ def _slice(
     }
 
 
-def phases_section(observed: Observed, origin: float) -> dict[str, Any]:
-    rows = [s for pid, rs in observed.records.items() for s in phase_slices(pid, rs, origin, observed.last_step(pid))]
+PHASE_ROWS = 100  # phase rows kept in results.json per process and phase name (the totals count every one)
+
+
+def phases_section(observed: Observed, origin: float, steps: int) -> dict[str, Any]:
+    """Each phase name's count, seconds and files, and each phase as a row (the first PHASE_ROWS
+    of a name in a process); `steps`: the main process's, to tell a phase that recurs every step."""
+    rows: list[dict[str, Any]] = []
     totals: dict[str, dict[str, Any]] = {}
-    for s in rows:
-        t = totals.setdefault(s["phase"], {"phase": s["phase"], "count": 0, "seconds": 0.0, "files": []})
-        t["count"] += 1
-        t["seconds"] = round(t["seconds"] + s["seconds"], 6)
-        t["files"] += [f for f in s["files"] if f not in t["files"]]
-    section: dict[str, Any] = {"rows": rows, "totals": list(totals.values())}
-    train_mode = sum(1 for s in rows if s.get("train_mode"))
+    folded: dict[str, int] = {}
+    left_out = train_mode = 0
+
+    def total(name: str) -> dict[str, Any]:
+        return totals.setdefault(name, {"phase": name, "count": 0, "seconds": 0.0, "files": []})
+
+    for pid, records in observed.records.items():
+        kept: dict[str, int] = {}
+        for s in phase_slices(pid, records, origin, observed.last_step(pid)):
+            t = total(s["phase"])
+            t["count"] += 1
+            t["seconds"] = round(t["seconds"] + s["seconds"], 6)
+            t["files"] += [f for f in s["files"] if f not in t["files"]]
+            train_mode += bool(s.get("train_mode"))
+            kept[s["phase"]] = kept.get(s["phase"], 0) + 1
+            if kept[s["phase"]] <= PHASE_ROWS:
+                rows.append(s)
+            else:
+                left_out += 1
+        for record in records:  # the phases counted past the machine's PHASE_RECORDS, not written
+            if record.get("k") != "phases_folded":
+                continue
+            for name, f in record["phases"].items():
+                t = total(name)
+                t["count"] += f["count"]
+                t["seconds"] = round(t["seconds"] + f["seconds"], 6)
+                t["files"] += [x for x in f["files"] if x not in t["files"]]
+                train_mode += f["train_mode"]
+                folded[name] = folded.get(name, 0) + f["count"]
+    section: dict[str, Any] = {"rows": rows, "totals": list(totals.values()), "steps": steps}
+    if left_out:
+        section["rows_left_out"] = left_out
+    if folded:
+        section["folded"] = folded
+        section["records_per_phase"] = PHASE_RECORDS
     if train_mode:
         section["evals_in_train_mode"] = train_mode
     grad = sum(r["forwards"] for rs in observed.records.values() for r in rs if r.get("k") == "eval_grad")
@@ -382,5 +416,5 @@ def sections(observed: Observed, origin: float, sort_by: str = "self_cpu") -> di
             sort_by,
             (observed.stream(main)[1], observed.steps[main].codes) if main is not None else None,
         ),
-        "phases": phases_section(observed, origin),
+        "phases": phases_section(observed, origin, steps["count"]),
     }

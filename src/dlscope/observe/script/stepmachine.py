@@ -95,6 +95,10 @@ IMPLICIT_EVAL_FORWARDS = 4
 # between, ended by something other than a backward(), were an evaluation (see the module's text)
 IMPLICIT_EVAL_BATCHES = 4
 MEMORY_INTERVAL_S = 0.1  # peak memory read at most this often: a /proc read costs ~10 µs
+# begin/end records written per phase name: past them a phase is counted, not written (one that
+# recurs every step, as an RL agent's rollouts in eval mode do, stays bounded at any length)
+PHASE_RECORDS = 500
+FOLDED_FILES = 20  # files listed per phase name among the phases past PHASE_RECORDS
 
 
 class _ThreadId(threading.local):
@@ -201,6 +205,10 @@ class StepMachine:
         self.optimizer_stepped = False
         self.has_optimizer = False
         self.stack: list[str] = []  # open phases
+        self.stack_folded: list[float | None] = []  # each open phase's start if it is counted, not written
+        self.phases_written: dict[str, int] = {}
+        # phases past PHASE_RECORDS, by name: {"count", "seconds", "train_mode", "files"}
+        self.phases_folded: dict[str, dict[str, Any]] = {}
         self.last_end = float("-inf")
         self.checkpoint_files: list[str] = []  # of the open checkpoint phase
         self.in_eval = False
@@ -251,25 +259,49 @@ class StepMachine:
     # phases ----------------------------------------------------------------------------------
     def begin(self, name: str, now: float, file: str | None = None) -> None:
         now = max(now, self.last_end)  # never before the end of the phase just closed
-        record: dict[str, Any] = {"k": "B", "name": name, "ts": now, "tid": self.thread_id()}
-        if file is not None:
-            record["file"] = file
-        self.sink.write(record)
+        if self._written(name):
+            record: dict[str, Any] = {"k": "B", "name": name, "ts": now, "tid": self.thread_id()}
+            if file is not None:
+                record["file"] = file
+            self.sink.write(record)
+            self.stack_folded.append(None)
+        else:
+            self.stack_folded.append(now)
         if self.marker:
             self.marker[0](name)  # after the timestamp: the marker's syscall falls inside the slice
         self.stack.append(name)
+
+    def _written(self, name: str) -> bool:
+        """Is this phase of `name` written (else counted: see PHASE_RECORDS)?"""
+        written = self.phases_written.get(name, 0)
+        if written >= PHASE_RECORDS:
+            return False
+        self.phases_written[name] = written + 1
+        return True
+
+    def _fold(self, name: str, seconds: float, facts: dict[str, Any]) -> None:
+        folded = self.phases_folded.setdefault(name, {"count": 0, "seconds": 0.0, "train_mode": 0, "files": []})
+        folded["count"] += 1
+        folded["seconds"] += seconds
+        folded["train_mode"] += bool(facts.get("train_mode"))
+        files = folded["files"]
+        files += [f for f in facts.get("files", ()) if f not in files][: FOLDED_FILES - len(files)]
 
     def end(self, name: str, now: float, *, known_late: bool = False, **facts: Any) -> None:
         """Close `name` (and what a lost event left open inside it); `facts` go on its end record.
         `known_late`: it ended at `now`, known only since (its marker comes late by that much)."""
         while self.stack:
             top = self.stack.pop()
+            folded_since = self.stack_folded.pop()
             if self.marker:
                 self.marker[1](top)
                 if not known_late:
                     now = max(now, self.clock())  # stamped after the marker: it falls inside the slice
-            record = {"k": "E", "name": top, "ts": now, "tid": self.thread_id()}
-            self.sink.write({**record, **facts} if top == name else record)
+            if folded_since is not None:
+                self._fold(top, now - folded_since, facts if top == name else {})
+            else:
+                record = {"k": "E", "name": top, "ts": now, "tid": self.thread_id()}
+                self.sink.write({**record, **facts} if top == name else record)
             self.last_end = now
             if top == name:
                 return
@@ -457,8 +489,11 @@ class StepMachine:
         self.batches, self.forwards = self.row_batches, self.row_forward_calls
         # its records alone, no markers: the phase is over (from `now` the next step's batch is drawn)
         since, tid = max(self.row_since, self.last_end), self.thread_id()
-        self.sink.write({"k": "B", "name": "eval", "ts": since, "tid": tid})
-        self.sink.write({"k": "E", "name": "eval", "ts": now, "tid": tid, "train_mode": True})
+        if self._written("eval"):
+            self.sink.write({"k": "B", "name": "eval", "ts": since, "tid": tid})
+            self.sink.write({"k": "E", "name": "eval", "ts": now, "tid": tid, "train_mode": True})
+        else:
+            self._fold("eval", now - since, {"train_mode": True})
         self.last_end = now
         for step in self.live:  # no work of its own before the row: it starts again after it
             step.fresh, step.first_work = True, None
@@ -674,6 +709,8 @@ class StepMachine:
         finally:
             while self.stack:
                 self.end(self.stack[-1], now)
+            if self.phases_folded:
+                self.sink.write({"k": "phases_folded", "phases": self.phases_folded})
             self.sink.write(
                 {
                     "k": "observed",

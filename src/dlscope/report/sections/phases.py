@@ -30,8 +30,42 @@ def render(section: dict[str, Any]) -> list[Block]:
             "checkpoint_save/checkpoint_load inside them."
         ),
         Table(["phase", "times", "s", "files"], rows, "Phases, all processes"),
+        *recurring_findings(section),
         *evaluation_findings(section),
     ]
+
+
+# an eval phase this often a step (or more) is the training loop's own work, not an evaluation
+EVAL_EVERY_STEP = 0.5
+
+
+def recurring_findings(section: dict[str, Any]) -> list[Block]:
+    """An eval phase about once a step (an RL agent acting in eval mode between its updates), and
+    the phases counted past the records a process keeps of each name."""
+    items = []
+    steps = section.get("steps", 0)
+    evals = next((t for t in section["totals"] if t["phase"] == "eval"), None)
+    if evals and steps >= 20 and evals["count"] >= EVAL_EVERY_STEP * steps:
+        items.append(
+            (
+                "info",
+                f"eval ran {evals['count']:,} times over {steps:,} steps, about once a step or more: the model is "
+                "put in eval mode inside the training loop, as a reinforcement-learning agent acts between its "
+                "updates (stable-baselines3 collects its experience so), so these "
+                f"{evals['seconds']:.3g} s are the loop's own work between steps (acting, the environment), "
+                "not an evaluation on held-out data. They are in no step's time.",
+            )
+        )
+    for name, count in section.get("folded", {}).items():
+        items.append(
+            (
+                "info",
+                f"{count:,} more {name} phases were counted, not written, past the first "
+                f"{section['records_per_phase']:,} of a process (its records stay bounded at any length): they are "
+                "in the table, not on the timeline.",
+            )
+        )
+    return [Findings(items)] if items else []
 
 
 def evaluation_findings(section: dict[str, Any]) -> list[Block]:
