@@ -128,10 +128,20 @@ def test_memmap_loop_with_checkpoints_under_strace(tmp_path):
 
 @pytest.mark.slow
 def test_keras_fit_on_torch_counts_backward_steps(tmp_path):
-    code, sections, out = dlscope_run(tmp_path, "keras_fit.py", "--n", "160", "--batch-size", "32", "--epochs", "2")
+    """Keras makes a new DataLoader for each epoch and each validation: the loaders table has a
+    row for the training loaders and one for the validation's, named short at 80 columns."""
+    args = ("--n", "160", "--batch-size", "32", "--epochs", "3", "--validation")
+    code, sections, out = dlscope_run(tmp_path, "keras_fit.py", *args)
     assert code == 0
-    assert (sections["steps"]["source"], sections["steps"]["count"]) == ("backward", 10)  # Keras has its own optimizer
+    assert (sections["steps"]["source"], sections["steps"]["count"]) == ("backward", 15)  # Keras has its own optimizer
     assert sections["top10"]["rows"]
+    assert [t["count"] for t in sections["phases"]["totals"] if t["phase"] == "eval"] == [3]
+    loaders = sections["batches"]["loaders"]
+    # (Keras's _symbolic_build draws one batch of a training loader of its own before the first epoch)
+    assert [(lo["loaders"], lo["passes"], lo["in_steps"] > 0) for lo in loaders] == [(4, 4, True), (3, 3, False)]
+    assert [lo["batches_taken"] for lo in loaders][1] == 3 * 2  # 64 images, 32 a batch, each validation
+    report = (out / "report.md").read_text()
+    assert "ArrayDataset (keras)" in report and "keras.src" not in report
     check_timeline(out, sections)
 
 

@@ -17,13 +17,18 @@ def main():
     parser.add_argument("--n", type=int, default=320)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--validation", action="store_true", help="validate on 64 more images after each epoch")
     args = parser.parse_args()
     mnist = dlscope.load_mnist()
-    x = mnist.train_images[: args.n].numpy().reshape(args.n, 784).astype(np.float32) / 255.0
-    y = mnist.train_labels[: args.n].numpy()
+    n = args.n + 64 * args.validation
+    x = mnist.train_images[:n].numpy().reshape(n, 784).astype(np.float32) / 255.0
+    y = mnist.train_labels[:n].numpy()
     model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, verbose=0)
+    validation = (x[args.n :], y[args.n :]) if args.validation else None
+    model.fit(
+        x[: args.n], y[: args.n], batch_size=args.batch_size, epochs=args.epochs, validation_data=validation, verbose=0
+    )
     print(f"fitted {args.epochs} epochs of {args.n // args.batch_size} batches")
 
 

@@ -829,21 +829,38 @@ def own_cost(flow: Flow) -> dict[str, Any] | None:
 
 def loader_table(flow: Flow, c: Columns) -> list[dict[str, Any]]:
     """Per DataLoader of the training process, in the order first iterated: what it is, its passes,
-    the batches taken from it and how many fed a step."""
+    the batches taken from it and how many fed a step. Loaders alike (the same description, and
+    feeding steps or not) are one row, `loaders` of them numbered `loader` to `last_loader`: a
+    trainer that makes a new DataLoader every epoch (Keras) has two rows whatever its epochs."""
     main = int(c.taken["pid"][0]) if len(c.taken) else None
-    table = []
-    for number in np.unique(c.taken["loader"]).tolist():  # (the cost record, -1, is none of them)
-        mine = c.taken["loader"] == number
-        table.append(
+    # each loader's batches, batches in steps and passes, by one sort (never a pass over all batches a loader)
+    numbers, which = np.unique(c.taken["loader"], return_inverse=True)  # (the cost record, -1, is none of them)
+    batches = np.bincount(which, minlength=len(numbers))
+    in_steps = np.bincount(which, weights=c.in_step, minlength=len(numbers))
+    passes = np.bincount(
+        np.unique(np.stack([which, c.taken["pass"].astype(np.int64)]), axis=1)[0], minlength=len(numbers)
+    )
+    rows: dict[tuple[str, bool], dict[str, Any]] = {}
+    for k, number in enumerate(numbers.tolist()):
+        described = flow.loaders.get((main, number), {})  # type: ignore[arg-type]
+        key = (json.dumps(described, sort_keys=True) if number != UNKNOWN else "?", in_steps[k] > 0)
+        found = rows.setdefault(
+            key,
             {
                 "loader": None if number == UNKNOWN else number,
-                **flow.loaders.get((main, number), {}),  # type: ignore[arg-type]
-                "passes": len(np.unique(c.taken["pass"][mine])),
-                "batches_taken": int(mine.sum()),
-                "in_steps": int((mine & c.in_step).sum()),
-            }
+                **described,
+                "loaders": 0,
+                "passes": 0,
+                "batches_taken": 0,
+                "in_steps": 0,
+            },
         )
-    return table
+        found["loaders"] += 1
+        found["last_loader"] = None if number == UNKNOWN else number
+        found["passes"] += int(passes[k])
+        found["batches_taken"] += int(batches[k])
+        found["in_steps"] += int(in_steps[k])
+    return list(rows.values())
 
 
 def shares(c: Columns, rows: np.ndarray, steps: np.ndarray) -> dict[str, Any]:

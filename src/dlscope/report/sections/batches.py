@@ -216,6 +216,22 @@ def outlier_finding(s: dict[str, Any], text: str) -> tuple[str, str]:
     )
 
 
+def loader_numbers(row: dict[str, Any]) -> str:
+    """A loaders-table row's loaders: "3", or "1–13 (4)" for loaders alike."""
+    if row["loader"] is None:
+        return "?"
+    count = row.get("loaders", 1)
+    return str(row["loader"]) if count == 1 else f"{row['loader']}–{row['last_loader']} ({count:,})"
+
+
+def short_type(name: str) -> str:
+    """A class's dotted name, shortened past 30 characters to its own name and its package:
+    "ArrayDataset (keras)", not keras.src.trainers.data_adapters.…<locals>.ArrayDataset."""
+    if len(name) <= 30:
+        return name
+    return f"{name.rsplit('.', 1)[-1]} ({name.split('.', 1)[0]})"
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     elsewhere = section.get("taken_elsewhere", 0)
     blocks: list[Block] = [
@@ -242,8 +258,8 @@ def render(section: dict[str, Any]) -> list[Block]:
                 ["loader", "dataset", "batch", "workers", "passes", "batches", "in steps"],
                 [
                     [
-                        "?" if lo["loader"] is None else lo["loader"],
-                        lo.get("dataset", "?"),
+                        loader_numbers(lo),
+                        short_type(lo.get("dataset", "?")),
                         lo.get("batch_size"),
                         lo.get("num_workers"),
                         lo["passes"],
@@ -255,7 +271,8 @@ def render(section: dict[str, Any]) -> list[Block]:
                 "The DataLoaders, in the order the process first iterated them",
                 "passes: iter() of the loader (an epoch of a training loader); in steps: batches drawn inside a "
                 "training step (the others fed an evaluation or were drawn outside any step); ?: a loader "
-                "iterated without DataLoader.__iter__.",
+                "iterated without DataLoader.__iter__; 1–13 (4): four loaders alike numbered 1 to 13 (a new "
+                "DataLoader each epoch).",
             )
         )
     waits = section["longest_waits"]
