@@ -511,3 +511,23 @@ def test_phases_past_the_records_kept_of_a_name_are_counted_with_their_files():
     (folded,) = [x["phases"] for x in r.other if x["k"] == "phases_folded"]
     expected = [f"ckpt-{k % 30}.pt" for k in range(PHASE_RECORDS, PHASE_RECORDS + 3)]
     assert folded == {"checkpoint_save": {"count": 3, "seconds": 3.0, "train_mode": 0, "files": expected}}
+
+
+def test_a_training_batch_drawn_ahead_of_a_validation_is_neither_its_nor_in_the_step_around_it():
+    """Lightning draws the next training batch before it validates (its fetcher keeps one ahead),
+    then calls model.eval() and draws the validation's own batches: the evaluation runs from its
+    first batch, and the step after it starts where it ended (its batch was drawn before)."""
+    m, r = machine()
+    m.optimizer_created()
+    t = train_step(m, 0.0)
+    m.loader_next(t, t + 1, "train")  # drawn ahead
+    m.train_mode(t + 1, False)
+    val = t + 2
+    t = fed_batches(m, val, 3, "val")  # (forwards in eval mode: the evaluation's)
+    m.train_mode(t, True)
+    forward_backward(m, t + 1, t + 3, t + 6)
+    m.optimizer_begin(t + 6)
+    m.optimizer_end(t + 7)
+    assert eval_spans(r)[-1] == (val, t)
+    step = r.steps[-1]
+    assert (step["start"], step["data_source"], step["forward"], step["backward"]) == (t, "gap", 2, 3)

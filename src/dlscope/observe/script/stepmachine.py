@@ -323,15 +323,20 @@ class StepMachine:
         else:
             self.eval_explicit = True
 
-    def eval_work(self, now: float) -> None:
+    def eval_work(self, now: float, source: Any = None) -> None:
+        """The evaluation's first work (a forward, or a batch drawn from `source`) writes its phase."""
         if "eval" not in self.stack:  # its phase not written yet
             held, self.eval_row = self.eval_row, None
-            if held is not None:  # the batches drawn right before train(False) were its own: the step gives them back
-                now, totals, self.batches, self.forwards, source = held
+            if held is not None:  # batches drawn right before train(False): the step gives them back
+                since, totals, self.batches, self.forwards, drawn_from = held
                 self.totals[:] = totals
                 for step in self.live:
                     step.fresh, step.first_work = True, None
-                self.eval_drawn = (now, now, source)  # fed to its first forward
+                # the evaluation's own when it does not draw from another dataset first (Lightning's
+                # training batch drawn ahead, before its validation: in no phase)
+                if source is None or source is drawn_from:
+                    now = since
+                    self.eval_drawn = (since, since, drawn_from)  # fed to its first forward
             self.begin("eval", now)
 
     def eval_fed_by(self) -> None:
@@ -435,7 +440,7 @@ class StepMachine:
 
     def loader_next(self, start: float, end: float, source: Any = None) -> None:
         if self.in_eval:
-            self.eval_work(start)
+            self.eval_work(start, source)
             self.eval_drawn = (start, end, source)
             return
         if self.thread_id() != self.step_thread:
