@@ -249,3 +249,31 @@ def test_the_edit_names_the_line_and_changes_only_the_argument():
     assert "add num_workers=2" in workers("loader = DataLoader(")  # a call over several lines
     hf = workers("trainer.train()", built_by="/venv/site-packages/transformers/trainer.py:1100")
     assert "/x/train.py:9" in hf and "TrainingArguments(dataloader_num_workers=2)" in hf
+
+
+def test_no_change_faster_while_input_made_free_is_is_not_called_at_its_best():
+    """skorch's classifier: 44% of its step in its DataLoader, workers 0.32× (a new loader each
+    epoch starts them again), input made free 1.74×: the input side still holds the gain, so
+    doctor does not say the script is at its best."""
+    measured = {"noise_pct": 36.3, "rounds": [1.0, 1.7, 2.3]}
+    section = {
+        "verdict": {"key": "at_best", "tried": ["workers"]},
+        "candidates": [
+            {"key": "workers", "predicted": 1.02, "measured": {**measured, "gain": 0.324, "verdict": "slower"}},
+            {
+                "key": "input_free",
+                "predicted": 1.79,
+                "ceiling": True,
+                "measured": {**measured, "gain": 1.736, "verdict": "faster"},
+            },
+        ],
+        "cores": 2,
+    }
+    found = doctor_words.findings(section)
+    assert found[0]["key"] == "doctor.input_left" and found[0]["level"] != "good"
+    text = doctor_words.WORDS["doctor.input_left"](found[0]["values"])
+    assert text.startswith(
+        "No change doctor tried made it faster (DataLoader num_workers: 0.32×), yet input made free runs 1.74×"
+    )
+    section["candidates"][1]["measured"]["verdict"] = "same"  # within the noise: nothing left on the input side
+    assert doctor_words.findings(section)[0]["key"] == "doctor.at_best"
