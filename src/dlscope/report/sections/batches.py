@@ -271,8 +271,12 @@ def render(section: dict[str, Any]) -> list[Block]:
                 "The DataLoaders, in the order the process first iterated them",
                 "passes: iter() of the loader (an epoch of a training loader); in steps: batches drawn inside a "
                 "training step (the others fed an evaluation or were drawn outside any step); ?: a loader "
-                "iterated without DataLoader.__iter__; 1–13 (4): four loaders alike numbered 1 to 13 (a new "
-                "DataLoader each epoch).",
+                "iterated without DataLoader.__iter__."
+                + (
+                    " 1–13 (4): four loaders alike, numbered 1 to 13 (a new DataLoader each epoch)."
+                    if any(lo.get("loaders", 1) > 1 for lo in loaders)
+                    else ""
+                ),
             )
         )
     waits = section["longest_waits"]
