@@ -69,7 +69,8 @@ def test_a_sample_slow_at_one_fetch_only_is_told_from_a_slow_sample(tmp_path):
     make_files(tmp_path / "data", 24, 4096)
     options = ("--workers", "2", "--sleep-index", "9", "--sleep-ms", "200", "--sleep-once", "--epochs", "3")
     sections, _, out = observe(tmp_path, *options)
-    [outlier] = [s for s in sections["batches"]["samples"]["outliers"] if s["sample"] == 9]
+    # (a busy machine may hold up another fetch of it past the outliers' bar: not as slow as this one)
+    outlier = max((s for s in sections["batches"]["samples"]["outliers"] if s["sample"] == 9), key=lambda s: s["ms"])
     assert (outlier["pass"], outlier["other_fetches"], outlier["other_slow"]) == (0, 2, 0)
     assert outlier["ms"] >= 200 and outlier["other_median_ms"] < 200
     report = " ".join((out / "report.md").read_text().split())
@@ -476,3 +477,12 @@ def test_an_input_bound_verdict_says_when_the_workers_had_the_batches_built(read
     assert text.startswith("Your program is MODERATELY input-bound")
     # built before asked, the wait is the hand-over or a busy core: more workers would not help
     assert ("more workers would not shorten it" in text) == (ready_pct == 99.7)
+
+
+def test_a_hiccup_beside_a_slow_fetch_does_not_make_the_sample_slow():
+    """A sample fetched three times: 200 ms once, and 1.5 ms once on a busy core (past the 1 ms
+    bar): that fetch was slow, not the sample; fetched at 150 ms again, the sample is slow."""
+    once = batchflow._other_fetches(np.array([0.2, 0.0015, 0.00002]), 0.2, 0.001)
+    assert (once["other_fetches"], once["other_slow"]) == (2, 0)
+    again = batchflow._other_fetches(np.array([0.2, 0.15, 0.00002]), 0.2, 0.001)
+    assert again["other_slow"] == 1

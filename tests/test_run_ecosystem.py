@@ -304,6 +304,19 @@ def test_a_validation_pass_after_each_epoch_is_an_evaluation_in_no_step(tmp_path
     assert ("in evaluations ran with grad on" in report) == (style == "eval-grad")
 
 
+def test_a_pass_that_starts_its_workers_waits_in_data_not_other(tmp_path, capfd):
+    """A DataLoader whose workers are not persistent starts them at each iter(): the loop's wait
+    for its input, in the data of the pass's first step (before, its "other": the HF Trainer's
+    first step of an epoch with 2 workers read 60 ms of other)."""
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "epoch_workers.py")])
+    rows = {r["step"]: r for r in step_rows(sections)}
+    iter_ms = [float(t) for t in truth["iter_ms"].split(",")]
+    for first, started in zip(truth["firsts"].split(",")[1:], iter_ms[1:], strict=True):
+        r = rows[int(first)]
+        assert r["data_ms"] >= 0.9 * started and r["other_ms"] < 0.5 * started + 1.0, (r, started)
+    check_anatomy(sections)
+
+
 def test_an_agent_acting_in_eval_mode_at_every_update_is_named_and_stays_bounded(tmp_path, capfd):
     """stable-baselines3's DQN shape: an eval phase at every update, the agent acting. Past the
     records a process keeps of a phase name, its phases are counted, not written: the records and

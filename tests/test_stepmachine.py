@@ -238,7 +238,7 @@ def test_an_evaluation_after_an_epochs_end_is_in_no_step_and_a_loss_module_in_it
     m, r = machine()
     m.optimizer_created()
     t = plain_step(m, 0.0)
-    m.loader_ended(t, t + 0.5)
+    m.loader_waited(t, t + 0.5)
     m.train_mode(t + 1, False)
     for k in range(3):
         m.loader_next(t + 1 + 3 * k, t + 2 + 3 * k, "val")
@@ -464,7 +464,7 @@ def test_a_batch_drawn_before_its_train_or_eval_call_goes_with_the_work_it_was_d
     t = 0.0
     for _ in range(3):
         t = skorch_train_step(t)
-    m.loader_ended(t, t + 0.5)  # the training loader's StopIteration
+    m.loader_waited(t, t + 0.5)  # the training loader's StopIteration
     val = t = t + 0.5
     for _ in range(3):
         m.loader_next(t, t + 1, "val")
@@ -473,7 +473,7 @@ def test_a_batch_drawn_before_its_train_or_eval_call_goes_with_the_work_it_was_d
         m.forward_begin(t + 1, training=False)
         m.forward_end(t + 2)
         t += 2
-    m.loader_ended(t, t + 0.5)
+    m.loader_waited(t, t + 0.5)
     train_batch = t = t + 0.5
     t = skorch_train_step(t)
     assert eval_spans(r) == [(val, train_batch)]

@@ -48,6 +48,7 @@ from dlscope.observe.script.batches import (
 SLOWEST = 10  # rows kept in results.json per list: the full table is batches.csv
 OUTLIER_FACTOR = 10.0  # a sample or a file at ≥ 10× the median is named
 OUTLIER_MIN_S = 1e-3  # and a sample only when it took ≥ 1 ms: a 30 µs sample makes no step wait
+AS_SLOW = 0.5  # another fetch of an outlier's sample is as slow at this fraction of its time (and an outlier)
 CSV_COLUMNS = (
     "step",
     "loader",
@@ -1066,7 +1067,9 @@ def sample_outliers(flow: Flow) -> dict[str, Any]:
 
 def _other_fetches(fetches: np.ndarray | None, seconds: float, bar: float) -> dict[str, Any]:
     """The sample's other timed fetches (this one taken out once): how many, their median, and
-    how many of them were outliers too. None where not looked up (an iterable's position)."""
+    how many were as slow (outliers, and at least AS_SLOW of this fetch's time: a 1 ms hiccup
+    beside a 200 ms fetch does not make the sample slow). None where not looked up (an
+    iterable's position)."""
     if fetches is None:
         return {"other_fetches": None}
     others = np.delete(fetches, int(np.argmin(np.abs(fetches - seconds))))
@@ -1075,7 +1078,7 @@ def _other_fetches(fetches: np.ndarray | None, seconds: float, bar: float) -> di
     return {
         "other_fetches": len(others),
         "other_median_ms": _ms(float(np.median(others))),
-        "other_slow": int(np.count_nonzero(others >= bar)),
+        "other_slow": int(np.count_nonzero(others >= max(bar, AS_SLOW * seconds))),
     }
 
 

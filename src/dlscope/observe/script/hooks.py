@@ -308,9 +308,17 @@ class TorchHooks:
             if drawn:
                 self.machine.loader_next(start, end, getattr(iterator, "_dataset", None))
             else:  # the iterator ended (or failed): no batch, though its time is the loop's wait
-                self.machine.loader_ended(start, end)
+                self.machine.loader_waited(start, end)
             if self.batches is not None:
                 self.batches.delivered(iterator, start, end)
+
+    def loader_iter(self, iter_: Callable, loader: Any) -> Any:
+        """`DataLoader.__iter__`: a new pass, its workers started (or a persistent worker's reset)."""
+        start = time.time()
+        try:
+            return iter_(loader)
+        finally:
+            self.machine.loader_waited(start, time.time())
 
     def timed_loader_next(self, next_: Callable) -> Callable:
         """A DataLoader iterator's `__next__`, its time the step's data."""
@@ -796,6 +804,7 @@ class TorchHooks:
         torch.optim.Optimizer.__setstate__ = _wrap(torch.optim.Optimizer.__setstate__, self.optimizer_unpickled)
         iterator = dataloader._BaseDataLoaderIter
         iterator.__next__ = self.timed_loader_next(iterator.__next__)
+        dataloader.DataLoader.__iter__ = _wrap(dataloader.DataLoader.__iter__, self.loader_iter)
         torch.nn.Module.train = _wrap(torch.nn.Module.train, self.module_train)
         torch.save = _wrap(torch.save, functools.partial(self.checkpoint, "checkpoint_save", 1))
         torch.load = _wrap(torch.load, functools.partial(self.checkpoint, "checkpoint_load", 0))

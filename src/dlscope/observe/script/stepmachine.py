@@ -8,7 +8,8 @@ stamped with CLOCK_REALTIME seconds by the caller:
                                      that ends the steps: one a prefetching thread draws is no wait
                                      of the loop's); `source` its dataset (any object, compared by
                                      identity; None: not known)
-    loader_ended(start, end)         a DataLoader's `__next__` that drew no batch (an epoch's end)
+    loader_waited(start, end)        a DataLoader call that drew no batch: its `__next__` at an epoch's
+                                     end, its `__iter__` (which starts the workers of a new pass)
     forward_begin(now, training)     the outermost module call starts; `training` is False for
     forward_end(now)                 a forward with no grad, or of a module in eval mode: see
                                      IMPLICIT_EVAL_FORWARDS for when those are an evaluation
@@ -465,11 +466,12 @@ class StepMachine:
         self._data(start, end)
         self.batches += 1
 
-    def loader_ended(self, start: float, end: float) -> None:
-        """A `__next__` that drew no batch (the iterator ended: an epoch's end, with non-persistent
-        workers their shutdown): the loop's wait, so data if the step goes on, but no work of the
-        step's — an evaluation or a checkpoint next moves the step's start past it (before, the
-        evaluation after each epoch was inside the next step, as "other")."""
+    def loader_waited(self, start: float, end: float) -> None:
+        """A DataLoader call that drew no batch — a `__next__` at the iterator's end (an epoch's
+        end, with non-persistent workers their shutdown), an `__iter__` (a pass's workers started:
+        tens of ms a worker) — is the loop's wait for its input, so data if the step goes on, but no
+        work of the step's: an evaluation or a checkpoint next moves the step's start past it
+        (before, the evaluation after each epoch was inside the next step, as "other")."""
         if not self.in_eval and self.thread_id() == self.step_thread:
             self._data(start, end)
 

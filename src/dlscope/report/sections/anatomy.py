@@ -31,7 +31,8 @@ def verdict(v: dict[str, Any]) -> tuple[str, str]:
         said = {"highly": "HIGHLY input-bound", "moderately": "MODERATELY input-bound", "not": "NOT input-bound"}
         text = (
             f"Your program is {said[level]}: {v['data_pct']:.1f}% of the step ({v['data_ms']:.3g} ms; {over}) "
-            f"is spent inside DataLoader.__next__, waiting for a batch. Thresholds: ≥ {t['highly']:.0f}% highly, "
+            "is spent in the DataLoader (its __next__, and the __iter__ that starts a pass's workers), waiting for "
+            f"a batch. Thresholds: ≥ {t['highly']:.0f}% highly, "
             f"{t['moderately']:.0f}–{t['highly']:.0f}% moderately (TensorFlow's input-pipeline analyser)."
         )
         if v.get("batches_elsewhere"):
