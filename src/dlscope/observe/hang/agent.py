@@ -182,7 +182,9 @@ def _dump_stacks(signum: int, interrupted: FrameType | None) -> None:
     the dump is being made is answered by that dump."""
     global _dumping
     fd = _stacks_fd
-    if fd is None or _dumping:
+    # (a signal landing in this handler before the flag is set, or after it is cleared, finds this
+    # handler's frame interrupted: the dump it interrupts answers it)
+    if fd is None or _dumping or (interrupted is not None and interrupted.f_code is _dump_stacks.__code__):
         return
     _dumping = True
     try:
