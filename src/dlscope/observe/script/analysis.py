@@ -219,16 +219,16 @@ def phases_section(observed: Observed, origin: float, steps: int) -> dict[str, A
     folded: dict[str, int] = {}
     left_out = train_mode = 0
 
-    def total(name: str) -> dict[str, Any]:
-        return totals.setdefault(name, {"phase": name, "count": 0, "seconds": 0.0, "files": []})
+    def add(name: str, count: int, seconds: float, files: list[str]) -> None:
+        t = totals.setdefault(name, {"phase": name, "count": 0, "seconds": 0.0, "files": []})
+        t["count"] += count
+        t["seconds"] = round(t["seconds"] + seconds, 6)
+        t["files"] += [f for f in files if f not in t["files"]]
 
     for pid, records in observed.records.items():
         kept: dict[str, int] = {}
         for s in phase_slices(pid, records, origin, observed.last_step(pid)):
-            t = total(s["phase"])
-            t["count"] += 1
-            t["seconds"] = round(t["seconds"] + s["seconds"], 6)
-            t["files"] += [f for f in s["files"] if f not in t["files"]]
+            add(s["phase"], 1, s["seconds"], s["files"])
             train_mode += bool(s.get("train_mode"))
             kept[s["phase"]] = kept.get(s["phase"], 0) + 1
             if kept[s["phase"]] <= PHASE_ROWS:
@@ -239,10 +239,7 @@ def phases_section(observed: Observed, origin: float, steps: int) -> dict[str, A
             if record.get("k") != "phases_folded":
                 continue
             for name, f in record["phases"].items():
-                t = total(name)
-                t["count"] += f["count"]
-                t["seconds"] = round(t["seconds"] + f["seconds"], 6)
-                t["files"] += [x for x in f["files"] if x not in t["files"]]
+                add(name, f["count"], f["seconds"], f["files"])
                 train_mode += f["train_mode"]
                 folded[name] = folded.get(name, 0) + f["count"]
     section: dict[str, Any] = {"rows": rows, "totals": list(totals.values()), "steps": steps}

@@ -214,11 +214,11 @@ class StepMachine:
         self.checkpoint_files: list[str] = []  # of the open checkpoint phase
         self.in_eval = False
         self.eval_explicit = False  # the evaluation was started by train(False), not by forwards with no grad
-        # a loop that draws a batch, then calls train() or eval() (skorch's step functions): the row
-        # of batches drawn right before train(False), the evaluation's if it does any work (see
-        # train_mode); the last batch drawn in the evaluation with no forward after it (start, end,
-        # source), and the dataset its forwards were fed from (see eval_end)
-        self.eval_row: tuple[float, list[float], int, int, Any] | None = None
+        # a loop that draws a batch, then calls train() or eval() (skorch's step functions): whether
+        # the row of batches (row_*, below) drawn right before train(False) is the evaluation's if
+        # it does any work (see train_mode); the last batch drawn in the evaluation with no forward
+        # after it (start, end, source), and the dataset its forwards were fed from (see eval_end)
+        self.eval_row = False
         self.eval_drawn: tuple[float, float, Any] | None = None
         self.eval_fed: Any = None
         # forwards with no grad (or in eval mode) since the last backward() or step end, the first's time
@@ -327,17 +327,14 @@ class StepMachine:
     def eval_work(self, now: float, source: Any = None) -> None:
         """The evaluation's first work (a forward, or a batch drawn from `source`) writes its phase."""
         if "eval" not in self.stack:  # its phase not written yet
-            held, self.eval_row = self.eval_row, None
-            if held is not None:  # batches drawn right before train(False): the step gives them back
-                since, totals, self.batches, self.forwards, drawn_from = held
-                self.totals[:] = totals
-                for step in self.live:
-                    step.fresh, step.first_work = True, None
+            if self.eval_row:  # batches drawn right before train(False): the step gives them back
+                self.eval_row = False
+                self._give_back_row()
                 # the evaluation's own when it does not draw from another dataset first (Lightning's
                 # training batch drawn ahead, before its validation: in no phase)
-                if source is None or source is drawn_from:
-                    now = since
-                    self.eval_drawn = (since, since, drawn_from)  # fed to its first forward
+                if source is None or source is self.row_source:
+                    now = self.row_since
+                    self.eval_drawn = (now, now, self.row_source)  # fed to its first forward
             self.begin("eval", now)
 
     def eval_fed_by(self) -> None:
@@ -350,7 +347,7 @@ class StepMachine:
             return
         self.in_eval = False
         self.quiet_forwards = 0
-        self.eval_row = None
+        self.eval_row = False
         drawn, self.eval_drawn = self.eval_drawn, None
         if "eval" in self.stack:
             # a batch drawn after its last forward, from another dataset than the one it was fed
@@ -492,8 +489,7 @@ class StepMachine:
         rows, self.row = self.row, 0
         if rows < IMPLICIT_EVAL_BATCHES or self.row_fed < rows - 1 or not self.row_fresh or self.part is not None:
             return
-        self.totals[:] = self.row_totals
-        self.batches, self.forwards = self.row_batches, self.row_forward_calls
+        self._give_back_row()
         # its records alone, no markers: the phase is over (from `now` the next step's batch is drawn)
         since, tid = max(self.row_since, self.last_end), self.thread_id()
         if self._written("eval"):
@@ -502,9 +498,15 @@ class StepMachine:
         else:
             self._fold("eval", now - since, {"train_mode": True})
         self.last_end = now
-        for step in self.live:  # no work of its own before the row: it starts again after it
-            step.fresh, step.first_work = True, None
         self._restart_fresh(now)
+
+    def _give_back_row(self) -> None:
+        """The step gets back what it had before the row's first batch, and starts again after
+        the row (no work of its own before it)."""
+        self.totals[:] = self.row_totals
+        self.batches, self.forwards = self.row_batches, self.row_forward_calls
+        for step in self.live:
+            step.fresh, step.first_work = True, None
 
     def forward_begin(self, now: float, training: bool) -> None:
         if not training:
@@ -601,14 +603,13 @@ class StepMachine:
         # batches drawn since the step ended, and nothing else yet: with train(False) next (skorch
         # draws the validation's first batch, then calls module.eval()), the evaluation's once it
         # does any work; not if training work comes first (a BatchNorm frozen by bn.eval())
-        held = self.row and self.row_fresh and self.unworked and self.part is None
-        row = (self.row_since, self.row_totals, self.row_batches, self.row_forward_calls, self.row_source)
-        self.row_ends(now)
+        held = bool(self.row) and self.row_fresh and self.unworked and self.part is None
+        self.row_ends(now)  # (it keeps the row's row_* fields: the held row is read from them)
         if mode:
             self.eval_end(now)
         else:
             if not self.in_eval:  # (skorch puts the module and the loss module in eval mode, one after the other)
-                self.eval_row = row if held else None
+                self.eval_row = held
             self.eval_begin(now, forwarded=False)
 
     # checkpoints -----------------------------------------------------------------------------
