@@ -127,6 +127,8 @@ def _kib(value: int) -> int:
 class RecordFile:
     """This process's record files; `reopen()` after a fork gives the child its own."""
 
+    row_format = STEP_STRUCT.format  # the step machine's C path packs rows of this format into the window itself
+
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.lock = threading.Lock()

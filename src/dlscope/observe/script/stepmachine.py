@@ -67,8 +67,16 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+try:  # the common step in C (_fastpath.c); not built (no C compiler at install): every step here
+    from dlscope.observe.script import _fastpath
+except ImportError:
+    _fastpath = None  # type: ignore[assignment]
+
 PARTS = ("data", "forward", "backward", "optimizer")
 DATA, FORWARD, BACKWARD, OPTIMIZER = range(len(PARTS))  # a part's index in StepMachine.totals
+# the events the C fast path takes while the machine stands at a step end (_fastpath.c)
+FAST_EVENTS = ("forward_begin", "forward_end", "backward_begin", "backward_end", "optimizer_begin", "optimizer_end")
+FAST_ENV = "DLSCOPE_FASTPATH"  # "0": every event through the Python machine (the fast path's A/B)
 # what Sink.write_step receives, in this order (positional: a keyword call costs ~1 µs a step)
 STEP_ARGS = (
     "i",
@@ -159,11 +167,15 @@ class NoProfiler:
         pass
 
 
-class StepParts:
-    """The step being accumulated: its start, and the machine's running totals when it started
-    (its parts, backward() calls, forwards and batches drawn are the totals' growth since)."""
+STEP_PARTS_FIELDS = ("start", "totals", "backwards", "forwards", "batches", "first_work", "fresh")
 
-    __slots__ = ("backwards", "batches", "first_work", "forwards", "fresh", "start", "totals")
+
+class StepParts(_fastpath.StepPartsCore if _fastpath else object):  # type: ignore[misc]
+    """The step being accumulated: its start, and the machine's running totals when it started
+    (its parts, backward() calls, forwards and batches drawn are the totals' growth since).
+    Its fields are the C base's where the fast path is built."""
+
+    __slots__ = () if _fastpath else STEP_PARTS_FIELDS
 
     def __init__(self, start: float, totals: list[float], backwards: int, forwards: int, batches: int) -> None:
         self.start = start
@@ -173,8 +185,9 @@ class StepParts:
         self.fresh = True  # no training work yet: an eval or checkpoint before it moves its start
 
 
-class StepMachine:
-    """One per process: events in, step records and phase begin/end records out."""
+class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[misc]
+    """One per process: events in, step records and phase begin/end records out. Where the fast
+    path is built, the fields the common step touches are its C base's (_fastpath.c)."""
 
     def __init__(
         self,
@@ -185,6 +198,7 @@ class StepMachine:
         clock: Callable[[], float] = time.time,
         thread_id: Callable[[], int] = native_thread_id,
         on_step: Callable[[int, float], None] | None = None,
+        fast: bool = True,
     ) -> None:
         self.sink = sink
         self.on_step = on_step  # (steps so far, when the last ended) after each counted step: the live file
@@ -192,9 +206,23 @@ class StepMachine:
         self.memory = memory
         self.marker = marker  # (mark_begin, mark_end): phase markers the I/O tracers see
         self.thread_id = thread_id
+        # the C path holds events of a step not yet replayed here: every other call into the
+        # machine replays them first (`if self.unsettled: self.settle()`)
+        self.unsettled = False
         self.reset(profiler or NoProfiler())
+        # the common step taken in C: its six events shadowed on this instance by the C base's; the
+        # class's methods stay the definition, replayed into whenever a step is anything else
+        self.fast = fast and _fastpath is not None and os.environ.get(FAST_ENV) != "0"
+        if self.fast:
+            direct = getattr(sink, "row_format", None) == _fastpath.ROW_FORMAT  # a row packed in C
+            self.fast_setup(StepMachine, NOT_PROFILED, native_thread_id, direct)
+            for name in FAST_EVENTS:
+                setattr(self, name, getattr(self, f"fast_{name}"))
 
     def reset(self, profiler: StepProfiler) -> None:
+        if self.unsettled:
+            self.drop_logged()
+            self.unsettled = False
         self.profiler = profiler
         self.steps: dict[str, StepParts | None] = {"optimizer": None, "backward": None}
         self.live: list[StepParts] = []  # the steps above that are not None: the hot path's loops
@@ -259,6 +287,8 @@ class StepMachine:
 
     # phases ----------------------------------------------------------------------------------
     def begin(self, name: str, now: float, file: str | None = None) -> None:
+        if self.unsettled:
+            self.settle()
         now = max(now, self.last_end)  # never before the end of the phase just closed
         if self._written(name):
             record: dict[str, Any] = {"k": "B", "name": name, "ts": now, "tid": self.thread_id()}
@@ -291,6 +321,8 @@ class StepMachine:
     def end(self, name: str, now: float, *, known_late: bool = False, **facts: Any) -> None:
         """Close `name` (and what a lost event left open inside it); `facts` go on its end record.
         `known_late`: it ended at `now`, known only since (its marker comes late by that much)."""
+        if self.unsettled:
+            self.settle()
         while self.stack:
             top = self.stack.pop()
             folded_since = self.stack_folded.pop()
@@ -437,6 +469,8 @@ class StepMachine:
             step.fresh = False
 
     def loader_next(self, start: float, end: float, source: Any = None) -> None:
+        if self.unsettled:
+            self.settle()
         if self.in_eval:
             self.eval_work(start, source)
             self.eval_drawn = (start, end, source)
@@ -469,6 +503,8 @@ class StepMachine:
         tens of ms a worker) — is the loop's wait for its input, so data if the step goes on, but no
         work of the step's: an evaluation or a checkpoint next moves the step's start past it
         (before, the evaluation after each epoch was inside the next step, as "other")."""
+        if self.unsettled:
+            self.settle()
         if not self.in_eval and self.thread_id() == self.step_thread:
             self._data(start, end)
 
@@ -562,6 +598,8 @@ class StepMachine:
             self.end_step("backward", now)
 
     def optimizer_created(self) -> None:
+        if self.unsettled:
+            self.settle()
         self.has_optimizer = True
 
     def optimizer_begin(self, now: float) -> None:
@@ -578,9 +616,13 @@ class StepMachine:
     def closure_begin(self, now: float) -> None:
         """optimizer.step's closure starts: its time is the step's forward (the loss, zero_grad)
         and backward, never optimizer (module forwards and backward nest inside it)."""
+        if self.unsettled:
+            self.settle()
         self._open(FORWARD, now)
 
     def closure_end(self, now: float) -> None:
+        if self.unsettled:
+            self.settle()
         self._close(FORWARD, now)
 
     def optimizer_end(self, now: float) -> None:
@@ -600,6 +642,8 @@ class StepMachine:
         self.end_step("optimizer", now)
 
     def train_mode(self, now: float, mode: bool) -> None:
+        if self.unsettled:
+            self.settle()
         # batches drawn since the step ended, and nothing else yet: with train(False) next (skorch
         # draws the validation's first batch, then calls module.eval()), the evaluation's once it
         # does any work; not if training work comes first (a BatchNorm frozen by bn.eval())
@@ -616,6 +660,8 @@ class StepMachine:
     def checkpoint_begin(self, now: float, name: str, file: str | None) -> bool:
         """False when a checkpoint phase is already open (a trainer's save around its torch.save
         and safetensors writes): the outer phase holds the inner writes, and lists their files."""
+        if self.unsettled:
+            self.settle()
         if any(p.startswith("checkpoint_") for p in self.stack):
             if file is not None and file not in self.checkpoint_files:
                 self.checkpoint_files.append(file)
@@ -627,6 +673,8 @@ class StepMachine:
         return True
 
     def checkpoint_end(self, now: float, name: str) -> None:
+        if self.unsettled:
+            self.settle()
         self.end(name, now, files=self.checkpoint_files)
         self.checkpoint_files = []
         self._restart_fresh(self.last_end)
@@ -711,6 +759,8 @@ class StepMachine:
 
     def finish(self, now: float, torch_attached: bool) -> None:
         """At exit: the facts a report needs to say whether the steps were observed at all."""
+        if self.unsettled:
+            self.settle()
         try:
             self.row_ends(now)
             self.profiler.stop()

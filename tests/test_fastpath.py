@@ -1,0 +1,232 @@
+"""The step machine's common step in C (observe/script/_fastpath.c) against the Python machine:
+the same event sequences through both give the same records, the same rows and the same state."""
+
+from __future__ import annotations
+
+import os
+from types import MemberDescriptorType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dlscope.observe.script import stepmachine
+from dlscope.observe.script.records import RecordFile, StepFile
+from dlscope.observe.script.stepmachine import STEP_ARGS, STEP_PARTS_FIELDS, StepMachine, StepParts
+
+pytestmark = pytest.mark.skipif(stepmachine._fastpath is None, reason="the C fast path is not built here")
+
+
+class Records:
+    def __init__(self) -> None:
+        self.steps: list[tuple] = []
+        self.other: list[dict[str, Any]] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.other.append(record)
+
+    def write_step(self, *values: Any) -> None:
+        assert len(values) == len(STEP_ARGS)
+        self.steps.append(values)
+
+
+class Profiler:
+    """A window of two steps every 40 steps: the machine asks it only when due."""
+
+    def __init__(self) -> None:
+        self.idle_until = float("-inf")
+        self.asked = 0
+
+    def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
+        self.asked += 1
+        if index % 40 in (1, 2):
+            self.idle_until = float("-inf")
+            return "active", index
+        self.idle_until = now + 0.01
+        return None, None
+
+    def stop(self) -> None:
+        pass
+
+
+# the fast path's own figures, the callables and the bound events (not state)
+LEFT_OUT = (
+    "fast", "fast_logged", "fast_taken", "sink", "profiler", "memory", "clock", "thread_id", "on_step", "marker",
+    *stepmachine.FAST_EVENTS,
+)  # fmt: skip
+
+
+def state(m: StepMachine) -> dict[str, Any]:
+    """What the machine holds, the C base's fields and the steps' spelled out (the bound events left out)."""
+    out = {}
+    members = [name for name in dir(type(m)) if isinstance(getattr(type(m), name), MemberDescriptorType)]
+    fields = {name: getattr(m, name) for name in members}
+    for name, value in {**vars(m), **fields}.items():
+        if name in LEFT_OUT:
+            continue
+        if isinstance(value, StepParts):
+            value = {slot: getattr(value, slot) for slot in STEP_PARTS_FIELDS}
+        elif name == "steps":
+            value = {k: None if v is None else {s: getattr(v, s) for s in STEP_PARTS_FIELDS} for k, v in value.items()}
+        elif name == "live":
+            value = [{s: getattr(v, s) for s in STEP_PARTS_FIELDS} for v in value]
+        out[name] = value
+    return out
+
+
+class Run:
+    """A machine, its records, its fake thread, its live-file calls."""
+
+    def __init__(self, fast: bool, sink: Any = None) -> None:
+        self.records = Records() if sink is None else sink
+        self.thread = [1]
+        self.steps_seen: list[tuple[int, float]] = []
+        self.profiler = Profiler()
+        self.machine = StepMachine(
+            self.records,
+            self.profiler,
+            memory=lambda: (1 << 20, None),
+            clock=lambda: self.now,
+            thread_id=lambda: self.thread[0],
+            on_step=lambda n, now: self.steps_seen.append((n, now)),
+            fast=fast,
+        )
+        self.now = 0.0
+        self.machine.begin("startup", 0.0)
+        assert self.machine.fast == fast
+
+
+EVENTS = st.one_of(
+    st.just(("step",)),  # the common step, whole: forward, backward, optimizer
+    st.just(("step",)),
+    st.just(("step",)),
+    st.tuples(st.just("loader_next"), st.sampled_from(["a", "b", None])),
+    st.just(("loader_waited",)),
+    st.tuples(st.just("forward_begin"), st.booleans(), st.booleans()),  # training, by keyword
+    st.just(("forward_end",)),
+    st.just(("backward_begin",)),
+    st.tuples(st.just("backward_end"), st.booleans()),
+    st.just(("optimizer_begin",)),
+    st.just(("optimizer_end",)),
+    st.just(("closure_begin",)),
+    st.just(("closure_end",)),
+    st.tuples(st.just("train_mode"), st.booleans()),
+    st.just(("checkpoint",)),
+    st.just(("optimizer_created",)),
+    st.just(("thread",)),  # the next events from the other thread
+    st.just(("pause",)),  # 0.2 s: memory and the profiler are due at the next step end
+)
+SOURCES = {"a": object(), "b": object(), None: None}
+
+
+def play(run: Run, events: list[tuple], dt: float) -> None:
+    m = run.machine
+
+    def tick() -> float:
+        run.now += dt
+        return run.now
+
+    for event in events:
+        kind = event[0]
+        if kind == "step":
+            m.forward_begin(tick(), True)
+            m.forward_end(tick())
+            m.backward_begin(tick())
+            m.backward_end(tick())
+            m.optimizer_begin(tick())
+            m.optimizer_end(tick())
+        elif kind == "loader_next":
+            start = tick()
+            m.loader_next(start, tick(), SOURCES[event[1]])
+        elif kind == "loader_waited":
+            start = tick()
+            m.loader_waited(start, tick())
+        elif kind == "forward_begin":
+            if event[2]:
+                m.forward_begin(tick(), training=event[1])
+            else:
+                m.forward_begin(tick(), event[1])
+        elif kind == "backward_end":
+            m.backward_end(tick(), event[1])
+        elif kind == "train_mode":
+            m.train_mode(tick(), event[1])
+        elif kind == "checkpoint":
+            if m.checkpoint_begin(tick(), "checkpoint_save", "/tmp/x.pt"):
+                m.checkpoint_end(tick(), "checkpoint_save")
+        elif kind == "optimizer_created":
+            m.optimizer_created()
+        elif kind == "thread":
+            run.thread[0] = 3 - run.thread[0]
+        elif kind == "pause":
+            run.now += 0.2
+        else:
+            getattr(m, kind)(tick())
+    m.finish(tick(), torch_attached=True)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    warmup=st.integers(0, 30),
+    events=st.lists(EVENTS, max_size=60),
+    dt=st.sampled_from([1e-5, 1e-4, 3e-3]),
+)
+def test_any_event_sequence_gives_what_the_python_machine_gives(warmup: int, events: list[tuple], dt: float):
+    """Steady steps first (the C path takes them), then anything: each event as the Python
+    machine takes it, replayed in order, whatever came before."""
+    sequence = [("optimizer_created",), *[("step",)] * warmup, *events, *[("step",)] * 5]
+    fast, python = Run(fast=True), Run(fast=False)
+    play(fast, sequence, dt)
+    play(python, sequence, dt)
+    assert fast.records.steps == python.records.steps
+    assert fast.records.other == python.records.other
+    assert fast.steps_seen == python.steps_seen
+    assert state(fast.machine) == state(python.machine)
+    assert fast.profiler.asked == python.profiler.asked
+
+
+def test_the_common_step_is_taken_in_c_and_a_step_with_more_is_not():
+    run = Run(fast=True)
+    play(run, [("optimizer_created",), *[("step",)] * 200], 1e-5)
+    taken = run.machine.fast_taken
+    assert 190 <= taken < 200  # the first steps, and those with memory or the profiler due, are Python's
+    play(run, [("loader_next", "a"), ("step",)] * 20, 1e-5)  # a batch drawn: its data is the loader's
+    assert run.machine.fast_taken == taken
+
+
+def test_a_nested_optimizer_step_reads_the_depth_the_python_machine_would_have(tmp_path):
+    """A GradScaler's step calls the optimizer's: the torch layer reads optimizer_depth between."""
+    run = Run(fast=True)
+    play(run, [("optimizer_created",), *[("step",)] * 10], 1e-5)
+    m = run.machine
+    m.forward_begin(1.0, True)
+    m.forward_end(1.00001)
+    m.backward_begin(1.00002)
+    m.backward_end(1.00003)
+    m.optimizer_begin(1.00004)
+    assert m.optimizer_depth == 1 and m.unsettled
+    m.optimizer_begin(1.00005)  # the inner step: the logged events replayed first
+    assert not m.unsettled and m.optimizer_depth == 2 and m.inner_steps == 1
+    m.optimizer_end(1.00006)
+    m.optimizer_end(1.00007)
+    assert run.records.steps[-1][STEP_ARGS.index("optimizer")] == pytest.approx(3e-5)
+
+
+def test_rows_packed_in_c_are_the_rows_python_packs(tmp_path):
+    """The C path packs the row into the record file's window itself: byte for byte what
+    RecordFile.write_step packs, across window moves."""
+    files = {}
+    for fast in (True, False):
+        directory = tmp_path / ("fast" if fast else "python")
+        directory.mkdir()
+        sink = RecordFile(str(directory))
+        run = Run(fast=fast, sink=sink)
+        play(run, [("optimizer_created",), *[("step",)] * 3000, ("pause",), *[("step",)] * 50], 1e-5)
+        if fast:
+            assert run.machine.fast_taken > 2900
+        sink.close_steps()
+        os.close(sink.fd)
+        path = directory / f"{os.getpid()}.steps"
+        assert StepFile(path).count == 3051
+        files[fast] = path.read_bytes()
+    assert files[True] == files[False]
