@@ -268,7 +268,7 @@ def count_ops(steps: int = 50) -> None:
 
 # a tiny step run under callgrind, counted only over the timed steps (callgrind_control toggles the
 # counting on and off from outside the loop): bare, through a scratch observer as `--ops` drives it,
-# or through its hooks alone ("wrappers": the step machine's events do nothing, so no row either)
+# (with DLSCOPE_FASTPATH=0 in its environment: every event through the Python step machine)
 COUNTED_STEPS = """
 import os, subprocess, sys, tempfile
 import torch
@@ -279,7 +279,7 @@ def step():
     optimizer.zero_grad()
     model(x).sum().backward()
     optimizer.step()
-if sys.argv[1] in ("hooked", "wrappers"):
+if sys.argv[1] == "hooked":
     from dlscope.observe.hang.live import LiveStatus
     from dlscope.observe.script.hooks import TorchHooks
     from dlscope.observe.script.records import RecordFile
@@ -295,10 +295,6 @@ if sys.argv[1] in ("hooked", "wrappers"):
         hooks.time_step_calls(type(optimizer))
 for _ in range(20):
     step()
-if sys.argv[1] == "wrappers":  # after a step has ended: the modules called at top level are found
-    for event in ("forward", "backward", "optimizer"):
-        setattr(hooks.machine, f"{event}_begin", lambda *_: None)
-        setattr(hooks.machine, f"{event}_end", lambda *_: None)
 subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True)
 for _ in range(int(sys.argv[2])):
     step()
@@ -310,15 +306,15 @@ def count_instructions(steps: int, baseline: Path | None) -> None:
     """Machine instructions per tiny step (valgrind's callgrind): bare, through this checkout's
     hooks and, with `baseline`, through that checkout's. Counts, the same at any load; the hooks'
     Python runs at fewer instructions a nanosecond than torch's kernels, so read ratios, not µs.
-    The "wrappers" arm is this design's floor: torch's hook dispatch, the timed calls and their clock
-    reads, with a step machine whose events do nothing."""
+    The "Python machine" arm is this checkout with its C fast path off (DLSCOPE_FASTPATH=0): the
+    common step's events, its row and its live-file count through stepmachine.py."""
     import re
     import shutil
 
     if shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
     src = Path(__file__).resolve().parent.parent / "src"
-    arms = {"bare": ("bare", None), "dlscope run": ("hooked", src), "its hooks alone": ("wrappers", src)}
+    arms = {"bare": ("bare", None), "dlscope run": ("hooked", src), "Python machine": ("python", src)}
     if baseline is not None:
         arms["baseline run"] = ("hooked", baseline / "src")
     per_step = {}
@@ -327,11 +323,12 @@ def count_instructions(steps: int, baseline: Path | None) -> None:
             env = dict(os.environ)
             if src is not None:
                 env["PYTHONPATH"] = os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])
+            if mode == "python":
+                env["DLSCOPE_FASTPATH"] = "0"
             out = Path(tmp) / f"callgrind-{len(per_step)}"
             argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
-            done = subprocess.run(
-                [*argv, sys.executable, "-c", COUNTED_STEPS, mode, str(steps)], capture_output=True, text=True, env=env
-            )
+            script = [sys.executable, "-c", COUNTED_STEPS, "bare" if mode == "bare" else "hooked", str(steps)]
+            done = subprocess.run([*argv, *script], capture_output=True, text=True, env=env)
             collected = re.search(r"Collected : (\d+)", done.stderr)
             if collected is None:
                 raise SystemExit(f"callgrind counted nothing for {arm}: {done.stderr[-500:]}")

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dlscope.observe.hang.live import LiveStatus, live_path, read_live
 from dlscope.observe.script import stepmachine
 from dlscope.observe.script.records import RecordFile, StepFile
 from dlscope.observe.script.stepmachine import STEP_ARGS, STEP_PARTS_FIELDS, StepMachine, StepParts
@@ -230,3 +231,80 @@ def test_rows_packed_in_c_are_the_rows_python_packs(tmp_path):
         assert StepFile(path).count == 3051
         files[fast] = path.read_bytes()
     assert files[True] == files[False]
+
+
+def test_the_live_file_counts_the_steps_taken_in_c(tmp_path):
+    """The live file's step counter (what `dlscope watch` and the hang watchdog read), packed by
+    the C path itself, reads as LiveStatus.step_ended writes it."""
+    seen = {}
+    for fast in (True, False):
+        directory = tmp_path / str(fast)
+        directory.mkdir()
+        live = LiveStatus(str(directory), None)
+        run = Run(fast=fast)
+        run.machine.on_step = live.step_ended
+        play(run, [("optimizer_created",), *[("step",)] * 100], 1e-5)
+        assert run.machine.fast_taken > 90 if fast else run.machine.fast_taken == 0
+        view = read_live(live_path(directory, os.getpid()))
+        assert view is not None
+        seen[fast] = (view.steps, view.last_step_end)
+    assert seen[True] == seen[False] and seen[True][0] == 100
+
+
+def timed_pair(kind: int, fallback: Any = None, hooks: Any = None, machine: Any = None) -> tuple[Any, list]:
+    marks: list[tuple[str, float]] = []
+
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("fail"):
+            raise ValueError("inner failed")
+        return args, kwargs
+
+    def begin(now: float) -> None:
+        marks.append(("begin", now))
+
+    def end(now: float) -> None:
+        marks.append(("end", now))
+
+    extra = () if kind == stepmachine._fastpath.TIMED_CALL else (hooks, machine, fallback)
+    return stepmachine._fastpath.Timed(inner, begin, end, kind, *extra), marks
+
+
+def test_a_timed_call_passes_its_arguments_on_and_ends_its_part_when_it_raises():
+    timed, marks = timed_pair(stepmachine._fastpath.TIMED_CALL)
+    assert timed(1, 2, key=3) == ((1, 2), {"key": 3})
+    with pytest.raises(ValueError, match="inner failed"):
+        timed(fail=True)
+    assert [kind for kind, _ in marks] == ["begin", "end", "begin", "end"]
+    assert all(0 < marks[i][1] <= marks[i + 1][1] for i in range(3))
+
+
+def test_a_timed_optimizer_step_binds_as_a_method_and_tells_a_switch_of_optimizer():
+    """An optimizer's step: set on a class, it binds; a step of another instance than the one
+    stepping calls optimizer_switched, not a nested one; a closure goes to the Python step."""
+
+    class Hooks:
+        def __init__(self) -> None:
+            self.stepping: Any = None
+            self.switched: list = []
+
+        def optimizer_switched(self, optimizer: Any) -> None:
+            self.switched.append(optimizer)
+            self.stepping = optimizer
+
+    hooks, machine = Hooks(), Run(fast=True).machine
+    closures: list = []
+    timed, marks = timed_pair(stepmachine._fastpath.TIMED_STEP, lambda *a, **k: closures.append(a), hooks, machine)
+
+    class Optimizer:
+        step = timed
+
+    first, second = Optimizer(), Optimizer()
+    assert first.step() == ((first,), {})
+    first.step()
+    second.step()
+    assert hooks.switched == [first, second]
+    machine.optimizer_depth = 1  # a step inside another: no switch
+    first.step()
+    assert hooks.switched == [first, second] and len(marks) == 8
+    second.step(lambda: None)
+    assert closures == [(second, closures[0][1])] and len(marks) == 8

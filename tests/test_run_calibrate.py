@@ -36,17 +36,18 @@ def test_calibration_runs_the_hooked_step_and_leaves_torch_as_it_was(tmp_path, m
         lambda: calibrate._Optimizer.__dict__["step"],  # its optimizer's `step`, timed in the hooked bursts only
     )
     before = ([state() for state in torch_state], torch.get_num_threads(), torch.random.get_rng_state())
-    hooked_steps: list[int] = []
-    original = StepMachine.optimizer_end
+    machines: list[StepMachine] = []
+    made = StepMachine.__init__
 
-    def counted(self, now):
-        hooked_steps.append(1)
-        return original(self, now)
+    def kept(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        machines.append(self)
 
-    monkeypatch.setattr(StepMachine, "optimizer_end", counted)
+    monkeypatch.setattr(StepMachine, "__init__", kept)
     step_us, loader_us = calibrate.per_step_us(TorchHooks, torch)
     # the hooked bursts ran through the hooks, each after the step that finds the module to time
-    assert len(hooked_steps) == calibrate.ROUNDS * (calibrate.STEPS + 1)
+    [machine] = machines  # the scratch observer's
+    assert machine.counts["optimizer"] == calibrate.ROUNDS * (calibrate.STEPS + 1)
     assert step_us >= 0 and loader_us >= 0  # a cost (never negative), whatever the load
     after = ([state() for state in torch_state], torch.get_num_threads(), torch.random.get_rng_state())
     assert after[:2] == before[:2] and torch.equal(after[2], before[2])

@@ -31,6 +31,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 enum { EV_FB, EV_FE, EV_BB, EV_BE, EV_OB, EV_OE, EV_N };
 static const char *EVENT_NAMES[EV_N] = {"forward_begin", "forward_end", "backward_begin",
@@ -74,9 +75,12 @@ typedef struct {
     unsigned long tid_thread;   /* the thread whose id is `tid` (0: none cached) */
     long tid;
     long taken;                 /* steps finished here */
+    PyObject *live_func;        /* hang.live.LiveStatus.step_ended, once an on_step bound to it is seen */
+    Py_ssize_t live_at;         /* where it packs (count int64, now float64) into its `map` */
 } Core;
 
 static PyTypeObject PartsCoreType;
+static PyObject *S_PACKS_STEP_AT, *S_MAP;
 static PyObject *S_OPTIMIZER, *S_GAP, *S_STEPS_MAP, *S_STEPS_POS, *S_STEPS_ROOM, *S_WRITE_STEP;
 
 /* ---- helpers -------------------------------------------------------------------------------- */
@@ -350,6 +354,58 @@ static PyObject *thread_id(Core *self) {
     return PyObject_CallNoArgs(call);
 }
 
+/* on_step(count, now); for a live status file's step_ended (a method marked `packs_step_at`),
+   its pack_into done here: the same 16 bytes at the same place of its map (anything else, or a
+   map that cannot be written, is the Python call, which says what is wrong) */
+static int step_ended(Core *self, PyObject *on_step, long count, double now) {
+    if (on_step == Py_None) return 0;
+    if (PyMethod_Check(on_step)) {
+        PyObject *func = PyMethod_GET_FUNCTION(on_step);
+        if (self->live_func == NULL) {
+            PyObject *at = PyObject_GetAttr(func, S_PACKS_STEP_AT);
+            if (at == NULL) {
+                PyErr_Clear();
+            } else {
+                Py_ssize_t v = PyLong_Check(at) ? PyLong_AsSsize_t(at) : -1;
+                Py_DECREF(at);
+                if (v >= 0) {
+                    self->live_func = Py_NewRef(func);
+                    self->live_at = v;
+                }
+                PyErr_Clear();
+            }
+        }
+        if (func == self->live_func) {
+            PyObject *map = PyObject_GetAttr(PyMethod_GET_SELF(on_step), S_MAP);
+            Py_buffer view;
+            int done = 0;
+            if (map != NULL && PyObject_GetBuffer(map, &view, PyBUF_WRITABLE) == 0) {
+                if (self->live_at + 16 <= view.len) {
+                    int64_t c = count;
+                    memcpy((char *)view.buf + self->live_at, &c, 8);
+                    memcpy((char *)view.buf + self->live_at + 8, &now, 8);
+                    done = 1;
+                }
+                PyBuffer_Release(&view);
+            }
+            Py_XDECREF(map);
+            PyErr_Clear();
+            if (done) return 0;
+        }
+    }
+    PyObject *n = PyLong_FromLong(count), *when = PyFloat_FromDouble(now);
+    PyObject *res = NULL;
+    if (n != NULL && when != NULL) {
+        PyObject *args[2] = {n, when};
+        res = PyObject_Vectorcall(on_step, args, 2, NULL);
+    }
+    Py_XDECREF(n);
+    Py_XDECREF(when);
+    if (res == NULL) return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
 /* The step's end as StepMachine.optimizer_end and end_step make it in the common case. Returns
    0 when it is not that case, having changed nothing (the caller settles), 1 when done, -1 on an
    error. Every condition is checked before anything is changed. */
@@ -418,16 +474,8 @@ static int finish_step(Core *self, double now) {
         PyObject *next = PyLong_FromLong(index + 1);
         if (next == NULL) goto out;
         int e = PyDict_SetItem(f[F_COUNTS], S_OPTIMIZER, next);
-        if (e == 0 && on_step != Py_None) {
-            PyObject *when = PyFloat_FromDouble(now);
-            PyObject *args[2] = {next, when};
-            PyObject *res = when ? PyObject_Vectorcall(on_step, args, 2, NULL) : NULL;
-            Py_XDECREF(when);
-            if (res == NULL) e = -1;
-            Py_XDECREF(res);
-        }
         Py_DECREF(next);
-        if (e < 0) goto out;
+        if (e < 0 || step_ended(self, on_step, index + 1, now) < 0) goto out;
     }
     double gap = (first_work == Py_None ? times[EV_FB] : PyFloat_AS_DOUBLE(first_work)) - start;
     double data = gap > 0.0 ? gap : 0.0;
@@ -518,6 +566,7 @@ static int Core_traverse(Core *self, visitproc visit, void *arg) {
     for (int ev = 0; ev < EV_N; ev++) Py_VISIT(self->methods[ev]);
     Py_VISIT(self->not_profiled);
     Py_VISIT(self->native_tid);
+    Py_VISIT(self->live_func);
     return 0; /* (a subclass's instance visits its type in the subclass's own traverse) */
 }
 
@@ -526,6 +575,7 @@ static int Core_clear(Core *self) {
     for (int ev = 0; ev < EV_N; ev++) Py_CLEAR(self->methods[ev]);
     Py_CLEAR(self->not_profiled);
     Py_CLEAR(self->native_tid);
+    Py_CLEAR(self->live_func);
     return 0;
 }
 
@@ -599,6 +649,168 @@ static PyTypeObject PartsCoreType = {
     .tp_members = Parts_members,
 };
 
+
+/* ---- timed calls ---------------------------------------------------------------------------- */
+
+/* time.time(), as CPython computes it (the same double from the same clock reading) */
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    if (t % 1000000000 == 0) return (double)(t / 1000000000);
+    return (double)t / 1e9;
+}
+
+enum { TIMED_CALL, TIMED_STEP };
+
+/* A call timed as a part of the step: begin(now), the call, end(now) even when it raises — in
+   place of the Python frame hooks.py wraps it in (backward(), an optimizer's step), with the
+   arguments passed on as they came. An optimizer's step also tells the torch layer when another
+   optimizer instance steps (hooks.optimizer_switched), and a call with more than the optimizer
+   (a closure, maybe) goes to `fallback`, hooks.py's own timed step. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *inner, *begin, *end, *hooks, *machine, *fallback, *dict;
+    int kind;
+    vectorcallfunc vectorcall;
+} Timed;
+
+static PyObject *S_STEPPING, *S_OPTIMIZER_SWITCHED, *S_OPTIMIZER_DEPTH;
+
+static int mark(PyObject *call, double now) {
+    PyObject *t = PyFloat_FromDouble(now);
+    if (t == NULL) return -1;
+    PyObject *r = PyObject_Vectorcall(call, &t, 1, NULL);
+    Py_DECREF(t);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* a step by another optimizer instance than the one stepping, at top level: hooks.optimizer_switched */
+static int step_switch(Timed *self, PyObject *optimizer) {
+    PyObject *stepping = PyObject_GetAttr(self->hooks, S_STEPPING);
+    if (stepping == NULL) return -1;
+    Py_DECREF(stepping); /* (only its identity is compared) */
+    if (stepping == optimizer) return 0;
+    PyObject *depth;
+    if (PyObject_TypeCheck(self->machine, &CoreType)) {
+        depth = Py_NewRef(((Core *)self->machine)->f[F_OPTIMIZER_DEPTH]);
+    } else if ((depth = PyObject_GetAttr(self->machine, S_OPTIMIZER_DEPTH)) == NULL) {
+        return -1;
+    }
+    int nested = PyObject_IsTrue(depth);
+    Py_DECREF(depth);
+    if (nested) return nested < 0 ? -1 : 0;
+    PyObject *r = PyObject_CallMethodOneArg(self->hooks, S_OPTIMIZER_SWITCHED, optimizer);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+static PyObject *Timed_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Timed *self = (Timed *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (self->kind == TIMED_STEP) {
+        if (nargs != 1 || kwnames != NULL) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+        if (step_switch(self, args[0]) < 0) return NULL;
+    }
+    if (mark(self->begin, now_seconds()) < 0) return NULL;
+    PyObject *r = PyObject_Vectorcall(self->inner, args, nargsf, kwnames);
+    double end = now_seconds();
+    if (r == NULL) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (mark(self->end, end) < 0) {
+            _PyErr_ChainExceptions(type, value, tb);
+            return NULL;
+        }
+        PyErr_Restore(type, value, tb);
+        return NULL;
+    }
+    if (mark(self->end, end) < 0) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    return r;
+}
+
+static PyObject *Timed_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"inner", "begin", "end", "kind", "hooks", "machine", "fallback", NULL};
+    PyObject *inner, *begin, *end, *hooks = Py_None, *machine = Py_None, *fallback = Py_None;
+    int kind;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOi|OOO", kwlist, &inner, &begin, &end, &kind, &hooks, &machine,
+                                     &fallback))
+        return NULL;
+    if (kind != TIMED_CALL && (kind != TIMED_STEP || hooks == Py_None || machine == Py_None || fallback == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "Timed: a step needs hooks, machine and fallback");
+        return NULL;
+    }
+    Timed *self = (Timed *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->inner = Py_NewRef(inner);
+    self->begin = Py_NewRef(begin);
+    self->end = Py_NewRef(end);
+    self->hooks = Py_NewRef(hooks);
+    self->machine = Py_NewRef(machine);
+    self->fallback = Py_NewRef(fallback);
+    self->kind = kind;
+    self->vectorcall = Timed_vectorcall;
+    return (PyObject *)self;
+}
+
+static int Timed_traverse(Timed *self, visitproc visit, void *arg) {
+    Py_VISIT(self->inner);
+    Py_VISIT(self->begin);
+    Py_VISIT(self->end);
+    Py_VISIT(self->hooks);
+    Py_VISIT(self->machine);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int Timed_clear(Timed *self) {
+    Py_CLEAR(self->inner);
+    Py_CLEAR(self->begin);
+    Py_CLEAR(self->end);
+    Py_CLEAR(self->hooks);
+    Py_CLEAR(self->machine);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void Timed_dealloc(Timed *self) {
+    PyObject_GC_UnTrack(self);
+    Timed_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* set as a class's `step`, it binds as a function does */
+static PyObject *Timed_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static PyGetSetDef Timed_getset[] = {{"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+                                     {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject TimedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dlscope.observe.script._fastpath.Timed",
+    .tp_basicsize = sizeof(Timed),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "A call timed as a part of the step (see hooks.py).",
+    .tp_new = Timed_new,
+    .tp_dealloc = (destructor)Timed_dealloc,
+    .tp_traverse = (traverseproc)Timed_traverse,
+    .tp_clear = (inquiry)Timed_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Timed, vectorcall),
+    .tp_descr_get = Timed_get,
+    .tp_dictoffset = offsetof(Timed, dict),
+    .tp_getset = Timed_getset,
+};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath", "The step machine's common step in C.", -1,
                                     NULL};
 
@@ -615,17 +827,24 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
         Parts_members[i] = (PyMemberDef){(char *)PART_NAMES[i], T_OBJECT_EX,
                                          offsetof(PartsCore, f) + i * sizeof(PyObject *), 0, NULL};
     if ((S_OPTIMIZER = PyUnicode_InternFromString("optimizer")) == NULL ||
+        (S_PACKS_STEP_AT = PyUnicode_InternFromString("packs_step_at")) == NULL ||
+        (S_MAP = PyUnicode_InternFromString("map")) == NULL ||
         (S_GAP = PyUnicode_InternFromString("gap")) == NULL ||
         (S_STEPS_MAP = PyUnicode_InternFromString("steps_map")) == NULL ||
         (S_STEPS_POS = PyUnicode_InternFromString("steps_pos")) == NULL ||
         (S_STEPS_ROOM = PyUnicode_InternFromString("steps_room")) == NULL ||
-        (S_WRITE_STEP = PyUnicode_InternFromString("write_step")) == NULL)
+        (S_WRITE_STEP = PyUnicode_InternFromString("write_step")) == NULL ||
+        (S_STEPPING = PyUnicode_InternFromString("stepping")) == NULL ||
+        (S_OPTIMIZER_SWITCHED = PyUnicode_InternFromString("optimizer_switched")) == NULL ||
+        (S_OPTIMIZER_DEPTH = PyUnicode_InternFromString("optimizer_depth")) == NULL)
         return NULL;
-    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&PartsCoreType) < 0) return NULL;
+    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&PartsCoreType) < 0 || PyType_Ready(&TimedType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "StepCore", (PyObject *)&CoreType) < 0 ||
         PyModule_AddObjectRef(m, "StepPartsCore", (PyObject *)&PartsCoreType) < 0 ||
+        PyModule_AddObjectRef(m, "Timed", (PyObject *)&TimedType) < 0 ||
+        PyModule_AddIntConstant(m, "TIMED_CALL", TIMED_CALL) < 0 || PyModule_AddIntConstant(m, "TIMED_STEP", TIMED_STEP) < 0 ||
         PyModule_AddStringConstant(m, "ROW_FORMAT", ROW_FORMAT) < 0) {
         Py_DECREF(m);
         return NULL;

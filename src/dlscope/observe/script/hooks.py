@@ -40,7 +40,7 @@ from dlscope.observe.script import batches, calibrate, tracebacks, trial
 from dlscope.observe.script.after_import import AfterImport
 from dlscope.observe.script.attach import REQUEST_EVERY_S, take_request
 from dlscope.observe.script.records import RecordFile, clocks
-from dlscope.observe.script.stepmachine import StepMachine
+from dlscope.observe.script.stepmachine import StepMachine, _fastpath
 
 PROFILE_ENV = "DLSCOPE_RUN_PROFILE"  # "start_after:wait:warmup:active"; active 0 turns the profiler off
 PROFILE_BUDGET_S = 5.0  # active recording stops at the first step end past this (an LBFGS step can be huge)
@@ -502,6 +502,9 @@ class TorchHooks:
         parameters spelled out when they are torch's known ones: passed on through `*args,
         **kwargs`, the keyword `Tensor.backward` gives (`inputs=`) cost ~1,500 instructions a step."""
         machine, clock, trial = self.machine, time.time, self.trial
+        if trial is None and machine.fast:  # its frame in C: the arguments passed on as they come
+            timed = _fastpath.Timed(backward_, machine.backward_begin, machine.backward_end, _fastpath.TIMED_CALL)
+            return functools.update_wrapper(timed, backward_)
         if list(inspect.signature(backward_).parameters) != list(BACKWARD_PARAMETERS):
 
             @functools.wraps(backward_)
@@ -616,9 +619,14 @@ class TorchHooks:
             finally:
                 machine.optimizer_end(clock())
 
-        timed_step.dlscope_timed = True  # type: ignore[attr-defined]
+        timed: Any = timed_step
+        if machine.fast:  # its frame in C; a call with more than the optimizer goes to timed_step
+            steps = machine.optimizer_begin, machine.optimizer_end
+            timed = _fastpath.Timed(step, *steps, _fastpath.TIMED_STEP, hooks, machine, timed_step)
+            functools.update_wrapper(timed, step)
+        timed.dlscope_timed = True
         self.timed_optimizers[optimizer_class] = optimizer_class.__dict__.get("step")
-        optimizer_class.step = timed_step  # type: ignore[method-assign]
+        optimizer_class.step = timed  # type: ignore[method-assign]
 
     def time_scaler(self, scaler_class: type) -> None:
         """`GradScaler.step(optimizer)` timed as that optimizer's step: its unscale and inf/NaN
