@@ -277,6 +277,17 @@ def test_a_timed_call_passes_its_arguments_on_and_ends_its_part_when_it_raises()
     assert [kind for kind, _ in marks] == ["begin", "end", "begin", "end"]
     assert all(0 < marks[i][1] <= marks[i + 1][1] for i in range(3))
 
+    def end_fails(now: float) -> None:
+        raise RuntimeError("end failed")
+
+    def inner_fails() -> None:
+        raise ValueError("inner failed")
+
+    failing = stepmachine._fastpath.Timed(inner_fails, marks.append, end_fails, stepmachine._fastpath.TIMED_CALL)
+    with pytest.raises(RuntimeError, match="end failed") as raised:
+        failing()
+    assert isinstance(raised.value.__context__, ValueError)  # as a `finally` that raises chains it
+
 
 def test_a_timed_optimizer_step_binds_as_a_method_and_tells_a_switch_of_optimizer():
     """An optimizer's step: set on a class, it binds; a step of another instance than the one

@@ -72,7 +72,7 @@ typedef struct {
     int logged;                 /* events of the step logged so far (0: none; the next is EV_FB) */
     double times[EV_N];
     unsigned long thread;       /* the thread that logged them */
-    unsigned long tid_thread;   /* the thread whose id is `tid` (0: none cached) */
+    uint64_t tid_thread;        /* the thread state whose thread's id is `tid` (0: none cached) */
     long tid;
     long taken;                 /* steps finished here */
     PyObject *live_func;        /* hang.live.LiveStatus.step_ended, once an on_step bound to it is seen */
@@ -326,32 +326,30 @@ static int add_total(PyObject *totals, Py_ssize_t i, double *total, double spent
     return 0;
 }
 
-/* the calling thread's id, as the machine's thread_id gives it (cached per thread when it is
-   stepmachine.native_thread_id; a test's fake is asked each time) */
+/* the calling thread's id, as the machine's thread_id gives it: cached per thread state (whose
+   ids are never reused, as pthread idents are) when it is stepmachine.native_thread_id, dropped
+   at reset (a forked child's thread keeps its thread state); a test's fake is asked each time */
 static PyObject *thread_id(Core *self) {
     PyObject *call = self->f[F_THREAD_ID];
     if (call == NULL) {
         PyErr_SetString(PyExc_AttributeError, "thread_id");
         return NULL;
     }
-    if (call == self->native_tid) {
-        unsigned long ident = PyThread_get_thread_ident();
-        if (self->tid_thread != ident || self->tid_thread == 0) {
-            PyObject *t = PyObject_CallNoArgs(call);
-            long v;
-            int ok = get_long(t, &v);
-            if (ok <= 0) {
-                if (t != NULL && ok == 0) return t;
-                Py_XDECREF(t);
-                return NULL;
-            }
-            Py_DECREF(t);
-            self->tid_thread = ident;
-            self->tid = v;
+    if (call != self->native_tid) return PyObject_CallNoArgs(call);
+    uint64_t state = PyThreadState_Get()->id + 1; /* (+1: 0 is "none cached") */
+    if (self->tid_thread != state) {
+        PyObject *t = PyObject_CallNoArgs(call);
+        long v;
+        int ok = get_long(t, &v);
+        if (ok != 1) { /* not an int: the Python machine's business */
+            if (ok < 0) Py_CLEAR(t);
+            return t;
         }
-        return PyLong_FromLong(self->tid);
+        Py_DECREF(t);
+        self->tid_thread = state;
+        self->tid = v;
     }
-    return PyObject_CallNoArgs(call);
+    return PyLong_FromLong(self->tid);
 }
 
 /* on_step(count, now); for a live status file's step_ended (a method marked `packs_step_at`),
@@ -677,6 +675,19 @@ typedef struct {
 
 static PyObject *S_STEPPING, *S_OPTIMIZER_SWITCHED, *S_OPTIMIZER_DEPTH;
 
+/* the error set now, raised from the one fetched before (its __context__), as a `finally` does */
+static void chain(PyObject *type, PyObject *value, PyObject *tb) {
+    PyObject *type2, *value2, *tb2;
+    PyErr_Fetch(&type2, &value2, &tb2);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyErr_NormalizeException(&type2, &value2, &tb2);
+    if (tb != NULL) PyException_SetTraceback(value, tb);
+    PyException_SetContext(value2, value); /* steals value */
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    PyErr_Restore(type2, value2, tb2);
+}
+
 static int mark(PyObject *call, double now) {
     PyObject *t = PyFloat_FromDouble(now);
     if (t == NULL) return -1;
@@ -721,7 +732,7 @@ static PyObject *Timed_vectorcall(PyObject *callable, PyObject *const *args, siz
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         if (mark(self->end, end) < 0) {
-            _PyErr_ChainExceptions(type, value, tb);
+            chain(type, value, tb);
             return NULL;
         }
         PyErr_Restore(type, value, tb);

@@ -220,9 +220,9 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
                 setattr(self, name, getattr(self, f"fast_{name}"))
 
     def reset(self, profiler: StepProfiler) -> None:
-        if self.unsettled:
+        if _fastpath is not None:  # what the C path holds: a step's events, this thread's id
             self.drop_logged()
-            self.unsettled = False
+        self.unsettled = False
         self.profiler = profiler
         self.steps: dict[str, StepParts | None] = {"optimizer": None, "backward": None}
         self.live: list[StepParts] = []  # the steps above that are not None: the hot path's loops
