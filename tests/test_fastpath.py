@@ -102,6 +102,7 @@ EVENTS = st.one_of(
     st.just(("step",)),  # the common step, whole: forward, backward, optimizer
     st.just(("step",)),
     st.just(("step",)),
+    st.just(("no_forward_step",)),  # a loss computed without a module: backward and optimizer only
     st.tuples(st.just("loader_next"), st.sampled_from(["a", "b", None])),
     st.just(("loader_waited",)),
     st.tuples(st.just("forward_begin"), st.booleans(), st.booleans()),  # training, by keyword
@@ -130,9 +131,10 @@ def play(run: Run, events: list[tuple], dt: float) -> None:
 
     for event in events:
         kind = event[0]
-        if kind == "step":
-            m.forward_begin(tick(), True)
-            m.forward_end(tick())
+        if kind in ("step", "no_forward_step"):
+            if kind == "step":
+                m.forward_begin(tick(), True)
+                m.forward_end(tick())
             m.backward_begin(tick())
             m.backward_end(tick())
             m.optimizer_begin(tick())
@@ -193,6 +195,8 @@ def test_the_common_step_is_taken_in_c_and_a_step_with_more_is_not():
     assert 190 <= taken < 200  # the first steps, and those with memory or the profiler due, are Python's
     play(run, [("loader_next", "a"), ("step",)] * 20, 1e-5)  # a batch drawn: its data is the loader's
     assert run.machine.fast_taken == taken
+    play(run, [("no_forward_step",)] * 50, 1e-5)
+    assert run.machine.fast_taken >= taken + 45
 
 
 def test_a_nested_optimizer_step_reads_the_depth_the_python_machine_would_have(tmp_path):

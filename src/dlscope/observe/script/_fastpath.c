@@ -1,7 +1,8 @@
 /* The step machine's common step in C: dlscope's always-on cost per training step.
 
-   A step of the loop most jobs run once they are going — one training forward, one backward(),
-   one optimizer step, nothing else between two step ends — reaches StepMachine
+   A step of the loop most jobs run once they are going — one training forward (or none: a loss
+   computed without a module), one backward(), one optimizer step, nothing else between two step
+   ends — reaches StepMachine
    (stepmachine.py) as six events. In Python their bookkeeping, the row and the live file cost
    ~20,000 instructions a step: more than half of dlscope's cost on a tiny step. Here they are
    taken in C: while the machine stands as a step end leaves it, each event is logged (its time);
@@ -69,7 +70,8 @@ typedef struct {
     PyObject *not_profiled;     /* stepmachine.NOT_PROFILED */
     PyObject *native_tid;       /* stepmachine.native_thread_id: the thread id cached per thread here */
     int direct_rows;            /* the sink's rows may be packed into its mapped window here */
-    int logged;                 /* events of the step logged so far (0: none; the next is EV_FB) */
+    int logged;                 /* the event logged next (0: none logged yet) */
+    int first;                  /* the step's first event logged: its forward, or its backward (none) */
     double times[EV_N];
     unsigned long thread;       /* the thread that logged them */
     uint64_t tid_thread;        /* the thread state whose thread's id is `tid` (0: none cached) */
@@ -121,7 +123,7 @@ static int settle(Core *self) {
     self->logged = 0;
     if (set_field(&self->f[F_UNSETTLED], Py_NewRef(Py_False)) < 0) return -1;
     if (n > EV_OB && set_long(&self->f[F_OPTIMIZER_DEPTH], 0) < 0) return -1; /* set at its begin, below */
-    for (int ev = 0; ev < n; ev++) {
+    for (int ev = self->first; ev < n; ev++) {
         PyObject *r = call_event(self, ev, self->times[ev], ev == EV_FB);
         if (r == NULL) return -1;
         Py_DECREF(r);
@@ -173,17 +175,25 @@ static int parse_event(PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
     return 1;
 }
 
-static PyObject *fast_forward_begin(Core *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+/* the step's first event, logged: a training forward, or a backward() with no forward before it
+   (a loss computed without a module: a hand-written model, a functional update) */
+static PyObject *first_event(Core *self, int ev, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                             const char *flag_name) {
     double now;
-    PyObject *training;
-    if (self->logged || !parse_event(args, nargs, kwnames, "training", &now, &training) || training != Py_True ||
-        !at_step_end(self))
-        return pass_on(self, EV_FB, args, nargs, kwnames);
+    PyObject *flag;
+    if (self->logged || !parse_event(args, nargs, kwnames, flag_name, &now, &flag) ||
+        (flag_name != NULL && flag != Py_True) || !at_step_end(self))
+        return pass_on(self, ev, args, nargs, kwnames);
     if (set_field(&self->f[F_UNSETTLED], Py_NewRef(Py_True)) < 0) return NULL;
-    self->times[EV_FB] = now;
+    self->times[ev] = now;
     self->thread = PyThread_get_thread_ident();
-    self->logged = 1;
+    self->first = ev;
+    self->logged = ev + 1;
     Py_RETURN_NONE;
+}
+
+static PyObject *fast_forward_begin(Core *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return first_event(self, EV_FB, args, nargs, kwnames, "training");
 }
 
 /* an event logged when it comes next, in the step's thread, with a float time (and no more) */
@@ -205,6 +215,7 @@ static PyObject *fast_forward_end(Core *self, PyObject *const *a, Py_ssize_t n, 
     return next_event(self, EV_FE, a, n, k, NULL);
 }
 static PyObject *fast_backward_begin(Core *self, PyObject *const *a, Py_ssize_t n, PyObject *k) {
+    if (!self->logged) return first_event(self, EV_BB, a, n, k, NULL);
     return next_event(self, EV_BB, a, n, k, NULL);
 }
 static PyObject *fast_backward_end(Core *self, PyObject *const *a, Py_ssize_t n, PyObject *k) {
@@ -457,10 +468,12 @@ static int finish_step(Core *self, double now) {
     /* the step is ours: the Python machine's changes, in its order. forward_begin: forwards + 1
        (its first work: the gap below); forward_end; backward_end (no forward with no grad since
        counts towards an evaluation; `row` is 0 already: a batch drawn ends the standing above) */
-    forwards += 1;
+    if (self->first == EV_FB) {
+        forwards += 1;
+        if (add_total(totals, 1, &tot[1], times[EV_FE] - times[EV_FB]) < 0) goto out;
+    }
     backwards += 1;
-    if (add_total(totals, 1, &tot[1], times[EV_FE] - times[EV_FB]) < 0 ||
-        add_total(totals, 2, &tot[2], times[EV_BE] - times[EV_BB]) < 0 || set_long(&f[F_FORWARDS], forwards) < 0 ||
+    if (add_total(totals, 2, &tot[2], times[EV_BE] - times[EV_BB]) < 0 || set_long(&f[F_FORWARDS], forwards) < 0 ||
         set_long(&f[F_BACKWARDS], backwards) < 0 || set_long(&f[F_QUIET_FORWARDS], 0) < 0)
         goto out;
     /* optimizer_end (the part it closes leaves `since` where the optimizer began) */
@@ -475,7 +488,7 @@ static int finish_step(Core *self, double now) {
         Py_DECREF(next);
         if (e < 0 || step_ended(self, on_step, index + 1, now) < 0) goto out;
     }
-    double gap = (first_work == Py_None ? times[EV_FB] : PyFloat_AS_DOUBLE(first_work)) - start;
+    double gap = (first_work == Py_None ? times[self->first] : PyFloat_AS_DOUBLE(first_work)) - start;
     double data = gap > 0.0 ? gap : 0.0;
     double forward = tot[1] - step_tot[1], backward = tot[2] - step_tot[2], optimizer = tot[3] - step_tot[3];
     long row_backwards = backwards - step_backwards, row_forwards = forwards - step_forwards;
