@@ -12,6 +12,8 @@ module's forward and a tiny backward + optimizer step, timed in bursts, bare and
 With --tiny-steps N (issue 23's Done-when: 200,000): a tiny loop (Linear 16→4, batch 32, SGD,
 1 thread) bare and under `dlscope run --profile-steps 0`, in interleaved pairs; each run times its
 own loop, so (observed − bare) / N is the always-on cost per step.
+With --hook-pairs N: the hooks installed and removed between bursts of the same tiny loop in one
+process, N pairs (DLSCOPE_FASTPATH=0 in the environment: the Python step machine).
 With --instructions N: machine instructions per tiny step under valgrind's callgrind, bare and
 through the hooks (and --baseline's): counts, which a loaded machine does not blur.
 With --long-steps N (1,000,000): one `dlscope run` of N minimal steps (an optimizer step on one
@@ -35,7 +37,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "mnist_basic.py"
 STEP_TIMER = f"""
@@ -198,18 +202,9 @@ def tiny_steps(steps: int, pairs: int, baseline: Path | None) -> None:
         print(f"{arm}: calibrated in the process, median {median(calibrated[arm])} µs/step")
 
 
-def count_ops(steps: int = 50) -> None:
-    """What a tiny step executes in Python, bare and through the hooks (a scratch observer, as the
-    calibration drives it): bytecodes and calls per step, dlscope's and torch's apart, and
-    dlscope's by function. Counts, not times: the same on a loaded machine as on an idle one."""
-    import collections
-    import tempfile
-
+def tiny_loop() -> tuple[Any, Any, Callable[[], None]]:
+    """(torch, the optimizer, one tiny step): Linear 16→4, batch 32, SGD, 1 thread."""
     import torch
-
-    from dlscope.observe.hang.live import LiveStatus
-    from dlscope.observe.script.hooks import TorchHooks
-    from dlscope.observe.script.records import RecordFile
 
     torch.set_num_threads(1)
     model, x = torch.nn.Linear(16, 4), torch.randn(32, 16)
@@ -219,6 +214,60 @@ def count_ops(steps: int = 50) -> None:
         optimizer.zero_grad()
         model(x).sum().backward()
         optimizer.step()
+
+    return torch, optimizer, step
+
+
+def hook_pairs(rounds: int, burst: int = 200) -> None:
+    """The hooks' cost per tiny step in this process: the hooks installed and removed between
+    bursts of the same loop (a real SGD), `rounds` pairs, the thread's CPU time, the median of
+    the pairs' differences. Run it with DLSCOPE_FASTPATH=0 in the environment for the Python machine."""
+    from dlscope.observe.hang.live import LiveStatus
+    from dlscope.observe.script.hooks import TorchHooks
+    from dlscope.observe.script.records import RecordFile
+
+    torch, optimizer, step = tiny_loop()
+
+    def cpu_us() -> float:
+        start = time.thread_time()
+        for _ in range(burst):
+            step()
+        return (time.thread_time() - start) / burst * 1e6
+
+    with tempfile.TemporaryDirectory() as scratch:
+        hooks = TorchHooks(RecordFile(scratch), (1, 0, 0, 0))
+        hooks.torch, hooks.is_compiling = torch, torch.compiler.is_compiling
+        hooks.machine.on_step = LiveStatus(scratch, None).step_ended
+        for _ in range(burst):
+            step()
+        differences = []
+        for _ in range(rounds):
+            bare = cpu_us()
+            remove = hooks.step_hooks(torch)
+            hooks.time_optimizer(type(optimizer))
+            step()  # the module called at top level found, as a job's first step does
+            differences.append(cpu_us() - bare)
+            remove()
+        taken = hooks.machine.fast_taken if hooks.machine.fast else 0
+    print(
+        f"hooks' cost per tiny step in the process ({'C path' if taken else 'Python machine'}): "
+        f"{statistics.median(differences):.1f} µs (median of {rounds} pairs of {burst}-step bursts; "
+        f"{taken} steps taken in C)"
+    )
+
+
+def count_ops(steps: int = 50) -> None:
+    """What a tiny step executes in Python, bare and through the hooks (a scratch observer, as the
+    calibration drives it): bytecodes and calls per step, dlscope's and torch's apart, and
+    dlscope's by function. Counts, not times: the same on a loaded machine as on an idle one."""
+    import collections
+    import tempfile
+
+    from dlscope.observe.hang.live import LiveStatus
+    from dlscope.observe.script.hooks import TorchHooks
+    from dlscope.observe.script.records import RecordFile
+
+    torch, optimizer, step = tiny_loop()
 
     ops: collections.Counter = collections.Counter()
     calls: collections.Counter = collections.Counter()
@@ -370,6 +419,7 @@ def main() -> None:
     parser.add_argument("--skip-script", action="store_true", help="only the hooks' cost per step")
     parser.add_argument("--tiny-steps", type=int, default=0, help="tiny steps per run of the interleaved pairs")
     parser.add_argument("--pairs", type=int, default=3, help="interleaved rounds of --tiny-steps runs")
+    parser.add_argument("--hook-pairs", type=int, default=0, help="in-process pairs of bursts, hooks off and on")
     parser.add_argument("--baseline", type=Path, help="another checkout: its `dlscope run` in each round too")
     parser.add_argument("--ops", action="store_true", help="bytecodes and calls per tiny step (counts, not times)")
     parser.add_argument(
@@ -377,8 +427,12 @@ def main() -> None:
     )
     parser.add_argument("--long-steps", type=int, default=0, help="steps of the long run (size, RSS, report time)")
     args = parser.parse_args()
+    if args.ops and args.hook_pairs:  # both time the same classes in this process: one or the other
+        parser.error("--hook-pairs runs without --ops")
     if args.ops:
         count_ops()
+    if args.hook_pairs:
+        hook_pairs(args.hook_pairs)
     if args.instructions:
         count_instructions(args.instructions, args.baseline)
     if args.tiny_steps:
