@@ -52,6 +52,10 @@ see it), and the step they were counted in gets back what it had before them. En
 backward() instead (a loss summed over several batches before one backward, the next epoch's
 training on the same dataset object), they stay the step's.
 
+The common step (a training forward or none, a backward(), an optimizer step, nothing between
+two step ends) is taken in C where the extension is built (_fastpath.c): it finishes such a step
+as end_step would, and replays its events into these methods whenever a step is anything else.
+
 Parts never overlap: an interval opened inside another (a closure's forward and backward inside
 `optimizer.step`, an activation-checkpoint recompute's forward inside backward) is that inner
 part's time and is taken out of the outer one. So data + forward + backward + optimizer ≤ the
@@ -206,9 +210,6 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         self.memory = memory
         self.marker = marker  # (mark_begin, mark_end): phase markers the I/O tracers see
         self.thread_id = thread_id
-        # the C path holds events of a step not yet replayed here: every other call into the
-        # machine replays them first (`if self.unsettled: self.settle()`)
-        self.unsettled = False
         self.reset(profiler or NoProfiler())
         # the common step taken in C: its six events shadowed on this instance by the C base's; the
         # class's methods stay the definition, replayed into whenever a step is anything else
@@ -222,6 +223,8 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
     def reset(self, profiler: StepProfiler) -> None:
         if _fastpath is not None:  # what the C path holds: a step's events, this thread's id
             self.drop_logged()
+        # the C path holds events of a step not yet replayed here: every other call into the
+        # machine replays them first (`if self.unsettled: self.settle()`)
         self.unsettled = False
         self.profiler = profiler
         self.steps: dict[str, StepParts | None] = {"optimizer": None, "backward": None}
