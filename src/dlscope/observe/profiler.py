@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,12 +43,19 @@ class ProfileResult:
 NATIVE_NOISE = ("USDT:", "profiler results will not include", "Memory block of unknown size")
 
 
+# torch ≥ 2.11 warns once a process when a profiler with a schedule is prepared (torch/profiler/profiler.py)
+PROFILER_CYCLE_WARNING = "Warning: Profiler clears events"
+
+
 @contextlib.contextmanager
 def quiet_native_stderr(drop: tuple[str, ...] = NATIVE_NOISE) -> Iterator[None]:
-    """Hide the profiler's C++ chatter (USDT markers, allocator notes); pass other lines on."""
+    """Hide the profiler's C++ chatter (USDT markers, allocator notes) and its one Python warning
+    about schedules (it clears its events after each cycle: every schedule here has one); pass
+    other lines on."""
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
+    with tempfile.TemporaryFile() as captured, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PROFILER_CYCLE_WARNING)
         os.dup2(captured.fileno(), 2)
         try:
             yield

@@ -19,4 +19,6 @@ def run(ctx: Context) -> dict[str, Any]:
     return observe_command(ctx.run, ctx.steps.script, ctx.say)
 
 
-STEP = Step("run", run, also=("steps", "anatomy", "top10", "phases", "distributed", "iotrace", "hang", "batches"))
+STEP = Step(
+    "run", run, also=("steps", "anatomy", "gpu", "top10", "phases", "distributed", "iotrace", "hang", "batches")
+)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dlscope.observe.script import steptable
+from dlscope.observe.script import gpuanalysis, steptable
 from dlscope.observe.script.records import StepFile, read_records, step_files
 from dlscope.observe.script.stepmachine import PHASE_RECORDS
 
@@ -115,14 +115,21 @@ def classify(input_pct: float) -> str:
 
 
 def anatomy_section(
-    section: dict[str, Any], summary: dict[str, Any] | None, own_us: float | None, batches_elsewhere: int = 0
+    section: dict[str, Any],
+    summary: dict[str, Any] | None,
+    own_us: float | None,
+    batches_elsewhere: int = 0,
+    gpu: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Mean step anatomy over the steady steps: not the first (start-up, first batch), not the
     profiler's warm-up and active steps (their recording cost is reported with the top-10).
     dlscope's own calibrated cost per step (`own_us`) is taken out of the step and out of
     "other" before any share is computed. The verdict is facts: a key, a level, its numbers.
     `batches_elsewhere`: DataLoader batches the process drew in a thread other than the steps'
-    (a prefetching thread): no wait of the loop's, never its data."""
+    (a prefetching thread): no wait of the loop's, never its data.
+    `gpu`: the GPU clock's anatomy (gpuanalysis.anatomy) of a script that trains on CUDA: its
+    shares are the anatomy's (the host's clock puts the GPU's time wherever the script next
+    waits for it), the host's kept beside them (`host_percent`)."""
     if summary is None or not summary["count"]:
         return {"steps_used": 0, "verdict": {"key": "no_steps"}}
     used, sums = "steady", summary["steady"]
@@ -135,8 +142,14 @@ def anatomy_section(
     mean_s["other"] = max(mean_s["other"] - own_s, 0.0)
     observed_s = step_s - own_s
     pct = {p: 100.0 * v / observed_s if observed_s > 0 else 0.0 for p, v in mean_s.items()}
-    numbers = {"step_ms": round(step_s * 1e3, 3), "steps": count}
-    if summary["loader_steps"]:
+    host_pct, clock, loader = pct, "host", bool(summary["loader_steps"])
+    if gpu and gpu.get("steps_used"):
+        clock, count, loader = "gpu", gpu["steps_used"], gpu["data_source"] == "loader"
+        step_s = gpu["step_ms"] / 1e3
+        mean_s = {p: v / 1e3 for p, v in gpu["mean_ms"].items()}
+        pct = dict(gpu["percent"])
+    numbers = {"step_ms": round(step_s * 1e3, 3), "steps": count, "clock": clock}
+    if loader:
         level = classify(pct["data"])
         verdict = {
             "key": "input_bound",
@@ -160,11 +173,13 @@ def anatomy_section(
     return {
         "steps_used": count,
         "used": used,
+        "clock": clock,
         "mean_ms": {p: round(v * 1e3, 4) for p, v in mean_s.items()},
         "step_ms": round(step_s * 1e3, 4),
         "dlscope_us_per_step": own_us,
         "percent": {p: round(v, 2) for p, v in pct.items()},
-        "data_source": "loader" if summary["loader_steps"] else "none",
+        **({"host_percent": {p: round(v, 2) for p, v in host_pct.items()}} if clock == "gpu" else {}),
+        "data_source": "loader" if loader else "none",
         "verdict": verdict,
         "peak_rss_bytes": summary["peak_rss_bytes"],
         "peak_cuda_bytes": summary["peak_cuda_bytes"],
@@ -395,17 +410,31 @@ def own_cost_us(records: list[dict[str, Any]]) -> float | None:
     return found["per_step_us"] if found else None
 
 
+def unsteady_steps(table: np.ndarray, codes: dict[str, list[str | None]]) -> np.ndarray:
+    """The indices of the steps the anatomy leaves out (steptable.steady_steps)."""
+    steady = steptable.steady_steps(table, np.arange(len(table)), codes)
+    return np.asarray(table["i"])[~steady]
+
+
+def gpu_clock(gpu: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The GPU clock's anatomy, unless it failed part-way (the host's clock is then the anatomy's)."""
+    return gpu["anatomy"] if gpu is not None and not gpu.get("error") else None
+
+
 def sections(observed: Observed, origin: float, sort_by: str = "self_cpu") -> dict[str, dict[str, Any]]:
     main = main_process(observed)
-    summary = None
+    summary = gpu = None
     if main is not None:
-        summary = steptable.summarise(observed.stream(main)[1], origin, observed.steps[main].codes)
+        table, codes = observed.stream(main)[1], observed.steps[main].codes
+        summary = steptable.summarise(table, origin, codes)
+        gpu = gpuanalysis.gpu_section(observed.records.get(main, []), unsteady_steps(table, codes))
     steps = steps_section(observed, main, summary)
     own = own_cost_us(observed.records.get(main, [])) if main is not None else None
-    return {
+    main_records = observed.records.get(main, [])
+    found = {
         "run": run_section(observed.records, main, steps["count"]),
         "steps": steps,
-        "anatomy": anatomy_section(steps, summary, own, batches_elsewhere(observed.records.get(main, []))),
+        "anatomy": anatomy_section(steps, summary, own, batches_elsewhere(main_records), gpu_clock(gpu)),
         "top10": top10_section(
             observed.records,
             steps,
@@ -415,3 +444,6 @@ def sections(observed: Observed, origin: float, sort_by: str = "self_cpu") -> di
         ),
         "phases": phases_section(observed, origin, steps["count"]),
     }
+    if gpu is not None:
+        found["gpu"] = gpu
+    return found

@@ -36,7 +36,7 @@ from typing import Any
 
 from dlscope import phases
 from dlscope.observe.hang import agent as hang
-from dlscope.observe.script import batches, calibrate, tracebacks, trial
+from dlscope.observe.script import batches, calibrate, gpuclock, tracebacks, trial
 from dlscope.observe.script.after_import import AfterImport
 from dlscope.observe.script.attach import REQUEST_EVERY_S, take_request
 from dlscope.observe.script.records import RecordFile, clocks
@@ -74,6 +74,7 @@ class LateProfiler:
         self.delivered = 0  # windows written so far (names their trace files)
         self.next_check = 0.0  # when to look for a request next
         self.done = False  # True: no window will start any more (a forked child)
+        self.memory_history = False  # torch's CUDA memory history records during the window
         self.idle_until = float("-inf")  # the step machine asks again from then on (StepProfiler)
 
     def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
@@ -129,8 +130,10 @@ class LateProfiler:
 
         self.window, self.window_start, self.idle_until = window, None, float("-inf")
         activities = [ProfilerActivity.CPU]
+        self.memory_history = False
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             activities.append(ProfilerActivity.CUDA)
+            self.memory_history = gpuclock.memory_history_start(torch)
         self.prof = profile(
             activities=activities,
             schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
@@ -151,6 +154,7 @@ class LateProfiler:
         self.done, self.idle_until = True, float("inf")
 
     def _ready(self, prof: Any) -> None:
+        import torch
         from torch.autograd import DeviceType
 
         start = time.perf_counter()
@@ -185,6 +189,10 @@ class LateProfiler:
                 "ts": time.time(),
             }
         )
+        if self.memory_history:  # the window's allocations: a snapshot file and its top sites
+            self.memory_history = False
+            snapshot = os.path.join(directory, f"memory-{pid}-{self.delivered + 1}.pickle")
+            self.records.write({"k": "gpu_memory", **gpuclock.memory_history_stop(torch, snapshot)})
         self.delivered += 1
         self.window["delivered"] = True
 
@@ -214,6 +222,7 @@ class TorchHooks:
         self.untimed_roots = False  # a top-level module with a call of its own: discovery never ends
         self.batches: batches.BatchRecorder | None = None  # the batch x-ray, once torch is attached
         self.trial: Any = None  # a `dlscope doctor` trial's change and stop (observe/script/trial.py)
+        self.gpu: gpuclock.GpuClock | None = None  # the steps on the GPU's clock, where CUDA is available
         # the optimizer classes whose `step` is timed (`time_optimizer`), and GradScaler
         # (`time_scaler`): their own `step` (or None)
         self.timed_optimizers: dict[type, Callable | None] = {}
@@ -262,6 +271,8 @@ class TorchHooks:
         """A forked child (a DataLoader worker, or a process training too: hogwild, A3C): its own
         records, its own steps, no profiler."""
         self.records.reopen()
+        if self.gpu is not None:
+            self.gpu.after_fork()
         self.machine.reset(self.new_profiler())
         self.machine.profiler.done = True
         self.forward_depth = self.train_depth = 0
@@ -276,6 +287,8 @@ class TorchHooks:
 
     def finish(self) -> None:
         try:
+            if self.gpu is not None:
+                self.gpu.finish()
             self._stepping_ends()
             if self.optimizers_stepped:
                 stepped, returns = self.optimizers_stepped, self.optimizers_returned
@@ -298,6 +311,8 @@ class TorchHooks:
 
     def _loader_next(self, next_: Callable, iterator: Any) -> Any:
         drawn = False
+        if self.gpu is not None:
+            self.gpu.mark_start()
         start = time.time()
         try:
             batch = next_(iterator)
@@ -314,6 +329,8 @@ class TorchHooks:
 
     def loader_iter(self, iter_: Callable, loader: Any) -> Any:
         """`DataLoader.__iter__`: a new pass, its workers started (or a persistent worker's reset)."""
+        if self.gpu is not None:
+            self.gpu.mark_start()
         start = time.time()
         try:
             return iter_(loader)
@@ -740,6 +757,8 @@ class TorchHooks:
         cuda = None
         if self.torch is not None and self.torch.cuda.is_available() and self.torch.cuda.is_initialized():
             cuda = int(self.torch.cuda.max_memory_allocated())
+            if self.gpu is not None:  # the reset below clears the reserved peak too
+                self.gpu.reserved_peak = max(self.gpu.reserved_peak, int(self.torch.cuda.max_memory_reserved()))
             self.torch.cuda.reset_peak_memory_stats()
         return rss, cuda
 
@@ -808,6 +827,10 @@ class TorchHooks:
         self.is_compiling = torch.compiler.is_compiling
         # the live status file's step counter, bound now: the agent (installed before) has bound it
         self.machine.on_step = hang.step_ended if self.trial is None else self._step_ended
+        if torch.cuda.is_available() and os.environ.get(gpuclock.GPU_ENV) != "0":
+            # the GPU's clock needs every event in Python (the C fast path takes them in C)
+            self.machine.python_only()
+            self.gpu = gpuclock.GpuClock(torch, self.machine, self.records)
         self.step_hooks(torch)
         torch.optim.Optimizer.__init__ = _wrap(torch.optim.Optimizer.__init__, self.optimizer_init)
         torch.optim.Optimizer.__setstate__ = _wrap(torch.optim.Optimizer.__setstate__, self.optimizer_unpickled)

@@ -164,6 +164,10 @@ def record_sections(
         found["top10"]["trace"] = run.rel(found["top10"]["trace"])
     for window in found["top10"]["windows"]:
         window["trace"] = run.rel(window["trace"])
+    for window in found.get("gpu", {}).get("memory", []):
+        window["snapshot"] = run.rel(window["snapshot"])
+    for window in found.get("gpu", {}).get("profiled", []):
+        window["trace"] = run.rel(window["trace"])
     batches = None
     if flow is not None:
         batches = batchflow.section(flow, main_steps, run.path / "batches.csv", iotrace is not None)
@@ -171,8 +175,9 @@ def record_sections(
         if verdict.get("key") == "input_bound" and batches["keeping_ahead"]:
             # the wait for batches the workers had built already is not their building
             verdict["batches_ready_pct"] = batches["keeping_ahead"]["ready_pct"]
-    for name in ("steps", "anatomy", "top10", "phases"):
-        run.record(name, found[name])
+    for name in ("steps", "anatomy", "top10", "phases", "gpu"):
+        if name in found:
+            run.record(name, found[name])
     ranked = rank_traces(records)
     if ranked:
         run.record("distributed", distributed_section(ranked, run))

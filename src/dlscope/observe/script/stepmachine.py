@@ -220,6 +220,16 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
             for name in FAST_EVENTS:
                 setattr(self, name, getattr(self, f"fast_{name}"))
 
+    def python_only(self) -> None:
+        """Every event through this class's methods from now on (the C path's events replayed
+        first): an observer that taps them (gpuclock.py) sees them all."""
+        if self.fast:
+            if self.unsettled:
+                self.settle()
+            self.fast = False
+            for name in FAST_EVENTS:
+                delattr(self, name)
+
     def reset(self, profiler: StepProfiler) -> None:
         if _fastpath is not None:  # what the C path holds: a step's events, this thread's id
             self.drop_logged()

@@ -24,7 +24,10 @@ PART_NAMES = {
 
 def verdict(v: dict[str, Any]) -> tuple[str, str]:
     """The finding for the analysis's verdict facts: its level and its sentence, numbers shown."""
-    over = f"{v['step_ms']:.3g} ms mean step over {v['steps']} steps, dlscope's own cost taken out"
+    if v.get("clock") == "gpu":
+        over = f"{v['step_ms']:.3g} ms mean step over {v['steps']} steps, on the GPU's clock"
+    else:
+        over = f"{v['step_ms']:.3g} ms mean step over {v['steps']} steps, dlscope's own cost taken out"
     if v["key"] == "input_bound":
         t = v["thresholds_pct"]
         level = v["level"]
@@ -77,6 +80,9 @@ def render(section: dict[str, Any]) -> list[Block]:
     loader = section["data_source"] == "loader"
     parts = [p for p in PARTS if p not in ("data", "gap") or section["mean_ms"][p] or (p == "data" and loader)]
     rows = [[PART_NAMES[p], section["mean_ms"][p], section["percent"][p]] for p in parts]
+    on_gpu = section.get("clock") == "gpu"
+    if on_gpu:  # the host's shares beside: where the host's clock put the GPU's time
+        rows = [[*row, section["host_percent"].get(p, 0.0)] for row, p in zip(rows, parts, strict=True)]
     used = {
         "steady": "the steady steps (not the first, not the profiler's warm-up and active ones)",
         "all": "all steps (too few to leave out the first and the profiled ones)",
@@ -91,6 +97,18 @@ def render(section: dict[str, Any]) -> list[Block]:
     memory = f"Peak RSS in a step: {mebibytes(section['peak_rss_bytes'])} MB."
     if section.get("peak_cuda_bytes") is not None:
         memory += f" Peak CUDA memory: {mebibytes(section['peak_cuda_bytes'])} MB."
+    if on_gpu:
+        cost = (
+            "The script trains on CUDA, so the parts are timed on the GPU's clock: a CUDA event recorded at each "
+            "point the host's clock is read, each step's read once its events completed (no synchronisation "
+            "inside a step). On the host's clock (last column) a part's kernels are only queued; their time "
+            "lands wherever the script next waits for the GPU (a .item(), a copy, a full launch queue). See GPU."
+        )
+        return [
+            Findings([verdict(section["verdict"])]),
+            Table(["part", "GPU ms", "% of step", "host %"], rows, f"Mean step anatomy over {used}"),
+            Para(f"{cost} {memory}"),
+        ]
     return [
         Findings([verdict(section["verdict"])]),
         Table(["part", "mean ms", "% of step"], rows, f"Mean step anatomy over {used}"),
