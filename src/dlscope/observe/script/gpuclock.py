@@ -372,12 +372,15 @@ def memory_history_start(torch: Any) -> bool:
 
 def memory_history_stop(torch: Any, path: str) -> dict[str, Any]:
     """The snapshot of the window, written to `path` (pickle: pytorch.org/memory_viz opens it),
-    and its top allocation sites."""
-    snapshot = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    with open(path, "wb") as f:
-        pickle.dump(snapshot, f)
-    return {"snapshot": path, "sites": memory_sites(snapshot)}
+    and its top allocation sites; an error is said instead (the profiler's window is kept)."""
+    try:
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        with open(path, "wb") as f:
+            pickle.dump(snapshot, f)
+        return {"snapshot": path, "sites": memory_sites(snapshot)}
+    except Exception as error:
+        return {"snapshot": None, "sites": [], "error": f"{type(error).__name__}: {error}"}
 
 
 def memory_sites(snapshot: dict[str, Any], top: int = MEMORY_SITES) -> list[dict[str, Any]]:
