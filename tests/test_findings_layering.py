@@ -18,6 +18,9 @@ LAYERS = ("steps", "observe", "experiments", "measure", "data", "ckpt")
 EXEMPT = {
     # fragments of torch's own stderr lines, matched to drop them, never shown
     ("observe/profiler.py", "NATIVE_NOISE"),
+    # torch's own warnings, matched to drop one (the profiler's) and to count the other (a sync)
+    ("observe/profiler.py", "PROFILER_CYCLE_WARNING"),
+    ("observe/script/gpuclock.py", "SYNC_MESSAGE"),
     # why a tracing backend cannot run here: an error message, raised as BackendUnavailable
     ("observe/iotrace/ebpf.py", "available"),
     ("observe/iotrace/strace.py", "available"),

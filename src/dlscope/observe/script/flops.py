@@ -166,8 +166,9 @@ def mfu(flops_by_dtype: dict[str, int], step_seconds: float, peaks: dict[str, fl
 
     Returns "flops_per_step", "step_seconds", "achieved_flops_per_s" (None without a positive step
     time), "ideal_seconds_by_dtype" (the dtypes with a peak), "no_peak" (dtypes with FLOPs and no
-    positive measured peak), "ideal_seconds" and "mfu" (None, with "reason", when a dtype has no
-    peak, no FLOPs were counted or the step time is not positive)."""
+    positive measured peak), "ideal_seconds" and "mfu" (None, with "reason" — "no_peak", "no_flops"
+    or "no_step_time" — when a dtype has no peak, no FLOPs were counted or the step time is not
+    positive)."""
     counted = {dtype: int(f) for dtype, f in flops_by_dtype.items() if f}
     total = sum(counted.values())
     no_peak = sorted(dtype for dtype in counted if not (peaks.get(dtype) or 0) > 0)
@@ -183,11 +184,11 @@ def mfu(flops_by_dtype: dict[str, int], step_seconds: float, peaks: dict[str, fl
         "mfu": None,
     }
     if no_peak:
-        result["reason"] = "no measured peak for " + ", ".join(no_peak)
+        result["reason"] = "no_peak"
     elif not total:
-        result["reason"] = "no FLOPs counted"
+        result["reason"] = "no_flops"
     elif not positive:
-        result["reason"] = "no positive step time"
+        result["reason"] = "no_step_time"
     else:
         result["ideal_seconds"] = sum(by_dtype.values())
         result["mfu"] = result["ideal_seconds"] / step_seconds

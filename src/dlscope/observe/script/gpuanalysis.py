@@ -85,7 +85,8 @@ def utilisation(records: list[dict[str, Any]], step_ms: float | None) -> dict[st
         return None
     peaks = next((r["flops_per_s"] for r in records if r.get("k") == "gpu_peaks"), {})
     if not step_ms or not counted.get("by_dtype"):
-        return {"reason": counted.get("error") or "no FLOPs counted", "peaks": peaks}
+        reason = {"reason": "error", "error": counted["error"]} if counted.get("error") else {"reason": "no_flops"}
+        return {**reason, "peaks": peaks}
     return {
         **flops.mfu(counted["by_dtype"], step_ms / 1e3, peaks),
         "peaks": peaks,

@@ -64,8 +64,13 @@ def mfu_blocks(section: dict[str, Any]) -> list[Block]:
     peaks = mfu.get("peaks") or {}
     peak_rows = [[dtype, round(v / 1e12, 1)] for dtype, v in peaks.items()]
     if mfu.get("mfu") is None:
-        text = f"No model-FLOPs utilisation: {mfu.get('reason') or 'not measured'}."
-        return [Para(text)]
+        reasons = {
+            "no_peak": f"no peak could be measured for {', '.join(mfu.get('no_peak') or [])}",
+            "no_flops": "no matrix product or convolution was counted in the step measured",
+            "no_step_time": "no steady step was timed on the GPU's clock",
+            "error": f"counting the step's FLOPs failed ({mfu.get('error')})",
+        }
+        return [Para(f"No model-FLOPs utilisation: {reasons.get(mfu.get('reason'), 'not measured')}.")]
     text = (
         f"Model-FLOPs utilisation {100 * mfu['mfu']:.1f}%: one step's matrix products and convolutions "
         f"({mfu['flops_per_step'] / 1e9:.3g} GFLOP, counted by dtype on one step) would take "
