@@ -55,9 +55,7 @@ def fake_torch(gpu: GpuTime) -> Any:
         get_device_name=lambda: "stand-in",
         current_device=lambda: 0,
     )
-    return SimpleNamespace(
-        cuda=cuda, backends=SimpleNamespace(cuda=SimpleNamespace(matmul=SimpleNamespace(allow_tf32=False)))
-    )
+    return SimpleNamespace(cuda=cuda)
 
 
 class Records:

@@ -5,6 +5,8 @@ copies (gputrace.py). Facts only: the words are in report/sections/gpu.py."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 from typing import Any
 
@@ -96,9 +98,6 @@ def utilisation(records: list[dict[str, Any]], step_ms: float | None) -> dict[st
 
 def profiled(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per profiler window with GPU activity: its steps' GPU busy and idle time, copies, syncs."""
-    import gzip
-    import json
-
     windows = []
     for r in records:
         if r.get("k") != "profile" or not Path(r["trace"]).exists():

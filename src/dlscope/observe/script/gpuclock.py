@@ -195,26 +195,28 @@ class GpuClock:
 
     def _tap(self, name: str, stamps: tuple[int, ...]) -> Any:
         original = getattr(StepMachine, name).__get__(self.machine)
-        counts = self.machine.counts if name in ("optimizer_end", "backward_end") else None
+        ends_steps = name in ("optimizer_end", "backward_end")  # the two events that can end a step
         loader = name in ("loader_next", "loader_waited")
 
         def tapped(*args: Any, **kwargs: Any) -> Any:
             if self.depth:
                 return original(*args, **kwargs)
             if not self.on:
+                if not ends_steps:
+                    return original(*args, **kwargs)
                 stream = "optimizer" if self.machine.has_optimizer else "backward"
-                before = counts[stream] if counts is not None else 0
+                before = self.machine.counts[stream]
                 result = original(*args, **kwargs)
                 # at a primary step end, once CUDA is in use: the GPU's clock from the next step on
-                if counts is not None and counts[stream] != before and self.startable():
+                if self.machine.counts[stream] != before and self.startable():
                     self.guarded(self.start)
                 return result
             self.depth = 1
             try:
                 event = self.guarded(self._logged, name, args, kwargs, stamps, loader)
-                before = sum(counts.values()) if counts is not None else 0
+                before = sum(self.machine.counts.values()) if ends_steps else 0
                 result = original(*args, **kwargs)  # the script's own errors pass through as they are
-                if counts is not None and sum(counts.values()) != before and self.on:
+                if ends_steps and sum(self.machine.counts.values()) != before and self.on:
                     self.guarded(self._step_ended, event)
                 return result
             finally:
