@@ -43,6 +43,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_clock.py: needs a CUDA GPU (torch.cuda.is_available() is False here)", file=sys.stderr)
+        raise SystemExit(2)
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
