@@ -23,8 +23,13 @@ the `_get_data`/`_process_data` wrappers and the taken record, against the bare 
 --compare REF also runs batches.py as it was at git revision REF (its own patches of torch, swapped
 in the same way), interleaved with the bare loader and this tree's: its cost beside this one's.
 
+--instructions N counts instead, under valgrind's callgrind with its cache model (the same at any
+load): machine instructions and first-level cache misses a batch of the memory dataset, N batches
+drawn by the training process with num_workers=0, bare, through this tree's x-ray and with
+--compare through REF's.
+
     .venv/bin/python benchmarks/batch_xray.py [--rounds 15] [--batches 40] [--batch-size 64]
-        [--compare 696200e]
+        [--compare 696200e] [--instructions 40]
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ import argparse
 import atexit
 import importlib.util
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -234,13 +241,99 @@ def taken_side_us(recorder: batches.BatchRecorder, rounds: int, calls: int = 500
     return statistics.median(x - b for x, b in zip(spent["recorded"], spent["bare"], strict=True))
 
 
+# N batches of the memory dataset drawn with num_workers=0 under callgrind, counted only over
+# those batches (callgrind_control toggles the counting from outside the loop): bare, through
+# this tree's x-ray ("xray") or through REF's (its git revision)
+COUNTED_BATCHES = """
+import os, subprocess, sys, tempfile, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+import torch
+from torch.utils.data import DataLoader
+import batch_xray as bench
+torch.set_num_threads(1)
+mode, n = sys.argv[1], int(sys.argv[2])
+loader = DataLoader(bench.Memory(64 * (n + 20)), batch_size=64)
+recorder = delivered = None
+if mode != "bare":
+    from dlscope.observe.script.hooks import _wrap
+    module = bench.batches if mode == "xray" else bench.batches_at(mode, Path(tempfile.mkdtemp()))
+    recorder = module.attach(torch, tempfile.mkdtemp(), _wrap)
+    delivered = recorder.delivered
+it = iter(loader)
+def draw():
+    t0 = time.time()
+    next(it)
+    t1 = time.time()
+    if delivered is not None:
+        delivered(it, t0, t1)
+for _ in range(20):
+    draw()
+if recorder is not None:  # its file opened and its header written before the count
+    recorder.file.flush()
+subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True)
+for _ in range(n):
+    draw()
+subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], capture_output=True)
+"""
+
+
+KEPT = ("Ir", "I1mr", "D1mr")  # callgrind's events: instructions, I1 misses, D1 read misses
+
+
+def count_instructions(batches_n: int, compare: str | None) -> None:
+    """Instructions and first-level cache misses (callgrind's model of this host's caches) a
+    batch of 64 tensors sliced from memory: bare, this tree's x-ray, and REF's."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    here = str(Path(__file__).resolve().parent)
+    modes = ["bare", "xray", *([compare] if compare else [])]
+    counted: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in modes:
+            out = Path(tmp) / f"callgrind-{len(counted)}"
+            argv = [
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                "--cache-sim=yes",
+                f"--callgrind-out-file={out}",
+            ]
+            done = subprocess.run(
+                [*argv, sys.executable, "-c", COUNTED_BATCHES, mode, str(batches_n), here],
+                capture_output=True,
+                text=True,
+            )
+            text = out.read_text() if out.exists() else ""
+            events, totals = (
+                re.search(r"^events: (.+)$", text, re.M),
+                re.search(r"^totals: (.+)$", text, re.M),
+            )
+            if done.returncode != 0 or events is None or totals is None:
+                raise SystemExit(f"callgrind counted nothing for {mode}: {done.stderr[-500:]}")
+            counts = dict(zip(events.group(1).split(), map(int, totals.group(1).split()), strict=False))
+            if not set(KEPT) <= set(counts):
+                raise SystemExit(f"callgrind gave {sorted(counts)} for {mode}, not {KEPT}")
+            counted[mode] = {k: v / batches_n for k, v in counts.items()}
+    bare = counted["bare"]
+    print(f"a batch of 64 tensors from memory, num_workers=0, {batches_n} batches counted (callgrind, cache model)")
+    print(f"{'':12} {'instructions':>20} {'I1 misses':>16} {'D1 read misses':>16}")
+    for mode, c in counted.items():
+        cells = [f"{c[k]:,.0f}" + ("" if mode == "bare" else f" ({c[k] - bare[k]:+,.0f})") for k in KEPT]
+        print(f"{mode if mode in ('bare', 'xray') else 'xray ' + mode:12} {cells[0]:>20} {cells[1]:>16} {cells[2]:>16}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--compare", metavar="REF", help="also the x-ray of git revision REF")
+    parser.add_argument("--instructions", type=int, metavar="N", help="count N batches under callgrind instead")
     args = parser.parse_args()
+    if args.instructions:
+        count_instructions(args.instructions, args.compare)
+        return
     torch.set_num_threads(1)
     n = args.batches * args.batch_size
     with tempfile.TemporaryDirectory() as tmp:

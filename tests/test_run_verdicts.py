@@ -52,7 +52,9 @@ def test_no_data_source_is_never_called_input_bound(observe, loader):
     assert (verdict["batches_elsewhere"] >= truth["steps"]) == (loader == "thread")
     if loader == "thread":  # the batch x-ray joins none of those batches to a step, and counts no wait
         batches = sections["batches"]
-        assert batches["in_steps"] == 0 and batches["taken_elsewhere"] >= truth["steps"] - 2
+        # taken by the thread during a step: all but those it took before the first step began
+        # (its queue holds 4, and a fifth waits in its put)
+        assert batches["in_steps"] == 0 and batches["taken_elsewhere"] >= truth["steps"] - 5
         assert not batches["longest_waits"] and not batches["shares"]
     # the gap before the first forward: batch building in the loop (none), a list's next (prefetched)
     assert verdict["gap_pct"] == pytest.approx(truth["before_forward_pct"], abs=TOLERANCE_PP)

@@ -32,7 +32,7 @@ def measure(recorder_class: type, samples: int) -> dict:
     samples = max(int(samples), 1)
     items, index = list(range(samples)), list(range(samples))
     fetcher = SimpleNamespace(dataset=items, auto_collation=True, collate_fn=_same, drop_last=False)
-    # a scratch file: records dropped instead of written (a write(2) comes once per FLUSH_RECORDS)
+    # a scratch file: records dropped instead of written (a write(2) comes once per FLUSH_BYTES)
     scratch = recorder_class(None)
     fetch = scratch.map_fetcher(_torch_fetch)
     iterator = SimpleNamespace()

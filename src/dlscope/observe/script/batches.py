@@ -27,10 +27,10 @@ Per batch, one binary record in `<pid>.batches`, never one per sample:
 "built" where the batch was built (a worker, or the training process with num_workers=0) and
 "taken" in the training process (written by hooks.loader_next with the wait; with num_workers=0
 both in one write); per DataLoader, one "loader" record in the training process, and at its exit
-one "cost". Records are buffered and written at FLUSH_RECORDS (a large one at once) or
-FLUSH_SECONDS after the oldest, when a worker's loop ends, before a worker waits for indices
-(IndexQueue) and at exit: a write(2) per batch was half the cost on a fast dataset; a SIGKILL
-loses at most FLUSH_SECONDS of batches.
+one "cost". Records are buffered (Records: in C where _batchpack.c is built, else PyRecords) and
+written at FLUSH_BYTES or FLUSH_SECONDS after the oldest, when a worker's loop
+ends, before a worker waits for indices (IndexQueue) and at exit: a write(2) per batch was half
+the cost on a fast dataset; a SIGKILL loses at most FLUSH_SECONDS of batches.
 
     b"DLSBATCH"  uint32 n  n bytes of JSON {"version", "built", "taken", "loader", "cost"}  records...
     a record:    uint32 its length in bytes, uint8 kind (0 built, 1 taken, 2 loader, 3 cost), the
@@ -54,6 +54,7 @@ from __future__ import annotations
 import atexit
 import inspect
 import json
+import operator
 import os
 import struct
 import threading
@@ -63,6 +64,11 @@ from queue import Empty
 from typing import Any, NamedTuple
 
 from dlscope.observe.script.stepmachine import native_thread_id
+
+try:  # the pending records in C (_batchpack.c); not built (no C compiler at install): PyRecords
+    from dlscope.observe.script import _batchpack
+except ImportError:
+    _batchpack = None  # type: ignore[assignment]
 
 BATCHES_MAGIC = b"DLSBATCH"
 BATCHES_VERSION = 3  # 3: the taking thread in each taken record
@@ -82,19 +88,17 @@ BUILT_TIMES = ("start", "fetched", "collated", "ready")
 TAKEN = struct.Struct("<IBxhIIIIIIdddf")
 TAKEN_FIELDS = ("length", "kind", "worker_id", "worker_pid", "generation", "idx", "loader", "pass", "tid")
 TAKEN_TIMES = ("next_start", "next_end", "taken", "pin")
-TAKEN_SIZE = TAKEN.size
 LOADER = struct.Struct("<IBxxxI")  # length, kind, loader; then its description as JSON
 UNKNOWN = 0xFFFFFFFF
 NAN = float("nan")
-# ~70 KiB of batches of 64 samples timed one by one; a record of FLUSH_RECORD_BYTES or more (a
-# batch of ≥ 1,024 samples) is written at once: at most ~1 MiB waits
-FLUSH_RECORDS, FLUSH_RECORD_BYTES, FLUSH_SECONDS = 64, 1 << 14, 0.5
-# A clock read per sample costs ~55-100 ns. A worker (off the loop's critical path while the
-# workers keep ahead) reads one after each sample where its last batch's samples took ≥ 5 µs on
-# average (≤ ~1-2% of a sample), and in one batch in SAMPLE_EVERY, so that their distribution is
-# seen. The training process (num_workers=0: every ns is the loop's) never does: a batch there
-# costs its record, not a clock read per sample (the issue's rule), and its slowest sample is
-# not known.
+# ~100 batches of 64 samples (~60 with their samples timed one by one); a larger record at once
+FLUSH_BYTES, FLUSH_SECONDS = 1 << 16, 0.5
+# A sample timed one by one costs a worker ~65 ns in its loop (a clock read and two appends:
+# BENCHMARKS.md). A worker (off the loop's critical path while the workers keep ahead) times them
+# where its last batch's samples took ≥ 5 µs on average (≤ ~1.3% of a sample), and in one batch
+# in SAMPLE_EVERY, so that their distribution is seen. The training process (num_workers=0:
+# every ns is the loop's) never does: a batch there costs its record, not a clock read per
+# sample (the issue's rule), and its slowest sample is not known.
 WORKER_SAMPLE_TIMING_MIN_S, SAMPLE_EVERY = 5e-6, 16
 
 
@@ -119,36 +123,26 @@ class BatchFile:
         self.directory = directory
         self.fd: int | None = None
         self.pid = 0
-        # records not yet written: appended without a lock (a list's append is atomic under the
-        # GIL; the pin-memory thread never writes, but a user's threads may), taken out under one
-        self.pending: list[bytes] = []
-        self.oldest = 0.0
+        # records not yet written: added without a lock (each Records call is atomic under the
+        # GIL; the pin-memory thread never writes, but a user's threads may), taken under one
+        self.pending = Records(FLUSH_BYTES, FLUSH_SECONDS)
         self.lock = threading.Lock()
 
     def write(self, record: bytes, now: float) -> None:
-        pending = self.pending
-        pending.append(record)
-        if len(pending) == 1:
-            self.oldest = now
-        if len(pending) >= FLUSH_RECORDS or len(record) >= FLUSH_RECORD_BYTES or now - self.oldest >= FLUSH_SECONDS:
+        if self.pending.append(record, now):
             self.flush()
 
     def flush(self) -> None:
         with self.lock:
-            pending = self.pending
-            n = len(pending)
-            if not n:
-                return
-            data = b"".join(pending[:n])
-            del pending[:n]  # what another thread appended meanwhile stays for the next flush
-            if self.directory is None:
+            data = self.pending.take()
+            if not data or self.directory is None:
                 return
             if self.fd is None or self.pid != os.getpid():
                 self._open()
             os.write(self.fd, data)  # type: ignore[arg-type]
 
     def forked(self) -> None:
-        self.pending = []
+        self.pending = Records(FLUSH_BYTES, FLUSH_SECONDS)
         self.lock = threading.Lock()
         self.fd = None
 
@@ -158,6 +152,94 @@ class BatchFile:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         if os.fstat(self.fd).st_size == 0:
             os.write(self.fd, header())
+
+
+class PyRecords:
+    """The records not yet written, and whether a flush is due: FLUSH_BYTES of them, or
+    FLUSH_SECONDS since the oldest (0: none pending). The definition of _batchpack.Records, which
+    does the same in C (tests/test_batchpack.py compares the bytes)."""
+
+    def __init__(self, flush_bytes: int, flush_seconds: float) -> None:
+        self.flush_bytes, self.flush_seconds = flush_bytes, flush_seconds
+        # appended without a lock, taken under the file's: a record another thread appends while
+        # they are joined stays for the next take
+        self.parts: list[bytes] = []
+        self.used = 0
+        self.oldest = 0.0
+
+    def built(
+        self,
+        flags: int,
+        worker_id: int,
+        generation: int,
+        idx: int,
+        tid: int,
+        start: float,
+        fetched: float,
+        collated: float,
+        ready: float,
+        indices: Any,
+        ends: Any,
+        taken: tuple | None,
+    ) -> bool:
+        """A batch's built record added: BUILT, then its `indices` as int64 (-1: one that is not
+        an integer in int64's range), then where `ends` is not None (one per sample) its samples'
+        end times; then where `taken` is not None (TAKEN's values: the training process took the
+        batch in the same call) its taken record. One pack per batch size, cached."""
+        n = len(indices)
+        if ends is not None and len(ends) != n:
+            raise ValueError("built: one end time per sample")
+        key = (n, ends is not None, taken is not None)
+        pack, length = _SHAPES.get(key) or _shape(key)
+        head = (length, KIND_BUILT, flags, worker_id, generation, idx, n, tid, start, fetched, collated, ready)
+        try:
+            record = pack(*head, *indices, *(ends or ()), *(taken or ()))
+        except struct.error:  # a sampler that yields keys, not integers
+            record = pack(*head, *map(_sample_index, indices), *(ends or ()), *(taken or ()))
+        return self.append(record, ready)
+
+    def append(self, record: bytes, now: float) -> bool:
+        self.parts.append(record)
+        self.used += len(record)
+        if not self.oldest:
+            self.oldest = now
+        return self.used >= self.flush_bytes or now - self.oldest >= self.flush_seconds
+
+    def take(self) -> bytes:
+        parts = self.parts
+        n = len(parts)
+        data = b"".join(parts[:n])
+        del parts[:n]
+        self.used -= len(data)
+        self.oldest = 0.0
+        return data
+
+    def __len__(self) -> int:
+        return self.used
+
+
+_SHAPES: dict[tuple[int, bool, bool], tuple[Callable[..., bytes], int]] = {}
+
+
+def _shape(key: tuple[int, bool, bool]) -> tuple[Callable[..., bytes], int]:
+    """The pack of a whole built record for `key` = (samples, timed one by one, with its taken
+    record), and the built record's length."""
+    n, timed, taken = key
+    formats = BUILT.format + f"{n}q" + (f"{n}d" if timed else "") + (TAKEN.format[1:] if taken else "")
+    _SHAPES[key] = shape = (struct.Struct(formats).pack, BUILT.size + 8 * n * (2 if timed else 1))
+    return shape
+
+
+def _sample_index(value: Any) -> int:
+    """A sample index as written: its integer value, -1 where it has none in int64's range."""
+    try:
+        i = operator.index(value)
+    except TypeError:
+        return -1
+    return i if -(1 << 63) <= i < 1 << 63 else -1
+
+
+Records = _batchpack.Records if _batchpack is not None else PyRecords
 
 
 class Built(NamedTuple):
@@ -211,43 +293,56 @@ class BatchRecorder:
     # the fetchers: one frame a batch, what they need in closure cells -------------------------
     def map_fetcher(self, original: Callable) -> Callable:
         """`_MapDatasetFetcher.fetch` as torch runs it, timed: the fetch, the collate, and in a
-        worker a clock read after each sample."""
-        clock, local, recorder = time.time, self.local, self
+        worker where its rule says so (samples_timed_next) a clock read after each sample."""
+        clock, local, recorder, other = time.time, self.local, self, self._map_fetch
 
         def fetch(fetcher: Any, possibly_batched_index: Any) -> Any:
             start = clock()
-            dataset = fetcher.dataset
-            ends = None
-            if fetcher.auto_collation:
-                indices = possibly_batched_index
-                flags = 0
-                base, fetched = dataset, indices  # most datasets: no __getitems__, fetched one by one as they are
-                if getattr(dataset, "__getitems__", None):
-                    base, fetched = _per_sample(dataset, indices)
-                if base is None:  # the dataset's own batched fetch
-                    flags = WHOLE
-                    data = dataset.__getitems__(indices)
-                elif recorder.time_samples:
-                    flags = SAMPLE_TIMES
-                    ends = []
-                    data = []
-                    for i in fetched:  # (a comprehension or an array('d') measured no cheaper: BENCHMARKS.md)
-                        data.append(base[i])
-                        ends.append(clock())
-                else:  # (map(getitem, …) measured dearer: it loses 3.11's inlined call of a Python __getitem__)
-                    data = [base[i] for i in fetched]
-            else:  # one sample a batch (batch_size=None): its time is the batch's
-                indices = (possibly_batched_index,)
-                data = dataset[possibly_batched_index]
-                flags, ends = SAMPLE_TIMES, [clock()]
-            done = clock()
-            if recorder.worker_id >= 0:  # a worker's rule for its next batch; the training process never times samples
-                recorder.time_samples = recorder.samples_timed_next(done - start, len(indices))
-            out = fetcher.collate_fn(data)
-            local.built = (flags, start, done, clock(), indices, ends)
-            return out
+            if fetcher.auto_collation and not recorder.time_samples:
+                dataset = fetcher.dataset
+                if not getattr(dataset, "__getitems__", None):  # most datasets: fetched one by one, as torch does
+                    # (map(getitem, …) measured dearer: it loses 3.11's inlined call of a Python __getitem__)
+                    data = [dataset[i] for i in possibly_batched_index]
+                    done = clock()
+                    out = fetcher.collate_fn(data)
+                    local.built = (0, start, done, clock(), possibly_batched_index, None)
+                    return out
+            return other(fetcher, possibly_batched_index, start)
 
         return _like(fetch, original)
+
+    def _map_fetch(self, fetcher: Any, possibly_batched_index: Any, start: float) -> Any:
+        """The map fetcher's other cases: a dataset with a `__getitems__`, samples timed one by
+        one, one sample a batch (batch_size=None)."""
+        clock = time.time
+        dataset = fetcher.dataset
+        ends = None
+        if fetcher.auto_collation:
+            indices = possibly_batched_index
+            flags = 0
+            base, fetched = dataset, indices
+            if getattr(dataset, "__getitems__", None):
+                base, fetched = _per_sample(dataset, indices)
+            if base is None:  # the dataset's own batched fetch
+                flags = WHOLE
+                data = dataset.__getitems__(indices)
+            elif self.time_samples:
+                flags = SAMPLE_TIMES
+                ends = []
+                data = []
+                for i in fetched:  # (a comprehension or an array('d') measured no cheaper: BENCHMARKS.md)
+                    data.append(base[i])
+                    ends.append(clock())
+            else:
+                data = [base[i] for i in fetched]
+        else:  # one sample a batch: its time is the batch's
+            indices = (possibly_batched_index,)
+            data = dataset[possibly_batched_index]
+            flags, ends = SAMPLE_TIMES, [clock()]
+        done = clock()
+        out = fetcher.collate_fn(data)
+        self.local.built = (flags, start, done, clock(), indices, ends)
+        return out
 
     def iterable_fetcher(self, original: Callable) -> Callable:
         """`_IterableDatasetFetcher.fetch` as torch runs it, timed alike; a sample is known by its
@@ -279,8 +374,6 @@ class BatchRecorder:
                 ends, n = [clock()], 1
             fetcher._dlscope_drawn = first + n
             done = clock()
-            if recorder.worker_id >= 0:  # as the map fetcher
-                recorder.time_samples = recorder.samples_timed_next(done - start, n)
             out = fetcher.collate_fn(data)
             flags = ITERABLE if ends is None else ITERABLE | SAMPLE_TIMES
             local.built = (flags, start, done, clock(), range(first, first + n), ends)
@@ -295,39 +388,17 @@ class BatchRecorder:
         self.fetches += 1
         return seconds >= self.sample_min_s * samples or not self.fetches % SAMPLE_EVERY
 
-    def write_built(self, built: tuple, generation: int, idx: int, ready: float, taken: tuple = ()) -> None:
+    def write_built(self, built: tuple, generation: int, idx: int, ready: float, taken: tuple | None = None) -> None:
         """The built record of `built` (a Built), batch idx of `generation`; with `taken`, the
-        taken record's fields (num_workers=0: the loop took it here), in the same write."""
+        taken record's values (num_workers=0: the loop took it here), in the same write."""
         flags, start, fetched, collated, indices, ends = built
-        n = len(indices)
-        if ends is None or len(ends) != n:  # not timed one by one (or an iterable's batch cut short)
-            flags, ends, key = flags & ~SAMPLE_TIMES, (), 4 * n
-        else:
-            key = 4 * n + 2
-        if taken:
-            key += 1
-        pack, length = self.shapes.get(key) or self._shape(key)
-        tid = native_thread_id()
-        try:
-            record = pack(
-                length, KIND_BUILT, flags, self.worker_id, generation, idx, n, tid, start, fetched, collated, ready,
-                *indices, *ends, *taken,
-            )  # fmt: skip
-        except struct.error:  # a sampler that yields keys, not integers
-            indices = [i if isinstance(i, int) and -(1 << 63) <= i < 1 << 63 else -1 for i in indices]
-            record = pack(
-                length, KIND_BUILT, flags, self.worker_id, generation, idx, n, tid, start, fetched, collated, ready,
-                *indices, *ends, *taken,
-            )  # fmt: skip
-        self.file.write(record, ready)
-
-    def _shape(self, key: int) -> tuple[Callable[..., bytes], int]:
-        """The pack of a whole write, one per batch size (one pack, no join), and its built
-        record's length; `key`: 4 × samples + 2 × (timed one by one) + (with its taken record)."""
-        n, timed, taken = key >> 2, key & 2, key & 1
-        formats = BUILT.format + f"{n}q" + (f"{n}d" if timed else "") + (TAKEN.format[1:] if taken else "")
-        self.shapes[key] = shape = (struct.Struct(formats).pack, BUILT.size + 8 * n * (2 if timed else 1))
-        return shape
+        if ends is not None and len(ends) != len(indices):  # never from these fetchers: Records would refuse it
+            flags, ends = flags & ~SAMPLE_TIMES, None
+        if self.file.pending.built(
+            flags, self.worker_id, generation, idx, native_thread_id(), start, fetched, collated, ready, indices, ends,
+            taken,
+        ):  # fmt: skip
+            self.file.flush()
 
     # a worker -------------------------------------------------------------------------------
     def worker_loop(self, loop: Callable, positions: tuple[int, int, int], *args: Any, **kwargs: Any) -> Any:
@@ -400,7 +471,7 @@ class BatchRecorder:
         if pin == pin:  # pinned (not NaN)
             local.pin = NAN
         taken = (
-            TAKEN_SIZE,
+            TAKEN.size,
             KIND_TAKEN,
             -1,
             self.pid,
@@ -523,7 +594,7 @@ class IndexQueue:
     stopped with its iterator alive, as an endless loader's does) is terminated, and torch's
     SIGTERM handler leaves at once: what it had not written would be lost. A worker waits when it
     is ahead of the loop, so the write costs the loop nothing; one kept busy writes every
-    FLUSH_RECORDS or FLUSH_SECONDS as before."""
+    FLUSH_BYTES or FLUSH_SECONDS as before."""
 
     def __init__(self, queue: Any, recorder: BatchRecorder) -> None:
         self.queue, self.file = queue, recorder.file
@@ -558,6 +629,8 @@ class DataQueue:
                 built = local.built
                 if built is not None:  # (none: the fetch raised, and an ExceptionWrapper is sent)
                     local.built = None
+                    # the worker's rule for its next batch (the training process never times samples)
+                    recorder.time_samples = recorder.samples_timed_next(built[2] - built[1], len(built[4]))
                     recorder.write_built(built, recorder.generation, idx, time.time())
             elif isinstance(idx, self.resume):
                 recorder.generation += 1

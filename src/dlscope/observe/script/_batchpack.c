@@ -1,0 +1,286 @@
+/* The batch x-ray's pending records in C (batches.py): what the training process pays per batch
+   beyond its clock reads.
+
+   `Records` is the record file's buffer of records not yet written: `built(...)` packs a batch's
+   built record (BUILT, then its sample indices as int64, then its samples' end times as float64
+   where they were timed) and, where the training process took the batch in the same call
+   (num_workers=0), its taken record (TAKEN), straight into the buffer; `append` adds a record
+   packed elsewhere; both say whether a flush is due (FLUSH_BYTES pending, or FLUSH_SECONDS since
+   the oldest); `take` hands the bytes over and empties it. batches.PyRecords is the same class
+   in Python, the definition: there the pack is a struct.Struct per batch size called with ~80
+   arguments and each record a bytes object joined at the flush — ~31,000 instructions a batch of
+   64 in all against ~22,000 here (BENCHMARKS.md). An index that is not an integer in int64's range
+   is written -1, as in Python (tests/test_batchpack.py runs both on the same calls and compares
+   the bytes).
+
+   Each method runs under the GIL without letting it go once it touches the buffer: what may run
+   Python (an index's __index__, a time's __float__) is read first, so another thread's record
+   cannot land inside this one. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define BUILT_BYTES 56 /* struct "<IBBhIIIIdddd" */
+#define TAKEN_BYTES 60 /* struct "<IBxhIIIIIIdddf" */
+#define TAKEN_FIELDS 13
+#define KIND_BUILT 0
+#define KEPT_BYTES (1 << 20) /* a buffer grown past this (a huge batch) is let go at the next take */
+
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    Py_ssize_t used, capacity;
+    Py_ssize_t flush_bytes;
+    double flush_seconds;
+    double oldest; /* when the oldest pending record was added; 0: none pending */
+} Records;
+
+static void put_u32(char **at, uint32_t v) { memcpy(*at, &v, 4), *at += 4; }
+static void put_f64(char **at, double v) { memcpy(*at, &v, 8), *at += 8; }
+
+/* an integer field of a record's fixed part, in [lo, hi]: -1 and an exception otherwise */
+static int field(PyObject *value, long long lo, long long hi, long long *out) {
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < lo || v > hi) {
+        PyErr_Format(PyExc_OverflowError, "record field %lld out of range", v);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* a sample index that is not an exact int, as batches.PyRecords writes it: its __index__'s
+   value, -1 where it has none or it is outside int64 */
+static int64_t other_index(PyObject *item) {
+    PyObject *number = PyNumber_Index(item);
+    if (number == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(number, &overflow);
+    Py_DECREF(number);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return overflow ? -1 : (int64_t)v;
+}
+
+/* room for `size` more bytes */
+static int reserve(Records *self, Py_ssize_t size) {
+    if (self->used + size <= self->capacity) return 0;
+    Py_ssize_t capacity = self->capacity ? self->capacity : 4096;
+    while (capacity < self->used + size) capacity *= 2;
+    char *data = PyMem_Realloc(self->data, capacity);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->data = data, self->capacity = capacity;
+    return 0;
+}
+
+static PyObject *added(Records *self, double now) {
+    if (self->oldest == 0.0) self->oldest = now;
+    return PyBool_FromLong(self->used >= self->flush_bytes || now - self->oldest >= self->flush_seconds);
+}
+
+static PyObject *Records_built(Records *self, PyObject *const *args, Py_ssize_t nargs) {
+    /* flags, worker_id, generation, idx, tid, start, fetched, collated, ready, indices, ends
+       (None: not timed one by one), taken (None, or TAKEN's 13 values) */
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "built takes 12 arguments");
+        return NULL;
+    }
+    long long flags, worker_id, generation, idx, tid;
+    if (field(args[0], 0, 255, &flags) || field(args[1], INT16_MIN, INT16_MAX, &worker_id) ||
+        field(args[2], 0, UINT32_MAX, &generation) || field(args[3], 0, UINT32_MAX, &idx) ||
+        field(args[4], 0, UINT32_MAX, &tid))
+        return NULL;
+    double times[4];
+    for (int i = 0; i < 4; i++) {
+        times[i] = PyFloat_AsDouble(args[5 + i]);
+        if (times[i] == -1.0 && PyErr_Occurred()) return NULL;
+    }
+    PyObject *indices = PySequence_Fast(args[9], "built: indices must be a sequence");
+    if (indices == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(indices);
+    PyObject *ends = args[10] == Py_None ? NULL : PySequence_Fast(args[10], "built: ends must be a sequence");
+    PyObject *taken = args[11];
+    PyObject *result = NULL;
+    int64_t stack[512];
+    int64_t *values = stack;
+    if (args[10] != Py_None && ends == NULL) goto done;
+    if (ends != NULL && PySequence_Fast_GET_SIZE(ends) != n) {
+        PyErr_SetString(PyExc_ValueError, "built: one end time per sample");
+        goto done;
+    }
+    if (taken != Py_None && (!PyTuple_Check(taken) || PyTuple_GET_SIZE(taken) != TAKEN_FIELDS)) {
+        PyErr_SetString(PyExc_TypeError, "built: taken must be a tuple of TAKEN's 13 values");
+        goto done;
+    }
+    Py_ssize_t words = n * (ends != NULL ? 2 : 1);
+    Py_ssize_t built_bytes = BUILT_BYTES + 8 * words;
+    if (built_bytes > UINT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "built: record too long");
+        goto done;
+    }
+    long long taken_ints[9]; /* length, kind, worker_id, worker_pid, generation, idx, loader, pass, tid */
+    double taken_times[4];   /* next_start, next_end, taken, pin */
+    if (taken != Py_None) {
+        static const long long lo[9] = {0, 0, INT16_MIN, 0, 0, 0, 0, 0, 0};
+        static const long long hi[9] = {UINT32_MAX, 255, INT16_MAX, UINT32_MAX, UINT32_MAX,
+                                        UINT32_MAX, UINT32_MAX, UINT32_MAX, UINT32_MAX};
+        for (int i = 0; i < 9; i++)
+            if (field(PyTuple_GET_ITEM(taken, i), lo[i], hi[i], &taken_ints[i])) goto done;
+        for (int i = 0; i < 4; i++) {
+            taken_times[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(taken, 9 + i));
+            if (taken_times[i] == -1.0 && PyErr_Occurred()) goto done;
+        }
+    }
+    if (words > 512 && (values = PyMem_Malloc(sizeof(int64_t) * words)) == NULL) {
+        values = stack;
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* the list may shrink under an __index__ that runs Python: its length read at each item */
+        PyObject *item = i < PySequence_Fast_GET_SIZE(indices) ? PySequence_Fast_GET_ITEM(indices, i) : NULL;
+        if (item != NULL && PyLong_CheckExact(item)) {
+            int overflow;
+            long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+            values[i] = overflow ? -1 : (int64_t)v;
+        } else if (item != NULL) {
+            Py_INCREF(item);
+            values[i] = other_index(item);
+            Py_DECREF(item);
+        } else {
+            values[i] = -1;
+        }
+    }
+    if (ends != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = i < PySequence_Fast_GET_SIZE(ends) ? PySequence_Fast_GET_ITEM(ends, i) : NULL;
+            double end = item != NULL ? PyFloat_AsDouble(item) : -1.0;
+            if (item != NULL && end == -1.0 && PyErr_Occurred()) goto done;
+            memcpy(&values[n + i], &end, 8);
+        }
+    }
+    if (reserve(self, built_bytes + (taken != Py_None ? TAKEN_BYTES : 0)) < 0) goto done;
+    char *at = self->data + self->used;
+    put_u32(&at, (uint32_t)built_bytes);
+    *at++ = KIND_BUILT;
+    *at++ = (char)(uint8_t)flags;
+    int16_t worker = (int16_t)worker_id;
+    memcpy(at, &worker, 2), at += 2;
+    put_u32(&at, (uint32_t)generation);
+    put_u32(&at, (uint32_t)idx);
+    put_u32(&at, (uint32_t)n);
+    put_u32(&at, (uint32_t)tid);
+    for (int i = 0; i < 4; i++) put_f64(&at, times[i]);
+    memcpy(at, values, 8 * words), at += 8 * words;
+    if (taken != Py_None) {
+        put_u32(&at, (uint32_t)taken_ints[0]);
+        *at++ = (char)(uint8_t)taken_ints[1];
+        *at++ = 0; /* the pad byte */
+        int16_t taker = (int16_t)taken_ints[2];
+        memcpy(at, &taker, 2), at += 2;
+        for (int i = 3; i < 9; i++) put_u32(&at, (uint32_t)taken_ints[i]);
+        for (int i = 0; i < 3; i++) put_f64(&at, taken_times[i]);
+        float pin = (float)taken_times[3];
+        memcpy(at, &pin, 4), at += 4;
+    }
+    self->used = at - self->data;
+    result = added(self, times[3]);
+done:
+    if (values != stack) PyMem_Free(values);
+    Py_DECREF(indices);
+    Py_XDECREF(ends);
+    return result;
+}
+
+static PyObject *Records_append(Records *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "append takes 2 arguments (record, now)");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[1]);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    if (!PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "append: a record is bytes");
+        return NULL;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
+    if (reserve(self, size) < 0) return NULL;
+    memcpy(self->data + self->used, PyBytes_AS_STRING(args[0]), size);
+    self->used += size;
+    return added(self, now);
+}
+
+static PyObject *Records_take(Records *self, PyObject *unused) {
+    PyObject *data = PyBytes_FromStringAndSize(self->data, self->used);
+    if (data == NULL) return NULL;
+    self->used = 0, self->oldest = 0.0;
+    if (self->capacity > KEPT_BYTES) {
+        PyMem_Free(self->data);
+        self->data = NULL, self->capacity = 0;
+    }
+    return data;
+}
+
+static Py_ssize_t Records_len(Records *self) { return self->used; }
+
+static int Records_init(Records *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"flush_bytes", "flush_seconds", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nd", names, &self->flush_bytes, &self->flush_seconds)) return -1;
+    self->used = 0, self->oldest = 0.0;
+    return 0;
+}
+
+static void Records_dealloc(Records *self) {
+    PyMem_Free(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Records_methods[] = {
+    {"built", (PyCFunction)(void (*)(void))Records_built, METH_FASTCALL,
+     "built(flags, worker_id, generation, idx, tid, start, fetched, collated, ready, indices, ends, taken) -> "
+     "flush due: a batch's built record (and its taken one) added, as batches.PyRecords.built adds it."},
+    {"append", (PyCFunction)(void (*)(void))Records_append, METH_FASTCALL,
+     "append(record, now) -> flush due: a packed record added at `now`."},
+    {"take", (PyCFunction)Records_take, METH_NOARGS, "The pending bytes, handed over; none left pending."},
+    {NULL, NULL, 0, NULL}};
+
+static PySequenceMethods Records_sequence = {.sq_length = (lenfunc)Records_len};
+
+static PyTypeObject RecordsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dlscope.observe.script._batchpack.Records",
+    .tp_basicsize = sizeof(Records),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Records(flush_bytes, flush_seconds): the batch x-ray's records not yet written (batches.PyRecords).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Records_init,
+    .tp_dealloc = (destructor)Records_dealloc,
+    .tp_methods = Records_methods,
+    .tp_as_sequence = &Records_sequence,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_batchpack",
+                                    "The batch x-ray's pending records in C.", -1, NULL, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__batchpack(void) {
+    if (PyType_Ready(&RecordsType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "Records", (PyObject *)&RecordsType) < 0 ||
+        PyModule_AddIntConstant(m, "BUILT_BYTES", BUILT_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "TAKEN_BYTES", TAKEN_BYTES) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

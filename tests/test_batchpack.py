@@ -1,0 +1,159 @@
+"""The batch x-ray's pending records in C (observe/script/_batchpack.c) against the Python class
+they stand in for (batches.PyRecords): the same bytes and the same flush decisions for any
+sequence of batches and records, and both read back by batchflow as the batches that were added."""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlscope.observe.script import batches
+from dlscope.observe.script.batches import BUILT, KIND_TAKEN, TAKEN, PyRecords
+from dlscope.observe.script.batchflow import sample_indices
+
+_batchpack = batches._batchpack
+needs_c = pytest.mark.skipif(_batchpack is None, reason="the C records are not built here")
+
+u32 = st.integers(0, 2**32 - 1)
+seconds = st.floats(1.0, 2e9, allow_nan=False)
+# what a sampler may yield: ints (any size: outside int64 is written -1), numpy and bool integers,
+# and keys that are not integers at all (-1)
+index = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.integers(-(2**63), 2**63 - 1).map(np.int64),
+    st.booleans(),
+    st.text(max_size=3),
+    st.floats(allow_nan=False),
+)
+
+
+@st.composite
+def batch(draw: st.DrawFn) -> tuple:
+    """The arguments of one `built` call."""
+    indices = draw(st.lists(index, max_size=80) | st.builds(range, st.integers(0, 1000), st.integers(0, 1100)))
+    n = len(indices)
+    ends = draw(st.none() | st.lists(seconds, min_size=n, max_size=n))
+    taken = draw(
+        st.none()
+        | st.tuples(
+            st.just(TAKEN.size), st.just(KIND_TAKEN), st.integers(-(2**15), 2**15 - 1), u32, u32, u32, u32, u32, u32,
+            seconds, seconds, seconds, st.just(math.nan) | st.floats(0.0, 10.0),
+        )
+    )  # fmt: skip
+    # the flag that says the samples were timed set where they were (as write_built sets it)
+    flags = draw(st.integers(0, 255)) & ~batches.SAMPLE_TIMES | (batches.SAMPLE_TIMES if ends is not None else 0)
+    head = (
+        flags, draw(st.integers(-(2**15), 2**15 - 1)), draw(u32), draw(u32), draw(u32),
+        draw(seconds), draw(seconds), draw(seconds), draw(seconds),
+    )  # fmt: skip
+    return (*head, indices, ends, taken)
+
+
+# a call: a batch built, a record appended (a loader's JSON, a taken record), or the pending taken
+call = st.one_of(
+    st.tuples(st.just("built"), batch()),
+    st.tuples(st.just("append"), st.tuples(st.binary(max_size=300), seconds)),
+    st.tuples(st.just("take"), st.just(())),
+)
+
+
+def written(index: object) -> int:
+    """A sample index as the record holds it."""
+    try:
+        value = int(index.__index__())  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        return -1
+    return value if -(2**63) <= value < 2**63 else -1
+
+
+def play(records: object, calls: list) -> list:
+    """What each call returned, its length after, and the bytes taken at the end."""
+    seen = []
+    for name, args in calls:
+        seen.append((getattr(records, name)(*args), len(records)))  # type: ignore[arg-type]
+    return [*seen, records.take()]  # type: ignore[attr-defined]
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(st.lists(call, max_size=12), st.integers(1, 4000), st.floats(0.0, 1e9))
+def test_c_records_add_the_bytes_and_flush_when_python_does(calls, flush_bytes, flush_seconds):
+    assert play(_batchpack.Records(flush_bytes, flush_seconds), calls) == play(
+        PyRecords(flush_bytes, flush_seconds), calls
+    )
+
+
+@given(batch())
+@settings(max_examples=100, deadline=None)
+def test_a_batch_reads_back_as_it_was_added(tmp_path_factory, args):
+    flags, worker_id, generation, idx, tid, start, fetched, collated, ready, indices, ends, taken = args
+    records = batches.Records(1 << 30, 3600.0)
+    assert records.built(*args) is False  # neither limit reached
+    record = records.take()
+    assert len(records) == 0 and records.take() == b""
+    built_length = BUILT.unpack_from(record)[0]
+    assert built_length == BUILT.size + 8 * len(indices) * (1 if ends is None else 2)
+    assert len(record) == built_length + (TAKEN.size if taken is not None else 0)
+    fields = BUILT.unpack_from(record)
+    assert fields[1:] == (
+        batches.KIND_BUILT, flags, worker_id, generation, idx, len(indices), tid, start, fetched, collated, ready,
+    )  # fmt: skip
+    if taken is not None:
+        tail = TAKEN.unpack_from(record, built_length)
+        assert tail[:-1] == taken[:-1]
+        assert math.isnan(tail[-1]) if math.isnan(taken[-1]) else tail[-1] == pytest.approx(taken[-1], rel=1e-6)
+    path = tmp_path_factory.mktemp("records") / "1.batches"
+    path.write_bytes(batches.header() + record)
+    assert [(g, b, i.tolist()) for g, b, i in sample_indices(path)] == [
+        (generation, idx, [written(i) for i in indices])
+    ]
+
+
+def test_a_flush_is_due_at_its_bytes_or_its_age_and_not_before():
+    for records in (batches.Records(100, 0.5), PyRecords(100, 0.5)):
+        assert records.append(b"x" * 60, 10.0) is False
+        assert records.append(b"y" * 30, 10.4) is False  # 90 bytes, 0.4 s after the oldest
+        assert records.append(b"z", 10.5) is True  # 0.5 s after the oldest
+        assert records.take() == b"x" * 60 + b"y" * 30 + b"z" and not records
+        assert records.append(b"w" * 99, 20.0) is False and records.append(b"v", 20.0) is True  # 100 bytes
+
+
+@needs_c
+def test_the_c_records_refuse_what_python_refuses_and_add_nothing_partly():
+    ok = (0, -1, 0, 0, 1, 1.0, 2.0, 3.0, 4.0, [1, 2, 3], None, None)
+    for records, out_of_range in (
+        (_batchpack.Records(1 << 20, 1.0), OverflowError),
+        (PyRecords(1 << 20, 1.0), struct.error),
+    ):
+        with pytest.raises(ValueError, match="one end time per sample"):
+            records.built(*ok[:10], [1.0], None)
+        with pytest.raises(out_of_range):
+            records.built(0, -1, -5, *ok[3:])  # a generation below 0
+        assert len(records) == 0
+    with pytest.raises(TypeError, match="13 values"):
+        _batchpack.Records(1, 1.0).built(*ok[:11], (1, 2))
+    with pytest.raises(TypeError, match="12 arguments"):
+        _batchpack.Records(1, 1.0).built(*ok[:11])
+
+
+@needs_c
+def test_an_index_whose_index_method_runs_python_is_read_safely():
+    """`__index__` may run Python that changes the list being added: its length is read again at
+    each item (a shrunk list's missing items are written -1, no crash)."""
+    indices: list = []
+
+    class Shrinking:
+        def __index__(self) -> int:
+            indices.clear()
+            return 7
+
+    indices.extend([Shrinking(), 1, 2])
+    records = _batchpack.Records(1 << 20, 1.0)
+    records.built(0, -1, 0, 0, os.getpid() % 2**32, 1.0, 2.0, 3.0, 4.0, indices, None, None)
+    assert struct.unpack_from("<3q", records.take(), BUILT.size) == (7, -1, -1)
