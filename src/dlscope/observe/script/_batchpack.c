@@ -8,8 +8,8 @@
    packed elsewhere; both say whether a flush is due (FLUSH_BYTES pending, or FLUSH_SECONDS since
    the oldest); `take` hands the bytes over and empties it. batches.PyRecords is the same class
    in Python, the definition: there the pack is a struct.Struct per batch size called with ~80
-   arguments and each record a bytes object joined at the flush — ~31,000 instructions a batch of
-   64 in all against ~22,000 here (BENCHMARKS.md). An index that is not an integer in int64's range
+   arguments and each record a bytes object joined at the flush — the x-ray costs ~23,600
+   instructions a batch of 64 with it against ~17,400 with this (BENCHMARKS.md). An index that is not an integer in int64's range
    is written -1, as in Python (tests/test_batchpack.py runs both on the same calls and compares
    the bytes).
 
