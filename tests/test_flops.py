@@ -77,21 +77,29 @@ def test_a_failing_formula_is_reported_not_raised() -> None:
     assert result["by_dtype"] == {} and "ZeroDivisionError" in result["error"]
 
 
-def test_a_mode_entered_after_start_is_left_in_place() -> None:
+def test_a_mode_entered_after_start_is_left_in_place_then_released_once_it_exits() -> None:
     from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode
 
     class Passthrough(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
+    model = torch.nn.Linear(IN, OUT, bias=False)
     counter = StepFlops()
     counter.start()
-    with Passthrough() as theirs:
-        result = counter.stop()
-        assert _get_current_dispatch_mode() is theirs
-    assert "another torch dispatch mode" in result["error"]
-    ours = _pop_mode()  # left on the stack under theirs, then on top: taken off, or every later test counts
-    assert type(ours).__name__ == "_FlopCounterMode" and _get_current_dispatch_mode() is None
+    try:
+        with Passthrough() as theirs:
+            linear_step(model)  # through theirs, then ours: counted
+            result = counter.stop()
+            assert _get_current_dispatch_mode() is theirs and counter.stuck
+            assert not counter.release()  # theirs still above ours
+            linear_step(model)
+        assert result["flops"] == LINEAR_FLOPS and "another torch dispatch mode" in result["error"]
+        assert counter.release() and not counter.stuck and _get_current_dispatch_mode() is None
+        assert counter.release()  # nothing left to do
+    finally:  # on any failure above: ours taken off, or every later test counts
+        while _get_current_dispatch_mode() is not None:
+            _pop_mode()
 
 
 def test_importing_flops_does_not_import_torch() -> None:

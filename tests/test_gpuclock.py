@@ -126,6 +126,38 @@ def test_the_replay_times_each_part_on_the_gpus_clock_not_the_hosts(clock):
     assert all(s[6] == pytest.approx(0.001) for s in host)  # the host machine's forward: unchanged
 
 
+def test_a_dispatch_mode_the_script_keeps_over_the_counted_step_is_waited_out(clock, monkeypatch):
+    """The script enters a dispatch mode of its own while the step's FLOPs are counted and keeps it
+    past that step's end: the counting mode, under it, cannot be taken off then; it is at the
+    first step end after the script's mode exits."""
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(gpuclock, "FLOPS_AT_STEP", 2)
+    clock.machine.optimizer_created()
+    gpu_ms = {"data": 0.0, "forward": 1.0, "backward": 1.0, "optimizer": 1.0}
+    g, tapped = 0.0, clock.tapped
+    try:
+        step = 0
+        while not tapped.counting:
+            g = host_bound_step(clock, step * 0.01, gpu_ms, g) + 0.0005
+            step += 1
+        with Passthrough():
+            for _ in range(2):  # the counted step ends, then one more, under the script's mode
+                g = host_bound_step(clock, step * 0.01, gpu_ms, g) + 0.0005
+                step += 1
+                assert tapped.flop_counter.stuck and not tapped.counting
+        assert "another torch dispatch mode" in tapped.flops["error"]
+        host_bound_step(clock, step * 0.01, gpu_ms, g)
+        assert not tapped.flop_counter.stuck and _get_current_dispatch_mode() is None
+    finally:  # on any failure above: ours taken off, or every later test counts
+        while _get_current_dispatch_mode() is not None:
+            _pop_mode()
+
+
 def test_steps_are_read_only_once_their_events_completed_and_bounded(clock):
     m, gpu = clock.machine, clock.gpu
     m.optimizer_created()

@@ -39,12 +39,15 @@ TF32_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm"}) | CONV_OPS  # TF32 appli
 
 class StepFlops:
     """FLOPs by dtype between `start()` and `stop()`, called at two points of the program in one
-    thread. Nothing is installed before `start()`; neither method raises: an error is in the
-    result of `stop()`."""
+    thread. Nothing is installed before `start()`; no method raises: an error is in the result of
+    `stop()`. Where the script entered a dispatch mode of its own after `start()` and is still in
+    it at `stop()`, the counting mode cannot be taken off from under it: it stays, counting
+    nothing anyone reads, until `release()` finds it on top again (the script's mode exited)."""
 
     def __init__(self) -> None:
         self._counter: Any = None
         self._error: str | None = None
+        self._stuck: Any = None  # a counter whose mode stop() could not take off torch's stack
 
     def start(self) -> bool:
         """Start counting; False (and the reason in `stop()`'s result) if it could not."""
@@ -73,11 +76,31 @@ class StepFlops:
             counter.end()
         except Exception as error:
             counter.error = counter.error or f"{type(error).__name__}: {error}"
+            if counter.mode is not None:  # still on the stack, under another mode
+                self._stuck = counter
         by_dtype = dict(counter.by_dtype)
         result = {"by_dtype": by_dtype, "flops": sum(by_dtype.values())}
         if counter.error:
             result["error"] = counter.error
         return result
+
+    @property
+    def stuck(self) -> bool:
+        """The counting mode is still on torch's stack after `stop()`."""
+        return self._stuck is not None
+
+    def release(self) -> bool:
+        """Take a stuck counting mode off torch's stack where it is on top again: True once it is
+        off (or was never stuck)."""
+        counter = self._stuck
+        if counter is None:
+            return True
+        try:
+            counter.end()
+        except Exception:  # the script's mode is still above it
+            return False
+        self._stuck = None
+        return True
 
 
 @functools.cache

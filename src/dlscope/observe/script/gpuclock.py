@@ -270,6 +270,8 @@ class GpuClock:
             self._count_flops_end()
         elif self.steps_seen == FLOPS_AT_STEP:
             self._count_flops_begin()
+        elif self.flop_counter is not None and self.flop_counter.stuck:  # under a mode of the script's
+            self.flop_counter.release()
         reserved = self.cuda.memory_reserved() >> 20
         self.pending.append((self.log, last, self.syncs, reserved, excluded))
         self.log, self.syncs = [], 0
