@@ -28,9 +28,9 @@ Per batch, one binary record in `<pid>.batches`, never one per sample:
 "taken" in the training process (written by hooks.loader_next with the wait; with num_workers=0
 both in one write); per DataLoader, one "loader" record in the training process, and at its exit
 one "cost". Records are buffered (Records: in C where _batchpack.c is built, else PyRecords) and
-written at FLUSH_BYTES or FLUSH_SECONDS after the oldest, when a worker's loop
-ends, before a worker waits for indices (IndexQueue) and at exit: a write(2) per batch was half
-the cost on a fast dataset; a SIGKILL loses at most FLUSH_SECONDS of batches.
+written at FLUSH_BYTES or FLUSH_SECONDS after the oldest, when a worker's loop ends, before a
+worker waits for indices (IndexQueue) and at exit: a write(2) per batch was half the cost on a
+fast dataset; a SIGKILL loses at most FLUSH_SECONDS of batches.
 
     b"DLSBATCH"  uint32 n  n bytes of JSON {"version", "built", "taken", "loader", "cost"}  records...
     a record:    uint32 its length in bytes, uint8 kind (0 built, 1 taken, 2 loader, 3 cost), the
@@ -273,7 +273,6 @@ class BatchRecorder:
         self.worker_id = -1
         self.serial = 0  # in the training process: single-process iterators numbered as they start
         self.pins: dict[int, float] = {}  # id(pinned batch) -> seconds, from the pin-memory thread
-        self.shapes: dict[int, tuple[Callable[..., bytes], int]] = {}  # see _shape
         # the next batch's samples are timed one by one: in a worker only (its loop sets it, then
         # samples_timed_next after each batch); the training process times batches, never samples
         self.time_samples = False
