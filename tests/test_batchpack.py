@@ -4,9 +4,14 @@ sequence of batches and records, and both read back by batchflow as the batches 
 
 from __future__ import annotations
 
+import copy
+import glob
 import math
 import os
+import shutil
 import struct
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,9 +60,26 @@ def batch(draw: st.DrawFn) -> tuple:
     return (*head, indices, ends, taken)
 
 
-# a call: a batch built, a record appended (a loader's JSON, a taken record), or the pending taken
+@st.composite
+def batch_here(draw: st.DrawFn) -> tuple:
+    """The arguments of one `built_and_taken` call: a Built tuple as the fetchers make it (its ends
+    one per sample, or not: a guard), the iterator's [serial, batches taken, loader, pass], then
+    worker_id, pid, tid, next_start, next_end and the pin seconds."""
+    flags, _, _, _, _, start, fetched, collated, _, indices, ends, _ = draw(batch())
+    if ends is not None and draw(st.booleans()):
+        ends = ends[:-1] or None if len(ends) > 1 else ends  # (a guard: never from batches.py's fetchers)
+    single = [draw(u32), draw(st.integers(0, 2**32 - 2)), draw(u32), draw(u32)]
+    return (
+        (flags, start, fetched, collated, indices, ends), single, draw(st.integers(-(2**15), 2**15 - 1)), draw(u32),
+        draw(u32), draw(seconds), draw(seconds), draw(st.just(math.nan) | st.floats(0.0, 10.0)),
+    )  # fmt: skip
+
+
+# a call: a batch built (in a worker, or taken here too), a record appended (a loader's JSON, a
+# taken record), or the pending taken
 call = st.one_of(
     st.tuples(st.just("built"), batch()),
+    st.tuples(st.just("built_and_taken"), batch_here()),
     st.tuples(st.just("append"), st.tuples(st.binary(max_size=300), seconds)),
     st.tuples(st.just("take"), st.just(())),
 )
@@ -73,10 +95,11 @@ def written(index: object) -> int:
 
 
 def play(records: object, calls: list) -> list:
-    """What each call returned, its length after, and the bytes taken at the end."""
+    """What each call returned, its length after (and an iterator's list, which built_and_taken
+    moves on), and the bytes taken at the end."""
     seen = []
-    for name, args in calls:
-        seen.append((getattr(records, name)(*args), len(records)))  # type: ignore[arg-type]
+    for name, args in copy.deepcopy(calls):
+        seen.append((getattr(records, name)(*args), len(records), args))  # type: ignore[arg-type]
     return [*seen, records.take()]  # type: ignore[attr-defined]
 
 
@@ -157,3 +180,44 @@ def test_an_index_whose_index_method_runs_python_is_read_safely():
     records = _batchpack.Records(1 << 20, 1.0)
     records.built(0, -1, 0, 0, os.getpid() % 2**32, 1.0, 2.0, 3.0, 4.0, indices, None, None)
     assert struct.unpack_from("<3q", records.take(), BUILT.size) == (7, -1, -1)
+
+
+OTHER_PYTHONS = sorted(glob.glob("/root/.pyenv/versions/3.1[2-9]*/bin/python3"))
+AGREE = """
+import math, random, sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+import _batchpack
+from dlscope.observe.script.batches import KIND_TAKEN, TAKEN, PyRecords
+rng = random.Random(0)
+values = [0, 1, -1, 2**30 - 1, 2**30, -(2**30), 2**62, -(2**63), 2**63 - 1, 2**63, 2**70, True, "k", 3.5]
+for trial in range(2000):
+    indices = [rng.choice(values + [rng.randrange(-10**6, 10**6)]) for _ in range(rng.randrange(70))]
+    ends = None if trial % 2 else [rng.random() for _ in indices]
+    taken = (TAKEN.size, KIND_TAKEN, -1, 5, 6, 7, 8, 9, 10, 1.0, 2.0, 3.0, math.nan) if trial % 3 else None
+    taken_by = []
+    for records in (_batchpack.Records(1 << 20, 100.0), PyRecords(1 << 20, 100.0)):
+        single = [1, trial, 2, 3]
+        records.built(int(bool(ends)), -1, 3, 4, 99, 1.0, 2.0, 3.0, 4.0, indices, ends, taken)
+        records.built_and_taken((0, 1.0, 2.0, 3.0, indices, ends), single, -1, 7, 8, 5.0, 6.0, 0.5)
+        taken_by.append((records.take(), single))
+    assert taken_by[0] == taken_by[1], (trial, indices, ends)
+"""
+
+
+@pytest.mark.skipif(not OTHER_PYTHONS or shutil.which("gcc") is None, reason="no other CPython ≥ 3.12 and gcc here")
+@pytest.mark.parametrize("python", OTHER_PYTHONS)
+def test_the_c_records_build_and_agree_on_later_pythons(tmp_path, python):
+    """Python 3.12 changed how an int is laid out (the GPU machine runs 3.12): the extension builds
+    there without a warning and writes what PyRecords writes."""
+    asked = "import sysconfig as s; print(s.get_paths()['include'], s.get_config_var('EXT_SUFFIX'))"
+    config = subprocess.run([python, "-c", asked], capture_output=True, text=True, check=True).stdout.split()
+    source = Path(batches.__file__).with_name("_batchpack.c")
+    built = subprocess.run(
+        ["gcc", "-O2", "-Wall", "-Werror", "-fPIC", "-shared", f"-I{config[0]}", str(source), "-o",
+         str(tmp_path / f"_batchpack{config[1]}")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    src = Path(batches.__file__).parents[3]
+    ran = subprocess.run([python, "-c", AGREE, str(tmp_path), str(src)], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr[-2000:]

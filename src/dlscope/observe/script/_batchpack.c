@@ -26,6 +26,8 @@
 #define TAKEN_BYTES 60 /* struct "<IBxhIIIIIIdddf" */
 #define TAKEN_FIELDS 13
 #define KIND_BUILT 0
+#define KIND_TAKEN 1
+#define SAMPLE_TIMES 1 /* batches.SAMPLE_TIMES: the built flag of samples timed one by one */
 #define KEPT_BYTES (1 << 20) /* a buffer grown past this (a huge batch) is let go at the next take */
 
 typedef struct {
@@ -89,68 +91,35 @@ static PyObject *added(Records *self, double now) {
     return PyBool_FromLong(self->used >= self->flush_bytes || now - self->oldest >= self->flush_seconds);
 }
 
-static PyObject *Records_built(Records *self, PyObject *const *args, Py_ssize_t nargs) {
-    /* flags, worker_id, generation, idx, tid, start, fetched, collated, ready, indices, ends
-       (None: not timed one by one), taken (None, or TAKEN's 13 values) */
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "built takes 12 arguments");
-        return NULL;
-    }
-    long long flags, worker_id, generation, idx, tid;
-    if (field(args[0], 0, 255, &flags) || field(args[1], INT16_MIN, INT16_MAX, &worker_id) ||
-        field(args[2], 0, UINT32_MAX, &generation) || field(args[3], 0, UINT32_MAX, &idx) ||
-        field(args[4], 0, UINT32_MAX, &tid))
-        return NULL;
-    double times[4];
-    for (int i = 0; i < 4; i++) {
-        times[i] = PyFloat_AsDouble(args[5 + i]);
-        if (times[i] == -1.0 && PyErr_Occurred()) return NULL;
-    }
-    PyObject *indices = PySequence_Fast(args[9], "built: indices must be a sequence");
-    if (indices == NULL) return NULL;
+/* a batch's built record (and its taken one, where `taken_ints` is not NULL) added: `head` is
+   flags, worker_id, generation, idx, tid; `times` start, fetched, collated, ready; `ends` NULL
+   where the samples were not timed one by one. Everything that may run Python (an index's
+   __index__, a time's __float__) is read before the buffer is touched. */
+static PyObject *add_built(Records *self, const long long head[5], const double times[4], PyObject *indices,
+                           PyObject *ends, const long long *taken_ints, const double *taken_times) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(indices);
-    PyObject *ends = args[10] == Py_None ? NULL : PySequence_Fast(args[10], "built: ends must be a sequence");
-    PyObject *taken = args[11];
-    PyObject *result = NULL;
-    int64_t stack[512];
-    int64_t *values = stack;
-    if (args[10] != Py_None && ends == NULL) goto done;
-    if (ends != NULL && PySequence_Fast_GET_SIZE(ends) != n) {
-        PyErr_SetString(PyExc_ValueError, "built: one end time per sample");
-        goto done;
-    }
-    if (taken != Py_None && (!PyTuple_Check(taken) || PyTuple_GET_SIZE(taken) != TAKEN_FIELDS)) {
-        PyErr_SetString(PyExc_TypeError, "built: taken must be a tuple of TAKEN's 13 values");
-        goto done;
-    }
     Py_ssize_t words = n * (ends != NULL ? 2 : 1);
     Py_ssize_t built_bytes = BUILT_BYTES + 8 * words;
     if (built_bytes > UINT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "built: record too long");
-        goto done;
+        return NULL;
     }
-    long long taken_ints[9]; /* length, kind, worker_id, worker_pid, generation, idx, loader, pass, tid */
-    double taken_times[4];   /* next_start, next_end, taken, pin */
-    if (taken != Py_None) {
-        static const long long lo[9] = {0, 0, INT16_MIN, 0, 0, 0, 0, 0, 0};
-        static const long long hi[9] = {UINT32_MAX, 255, INT16_MAX, UINT32_MAX, UINT32_MAX,
-                                        UINT32_MAX, UINT32_MAX, UINT32_MAX, UINT32_MAX};
-        for (int i = 0; i < 9; i++)
-            if (field(PyTuple_GET_ITEM(taken, i), lo[i], hi[i], &taken_ints[i])) goto done;
-        for (int i = 0; i < 4; i++) {
-            taken_times[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(taken, 9 + i));
-            if (taken_times[i] == -1.0 && PyErr_Occurred()) goto done;
-        }
-    }
-    if (words > 512 && (values = PyMem_Malloc(sizeof(int64_t) * words)) == NULL) {
-        values = stack;
-        PyErr_NoMemory();
-        goto done;
-    }
+    int64_t stack[512];
+    int64_t *values = stack;
+    PyObject *result = NULL;
+    if (words > 512 && (values = PyMem_Malloc(sizeof(int64_t) * words)) == NULL) return PyErr_NoMemory();
     for (Py_ssize_t i = 0; i < n; i++) {
         /* the list may shrink under an __index__ that runs Python: its length read at each item */
         PyObject *item = i < PySequence_Fast_GET_SIZE(indices) ? PySequence_Fast_GET_ITEM(indices, i) : NULL;
         if (item != NULL && PyLong_CheckExact(item)) {
+#if PY_VERSION_HEX < 0x030C0000
+            /* an int of one digit (|i| < 2**30, a sample index nearly always): read as 3.11 lays it out */
+            Py_ssize_t size = Py_SIZE(item);
+            if (size >= -1 && size <= 1) {
+                values[i] = (int64_t)size * (int64_t)((PyLongObject *)item)->ob_digit[0];
+                continue;
+            }
+#endif
             int overflow;
             long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
             values[i] = overflow ? -1 : (int64_t)v;
@@ -170,20 +139,20 @@ static PyObject *Records_built(Records *self, PyObject *const *args, Py_ssize_t 
             memcpy(&values[n + i], &end, 8);
         }
     }
-    if (reserve(self, built_bytes + (taken != Py_None ? TAKEN_BYTES : 0)) < 0) goto done;
+    if (reserve(self, built_bytes + (taken_ints != NULL ? TAKEN_BYTES : 0)) < 0) goto done;
     char *at = self->data + self->used;
     put_u32(&at, (uint32_t)built_bytes);
     *at++ = KIND_BUILT;
-    *at++ = (char)(uint8_t)flags;
-    int16_t worker = (int16_t)worker_id;
+    *at++ = (char)(uint8_t)head[0];
+    int16_t worker = (int16_t)head[1];
     memcpy(at, &worker, 2), at += 2;
-    put_u32(&at, (uint32_t)generation);
-    put_u32(&at, (uint32_t)idx);
+    put_u32(&at, (uint32_t)head[2]);
+    put_u32(&at, (uint32_t)head[3]);
     put_u32(&at, (uint32_t)n);
-    put_u32(&at, (uint32_t)tid);
+    put_u32(&at, (uint32_t)head[4]);
     for (int i = 0; i < 4; i++) put_f64(&at, times[i]);
     memcpy(at, values, 8 * words), at += 8 * words;
-    if (taken != Py_None) {
+    if (taken_ints != NULL) {
         put_u32(&at, (uint32_t)taken_ints[0]);
         *at++ = (char)(uint8_t)taken_ints[1];
         *at++ = 0; /* the pad byte */
@@ -198,8 +167,120 @@ static PyObject *Records_built(Records *self, PyObject *const *args, Py_ssize_t 
     result = added(self, times[3]);
 done:
     if (values != stack) PyMem_Free(values);
+    return result;
+}
+
+static const long long HEAD_LO[5] = {0, INT16_MIN, 0, 0, 0};
+static const long long HEAD_HI[5] = {255, INT16_MAX, UINT32_MAX, UINT32_MAX, UINT32_MAX};
+/* TAKEN's integer fields: length, kind, worker_id, worker_pid, generation, idx, loader, pass, tid */
+static const long long TAKEN_LO[9] = {0, 0, INT16_MIN, 0, 0, 0, 0, 0, 0};
+static const long long TAKEN_HI[9] = {UINT32_MAX, 255, INT16_MAX, UINT32_MAX, UINT32_MAX,
+                                      UINT32_MAX, UINT32_MAX, UINT32_MAX, UINT32_MAX};
+
+static int read_times(PyObject *const *items, int count, double *out) {
+    for (int i = 0; i < count; i++) {
+        out[i] = PyFloat_AsDouble(items[i]);
+        if (out[i] == -1.0 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+/* the sequences a record reads: indices, and ends where not None (NULL); 0, or -1 and an error */
+static int read_sequences(PyObject *indices_arg, PyObject *ends_arg, PyObject **indices, PyObject **ends) {
+    *ends = NULL;
+    *indices = PySequence_Fast(indices_arg, "built: indices must be a sequence");
+    if (*indices == NULL) return -1;
+    if (ends_arg == Py_None) return 0;
+    *ends = PySequence_Fast(ends_arg, "built: ends must be a sequence");
+    if (*ends != NULL && PySequence_Fast_GET_SIZE(*ends) == PySequence_Fast_GET_SIZE(*indices)) return 0;
+    if (*ends != NULL) PyErr_SetString(PyExc_ValueError, "built: one end time per sample");
+    Py_CLEAR(*indices);
+    Py_CLEAR(*ends);
+    return -1;
+}
+
+static PyObject *Records_built(Records *self, PyObject *const *args, Py_ssize_t nargs) {
+    /* flags, worker_id, generation, idx, tid, start, fetched, collated, ready, indices, ends
+       (None: not timed one by one), taken (None, or TAKEN's 13 values) */
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "built takes 12 arguments");
+        return NULL;
+    }
+    long long head[5], taken_ints[9];
+    double times[4], taken_times[4];
+    for (int i = 0; i < 5; i++)
+        if (field(args[i], HEAD_LO[i], HEAD_HI[i], &head[i])) return NULL;
+    if (read_times(args + 5, 4, times)) return NULL;
+    PyObject *taken = args[11];
+    if (taken != Py_None) {
+        if (!PyTuple_Check(taken) || PyTuple_GET_SIZE(taken) != TAKEN_FIELDS) {
+            PyErr_SetString(PyExc_TypeError, "built: taken must be a tuple of TAKEN's 13 values");
+            return NULL;
+        }
+        for (int i = 0; i < 9; i++)
+            if (field(PyTuple_GET_ITEM(taken, i), TAKEN_LO[i], TAKEN_HI[i], &taken_ints[i])) return NULL;
+        if (read_times(&PyTuple_GET_ITEM(taken, 9), 4, taken_times)) return NULL;
+    }
+    PyObject *indices, *ends;
+    if (read_sequences(args[9], args[10], &indices, &ends)) return NULL;
+    PyObject *result = add_built(self, head, times, indices, ends, taken != Py_None ? taken_ints : NULL, taken_times);
     Py_DECREF(indices);
     Py_XDECREF(ends);
+    return result;
+}
+
+static PyObject *Records_built_and_taken(Records *self, PyObject *const *args, Py_ssize_t nargs) {
+    /* built (a batches.Built as a plain tuple: flags, start, fetched, collated, indices, ends),
+       single (the iterator's [serial, batches taken, loader, pass]: its count is moved on here),
+       worker_id, pid, tid, next_start, next_end, pin */
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "built_and_taken takes 8 arguments");
+        return NULL;
+    }
+    PyObject *built = args[0], *single = args[1];
+    if (!PyTuple_Check(built) || PyTuple_GET_SIZE(built) != 6 || !PyList_Check(single) || PyList_GET_SIZE(single) != 4) {
+        PyErr_SetString(PyExc_TypeError, "built_and_taken: a Built tuple and the iterator's 4-item list");
+        return NULL;
+    }
+    long long flags, worker_id, pid, tid, serial, idx, loader, passes;
+    double times[4];       /* start, fetched, collated, ready (= next_end: handed on as it was taken) */
+    double taken_times[4]; /* next_start, next_end, taken (= next_end), pin seconds */
+    if (field(PyTuple_GET_ITEM(built, 0), 0, 255, &flags) || field(args[2], INT16_MIN, INT16_MAX, &worker_id) ||
+        field(args[3], 0, UINT32_MAX, &pid) || field(args[4], 0, UINT32_MAX, &tid) ||
+        field(PyList_GET_ITEM(single, 0), 0, UINT32_MAX, &serial) ||
+        field(PyList_GET_ITEM(single, 1), 0, UINT32_MAX - 1, &idx) ||
+        field(PyList_GET_ITEM(single, 2), 0, UINT32_MAX, &loader) ||
+        field(PyList_GET_ITEM(single, 3), 0, UINT32_MAX, &passes) || read_times(&PyTuple_GET_ITEM(built, 1), 3, times) ||
+        read_times(args + 5, 2, taken_times) || read_times(args + 7, 1, taken_times + 3))
+        return NULL;
+    times[3] = taken_times[2] = taken_times[1];
+    PyObject *ends_arg = PyTuple_GET_ITEM(built, 5), *indices, *ends;
+    if (ends_arg != Py_None) { /* (never from batches.py's fetchers) not one end per sample: not timed after all */
+        Py_ssize_t n_ends = PyObject_Length(ends_arg), n = PyObject_Length(PyTuple_GET_ITEM(built, 4));
+        if (n_ends < 0 || n < 0) return NULL;
+        if (n_ends != n) ends_arg = Py_None, flags &= ~SAMPLE_TIMES;
+    }
+    if (read_sequences(PyTuple_GET_ITEM(built, 4), ends_arg, &indices, &ends)) return NULL;
+    PyObject *count = PyLong_FromLongLong(idx + 1);
+    if (count == NULL) {
+        Py_DECREF(indices);
+        Py_XDECREF(ends);
+        return NULL;
+    }
+    long long head[5] = {flags, worker_id, serial, idx, tid};
+    /* the taken record's worker -1: a batch of no worker's */
+    long long taken_ints[9] = {TAKEN_BYTES, KIND_TAKEN, -1, pid, serial, idx, loader, passes, tid};
+    PyObject *result = add_built(self, head, times, indices, ends, taken_ints, taken_times);
+    Py_DECREF(indices);
+    Py_XDECREF(ends);
+    if (result == NULL) {
+        Py_DECREF(count);
+        return NULL;
+    }
+    if (PyList_SetItem(single, 1, count) < 0) { /* (steals count) a list an __index__ emptied meanwhile */
+        Py_DECREF(result);
+        return NULL;
+    }
     return result;
 }
 
@@ -250,6 +331,9 @@ static PyMethodDef Records_methods[] = {
     {"built", (PyCFunction)(void (*)(void))Records_built, METH_FASTCALL,
      "built(flags, worker_id, generation, idx, tid, start, fetched, collated, ready, indices, ends, taken) -> "
      "flush due: a batch's built record (and its taken one) added, as batches.PyRecords.built adds it."},
+    {"built_and_taken", (PyCFunction)(void (*)(void))Records_built_and_taken, METH_FASTCALL,
+     "built_and_taken(built, single, worker_id, pid, tid, next_start, next_end, pin) -> flush due: a batch built "
+     "and taken in this thread (num_workers=0), as batches.PyRecords.built_and_taken adds it."},
     {"append", (PyCFunction)(void (*)(void))Records_append, METH_FASTCALL,
      "append(record, now) -> flush due: a packed record added at `now`."},
     {"take", (PyCFunction)Records_take, METH_NOARGS, "The pending bytes, handed over; none left pending."},

@@ -198,6 +198,30 @@ class PyRecords:
             record = pack(*head, *map(_sample_index, indices), *(ends or ()), *(taken or ()))
         return self.append(record, ready)
 
+    def built_and_taken(
+        self,
+        built: tuple,
+        single: list,
+        worker_id: int,
+        pid: int,
+        tid: int,
+        next_start: float,
+        next_end: float,
+        pin: float,
+    ) -> bool:
+        """A batch built and taken in this thread (num_workers=0), one `Built` tuple: its built
+        record (this process's `worker_id`) with its taken record (worker -1: no worker's batch),
+        both ready and taken when the loader's `__next__` ended; numbered by the iterator's
+        `single` ([serial, batches taken, loader, pass]), whose count moves on."""
+        flags, start, fetched, collated, indices, ends = built
+        if ends is not None and len(ends) != len(indices):  # never from these fetchers: not timed after all
+            flags, ends = flags & ~SAMPLE_TIMES, None
+        serial, idx, loader, passes = single
+        taken = (TAKEN.size, KIND_TAKEN, -1, pid, serial, idx, loader, passes, tid, next_start, next_end, next_end, pin)
+        due = self.built(flags, worker_id, serial, idx, tid, start, fetched, collated, next_end, indices, ends, taken)
+        single[1] = idx + 1
+        return due
+
     def append(self, record: bytes, now: float) -> bool:
         self.parts.append(record)
         self.used += len(record)
@@ -464,27 +488,12 @@ class BatchRecorder:
         if single is None:  # this iterator's first batch
             self.serial += 1
             single = own["_dlscope_single"] = [self.serial, 0, *own.get("_dlscope_pass", UNKNOWN_PASS)]
-        serial, idx, loader, passes = single
-        single[1] = idx + 1
         pin = local.pin
         if pin == pin:  # pinned (not NaN)
             local.pin = NAN
-        taken = (
-            TAKEN.size,
-            KIND_TAKEN,
-            -1,
-            self.pid,
-            serial,
-            idx,
-            loader,
-            passes,
-            native_thread_id(),
-            start,
-            end,
-            end,
-            pin,
-        )
-        self.write_built(built, serial, idx, end, taken)
+        file = self.file
+        if file.pending.built_and_taken(built, single, self.worker_id, self.pid, native_thread_id(), start, end, pin):
+            file.flush()
 
     def loader_iter(self, iter_: Callable, loader: Any) -> Any:
         """`DataLoader.__iter__`: one more pass of this loader (numbered at its first, with a
