@@ -75,10 +75,18 @@ def batch_here(draw: st.DrawFn) -> tuple:
     )  # fmt: skip
 
 
-# a call: a batch built (in a worker, or taken here too), a record appended (a loader's JSON, a
-# taken record), or the pending taken
+@st.composite
+def batch_by(draw: st.DrawFn) -> tuple:
+    """The arguments of one `built_by` call: a Built tuple, worker_id, generation, idx, tid, ready."""
+    built, _, worker_id, generation, idx, ready, _, _ = draw(batch_here())
+    return built, worker_id, generation, idx, draw(u32), ready
+
+
+# a call: a batch built (its fields; a Built tuple, as a worker writes it; one taken here too), a
+# record appended (a loader's JSON, a taken record), or the pending taken
 call = st.one_of(
     st.tuples(st.just("built"), batch()),
+    st.tuples(st.just("built_by"), batch_by()),
     st.tuples(st.just("built_and_taken"), batch_here()),
     st.tuples(st.just("append"), st.tuples(st.binary(max_size=300), seconds)),
     st.tuples(st.just("take"), st.just(())),
@@ -199,6 +207,7 @@ for trial in range(2000):
         single = [1, trial, 2, 3]
         records.built(int(bool(ends)), -1, 3, 4, 99, 1.0, 2.0, 3.0, 4.0, indices, ends, taken)
         records.built_and_taken((0, 1.0, 2.0, 3.0, indices, ends), single, -1, 7, 8, 5.0, 6.0, 0.5)
+        records.built_by((1, 1.0, 2.0, 3.0, indices, ends), 2, 3, trial, 8, 7.0)
         taken_by.append((records.take(), single))
     assert taken_by[0] == taken_by[1], (trial, indices, ends)
 """

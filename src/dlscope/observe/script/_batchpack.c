@@ -229,6 +229,42 @@ static PyObject *Records_built(Records *self, PyObject *const *args, Py_ssize_t 
     return result;
 }
 
+/* a Built tuple's fields as the records read them: flags and times[0..2], with its indices and ends
+   (NULL: not timed one by one; also where not one end per sample, its flag then cleared) */
+static int read_built(PyObject *built, long long *flags, double times[3], PyObject **indices, PyObject **ends) {
+    if (!PyTuple_Check(built) || PyTuple_GET_SIZE(built) != 6) {
+        PyErr_SetString(PyExc_TypeError, "a Built tuple: flags, start, fetched, collated, indices, ends");
+        return -1;
+    }
+    if (field(PyTuple_GET_ITEM(built, 0), 0, 255, flags) || read_times(&PyTuple_GET_ITEM(built, 1), 3, times)) return -1;
+    PyObject *ends_arg = PyTuple_GET_ITEM(built, 5);
+    if (ends_arg != Py_None) { /* (never from batches.py's fetchers) not one end per sample: not timed after all */
+        Py_ssize_t n_ends = PyObject_Length(ends_arg), n = PyObject_Length(PyTuple_GET_ITEM(built, 4));
+        if (n_ends < 0 || n < 0) return -1;
+        if (n_ends != n) ends_arg = Py_None, *flags &= ~SAMPLE_TIMES;
+    }
+    return read_sequences(PyTuple_GET_ITEM(built, 4), ends_arg, indices, ends);
+}
+
+static PyObject *Records_built_by(Records *self, PyObject *const *args, Py_ssize_t nargs) {
+    /* built (a Built tuple), worker_id, generation, idx, tid, ready */
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "built_by takes 6 arguments");
+        return NULL;
+    }
+    long long head[5];
+    double times[4];
+    PyObject *indices, *ends;
+    if (field(args[1], INT16_MIN, INT16_MAX, &head[1]) || field(args[2], 0, UINT32_MAX, &head[2]) ||
+        field(args[3], 0, UINT32_MAX, &head[3]) || field(args[4], 0, UINT32_MAX, &head[4]) ||
+        read_times(args + 5, 1, times + 3) || read_built(args[0], &head[0], times, &indices, &ends))
+        return NULL;
+    PyObject *result = add_built(self, head, times, indices, ends, NULL, NULL);
+    Py_DECREF(indices);
+    Py_XDECREF(ends);
+    return result;
+}
+
 static PyObject *Records_built_and_taken(Records *self, PyObject *const *args, Py_ssize_t nargs) {
     /* built (a batches.Built as a plain tuple: flags, start, fetched, collated, indices, ends),
        single (the iterator's [serial, batches taken, loader, pass]: its count is moved on here),
@@ -237,30 +273,22 @@ static PyObject *Records_built_and_taken(Records *self, PyObject *const *args, P
         PyErr_SetString(PyExc_TypeError, "built_and_taken takes 8 arguments");
         return NULL;
     }
-    PyObject *built = args[0], *single = args[1];
-    if (!PyTuple_Check(built) || PyTuple_GET_SIZE(built) != 6 || !PyList_Check(single) || PyList_GET_SIZE(single) != 4) {
-        PyErr_SetString(PyExc_TypeError, "built_and_taken: a Built tuple and the iterator's 4-item list");
+    PyObject *built = args[0], *single = args[1], *indices, *ends;
+    if (!PyList_Check(single) || PyList_GET_SIZE(single) != 4) {
+        PyErr_SetString(PyExc_TypeError, "built_and_taken: the iterator's [serial, batches taken, loader, pass]");
         return NULL;
     }
     long long flags, worker_id, pid, tid, serial, idx, loader, passes;
     double times[4];       /* start, fetched, collated, ready (= next_end: handed on as it was taken) */
     double taken_times[4]; /* next_start, next_end, taken (= next_end), pin seconds */
-    if (field(PyTuple_GET_ITEM(built, 0), 0, 255, &flags) || field(args[2], INT16_MIN, INT16_MAX, &worker_id) ||
-        field(args[3], 0, UINT32_MAX, &pid) || field(args[4], 0, UINT32_MAX, &tid) ||
-        field(PyList_GET_ITEM(single, 0), 0, UINT32_MAX, &serial) ||
+    if (field(args[2], INT16_MIN, INT16_MAX, &worker_id) || field(args[3], 0, UINT32_MAX, &pid) ||
+        field(args[4], 0, UINT32_MAX, &tid) || field(PyList_GET_ITEM(single, 0), 0, UINT32_MAX, &serial) ||
         field(PyList_GET_ITEM(single, 1), 0, UINT32_MAX - 1, &idx) ||
         field(PyList_GET_ITEM(single, 2), 0, UINT32_MAX, &loader) ||
-        field(PyList_GET_ITEM(single, 3), 0, UINT32_MAX, &passes) || read_times(&PyTuple_GET_ITEM(built, 1), 3, times) ||
-        read_times(args + 5, 2, taken_times) || read_times(args + 7, 1, taken_times + 3))
+        field(PyList_GET_ITEM(single, 3), 0, UINT32_MAX, &passes) || read_times(args + 5, 2, taken_times) ||
+        read_times(args + 7, 1, taken_times + 3) || read_built(built, &flags, times, &indices, &ends))
         return NULL;
     times[3] = taken_times[2] = taken_times[1];
-    PyObject *ends_arg = PyTuple_GET_ITEM(built, 5), *indices, *ends;
-    if (ends_arg != Py_None) { /* (never from batches.py's fetchers) not one end per sample: not timed after all */
-        Py_ssize_t n_ends = PyObject_Length(ends_arg), n = PyObject_Length(PyTuple_GET_ITEM(built, 4));
-        if (n_ends < 0 || n < 0) return NULL;
-        if (n_ends != n) ends_arg = Py_None, flags &= ~SAMPLE_TIMES;
-    }
-    if (read_sequences(PyTuple_GET_ITEM(built, 4), ends_arg, &indices, &ends)) return NULL;
     PyObject *count = PyLong_FromLongLong(idx + 1);
     if (count == NULL) {
         Py_DECREF(indices);
@@ -334,6 +362,9 @@ static PyMethodDef Records_methods[] = {
     {"built_and_taken", (PyCFunction)(void (*)(void))Records_built_and_taken, METH_FASTCALL,
      "built_and_taken(built, single, worker_id, pid, tid, next_start, next_end, pin) -> flush due: a batch built "
      "and taken in this thread (num_workers=0), as batches.PyRecords.built_and_taken adds it."},
+    {"built_by", (PyCFunction)(void (*)(void))Records_built_by, METH_FASTCALL,
+     "built_by(built, worker_id, generation, idx, tid, ready) -> flush due: a Built tuple's record, as "
+     "batches.PyRecords.built_by adds it."},
     {"append", (PyCFunction)(void (*)(void))Records_append, METH_FASTCALL,
      "append(record, now) -> flush due: a packed record added at `now`."},
     {"take", (PyCFunction)Records_take, METH_NOARGS, "The pending bytes, handed over; none left pending."},

@@ -11,7 +11,7 @@ With workers, a worker pays the built side of the same path (its samples timed o
 its own rule: WORKER_SAMPLE_TIMING_MIN_S in batches.py) and the training process the taken side (~1.3
 µs a batch on a quiet AVX-512 2-vCPU host, 2–4 µs on a slower or busy one: benchmarks/batch_xray.py);
 with num_workers=0 one process pays both: this figure. It is a lower bound: inside the loop the
-dataset's work evicts the x-ray's code and data from the caches between two batches (~3.5 µs there
+dataset's work evicts the x-ray's code and data from the caches between two batches (3–5 µs there
 against < 0.1 µs here for 64 tensors sliced from memory: BENCHMARKS.md).
 """
 

@@ -213,14 +213,18 @@ class PyRecords:
         record (this process's `worker_id`) with its taken record (worker -1: no worker's batch),
         both ready and taken when the loader's `__next__` ended; numbered by the iterator's
         `single` ([serial, batches taken, loader, pass]), whose count moves on."""
-        flags, start, fetched, collated, indices, ends = built
-        if ends is not None and len(ends) != len(indices):  # never from these fetchers: not timed after all
-            flags, ends = flags & ~SAMPLE_TIMES, None
+        flags, start, fetched, collated, indices, ends = _built_fields(built)
         serial, idx, loader, passes = single
         taken = (TAKEN.size, KIND_TAKEN, -1, pid, serial, idx, loader, passes, tid, next_start, next_end, next_end, pin)
         due = self.built(flags, worker_id, serial, idx, tid, start, fetched, collated, next_end, indices, ends, taken)
         single[1] = idx + 1
         return due
+
+    def built_by(self, built: tuple, worker_id: int, generation: int, idx: int, tid: int, ready: float) -> bool:
+        """A `Built` tuple's built record: batch idx of `generation`, built by `worker_id` (-1: the
+        training process) in thread `tid`, handed on at `ready`."""
+        flags, start, fetched, collated, indices, ends = _built_fields(built)
+        return self.built(flags, worker_id, generation, idx, tid, start, fetched, collated, ready, indices, ends, None)
 
     def append(self, record: bytes, now: float) -> bool:
         self.parts.append(record)
@@ -240,6 +244,15 @@ class PyRecords:
 
     def __len__(self) -> int:
         return self.used
+
+
+def _built_fields(built: tuple) -> tuple:
+    """A `Built` tuple's fields as written: where its samples' end times are not one per sample
+    (never from these fetchers), not timed one by one after all."""
+    flags, start, fetched, collated, indices, ends = built
+    if ends is not None and len(ends) != len(indices):
+        return flags & ~SAMPLE_TIMES, start, fetched, collated, indices, None
+    return built
 
 
 _SHAPES: dict[tuple[int, bool, bool], tuple[Callable[..., bytes], int]] = {}
@@ -411,16 +424,10 @@ class BatchRecorder:
         self.fetches += 1
         return seconds >= self.sample_min_s * samples or not self.fetches % SAMPLE_EVERY
 
-    def write_built(self, built: tuple, generation: int, idx: int, ready: float, taken: tuple | None = None) -> None:
-        """The built record of `built` (a Built), batch idx of `generation`; with `taken`, the
-        taken record's values (num_workers=0: the loop took it here), in the same write."""
-        flags, start, fetched, collated, indices, ends = built
-        if ends is not None and len(ends) != len(indices):  # never from these fetchers: Records would refuse it
-            flags, ends = flags & ~SAMPLE_TIMES, None
-        if self.file.pending.built(
-            flags, self.worker_id, generation, idx, native_thread_id(), start, fetched, collated, ready, indices, ends,
-            taken,
-        ):  # fmt: skip
+    def write_built(self, built: tuple, generation: int, idx: int, ready: float) -> None:
+        """The built record of `built` (a Built) built in this thread, batch idx of `generation`,
+        handed on at `ready`."""
+        if self.file.pending.built_by(built, self.worker_id, generation, idx, native_thread_id(), ready):
             self.file.flush()
 
     # a worker -------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
             f"warm): {batch} a batch of {cost['samples']} samples plus {cost['sample_ns']:.3g} ns a sample timed "
             f"one by one, so {per_batch} a batch of this run ({share}CPU time). Inside the loop it costs more: "
             "the dataset's work between two batches evicts its code and data from the caches (on dlscope's "
-            "benchmark, a batch of 64 tensors sliced from memory: < 0.1 µs so measured, ~3.5 µs in the loop). "
+            "benchmark, a batch of 64 tensors sliced from memory: < 0.1 µs so measured, 3–5 µs in the loop). "
             "With num_workers=0 the training process pays it inside the steps' data time; with workers the "
             "workers pay the building side."
         )
