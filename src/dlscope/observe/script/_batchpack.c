@@ -1,17 +1,20 @@
 /* The batch x-ray's pending records in C (batches.py): what the training process pays per batch
    beyond its clock reads.
 
-   `Records` is the record file's buffer of records not yet written: `built(...)` packs a batch's
+   `Records` is the record file's buffer of records not yet written. `built(...)` packs a batch's
    built record (BUILT, then its sample indices as int64, then its samples' end times as float64
-   where they were timed) and, where the training process took the batch in the same call
-   (num_workers=0), its taken record (TAKEN), straight into the buffer; `append` adds a record
-   packed elsewhere; both say whether a flush is due (FLUSH_BYTES pending, or FLUSH_SECONDS since
-   the oldest); `take` hands the bytes over and empties it. batches.PyRecords is the same class
-   in Python, the definition: there the pack is a struct.Struct per batch size called with ~80
-   arguments and each record a bytes object joined at the flush — the x-ray costs ~23,600
-   instructions a batch of 64 with it against ~17,400 with this (BENCHMARKS.md). An index that is not an integer in int64's range
-   is written -1, as in Python (tests/test_batchpack.py runs both on the same calls and compares
-   the bytes).
+   where they were timed) and, given the taken record's values, its taken record (TAKEN), straight
+   into the buffer. The x-ray calls the two forms that read a fetcher's Built tuple in C:
+   `built_by` (a worker's batch, or any batch written where it was built) and `built_and_taken`
+   (num_workers=0: built and taken in one call, the iterator's counter moved on). `append` adds a
+   record packed elsewhere. Each says whether a flush is due (FLUSH_BYTES pending, or
+   FLUSH_SECONDS since the oldest); `take` hands the bytes over and empties the buffer.
+
+   batches.PyRecords is the same class in Python, the definition: there the pack is a
+   struct.Struct per batch size called with ~80 arguments and each record a bytes object joined
+   at the flush (~23,600 instructions a batch of 64 for the x-ray against ~13,800 with this:
+   BENCHMARKS.md). An index that is not an integer in int64's range is written -1, as in Python
+   (tests/test_batchpack.py runs both on the same calls and compares the bytes).
 
    Each method runs under the GIL without letting it go once it touches the buffer: what may run
    Python (an index's __index__, a time's __float__) is read first, so another thread's record
