@@ -225,10 +225,14 @@ def test_a_loop_taking_its_gradients_with_autograd_grad_has_a_step_at_each(tmp_p
     assert (sections["steps"]["source"], sections["steps"]["count"]) == ("backward", int(truth["steps"]))
     rows = step_rows(sections)
     assert all(r["backward_ms"] > 0 for r in rows)
-    # the script's clock around autograd.grad also holds dlscope's work at the step's end (the
-    # profiler's start and stop: each step's profiler_ms), which no part counts
-    backward_ms, profiler_ms = (sum(r[k] for r in rows) for k in ("backward_ms", "profiler_ms"))
-    assert 0.9 * float(truth["grad_ms"]) <= backward_ms + profiler_ms and backward_ms <= float(truth["grad_ms"]) + 0.05
+    grad_ms = [float(ms) for ms in truth["step_grad_ms"].split(",")]
+    # dlscope's clocks run inside the script's (each row rounded to the µs)
+    assert sum(r["backward_ms"] for r in rows) <= sum(grad_ms) + 0.05
+    # The script's clock around autograd.grad also holds dlscope's work at the step's end: the
+    # profiler's start and stop (seconds at the first steps), the step's row (~20 µs). Compared
+    # where that is all: from the third step, outside the profiler's window.
+    steady = [i for i, r in enumerate(rows) if i >= 2 and r["profiled"] is None]
+    assert steady and sum(rows[i]["backward_ms"] for i in steady) >= 0.75 * sum(grad_ms[i] for i in steady)
     check_anatomy(sections)
 
 
@@ -263,9 +267,13 @@ def test_a_step_the_gradscaler_skips_is_still_a_step_and_is_named(tmp_path, capf
     assert (steps["source"], steps["count"]) == ("optimizer", int(truth["steps"]))
     assert steps["scaler_skipped"]["count"] == len(skipped) and steps["scaler_skipped"]["first_steps"] == skipped
     rows = step_rows(sections)
-    optimizer_ms, profiler_ms = (sum(r[k] for r in rows) for k in ("optimizer_ms", "profiler_ms"))
-    truth_ms = float(truth["scaler_step_ms"])  # the script's clock around scaler.step: dlscope's step-end work too
-    assert 0.9 * truth_ms <= optimizer_ms + profiler_ms and optimizer_ms <= truth_ms + 0.05
+    scaler_ms = [float(ms) for ms in truth["scaler_step_ms"].split(",")]
+    assert sum(r["optimizer_ms"] for r in rows) <= sum(scaler_ms) + 0.05  # inside the script's clock
+    # The script's clock around scaler.step also holds dlscope's step-end work: the profiler's
+    # start and stop (seconds at the first steps), the step's row (~20 µs of a ~0.2 ms scaler.step).
+    # Compared where that is all; the optimizer's own step is about half of scaler.step.
+    steady = [i for i, r in enumerate(rows) if i >= 2 and r["profiled"] is None]
+    assert steady and sum(rows[i]["optimizer_ms"] for i in steady) >= 0.65 * sum(scaler_ms[i] for i in steady)
     check_anatomy(sections)
     report = " ".join((tmp_path / "run" / "report.md").read_text().split())
     # two NaN losses of 40 steps past the scale's start: over the warning's threshold
