@@ -78,7 +78,11 @@ def test_a_no_grad_forward_in_each_step_is_the_steps_not_an_evaluation(observe, 
 
 
 def test_a_sleep_in_the_loop_body_is_other_not_data(observe):
-    sections, truth = observe("--loader", "decode", "--decode-ms", "0.2", "--sleep-ms", "6")
+    """A ~20 ms step: the script's clocks hold dlscope's calls around each part, and on a VM whose
+    vCPU stalls ~0.15 ms at times (measured here: a few stalls a step, in any code) those calls
+    take ~0.3 ms a step that dlscope's own clocks leave to "other". At 12 ms (before) that was
+    +3.1 to +3.7 points of "other" against the truth: the tolerance, not the verdict, failed."""
+    sections, truth = observe("--loader", "decode", "--decode-ms", "0.4", "--sleep-ms", "12")
     anatomy = sections["anatomy"]
     assert anatomy["percent"]["data"] == pytest.approx(truth["data_pct"], abs=TOLERANCE_PP)
     assert anatomy["percent"]["other"] == pytest.approx(truth["other_pct"], abs=TOLERANCE_PP)
