@@ -25,8 +25,8 @@ in the same way), interleaved with the bare loader and this tree's: its cost bes
 
 --instructions N counts instead, under valgrind's callgrind with its cache model (the same at any
 load): machine instructions and first-level cache misses a batch of the memory dataset, N batches
-drawn by the training process with num_workers=0, bare, through this tree's x-ray and with
---compare through REF's.
+drawn by the training process with num_workers=0 and N built by a worker (its stub queues), bare,
+through this tree's x-ray and with --compare through REF's.
 
     .venv/bin/python benchmarks/batch_xray.py [--rounds 15] [--batches 40] [--batch-size 64]
         [--compare 696200e] [--instructions 40]
@@ -249,31 +249,47 @@ import os, subprocess, sys, tempfile, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 import batch_xray as bench
 torch.set_num_threads(1)
-mode, n = sys.argv[1], int(sys.argv[2])
-loader = DataLoader(bench.Memory(64 * (n + 20)), batch_size=64)
-recorder = delivered = None
+mode, n, side = sys.argv[1], int(sys.argv[2]), sys.argv[4]
+dataset = bench.Memory(64 * (n + 20))
+module = None
 if mode != "bare":
-    from dlscope.observe.script.hooks import _wrap
     module = bench.batches if mode == "xray" else bench.batches_at(mode, Path(tempfile.mkdtemp()))
-    recorder = module.attach(torch, tempfile.mkdtemp(), _wrap)
-    delivered = recorder.delivered
-it = iter(loader)
-def draw():
-    t0 = time.time()
-    next(it)
-    t1 = time.time()
-    if delivered is not None:
-        delivered(it, t0, t1)
-for _ in range(20):
-    draw()
+recorder = None
+if side == "main":
+    loader = DataLoader(dataset, batch_size=64)
+    delivered = None
+    if module is not None:
+        from dlscope.observe.script.hooks import _wrap
+        recorder = module.attach(torch, tempfile.mkdtemp(), _wrap)
+        delivered = recorder.delivered
+    it = iter(loader)
+    def draw(k):
+        for _ in range(k):
+            t0 = time.time()
+            next(it)
+            t1 = time.time()
+            if delivered is not None:
+                delivered(it, t0, t1)
+else:  # a worker's side, its stub queues as in the timed rounds
+    indices = iter(list(BatchSampler(SequentialSampler(dataset), 64, False)))
+    stub = bench.StubIndexQueue()
+    fetch, queues = bench.BARE_FETCH, (stub, stub, bench.STUB_QUEUE)
+    if module is not None:
+        fetch, queues = bench.worker_recorder(module, Path(tempfile.mkdtemp()))
+        recorder = queues[2].recorder
+        # its rule as at native speed (under callgrind every sample looks slow): these ~1.5 µs
+        # samples are under its line, so one batch in SAMPLE_EVERY has its samples timed
+        recorder.sample_min_s = 3600.0
+    def draw(k):
+        bench.worker_seconds(dataset, fetch, queues, [next(indices) for _ in range(k)])
+draw(20)
 if recorder is not None:  # its file opened and its header written before the count
     recorder.file.flush()
 subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True)
-for _ in range(n):
-    draw()
+draw(n)
 subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], capture_output=True)
 """
 
@@ -283,44 +299,42 @@ KEPT = ("Ir", "I1mr", "D1mr")  # callgrind's events: instructions, I1 misses, D1
 
 def count_instructions(batches_n: int, compare: str | None) -> None:
     """Instructions and first-level cache misses (callgrind's model of this host's caches) a
-    batch of 64 tensors sliced from memory: bare, this tree's x-ray, and REF's."""
+    batch of 64 tensors sliced from memory, in the training process (num_workers=0) and in a
+    worker: bare, this tree's x-ray, and REF's."""
     if shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
     here = str(Path(__file__).resolve().parent)
     modes = ["bare", "xray", *([compare] if compare else [])]
-    counted: dict[str, dict[str, float]] = {}
+    print(f"a batch of 64 tensors from memory, {batches_n} batches counted (callgrind, cache model)")
+    print(f"{'':19} {'instructions':>20} {'I1 misses':>16} {'D1 read misses':>16}")
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in modes:
-            out = Path(tmp) / f"callgrind-{len(counted)}"
-            argv = [
-                "valgrind",
-                "--tool=callgrind",
-                "--instr-atstart=no",
-                "--cache-sim=yes",
-                f"--callgrind-out-file={out}",
-            ]
-            done = subprocess.run(
-                [*argv, sys.executable, "-c", COUNTED_BATCHES, mode, str(batches_n), here],
-                capture_output=True,
-                text=True,
-            )
-            text = out.read_text() if out.exists() else ""
-            events, totals = (
-                re.search(r"^events: (.+)$", text, re.M),
-                re.search(r"^totals: (.+)$", text, re.M),
-            )
-            if done.returncode != 0 or events is None or totals is None:
-                raise SystemExit(f"callgrind counted nothing for {mode}: {done.stderr[-500:]}")
-            counts = dict(zip(events.group(1).split(), map(int, totals.group(1).split()), strict=False))
-            if not set(KEPT) <= set(counts):
-                raise SystemExit(f"callgrind gave {sorted(counts)} for {mode}, not {KEPT}")
-            counted[mode] = {k: v / batches_n for k, v in counts.items()}
-    bare = counted["bare"]
-    print(f"a batch of 64 tensors from memory, num_workers=0, {batches_n} batches counted (callgrind, cache model)")
-    print(f"{'':12} {'instructions':>20} {'I1 misses':>16} {'D1 read misses':>16}")
-    for mode, c in counted.items():
-        cells = [f"{c[k]:,.0f}" + ("" if mode == "bare" else f" ({c[k] - bare[k]:+,.0f})") for k in KEPT]
-        print(f"{mode if mode in ('bare', 'xray') else 'xray ' + mode:12} {cells[0]:>20} {cells[1]:>16} {cells[2]:>16}")
+        for side in ("main", "worker"):
+            counted = {
+                mode: callgrind_counts(Path(tmp) / f"{side}-{mode}", mode, side, batches_n, here) for mode in modes
+            }
+            bare = counted["bare"]
+            for mode, c in counted.items():
+                cells = [f"{c[k]:,.0f}" + ("" if mode == "bare" else f" ({c[k] - bare[k]:+,.0f})") for k in KEPT]
+                label = f"{side} " + (mode if mode in ("bare", "xray") else f"xray {mode}")
+                print(f"{label:19} {cells[0]:>20} {cells[1]:>16} {cells[2]:>16}")
+
+
+def callgrind_counts(out: Path, mode: str, side: str, batches_n: int, here: str) -> dict[str, float]:
+    """KEPT's counts a batch: COUNTED_BATCHES run under callgrind, its output file `out`."""
+    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--cache-sim=yes", f"--callgrind-out-file={out}"]
+    done = subprocess.run(
+        [*argv, sys.executable, "-c", COUNTED_BATCHES, mode, str(batches_n), here, side],
+        capture_output=True,
+        text=True,
+    )
+    text = out.read_text() if out.exists() else ""
+    events, totals = re.search(r"^events: (.+)$", text, re.M), re.search(r"^totals: (.+)$", text, re.M)
+    if done.returncode != 0 or events is None or totals is None:
+        raise SystemExit(f"callgrind counted nothing for {side} {mode}: {done.stderr[-500:]}")
+    counts = dict(zip(events.group(1).split(), map(int, totals.group(1).split()), strict=False))
+    if not set(KEPT) <= set(counts):
+        raise SystemExit(f"callgrind gave {sorted(counts)} for {side} {mode}, not {KEPT}")
+    return {k: v / batches_n for k, v in counts.items()}
 
 
 def main() -> None:
