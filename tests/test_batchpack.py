@@ -11,6 +11,7 @@ import os
 import shutil
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +211,34 @@ for trial in range(2000):
         records.built_by((1, 1.0, 2.0, 3.0, indices, ends), 2, 3, trial, 8, 7.0)
         taken_by.append((records.take(), single))
     assert taken_by[0] == taken_by[1], (trial, indices, ends)
+# a worker's data queue, C against PyDataQueue (its recorder's records: PyRecords here)
+from dlscope.observe.script import batches
+class Resumed:
+    pass
+seen = []
+makers = (
+    lambda q, r: _batchpack.DataQueue(q, r, Resumed, batches.SAMPLE_EVERY),
+    lambda q, r: batches.PyDataQueue(q, r, Resumed),
+)
+for make in makers:
+    recorder = batches.BatchRecorder(None)
+    recorder.file.pending = PyRecords(1 << 20, 1e9)
+    recorder.worker_id, recorder.time_samples, recorder.sample_min_s = 3, True, 1e-6
+    got = []
+    queue = make(type("Q", (), {"put": lambda self, item: got.append(item)})(), recorder)
+    for i in range(40):
+        recorder.local.built = (0, 1.0, 1.0 + i * 1e-5, 2.0, list(range(i)), None)
+        queue.put((i, "batch"))
+        if i % 7 == 0:
+            queue.put((Resumed(), None))
+    data = bytearray(recorder.file.pending.take())
+    at = 0
+    while at < len(data):  # each built record's `ready` zeroed: the two clocks are read apart
+        size = int.from_bytes(data[at:at + 4], "little")
+        data[at + 48:at + 56] = bytes(8)
+        at += size
+    seen.append((bytes(data), recorder.fetches, recorder.time_samples, recorder.generation, len(got)))
+assert seen[0] == seen[1], seen
 """
 
 
@@ -230,3 +259,117 @@ def test_the_c_records_build_and_agree_on_later_pythons(tmp_path, python):
     src = Path(batches.__file__).parents[3]
     ran = subprocess.run([python, "-c", AGREE, str(tmp_path), str(src)], capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr[-2000:]
+
+
+class Resumed:
+    """What torch's worker puts to acknowledge a resumed epoch (its _ResumeIteration)."""
+
+
+# an item a worker's loop puts: a batch built here (its Built tuple in the thread-local slot), a
+# batch whose fetch raised (no Built), a resumed epoch, or what is not a batch at all
+put_item = st.one_of(
+    st.tuples(st.just("batch"), batch_by(), st.floats(0.0, 1e-3)),
+    st.tuples(st.just("failed"), st.integers(0, 2**31), st.just(0.0)),
+    st.tuples(st.just("resumed"), st.just(None), st.just(0.0)),
+    st.tuples(st.just("other"), st.sampled_from([None, "x", (1, 2, 3), ("idx", 1)]), st.just(0.0)),
+)
+
+
+def play_puts(make: type, items: list, flush_bytes: int) -> tuple[list, list, list]:
+    """Each item through a data queue of `make`'s kind: the recorder's state after each put, the
+    records taken after each (each built record's `ready`, when it was handed on, read apart), and
+    what reached the queue."""
+    recorder = batches.BatchRecorder(None)
+    recorder.file.pending = batches.Records(flush_bytes, 1e9)
+    recorder.worker_id, recorder.time_samples = 7, True  # as worker_loop sets them
+    flushes: list[bytes] = []
+    recorder.file.flush = lambda: flushes.append(recorder.file.pending.take())
+    received: list = []
+
+    class Queue:
+        def put(self, item, *args, **kwargs):
+            resumed = type(item) is tuple and item and isinstance(item[0], Resumed)
+            received.append(((Resumed, item[1]) if resumed else item, args, kwargs))
+
+    queue = make(Queue(), recorder, Resumed, batches.SAMPLE_EVERY)
+    states, records = [], []
+    for kind, value, min_s in copy.deepcopy(items):
+        recorder.sample_min_s = min_s
+        if kind == "batch":
+            built, _, _, idx, _, _ = value
+            recorder.local.built = built
+            before = time.time()
+            queue.put((idx, "the batch"), timeout=5.0)
+            after = time.time()
+        elif kind == "failed":
+            queue.put((value, "an ExceptionWrapper"))
+        elif kind == "resumed":
+            queue.put((Resumed(), None))
+        else:
+            queue.put(value)
+        taken = b"".join(flushes) + recorder.file.pending.take()
+        flushes.clear()
+        ready = ready_times(taken)
+        assert all(before <= r <= after for r in ready) and len(ready) == (kind == "batch")
+        states.append((recorder.fetches, recorder.time_samples, recorder.generation, recorder.local.built))
+        records.append(masked(taken))
+    return states, records, received
+
+
+def ready_times(data: bytes) -> list[float]:
+    """The `ready` of each built record in `data`."""
+    at, found = 0, []
+    while at < len(data):
+        (size,) = struct.unpack_from("<I", data, at)
+        found.append(BUILT.unpack_from(data, at)[-1])
+        at += size
+    return found
+
+
+def masked(data: bytes) -> bytes:
+    """`data` with each built record's `ready` zeroed: the two clocks are read at two moments."""
+    out, at = bytearray(data), 0
+    while at < len(out):
+        (size,) = struct.unpack_from("<I", out, at)
+        out[at + BUILT.size - 8 : at + BUILT.size] = bytes(8)
+        at += size
+    return bytes(out)
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(st.lists(put_item, max_size=40), st.integers(1, 3000))
+def test_the_c_data_queue_writes_and_rules_as_python_does(items, flush_bytes):
+    """A worker's data queue in C (_batchpack.DataQueue) against its definition (PyDataQueue):
+    after every put the same records (their `ready` read within the put), the same rule for the
+    next batch, the same epochs counted, and the same items, arguments and keywords passed on."""
+
+    def python(queue, recorder, resume, every):
+        return batches.PyDataQueue(queue, recorder, resume)
+
+    assert play_puts(_batchpack.DataQueue, items, flush_bytes) == play_puts(python, items, flush_bytes)
+
+
+@needs_c
+def test_the_c_data_queue_passes_on_the_queues_own_attributes_and_refuses_a_bad_recorder():
+    class Queue:
+        size = 3
+
+        def put(self, item):
+            return ("put", item)
+
+        def close(self):
+            return "closed"
+
+    recorder = batches.BatchRecorder(None)
+    queue = _batchpack.DataQueue(Queue(), recorder, Resumed, batches.SAMPLE_EVERY)
+    assert (queue.size, queue.close(), queue.recorder) == (3, "closed", recorder)
+    assert queue.put("not a batch") == ("put", "not a batch")
+    with pytest.raises(AttributeError):
+        queue.missing  # noqa: B018
+    with pytest.raises(AttributeError):  # a recorder has its thread-local slot
+        _batchpack.DataQueue(Queue(), object(), Resumed, batches.SAMPLE_EVERY)
+    recorder.local.built = ("not", "a", "built")
+    with pytest.raises(TypeError):
+        queue.put((0, "batch"))
+    assert recorder.local.built is None  # taken all the same: the next batch is not this one's

@@ -362,7 +362,7 @@ def test_a_worker_times_samples_one_by_one_where_slow_enough_else_one_batch_in_s
     recorder.worker_id, recorder.time_samples = 0, True  # as worker_loop sets them
     fetch = recorder.map_fetcher(lambda fetcher, index: None)
     fetcher = SimpleNamespace(dataset=list(range(100)), auto_collation=True, collate_fn=list, drop_last=False)
-    queue = batches_module.DataQueue(SimpleNamespace(put=lambda item: None), recorder)
+    queue = batches_module.data_queue(SimpleNamespace(put=lambda item: None), recorder)
     every = batches_module.SAMPLE_EVERY
     idx = 0
     for threshold, count in ((3600.0, every + 1), (0.0, 3)):  # samples never an hour; always ≥ 0 s
@@ -430,7 +430,7 @@ def test_a_workers_iterable_batch_timed_whole_keeps_its_stream_positions(tmp_pat
     fetch = recorder.iterable_fetcher(lambda fetcher, index: None)
     fetcher = SimpleNamespace(dataset_iter=iter("abcdefghij"), ended=False, auto_collation=True, drop_last=False)
     fetcher.collate_fn = "".join
-    queue = batches_module.DataQueue(SimpleNamespace(put=lambda item: None), recorder)
+    queue = batches_module.data_queue(SimpleNamespace(put=lambda item: None), recorder)
     drawn = []
     with pytest.raises(StopIteration):
         while True:

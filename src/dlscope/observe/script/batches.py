@@ -12,9 +12,9 @@ Where it hooks (torch.utils.data, looked up once at attach):
     sample by sample; any other dataset with a `__getitems__` (a batched fetch) is timed whole;
   - the worker loop (`_worker_loop`, the target DataLoader starts its workers with — by name, so a
     spawned worker, which unpickles it, gets the wrapped one too): its data queue is handed on
-    wrapped, so a batch is known by DataLoader's own number (the send index `idx`) in the
-    `(idx, batch)` the worker puts back, and a persistent worker's next epoch by the
-    `_ResumeIteration` it acknowledges there;
+    wrapped (data_queue: in C where _batchpack.c is built, else PyDataQueue), so a batch is known
+    by DataLoader's own number (the send index `idx`) in the `(idx, batch)` the worker puts back,
+    and a persistent worker's next epoch by the `_ResumeIteration` it acknowledges there;
   - in the training process, `_MultiProcessingDataLoaderIter._process_data` (each batch handed to
     `__next__`, with its worker) and `_get_data`, `_reset` (persistent workers' epochs); with
     num_workers=0 nothing more: the batch is built inside the iterator's `__next__`, whose hook
@@ -440,7 +440,7 @@ class BatchRecorder:
             self.on_worker(self.worker_id)
         self.generation = 0
         self.time_samples = True  # its first batch's samples: then samples_timed_next's rule
-        for at, name, proxy in ((index_at, "index_queue", IndexQueue), (data_at, "data_queue", DataQueue)):
+        for at, name, proxy in ((index_at, "index_queue", IndexQueue), (data_at, "data_queue", data_queue)):
             if len(args) > at:
                 args[at] = proxy(args[at], self)
             else:
@@ -626,15 +626,14 @@ class IndexQueue:
         return getattr(self.queue, name)
 
 
-class DataQueue:
+class PyDataQueue:
     """A worker's data queue: `(idx, batch)` put here is batch idx ready; `(_ResumeIteration, None)`
-    acknowledges a persistent worker's next epoch (its batches are numbered from 0 again)."""
+    acknowledges a persistent worker's next epoch (its batches are numbered from 0 again). The
+    definition of _batchpack.DataQueue, which does the same in C (tests/test_batchpack.py compares
+    them)."""
 
-    def __init__(self, queue: Any, recorder: BatchRecorder) -> None:
-        self.queue, self.recorder = queue, recorder
-        from torch.utils.data._utils.worker import _ResumeIteration
-
-        self.resume = _ResumeIteration
+    def __init__(self, queue: Any, recorder: BatchRecorder, resume: type) -> None:
+        self.queue, self.recorder, self.resume = queue, recorder, resume  # resume: torch's _ResumeIteration
 
     def put(self, item: Any, *args: Any, **kwargs: Any) -> Any:
         if type(item) is tuple and len(item) == 2:
@@ -653,6 +652,15 @@ class DataQueue:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.queue, name)
+
+
+def data_queue(queue: Any, recorder: BatchRecorder) -> Any:
+    """A worker's data queue, wrapped: in C where _batchpack.c is built, else PyDataQueue."""
+    from torch.utils.data._utils.worker import _ResumeIteration
+
+    if _batchpack is None:
+        return PyDataQueue(queue, recorder, _ResumeIteration)
+    return _batchpack.DataQueue(queue, recorder, _ResumeIteration, SAMPLE_EVERY)
 
 
 def attach(torch: Any, directory: str, wrap: Callable[[Callable, Callable], Callable]) -> BatchRecorder:
