@@ -369,6 +369,11 @@ def test_the_c_data_queue_passes_on_the_queues_own_attributes_and_refuses_a_bad_
         queue.missing  # noqa: B018
     with pytest.raises(AttributeError):  # a recorder has its thread-local slot
         _batchpack.DataQueue(Queue(), object(), Resumed, batches.SAMPLE_EVERY)
+    bare = _batchpack.DataQueue.__new__(_batchpack.DataQueue)  # never initialised: refused, not a crash
+    with pytest.raises(TypeError):
+        bare.put((0, "batch"))
+    with pytest.raises(AttributeError):
+        bare.size  # noqa: B018
     recorder.local.built = ("not", "a", "built")
     with pytest.raises(TypeError):
         queue.put((0, "batch"))

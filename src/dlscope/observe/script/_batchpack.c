@@ -484,6 +484,10 @@ static int worker_built(DataQueue *self, PyObject *built, PyObject *idx) {
 
 static PyObject *DataQueue_put(DataQueue *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (self->put == NULL) {
+        PyErr_SetString(PyExc_TypeError, "DataQueue not initialised");
+        return NULL;
+    }
     if (nargs < 1) {
         PyErr_SetString(PyExc_TypeError, "put takes the item first");
         return NULL;
@@ -516,6 +520,7 @@ static PyObject *DataQueue_put(DataQueue *self, PyObject *const *args, size_t na
 static PyObject *DataQueue_getattro(DataQueue *self, PyObject *name) {
     PyObject *found = PyObject_GenericGetAttr((PyObject *)self, name);
     if (found != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return found;
+    if (self->queue == NULL) return NULL; /* (not initialised: the AttributeError stands) */
     PyErr_Clear();
     return PyObject_GetAttr(self->queue, name); /* the queue's own */
 }
