@@ -149,13 +149,19 @@ def epoch_seconds(loader: DataLoader, delivered: Any, batches_n: int) -> float:
     few µs."""
     it = iter(loader)
     start = time.thread_time()
+    draw(it, delivered, batches_n)
+    return time.thread_time() - start
+
+
+def draw(it: Any, delivered: Any, batches_n: int) -> None:
+    """`batches_n` batches from the loader iterator `it`, each between two clock reads and handed
+    to `delivered` (None: bare), as hooks.loader_next does."""
     for _ in range(batches_n):
         t0 = time.time()
         next(it)
         t1 = time.time()
         if delivered is not None:
             delivered(it, t0, t1)
-    return time.thread_time() - start
 
 
 def worker_seconds(dataset: Dataset, fetch: Any, queues: tuple[Any, Any], indices: list[list[int]]) -> float:
@@ -267,12 +273,7 @@ if side == "main":
         delivered = recorder.delivered
     it = iter(loader)
     def draw(k):
-        for _ in range(k):
-            t0 = time.time()
-            next(it)
-            t1 = time.time()
-            if delivered is not None:
-                delivered(it, t0, t1)
+        bench.draw(it, delivered, k)
 else:  # a worker's side, its stub queues as in the timed rounds
     indices = iter(list(BatchSampler(SequentialSampler(dataset), 64, False)))
     stub = bench.StubIndexQueue()
