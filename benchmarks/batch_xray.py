@@ -23,13 +23,17 @@ the `_get_data`/`_process_data` wrappers and the taken record, against the bare 
 --compare REF also runs batches.py as it was at git revision REF (its own patches of torch, swapped
 in the same way), interleaved with the bare loader and this tree's: its cost beside this one's.
 
+--per-sample measures only what a sample timed one by one costs a worker's fetch: its stamp
+(_batchpack.Stamps, and PyStamps where no C compiler was found), ns a sample.
+
 --instructions N counts instead, under valgrind's callgrind with its cache model (the same at any
 load): machine instructions and first-level cache misses a batch of the memory dataset, N batches
 drawn by the training process with num_workers=0 and N built by a worker (its stub queues), bare,
-through this tree's x-ray and with --compare through REF's.
+through this tree's x-ray and with --compare through REF's; then "timed", the worker with every
+batch's samples timed one by one (its rule for samples of ≥ 5 µs), against the same bare count.
 
     .venv/bin/python benchmarks/batch_xray.py [--rounds 15] [--batches 40] [--batch-size 64]
-        [--compare 696200e] [--instructions 40]
+        [--compare 696200e] [--instructions 40] [--per-sample]
 """
 
 from __future__ import annotations
@@ -282,8 +286,9 @@ else:  # a worker's side, its stub queues as in the timed rounds
         fetch, queues = bench.worker_recorder(module, Path(tempfile.mkdtemp()))
         recorder = queues[2].recorder
         # its rule as at native speed (under callgrind every sample looks slow): these ~1.5 µs
-        # samples are under its line, so one batch in SAMPLE_EVERY has its samples timed
-        recorder.sample_min_s = 3600.0
+        # samples are under its line, so one batch in SAMPLE_EVERY has its samples timed; on
+        # the side "timed", every batch's are (as for samples of ≥ 5 µs: a file read each)
+        recorder.sample_min_s = 0.0 if side == "timed" else 3600.0
     def draw(k):
         bench.worker_seconds(dataset, fetch, queues, [next(indices) for _ in range(k)])
 draw(20)
@@ -309,11 +314,14 @@ def count_instructions(batches_n: int, compare: str | None) -> None:
     print(f"a batch of 64 tensors from memory, {batches_n} batches counted (callgrind, cache model)")
     print(f"{'':19} {'instructions':>20} {'I1 misses':>16} {'D1 read misses':>16}")
     with tempfile.TemporaryDirectory() as tmp:
-        for side in ("main", "worker"):
+        bare: dict[str, float] = {}
+        for side in ("main", "worker", "timed"):
             counted = {
-                mode: callgrind_counts(Path(tmp) / f"{side}-{mode}", mode, side, batches_n, here) for mode in modes
+                mode: callgrind_counts(Path(tmp) / f"{side}-{mode}", mode, side, batches_n, here)
+                for mode in modes
+                if not (side == "timed" and mode == "bare")  # the worker's bare count is the same
             }
-            bare = counted["bare"]
+            bare = counted.get("bare", bare)
             for mode, c in counted.items():
                 cells = [f"{c[k]:,.0f}" + ("" if mode == "bare" else f" ({c[k] - bare[k]:+,.0f})") for k in KEPT]
                 label = f"{side} " + (mode if mode in ("bare", "xray") else f"xray {mode}")
@@ -338,6 +346,39 @@ def callgrind_counts(out: Path, mode: str, side: str, batches_n: int, here: str)
     return {k: v / batches_n for k, v in counts.items()}
 
 
+def per_sample(rounds: int, batches_n: int, batch_size: int, datasets: dict[str, Dataset]) -> None:
+    """ns of CPU a sample timed one by one costs a worker's fetch, as its fetcher stamps each
+    sample (`[stamp(dataset[i]) for i in indices]`) against the same comprehension unstamped:
+    the C Stamps (the time-stamp counter where invariant; then CLOCK_MONOTONIC) and PyStamps (no
+    C compiler at install). Interleaved round by round; the median of the paired differences."""
+    makers = {"PyStamps": batches.PyStamps}
+    if batches._batchpack is not None:
+        makers["Stamps"] = batches._batchpack.Stamps
+        makers["Stamps, monotonic"] = lambda n: batches._batchpack.Stamps(n, tsc=False)
+    print(f"ns a sample stamped (median of {rounds} paired rounds of {batches_n} batches of {batch_size})")
+    for name, dataset in datasets.items():
+        indices = list(BatchSampler(SequentialSampler(dataset), batch_size, False))[:batches_n]
+
+        def bare(index: list[int], dataset: Dataset = dataset) -> list:
+            return [dataset[i] for i in index]
+
+        def stamped(index: list[int], make: Any, dataset: Dataset = dataset) -> list:
+            stamp = make(len(index)).stamp
+            return [stamp(dataset[i]) for i in index]
+
+        calls = {"bare": bare, **{k: (lambda index, m=m: stamped(index, m)) for k, m in makers.items()}}
+        spent: dict[str, list[float]] = {k: [] for k in calls}
+        for r in range(rounds):
+            for k, call in rotated(list(calls.items()), r):
+                start = time.thread_time()
+                for index in indices:
+                    call(index)
+                spent[k].append((time.thread_time() - start) / (len(indices) * batch_size))
+        sample_us = statistics.median(spent["bare"]) * 1e6
+        cells = [f"{k} {paired(spent[k], spent['bare']) * 1e9:5.0f}" for k in makers]
+        print(f"{name:8} a sample {sample_us:6.2f} µs; " + ", ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -345,6 +386,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--compare", metavar="REF", help="also the x-ray of git revision REF")
     parser.add_argument("--instructions", type=int, metavar="N", help="count N batches under callgrind instead")
+    parser.add_argument("--per-sample", action="store_true", help="only a sample's stamp, ns a sample")
     args = parser.parse_args()
     if args.instructions:
         count_instructions(args.instructions, args.compare)
@@ -361,6 +403,9 @@ def main() -> None:
             "file": Files(root / "files", n),
             "decode": Files(root / "decode", n, decode_us=20.0),
         }
+        if args.per_sample:
+            per_sample(args.rounds, args.batches, args.batch_size, datasets)
+            return
         bare = state()
         modes = {}  # mode -> (its patches, its recorder, its worker's fetcher and queues)
         if args.compare:

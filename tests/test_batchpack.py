@@ -239,6 +239,15 @@ for make in makers:
         at += size
     seen.append((bytes(data), recorder.fetches, recorder.time_samples, recorder.generation, len(got)))
 assert seen[0] == seen[1], seen
+# a batch's samples stamped in C, read by the records as the list of their times is
+stamps = _batchpack.Stamps(3)
+for k in range(5):
+    stamps.stamp(k)
+records = _batchpack.Records(1 << 20, 100.0)
+records.built_by((1, 1.0, 2.0, 3.0, list(range(5)), stamps), 2, 3, 4, 8, 7.0)
+records.built_by((1, 1.0, 2.0, 3.0, list(range(5)), list(stamps)), 2, 3, 4, 8, 7.0)
+data = records.take()
+assert data[: len(data) // 2] == data[len(data) // 2 :]
 """
 
 
@@ -378,3 +387,50 @@ def test_the_c_data_queue_passes_on_the_queues_own_attributes_and_refuses_a_bad_
     with pytest.raises(TypeError):
         queue.put((0, "batch"))
     assert recorder.local.built is None  # taken all the same: the next batch is not this one's
+
+
+STAMPS = [pytest.param(batches.PyStamps, id="python")]
+if _batchpack is not None:
+    STAMPS += [
+        pytest.param(lambda n: _batchpack.Stamps(n), id="c-tsc" if _batchpack.TSC_INVARIANT else "c"),
+        pytest.param(lambda n: _batchpack.Stamps(n, tsc=False), id="c-monotonic"),
+    ]
+
+
+@pytest.mark.parametrize("make", STAMPS)
+def test_a_sample_is_stamped_between_the_clock_reads_around_it(make):
+    """Each stamp reads, in time.time()'s seconds, between a clock read just before and one just
+    after it (the C ticks mapped to seconds), past the capacity it was made for too."""
+    stamps = make(2)
+    around, samples = [], [object() for _ in range(5)]
+    for sample in samples:
+        before = time.time()
+        time.sleep(0.0005)
+        assert stamps.stamp(sample) is sample
+        time.sleep(0.0005)
+        around.append((before, time.time()))
+    ends = list(stamps)
+    assert len(stamps) == len(ends) == 5
+    slack = 2e-6  # two clock reads and a linear mapping apart
+    for (before, after), end in zip(around, ends, strict=True):
+        assert before + 0.0004 - slack <= end <= after - 0.0004 + slack
+    assert ends == sorted(ends)
+
+
+@needs_c
+def test_c_stamps_are_read_by_the_records_as_their_times_and_refused_when_short():
+    stamps = _batchpack.Stamps(64)
+    for i in range(4):
+        stamps.stamp(i)
+    with pytest.raises(IndexError):
+        stamps[4]
+    one, two = _batchpack.Records(1 << 20, 100.0), _batchpack.Records(1 << 20, 100.0)
+    built = (batches.SAMPLE_TIMES, 1.0, 2.0, 3.0, [5, 6, 7, 8], stamps)
+    one.built_by(built, 1, 0, 0, 9, 4.0)
+    two.built_by((*built[:5], list(stamps)), 1, 0, 0, 9, 4.0)
+    assert one.take() == two.take()
+    with pytest.raises(ValueError, match="one end time per sample"):
+        one.built(1, 1, 0, 0, 9, 1.0, 2.0, 3.0, 4.0, [5, 6, 7], stamps, None)
+    assert len(one) == 0
+    with pytest.raises(ValueError):
+        _batchpack.Stamps(-1)

@@ -16,6 +16,13 @@
    BENCHMARKS.md). An index that is not an integer in int64's range is written -1, as in Python
    (tests/test_batchpack.py runs both on the same calls and compares the bytes).
 
+   `Stamps` is a batch's samples' end times, noted as a worker fetches them (batches.PyStamps, the
+   definition): `stamp(sample)` reads a tick counter and returns the sample, so the fetch stays
+   one list comprehension (3.11 inlines a Python `__getitem__` called there) with one C call a
+   sample. The ticks are the CPU's time-stamp counter where it is invariant (no vDSO clock read,
+   no float made a sample), else CLOCK_MONOTONIC's ns; they are mapped to time.time()'s seconds
+   linearly between two (time.time(), ticks) pairs read at its creation and at its first read.
+
    `DataQueue` (at the end) is a worker's data-queue wrapper, batches.PyDataQueue in C: each batch
    the worker puts is written through the same packing, in one call.
 
@@ -29,6 +36,11 @@
 #include <string.h>
 #include <structmember.h>
 #include <time.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <x86intrin.h>
+#define HAVE_TSC 1
+#endif
 
 #define BUILT_BYTES 56 /* struct "<IBBhIIIIdddd" */
 #define TAKEN_BYTES 60 /* struct "<IBxhIIIIIIdddf" */
@@ -46,6 +58,128 @@ typedef struct {
     double flush_seconds;
     double oldest; /* when the oldest pending record was added; 0: none pending */
 } Records;
+
+/* ---- Stamps ------------------------------------------------------------------------------- */
+
+static int tsc_invariant; /* the CPU's time-stamp counter ticks at one rate in every state (CPUID) */
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* time.time()'s clock */
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t ticks(int tsc) {
+#ifdef HAVE_TSC
+    if (tsc) return __rdtsc();
+#endif
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+typedef struct {
+    PyObject_HEAD
+    uint64_t *ticks;
+    Py_ssize_t n, capacity;
+    int tsc;    /* ticks read from the TSC (else CLOCK_MONOTONIC's ns) */
+    int mapped; /* the second pair read: the mapping fixed */
+    uint64_t tick0, tick1;
+    double wall0, wall1;
+} Stamps;
+
+static PyTypeObject StampsType;
+
+static PyObject *Stamps_stamp(Stamps *self, PyObject *value) {
+    uint64_t now = ticks(self->tsc);
+    if (self->n == self->capacity) { /* more samples than it was made for (an iterable's stream) */
+        Py_ssize_t capacity = self->capacity ? 2 * self->capacity : 64;
+        uint64_t *grown = PyMem_Realloc(self->ticks, sizeof(uint64_t) * capacity);
+        if (grown == NULL) return PyErr_NoMemory();
+        self->ticks = grown, self->capacity = capacity;
+    }
+    self->ticks[self->n++] = now;
+    Py_INCREF(value);
+    return value;
+}
+
+/* the end time of sample i in time.time()'s seconds (0 <= i < n); the mapping fixed at the first
+   read. A counter that did not move forward between the two pairs (a clock set back, a TSC that
+   jumped): every end reads as the second pair's time. */
+static double stamps_end(Stamps *self, Py_ssize_t i) {
+    if (!self->mapped) {
+        self->tick1 = ticks(self->tsc);
+        self->wall1 = now_seconds();
+        self->mapped = 1;
+    }
+    if (self->tick1 <= self->tick0 || self->wall1 < self->wall0) return self->wall1;
+    double rate = (self->wall1 - self->wall0) / (double)(self->tick1 - self->tick0);
+    return self->wall0 + (double)(int64_t)(self->ticks[i] - self->tick0) * rate;
+}
+
+static Py_ssize_t Stamps_len(Stamps *self) { return self->n; }
+
+static PyObject *Stamps_item(Stamps *self, Py_ssize_t i) {
+    if (i < 0 || i >= self->n) {
+        PyErr_SetString(PyExc_IndexError, "Stamps index out of range");
+        return NULL;
+    }
+    return PyFloat_FromDouble(stamps_end(self, i));
+}
+
+static int Stamps_init(Stamps *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"capacity", "tsc", NULL};
+    Py_ssize_t capacity;
+    int tsc = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|p", names, &capacity, &tsc)) return -1;
+    if (capacity < 0) {
+        PyErr_SetString(PyExc_ValueError, "Stamps: capacity must be at least 0");
+        return -1;
+    }
+    uint64_t *buffer = PyMem_Realloc(self->ticks, sizeof(uint64_t) * (capacity ? capacity : 1));
+    if (buffer == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->ticks = buffer, self->capacity = capacity ? capacity : 1, self->n = 0, self->mapped = 0;
+    self->tsc = tsc && tsc_invariant;
+    self->wall0 = now_seconds();
+    self->tick0 = ticks(self->tsc);
+    return 0;
+}
+
+static void Stamps_dealloc(Stamps *self) {
+    PyMem_Free(self->ticks);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Stamps_get_tsc(Stamps *self, void *unused) { return PyBool_FromLong(self->tsc); }
+
+static PyMethodDef Stamps_methods[] = {
+    {"stamp", (PyCFunction)Stamps_stamp, METH_O, "stamp(sample) -> sample: its end time noted."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Stamps_getset[] = {
+    {"tsc", (getter)Stamps_get_tsc, NULL, "ticks read from the CPU's invariant time-stamp counter", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PySequenceMethods Stamps_sequence = {.sq_length = (lenfunc)Stamps_len, .sq_item = (ssizeargfunc)Stamps_item};
+
+static PyTypeObject StampsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dlscope.observe.script._batchpack.Stamps",
+    .tp_basicsize = sizeof(Stamps),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Stamps(capacity, tsc=True): a batch's samples' end times, in time.time()'s seconds "
+              "(batches.PyStamps); tsc=False: CLOCK_MONOTONIC's ticks even where the TSC is invariant.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Stamps_init,
+    .tp_dealloc = (destructor)Stamps_dealloc,
+    .tp_methods = Stamps_methods,
+    .tp_getset = Stamps_getset,
+    .tp_as_sequence = &Stamps_sequence,
+};
+
+/* ---- Records ------------------------------------------------------------------------------ */
 
 static void put_u32(char **at, uint32_t v) { memcpy(*at, &v, 4), *at += 4; }
 static void put_f64(char **at, double v) { memcpy(*at, &v, 8), *at += 8; }
@@ -139,7 +273,12 @@ static PyObject *add_built(Records *self, const long long head[5], const double 
             values[i] = -1;
         }
     }
-    if (ends != NULL) {
+    if (ends != NULL && Py_IS_TYPE(ends, &StampsType)) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double end = stamps_end((Stamps *)ends, i);
+            memcpy(&values[n + i], &end, 8);
+        }
+    } else if (ends != NULL) {
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *item = i < PySequence_Fast_GET_SIZE(ends) ? PySequence_Fast_GET_ITEM(ends, i) : NULL;
             double end = item != NULL ? PyFloat_AsDouble(item) : -1.0;
@@ -199,8 +338,15 @@ static int read_sequences(PyObject *indices_arg, PyObject *ends_arg, PyObject **
     *indices = PySequence_Fast(indices_arg, "built: indices must be a sequence");
     if (*indices == NULL) return -1;
     if (ends_arg == Py_None) return 0;
-    *ends = PySequence_Fast(ends_arg, "built: ends must be a sequence");
-    if (*ends != NULL && PySequence_Fast_GET_SIZE(*ends) == PySequence_Fast_GET_SIZE(*indices)) return 0;
+    Py_ssize_t n_ends;
+    if (Py_IS_TYPE(ends_arg, &StampsType)) { /* read as they are, no list made */
+        *ends = Py_NewRef(ends_arg);
+        n_ends = ((Stamps *)ends_arg)->n;
+    } else {
+        *ends = PySequence_Fast(ends_arg, "built: ends must be a sequence");
+        n_ends = *ends != NULL ? PySequence_Fast_GET_SIZE(*ends) : -1;
+    }
+    if (n_ends == PySequence_Fast_GET_SIZE(*indices)) return 0;
     if (*ends != NULL) PyErr_SetString(PyExc_ValueError, "built: one end time per sample");
     Py_CLEAR(*indices);
     Py_CLEAR(*ends);
@@ -408,12 +554,6 @@ typedef struct {
 static PyObject *s_built, *s_fetches, *s_sample_min_s, *s_time_samples, *s_worker_id, *s_generation, *s_file,
     *s_pending, *s_flush, *s_built_by;
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts); /* time.time()'s clock */
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* recorder.<name> as a long long; -1 with an error set where it is not an int */
 static int int_attr(PyObject *owner, PyObject *name, long long *out) {
     PyObject *value = PyObject_GetAttr(owner, name);
@@ -620,11 +760,19 @@ static int intern_names(void) {
 }
 
 PyMODINIT_FUNC PyInit__batchpack(void) {
-    if (PyType_Ready(&RecordsType) < 0 || PyType_Ready(&DataQueueType) < 0 || intern_names() < 0) return NULL;
+    if (PyType_Ready(&StampsType) < 0 || PyType_Ready(&RecordsType) < 0 || PyType_Ready(&DataQueueType) < 0 ||
+        intern_names() < 0)
+        return NULL;
+#ifdef HAVE_TSC
+    unsigned int eax, ebx, ecx, edx;
+    tsc_invariant = __get_cpuid(0x80000007, &eax, &ebx, &ecx, &edx) && (edx & (1u << 8)); /* "Invariant TSC" */
+#endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Records", (PyObject *)&RecordsType) < 0 ||
         PyModule_AddObjectRef(m, "DataQueue", (PyObject *)&DataQueueType) < 0 ||
+        PyModule_AddObjectRef(m, "Stamps", (PyObject *)&StampsType) < 0 ||
+        PyModule_AddIntConstant(m, "TSC_INVARIANT", tsc_invariant) < 0 ||
         PyModule_AddIntConstant(m, "BUILT_BYTES", BUILT_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "TAKEN_BYTES", TAKEN_BYTES) < 0) {
         Py_DECREF(m);

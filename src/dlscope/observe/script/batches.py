@@ -93,12 +93,13 @@ UNKNOWN = 0xFFFFFFFF
 NAN = float("nan")
 # ~100 batches of 64 samples (~60 with their samples timed one by one); a larger record at once
 FLUSH_BYTES, FLUSH_SECONDS = 1 << 16, 0.5
-# A sample timed one by one costs a worker ~65 ns in its loop (a clock read and two appends:
-# BENCHMARKS.md). A worker (off the loop's critical path while the workers keep ahead) times them
-# where its last batch's samples took ≥ 5 µs on average (≤ ~1.3% of a sample), and in one batch
-# in SAMPLE_EVERY, so that their distribution is seen. The training process (num_workers=0:
-# every ns is the loop's) never does: a batch there costs its record, not a clock read per
-# sample (the issue's rule), and its slowest sample is not known.
+# A sample timed one by one costs a worker ~45 ns in its loop while its caches stay warm, ~35-90
+# ns after a file read's system calls (one C call, Stamps.stamp: BENCHMARKS.md). A worker (off
+# the loop's critical path while the workers keep ahead) times them where its last batch's
+# samples took ≥ 5 µs on average (≤ ~1-2% of a sample), and in one batch in SAMPLE_EVERY, so
+# that their distribution is seen. The training process (num_workers=0: every ns is the loop's)
+# never does: a batch there costs its record, not a clock read per sample (the issue's rule),
+# and its slowest sample is not known.
 WORKER_SAMPLE_TIMING_MIN_S, SAMPLE_EVERY = 5e-6, 16
 
 
@@ -279,6 +280,29 @@ def _sample_index(value: Any) -> int:
 Records = _batchpack.Records if _batchpack is not None else PyRecords
 
 
+class PyStamps:
+    """A batch's samples' end times, noted as a worker fetches them one by one: `stamp(sample)`
+    notes the time and returns the sample; read as a sequence of time.time() seconds. The
+    definition of _batchpack.Stamps, which notes a tick count in C and maps the ticks to
+    time.time()'s seconds when first read (tests/test_batchpack.py holds both to the clock)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.ends: list[float] = []
+
+    def stamp(self, sample: Any) -> Any:
+        self.ends.append(time.time())
+        return sample
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def __getitem__(self, i: int) -> float:
+        return self.ends[i]
+
+
+Stamps = _batchpack.Stamps if _batchpack is not None else PyStamps
+
+
 class Built(NamedTuple):
     """A batch the fetcher just finished in this thread, until it is handed on: to the data queue
     in a worker, to the loop with num_workers=0. The fetchers build plain tuples in this order (a
@@ -289,7 +313,7 @@ class Built(NamedTuple):
     fetched: float  # the collate began
     collated: float
     indices: Any  # the sampler's, as fetched (a list; a range: an iterable's stream positions)
-    ends: list[float] | None  # when each sample ended, where they were timed one by one
+    ends: Any  # a Stamps (or one end in a list): when each sample ended, where they were timed one by one
 
 
 class ThreadState(threading.local):
@@ -364,11 +388,9 @@ class BatchRecorder:
                 data = dataset.__getitems__(indices)
             elif self.time_samples:
                 flags = SAMPLE_TIMES
-                ends = []
-                data = []
-                for i in fetched:  # (a comprehension or an array('d') measured no cheaper: BENCHMARKS.md)
-                    data.append(base[i])
-                    ends.append(clock())
+                ends = Stamps(len(fetched))
+                stamp = ends.stamp  # one C call a sample, in the comprehension that keeps 3.11's inlined __getitem__
+                data = [stamp(base[i]) for i in fetched]
             else:
                 data = [base[i] for i in fetched]
         else:  # one sample a batch: its time is the batch's
@@ -392,16 +414,15 @@ class BatchRecorder:
             first = getattr(fetcher, "_dlscope_drawn", 0)
             it = fetcher.dataset_iter
             if fetcher.auto_collation:
-                ends = [] if recorder.time_samples else None
+                ends = Stamps(len(possibly_batched_index)) if recorder.time_samples else None
                 data = []
                 for _ in possibly_batched_index:
                     try:
-                        data.append(next(it))
+                        sample = next(it)
                     except StopIteration:
                         fetcher.ended = True
                         break
-                    if ends is not None:
-                        ends.append(clock())
+                    data.append(sample if ends is None else ends.stamp(sample))
                 if not data or (fetcher.drop_last and len(data) < len(possibly_batched_index)):
                     raise StopIteration
                 n = len(data)
