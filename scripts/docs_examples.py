@@ -450,6 +450,17 @@ def machine_free(line: str) -> str:
             gap = line.find("  ", at)
             if gap != -1:
                 line = line[:gap] + " " * len(prefix) + line[gap:]
+        # a path the terminal kept to its end ("…" and its last characters): "…" and what is left
+        # of the prefix go (12 characters of it at least: "…es/" may be any path), the path
+        # relative to it stays
+        for at in [m.start() for m in re.finditer("…", line)][::-1]:
+            tails = (prefix[k:] for k in range(1, len(prefix) - 11))
+            tail = next((t for t in tails if line.startswith(t, at + 1)), None)
+            if tail is not None:
+                line = line[:at] + line[at + 1 + len(tail) :]
+                gap = line.find("  ", at)
+                if gap != -1:
+                    line = line[:gap] + " " * (1 + len(tail)) + line[gap:]
     return line
 
 

@@ -20,12 +20,12 @@ import pytest
 import dlscope
 from dlscope.cli import main
 from dlscope.observe.iotrace import ebpf, strace
-from dlscope.observe.iotrace.analysis import Analysis, category
+from dlscope.observe.iotrace.analysis import CATEGORY_LISTED, Analysis, category
 from dlscope.observe.iotrace.events import TRACED_SYSCALLS, FdTables, make_event
 from dlscope.observe.iotrace.tracer import availability, trace_command
 from dlscope.phases import MARKER_PREFIX, parse_marker
 from dlscope.report.flowgraph import fallback_svg, render_svg
-from dlscope.report.sections.iotrace import findings, phase_table
+from dlscope.report.sections.iotrace import file_table, findings, phase_table
 
 AVAILABLE = availability()
 BACKENDS = [
@@ -274,6 +274,30 @@ def test_a_path_that_holds_other_paths_seen_is_a_directory_not_other():
         "/w/other": "other",  # nothing seen inside it: not known to be a directory
     }
     assert a.summary()["categories"]["directory"]["files"] == 1
+
+
+def test_a_dataset_of_many_small_files_is_listed_by_its_largest_and_counted_whole():
+    """A dataset is always in the file table however small its files, but a dataset of a million
+    small files (an image folder) must not put a million rows in results.json and the terminal:
+    its largest are listed, the caption says how many of how many, files.csv keeps them all."""
+    a = Analysis()
+    n = 3 * CATEGORY_LISTED
+    for i in range(n):
+        path = f"/data/imgs/{i:05d}.npy"
+        a.add(make_event(1.0 + i * 1e-3, 1, 1, "openat", 3, 1e-6, path=path))
+        a.add(make_event(1.0 + i * 1e-3, 1, 1, "read", 1000 + i, 1e-6, path=path))
+    for i in range(3):
+        a.add(make_event(2.0 + i, 1, 1, "write", 10, 1e-6, path=f"/run/ckpt-{i}.pt"))
+    a.finish()
+    summary = a.summary()
+    listed = [f["path"] for f in summary["files"] if f["category"] == "dataset"]
+    largest = [f"/data/imgs/{i:05d}.npy" for i in range(n - 1, n - 1 - CATEGORY_LISTED, -1)]
+    assert set(largest) <= set(listed) and len(listed) < n
+    assert summary["files_cut"] == {"dataset": n}
+    assert sum(f["category"] == "checkpoint" for f in summary["files"]) == 3  # few: all of them
+    assert len(a.file_rows()) == n + 3  # files.csv
+    caption = file_table({**summary, "files_total": n + 3}).caption
+    assert f"{len(listed)} of {n} dataset files" in caption
 
 
 def test_flow_graph_svg_with_and_without_graphviz():

@@ -56,6 +56,31 @@ def test_a_table_too_wide_for_any_layout_becomes_rows_of_label_and_value():
     assert any(line.startswith("column 11") and "value-11" in line for line in lines)
 
 
+def test_a_path_too_long_for_its_column_keeps_its_end_on_one_line():
+    """A file table at 80 columns: each path keeps its file name, one row a line, not folded
+    over lines (or, narrower still, wrapped whole: never cut to a stub)."""
+    paths = [
+        f"/home/student/project/.venv/lib/python3.11/site-packages/pkg/sub/module_{i}.cpython-311.pyc" for i in range(3)
+    ]
+    table = Table(
+        ["path", "category", "reads", "bytes read", "ms", "phases"],
+        [[p, "python module", 2, 517_168, 0.3, "startup → train_steps"] for p in paths],
+        optional=("phases",),
+        paths=("path",),
+    )
+    lines = [line for line in render([table], 80) if line]
+    assert max(len(line) for line in lines) <= 80
+    assert len(lines) == 1 + len(paths) + 1  # header, a line a path, what was not shown
+    for line, path in zip(lines[1:], paths, strict=False):
+        kept = line.split("  ")[0]
+        assert kept.startswith("…") and path.endswith(kept[1:]) and kept.endswith(".cpython-311.pyc")
+        assert len(kept) >= 24
+    whole = "\n".join(render([table], 200))
+    assert all(p in whole for p in paths) and "…" not in whole
+    narrow = "".join(line.strip() for line in render([table], 40))  # too narrow to keep a path's end
+    assert all(p in narrow for p in paths)
+
+
 def test_untrusted_text_is_printed_literally():
     hostile = "[/x]markup[bold] \x1b]0;owned\x07 \x1b[2J"
     lines = render([Para(hostile), Findings([("bad", hostile)]), Code(hostile), Table(["name"], [[hostile]])], 80)

@@ -16,13 +16,16 @@ class Para:
 @dataclass
 class Table:
     """Short headers with units (`ms`, `%`), explained by `legend`; numbers right-aligned everywhere.
-    `optional` columns are the first a narrow terminal leaves out (the report always shows them all)."""
+    `optional` columns are the first a narrow terminal leaves out (the report always shows them all).
+    `paths` columns hold paths: a terminal too narrow for them keeps each one's end ("…" and its
+    last characters, the file name that tells paths apart) rather than fold it over lines."""
 
     columns: list[str]
     rows: list[list[Any]]
     caption: str = ""
     legend: str = ""
     optional: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
 
 
 @dataclass

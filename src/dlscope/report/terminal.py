@@ -1,8 +1,9 @@
 """Blocks on the terminal: the same sections as report.html, sized for the terminal's width.
 
 Tables are laid out for 80 columns first: numbers keep their full width and stay right-aligned,
-`optional` columns are left out when they do not fit, long text wraps inside its column, and when
-even that cannot fit, each row is printed as a short list. No cell is ever cut to a stub."""
+`optional` columns are left out when they do not fit, paths keep their ends, long text wraps
+inside its column, and when even that cannot fit, each row is printed as a short list. No cell
+is ever cut to a stub."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from rich.text import Text
 from dlscope.console import console as default_console
 from dlscope.console import safe
 from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Svg, Table, Verdict, fmt, is_number
+from dlscope.report.flowgraph import shorten
 
 FINDING_STYLE = {"good": ("✔", "good"), "info": ("•", "metric"), "warn": ("⚠", "warn"), "bad": ("✘", "bad")}
 GAP = 2  # spaces between columns
 HANG = 4  # columns a folded code line's continuation is indented by
 MIN_TEXT = 12  # a text column narrower than this would read as stubs: print rows as lists instead
+MIN_PATH = 24  # a path kept to its end in fewer characters loses its directory: wrapped instead
 
 
 def print_blocks(blocks: Iterable[Block], console: Console | None = None) -> None:
@@ -118,8 +121,24 @@ def fit_columns(table: Table, cells: list[list[str]], width: int) -> tuple[list[
     return (shown, True) if need(shown, wrap=True) <= width else None
 
 
+def path_ends(table: Table, cells: list[list[str]], width: int) -> list[list[str]]:
+    """The cells with the `paths` columns' cells kept to their ends ("…" and the last characters)
+    where the table would otherwise wrap: to the room the other columns leave, once the optional
+    ones are left out, and never under MIN_PATH."""
+    fit = fit_columns(table, cells, width)
+    if not table.paths or (fit is not None and not fit[1]):
+        return cells
+    _, natural = column_kinds(table, cells)
+    elided = [i for i, name in enumerate(table.columns) if name in table.paths]
+    kept = [i for i, name in enumerate(table.columns) if name not in table.optional and i not in elided]
+    room = (width - sum(natural[i] for i in kept) - GAP * (len(kept) + len(elided) - 1)) // len(elided)
+    if room < max(MIN_PATH, *(cell_len(table.columns[i]) for i in elided)):
+        return cells
+    return [[shorten(cell, room) if i in elided else cell for i, cell in enumerate(row)] for row in cells]
+
+
 def print_table(table: Table, console: Console) -> None:
-    cells = [[fmt(v) for v in row] for row in table.rows]
+    cells = path_ends(table, [[fmt(v) for v in row] for row in table.rows], console.width)
     if table.caption:
         console.print(f"[bold]{safe(table.caption)}[/]")
     fit = fit_columns(table, cells, console.width)

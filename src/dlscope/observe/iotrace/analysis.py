@@ -17,7 +17,9 @@ OWN_RECORDS = "dlscope records"  # what `dlscope run` writes in the observed pro
 # many small files: one node each
 GROUPED_IN_FLOW = ("python module", "shared library", "device", "config", OWN_RECORDS)
 MAPPED_FILES_LISTED = 10  # the data files mapped into memory, most mapped first
-ALWAYS_LISTED = ("dataset", "checkpoint", "tensorboard log")  # in the section's file table, however small
+# in the section's file table however small, the CATEGORY_LISTED with most bytes of each (a
+# dataset of a million small files is one category row and files.csv, not a million table rows)
+ALWAYS_LISTED, CATEGORY_LISTED = ("dataset", "checkpoint", "tensorboard log"), 20
 IO_FIELDS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes")
 
 CATEGORY_RULES: list[tuple[str, re.Pattern[str]]] = [
@@ -260,7 +262,12 @@ class Analysis:
         mapped = sorted(
             (r for r in files if r["maps"] and r["category"] not in GROUPED_IN_FLOW), key=lambda r: -r["maps"]
         )
-        important |= {r["path"] for r in files if r["category"] in ALWAYS_LISTED}
+        cut = {}  # an always-listed category with more files than are listed: its number of files
+        for category in ALWAYS_LISTED:
+            rows = [r for r in by_bytes if r["category"] == category]
+            important |= {r["path"] for r in rows[:CATEGORY_LISTED]}
+            if len(rows) > CATEGORY_LISTED:
+                cut[category] = len(rows)
         important |= {r["path"] for r in mapped[:MAPPED_FILES_LISTED]}
         categories: dict[str, dict[str, int]] = defaultdict(lambda: {"files": 0, "bytes_read": 0, "bytes_written": 0})
         for r in files:
@@ -275,6 +282,7 @@ class Analysis:
             "phases": phases,
             "files_total": len(files),
             "files": [r for r in by_bytes if r["path"] in important],
+            "files_cut": cut,
             "top_by_bytes": [r["path"] for r in by_bytes[:top] if r["bytes_read"] + r["bytes_written"]],
             "top_by_time": [r["path"] for r in by_time[:top] if r["seconds"]],
             "mapped_files": [r["path"] for r in mapped[:MAPPED_FILES_LISTED]],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from dlscope.report.blocks import Block, Findings, Para, Svg, Table
@@ -183,8 +184,14 @@ def file_table(section: dict[str, Any]) -> Table:
         "reads by size",
     ]
     caption = f"Per file: the {len(rows)} most important of {section['files_total']:,} (all in files.csv)"
+    listed = Counter(f["category"] for f in section["files"])
+    cut = [f"{listed[name]} of {total:,} {name} files" for name, total in section.get("files_cut", {}).items()]
+    if cut:
+        caption += f"; {', '.join(cut)}, most bytes first"
     legend = "maps: mmap() calls — what is read through a mapping is page faults, not in bytes read"
-    return Table(columns, rows, caption, legend=legend)
+    # a narrow terminal keeps what says which file costs what: path, category, reads, bytes, ms
+    optional = ("reads by size", "phases", "maps", "opens", "writes", "bytes written")
+    return Table(columns, rows, caption, legend=legend, optional=optional, paths=("path",))
 
 
 def hook_chart(rows: list[dict[str, Any]]) -> list[Block]:
@@ -200,7 +207,8 @@ def top_by_time(section: dict[str, Any]) -> Table:
         [shorten(path, 70), files[path]["category"], round(files[path]["seconds"] * 1000, 2), _phases(files[path])]
         for path in section["top_by_time"]
     ]
-    return Table(["path", "category", "ms in syscalls", "phases"], rows, "Top files by time spent in their syscalls")
+    caption = "Top files by time spent in their syscalls"
+    return Table(["path", "category", "ms in syscalls", "phases"], rows, caption, paths=("path",))
 
 
 def render(section: dict[str, Any]) -> list[Block]:
