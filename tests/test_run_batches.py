@@ -75,6 +75,7 @@ def test_a_sample_slow_at_one_fetch_only_is_told_from_a_slow_sample(tmp_path):
     assert outlier["ms"] >= 200 and outlier["other_median_ms"] < 200
     report = " ".join((out / "report.md").read_text().split())
     assert "its 2 other fetches took" in report and "that fetch was slow, not the sample" in report
+    assert "(non-persistent workers start at every epoch)" in report  # these start at every epoch
 
 
 def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persistent_epochs(tmp_path):
@@ -92,7 +93,11 @@ def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persi
     assert sorted(s["pass"] for s in outliers) == [0, 1]  # persistent workers: the same batch each epoch
     # each fetch of it was slow: the sample's own cost, said so
     assert all((s["other_fetches"], s["other_slow"]) == (1, 1) for s in outliers)
-    assert "the sample itself is slow" in " ".join((out / "report.md").read_text().split())
+    report = " ".join((out / "report.md").read_text().split())
+    assert "the sample itself is slow" in report
+    # the epochs' first waits are not said to be the workers' start: these workers stay up
+    assert "persistent workers stay up, but prefetch nothing across an epoch's end" in report
+    assert "non-persistent" not in report
     assert [(w["worker"], w["processes"], w["batches"]) for w in batches["workers"]] == [(0, 1, 6), (1, 1, 6)]
     assert steady["pin_ms"] is None  # pin_memory without an accelerator: torch warns and pins nothing
     assert not steady["ready_before_asked"] and "not its building" not in batches_report.wait_sentence(steady)

@@ -87,6 +87,22 @@ def wait_sentence(r: dict[str, Any]) -> str:
     return text + "."
 
 
+def first_waits(section: dict[str, Any]) -> str:
+    """What an epoch's first batches wait for, by the loaders' kind of workers."""
+    persistent = {bool(d.get("persistent_workers")) for d in section.get("loaders", []) if d.get("num_workers")}
+    if persistent == {True}:
+        return (
+            "those waits hold the workers' start, then each epoch's first fetches (persistent workers stay up, "
+            "but prefetch nothing across an epoch's end: the next epoch's indices are sent as it starts)"
+        )
+    if persistent == {False}:
+        return "those waits hold the workers' start (non-persistent workers start at every epoch)"
+    return (
+        "those waits hold the workers' start (non-persistent workers start at every epoch; persistent ones "
+        "prefetch nothing across an epoch's end)"
+    )
+
+
 def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
     items: list[tuple[str, str]] = []
     steady = section["longest_steady_wait"]
@@ -97,9 +113,8 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         text = (
             f"Each worker's first batch of an epoch ({first['count']} batch{'es' * (first['count'] != 1)}) "
             "kept the loop waiting "
-            f"{first['waited_ms']:.4g} ms in all (at most {first['max_ms']:.4g} ms): those waits hold the "
-            "workers' start (non-persistent workers start at every epoch); the longest wait above is "
-            "the longest of the others."
+            f"{first['waited_ms']:.4g} ms in all (at most {first['max_ms']:.4g} ms): {first_waits(section)}; "
+            "the longest wait above is the longest of the others."
         )
         items.append(("info", text))
     shares = section["shares"]
@@ -124,13 +139,25 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
         )
         items.append((level, text))
     samples = section["samples"]
-    for s in samples.get("outliers", []):
+    outliers = samples.get("outliers", [])
+    # slow at one fetch and fast at the others: that fetch's moment, said once for all of them
+    once = [s for s in outliers if s.get("other_fetches") and not s["other_slow"]]
+    for s in outliers:
+        if len(once) > 1 and s in once:
+            continue
         file = f", file {s['file']}" if s.get("file") else ""
         text = (
             f"Sample {s['sample']} took {_ms(s['ms'])} ms to fetch, {s['times_median']:,.0f}× the median "
             f"{samples['median_ms']:.3g} ms ({where(s)}, {worker_name(s['worker'])}{file})"
         )
         items.append(outlier_finding(s, text))
+    if len(once) > 1:
+        text = (
+            f"{len(once)} samples were slow at one fetch only, fast at their others (the median sample: "
+            f"{samples['median_ms']:.3g} ms), so each time that fetch was slow, not the sample (a worker waiting "
+            f"for a core, a cold cache): {_first_named([_slow_once(s) for s in once])}."
+        )
+        items.append(("info", text))
     untimed = section.get("built_in_main_untimed", 0)
     if untimed:
         text = (
@@ -176,12 +203,19 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
     elif cost and cost.get("error"):
         items.append(("info", f"The x-ray's own cost could not be measured: {cost['error']}."))
     files = section.get("files") or {}
-    for f in files.get("outliers", []):
-        text = (
-            f"File {f['path']}: {f['reads']} reads, {_bytes(f['bytes'])}, {_ms(f['ms'])} ms of system calls "
-            f"over {f['batches']} batch(es); the median file: {_bytes(files['median_bytes'])}, "
-            f"{files['median_ms']:.3g} ms (named at ≥ 10× either, time ≥ 1 ms)."
-        )
+    slow_files = files.get("outliers", [])
+    if slow_files:
+        each = [
+            f"{f['path']}: {f['reads']} reads, {_bytes(f['bytes'])}, {_ms(f['ms'])} ms of system calls over "
+            f"{f['batches']} batch{'es' * (f['batches'] != 1)}"
+            for f in slow_files
+        ]
+        median = f"the median file: {_bytes(files['median_bytes'])}, {files['median_ms']:.3g} ms"
+        rule = "named at ≥ 10× its bytes or time, time ≥ 1 ms"
+        if len(slow_files) == 1:
+            text = f"File {each[0]}; {median} ({rule})."
+        else:
+            text = f"{len(slow_files)} files far past the median file ({median}; {rule}): {_first_named(each)}."
         items.append(("warn", text))
     return items
 
@@ -203,6 +237,71 @@ def batch_table(
     if not any(r.get("pass") for r in rows):
         columns = [c for c in columns if c[1] != "pass"]
     return Table([h for h, _ in columns], cells(rows, tuple(k for _, k in columns)), *text, **kw)
+
+
+NAMED_IN_FINDING = 3  # of a list of outliers, the first named in its finding; the table below has them all
+
+
+def _first_named(each: list[str]) -> str:
+    """The first NAMED_IN_FINDING of `each`, and how many more the table below lists."""
+    named = "; ".join(each[:NAMED_IN_FINDING])
+    more = len(each) - NAMED_IN_FINDING
+    return named + (f"; and {more} more in the table below" if more > 0 else "")
+
+
+def _slow_once(s: dict[str, Any]) -> str:
+    """An outlier sample fast at its other fetches, in a list of them."""
+    others = f"its {s['other_fetches']} other fetch{'es' * (s['other_fetches'] != 1)}"
+    return (
+        f"sample {s['sample']}, {_ms(s['ms'])} ms ({s['times_median']:,.0f}×; {where(s)}, {worker_name(s['worker'])}), "
+        f"{others} took {_ms(s['other_median_ms'])} ms"
+    )
+
+
+def outlier_tables(section: dict[str, Any]) -> list[Block]:
+    """The samples and the files far past their medians, each one a row (the findings name the first)."""
+    blocks: list[Block] = []
+    samples = section["samples"]
+    outliers = samples.get("outliers", [])
+    if len(outliers) > 1:
+        rows = [
+            [
+                s["sample"],
+                s["ms"],
+                round(s["times_median"]),
+                s.get("pass"),
+                s["batch"],
+                worker_name(s["worker"]),
+                "—" if not s.get("other_fetches") else f"{s['other_slow']} of {s['other_fetches']}",
+                s.get("other_median_ms"),
+                s.get("file") or "",
+            ]
+            for s in outliers
+        ]
+        blocks.append(
+            Table(
+                ["sample", "ms", "× median", "pass", "batch", "worker", "again", "others ms", "file"],
+                rows,
+                f"Samples far past the median ({samples['median_ms']:.3g} ms), the slowest first",
+                "again: its other fetches in the run as slow (of how many; —: fetched once), the sample's own "
+                "cost; others ms: their median, where fast that one fetch was slow, not the sample.",
+                optional=("pass", "× median"),
+                paths=("file",),
+            )
+        )
+    files = section.get("files") or {}
+    slow_files = files.get("outliers", [])
+    if len(slow_files) > 1:
+        blocks.append(
+            Table(
+                ["path", "reads", "bytes", "ms", "batches"],
+                [[f["path"], f["reads"], f["bytes"], f["ms"], f["batches"]] for f in slow_files],
+                f"Files far past the median ({_bytes(files['median_bytes'])}, {files['median_ms']:.3g} ms)",
+                "ms: of the batch's thread's system calls on the file; batches: the batches that read it.",
+                paths=("path",),
+            )
+        )
+    return blocks
 
 
 def outlier_finding(s: dict[str, Any], text: str) -> tuple[str, str]:
@@ -333,6 +432,7 @@ def render(section: dict[str, Any]) -> list[Block]:
         blocks.append(
             batch_table(section, slowest, columns, "The slowest batches to build", optional=("loader", "pass"))
         )
+    blocks.extend(outlier_tables(section))
     workers = section["workers"]
     if workers:
         rows = [
