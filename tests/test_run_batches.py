@@ -18,6 +18,7 @@ from dlscope.cli import main
 from dlscope.observe.iotrace import strace
 from dlscope.observe.script import batches as batches_module
 from dlscope.observe.script import batchflow
+from dlscope.report.blocks import Table
 from dlscope.report.sections import anatomy as anatomy_report
 from dlscope.report.sections import batches as batches_report
 from dlscope.rundir import load_results
@@ -491,3 +492,34 @@ def test_a_hiccup_beside_a_slow_fetch_does_not_make_the_sample_slow():
     assert (once["other_fetches"], once["other_slow"]) == (2, 0)
     again = batchflow._other_fetches(np.array([0.2, 0.15, 0.00002]), 0.2, 0.001)
     assert again["other_slow"] == 1
+
+
+def test_many_outliers_are_one_finding_each_kind_and_a_row_each_in_their_tables():
+    """Nine samples slow at one fetch only and two slow every time, three slow files: the report
+    warns of each slow sample, says the slow-once ones in one finding naming the first three, the
+    files in one, and lists them all in two tables."""
+    slow_once = [
+        {"sample": 100 + k, "ms": 30.0 - k, "times_median": 100.0, "batch": k, "pass": 0, "loader": 0, "worker": 0,
+         "file": f"/d/{100 + k}.npy", "other_fetches": 2, "other_slow": 0, "other_median_ms": 0.3}
+        for k in range(9)
+    ]  # fmt: skip
+    again = {"other_slow": 2, "other_median_ms": 38.0}
+    slow = [{**slow_once[0], **again, "sample": 7 + k, "ms": 40.0 + k} for k in range(2)]
+    files = [{"path": f"/d/{k}.npy", "reads": 9, "bytes": 19968, "ms": 9.0 - k, "batches": 3} for k in range(3)]
+    section = {
+        "batches_taken": 40, "batches_built": 40, "joined": 40, "in_steps": 40, "file": "batches.csv",
+        "longest_steady_wait": None, "first_batches": {"count": 0}, "shares": {}, "keeping_ahead": None,
+        "samples": {"outliers": slow + slow_once, "median_ms": 0.3},
+        "files": {"outliers": files, "median_bytes": 19968, "median_ms": 0.04},
+        "longest_waits": [], "slowest_batches": [], "workers": [], "loaders": [],
+    }  # fmt: skip
+    said = batches_report.findings(section)
+    assert sum("the sample itself is slow" in text for _, text in said) == 2
+    [once] = [text for _, text in said if "slow at one fetch only" in text]
+    assert once.startswith("9 samples") and "sample 100," in once and "sample 102," in once
+    assert "sample 103," not in once and once.endswith("and 6 more in the table below.")
+    [named] = [text for level, text in said if level == "warn" and "files far past" in text]
+    assert named.startswith("3 files") and all(f"/d/{k}.npy" in named for k in range(3))
+    tables = {b.caption.split(" (")[0]: b for b in batches_report.render(section) if isinstance(b, Table)}
+    assert [row[0] for row in tables["Samples far past the median"].rows] == [7, 8, *range(100, 109)]
+    assert len(tables["Files far past the median"].rows) == 3
