@@ -5,6 +5,7 @@ own loader. Each run is a real subprocess under the bootstrap; sizes are a few d
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from dlscope.cli import main
 from dlscope.observe.hang.live import read_all
@@ -399,9 +401,11 @@ def test_a_step_time_change_from_longer_episodes_is_more_forwards_not_slower_wor
 
 
 HOGWILD = """
-import torch, torch.multiprocessing as mp
+import sys, torch, torch.multiprocessing as mp
 from torch.utils.data import DataLoader, TensorDataset
 def train(rank, model):
+    if len(sys.argv) > 1:  # each trainer's intra-op threads
+        torch.set_num_threads(int(sys.argv[1]))
     x = torch.randn(640, 16)
     loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=32, num_workers=1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -441,6 +445,30 @@ def test_forked_processes_that_train_are_not_called_dataloader_workers(tmp_path)
     assert all(views[p["pid"]].loader_worker for p in workers)
     assert watching.snapshot(out / "processes", 5)["main_pid"] in trainers
     assert "loader worker 0" in (out / "report.md").read_text()
+    # the two trained at once, each with the threads they inherited from their parent
+    sharing = results["steps"]["sharing"]
+    cores, threads = len(os.sched_getaffinity(0)), torch.get_num_threads()
+    assert sorted(sharing["pids"]) == sorted(trainers) and sharing["cores"] == cores
+    assert sharing["threads_total"] == 2 * threads
+    report = " ".join((out / "report.md").read_text().split())
+    assert "2 processes trained at once on this machine" in report
+    assert ("oversubscribed" in report) == (2 * threads > cores)
+    if 2 * threads > cores:
+        assert f"torch.set_num_threads({max(cores // 2, 1)}) in each" in report
+
+
+def test_processes_that_train_at_once_with_a_core_each_are_not_oversubscribed(tmp_path):
+    """The hogwild trainers set one intra-op thread each (after the fork: their own records, not
+    their parent's count): 2 threads, on a machine of at least 2 cores no warning."""
+    script = tmp_path / "hogwild.py"
+    script.write_text(HOGWILD)
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), "--profile-steps", "0", "--", sys.executable, str(script), "1"]) == 0
+    sharing = load_results(out)["sections"]["steps"]["sharing"]
+    assert sharing["threads_total"] == 2 and set(sharing["threads"].values()) == {1}
+    report = " ".join((out / "report.md").read_text().split())
+    assert "with 2 intra-op threads (1 each, torch.get_num_threads)" in report
+    assert "oversubscribed" not in report or len(os.sched_getaffinity(0)) < 2
 
 
 def test_no_operator_profile_says_why(tmp_path):

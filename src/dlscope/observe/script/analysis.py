@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dlscope.observe.script import gpuanalysis, steptable
+from dlscope.observe.script import gpuanalysis, sharing, steptable
 from dlscope.observe.script.records import StepFile, read_records, step_files
 from dlscope.observe.script.stepmachine import PHASE_RECORDS
 
@@ -105,7 +105,23 @@ def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] 
     moded = [r for r in observed.records[main] if r.get("k") == "eval_mode_steps"]
     if moded:
         section["eval_mode_steps"] = {k: v for k, v in moded[-1].items() if k != "k"}
+    beside = sharing_of(observed, main)
+    if beside is not None:
+        section["sharing"] = beside
     return section
+
+
+def sharing_of(observed: Observed, main: int) -> dict[str, Any] | None:
+    """The processes that trained while `main` did (sharing.sharing), from the records."""
+    tables = {pid: observed.stream(pid)[1] for pid in observed.records}
+    threads = {  # each process's last (a later record of a process overwrites its earlier)
+        pid: {"threads": r["threads"], "cores": r["cores"]}
+        for pid, rs in observed.records.items()
+        for r in rs
+        if r.get("k") == "torch_threads"
+    }
+    parents = {pid: process_info(pid, rs)["ppid"] for pid, rs in observed.records.items()}
+    return sharing.sharing({pid: t for pid, t in tables.items() if len(t)}, main, threads, parents)
 
 
 def classify(input_pct: float) -> str:

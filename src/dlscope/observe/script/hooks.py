@@ -280,6 +280,16 @@ class TorchHooks:
         self.memory_files = _open_memory_files()
         self.begin_process(forked=True)
 
+    def set_num_threads(self, set_: Callable, threads: int) -> None:
+        set_(threads)
+        self.torch_threads(self.torch.get_num_threads())
+
+    def torch_threads(self, threads: int) -> None:
+        """The process's intra-op threads as torch now has them, against the cores it may run on
+        (sharing.py reads the last: a forked child that sets none has its parent's)."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        self.records.write({"k": "torch_threads", "threads": threads, "cores": cores})
+
     def _loader_worker(self, worker_id: int) -> None:
         """This forked child is a DataLoader worker: its records say so (its live file is marked by
         the hang agent's own wrapper of the worker loop)."""
@@ -838,6 +848,8 @@ class TorchHooks:
         iterator.__next__ = self.timed_loader_next(iterator.__next__)
         dataloader.DataLoader.__iter__ = _wrap(dataloader.DataLoader.__iter__, self.loader_iter)
         torch.nn.Module.train = _wrap(torch.nn.Module.train, self.module_train)
+        self.torch_threads(torch.get_num_threads())
+        torch.set_num_threads = _wrap(torch.set_num_threads, self.set_num_threads)
         torch.save = _wrap(torch.save, functools.partial(self.checkpoint, "checkpoint_save", 1))
         torch.load = _wrap(torch.load, functools.partial(self.checkpoint, "checkpoint_load", 0))
         self.batches = batches.attach(torch, self.records.directory, _wrap)

@@ -12,10 +12,11 @@ hooks.install when DLSCOPE_DOCTOR holds the trial's settings (JSON); nothing her
      "scratch": "/…/cwd", "keep": ["/…/processes"]}         where the trial may write
 
 Recorded (`k` in the process's records): "site" (where a DataLoader, an optimizer or a
-zero_grad call is in the user's code, with the arguments it was given), "threads", "loss",
+zero_grad call is in the user's code, with the arguments it was given), "loss",
 "zero_grad" (its mean seconds), "batch_layout" (the first batch's tensors: shapes and dtypes),
 "loader" (the counted steps' fetching and thread times, this process's CPU, the machine's idle
-share), "refused" (a write outside the scratch directory), "trial_stop".
+share), "refused" (a write outside the scratch directory), "trial_stop". (Its threads are the
+hooks' "torch_threads" records, as in every run.)
 
 Writes: a trial runs in a scratch working directory that reads as the one the doctor was started
 in (a symlink to each of its entries: the script's relative inputs, a config it execs, its data
@@ -367,10 +368,8 @@ class Trial:
             self.losses += 1
 
     def step_ended(self, steps: int, now: float) -> None:
-        """After each counted step: the first says the thread count; past the warm-up the clock
-        runs; at `stop_after` steps (or `stop_seconds` past the warm-up) the trial ends."""
-        if steps == 1:
-            self.records.write({"k": "threads", "threads": int(self.hooks.torch.get_num_threads())})
+        """After each counted step: past the warm-up the clock runs; at `stop_after` steps (or
+        `stop_seconds` past the warm-up) the trial ends."""
         warmup = self.config.get("warmup", 0)
         if steps >= warmup and self.warm_at is None:
             self.warm_at = now

@@ -181,7 +181,8 @@ def trial_facts(records: list[dict[str, Any]], main: list[dict[str, Any]]) -> di
     sites = [{k: r.get(k) for k in keys} for r in records if r.get("k") == "site"]
     for site in sites:
         site["source"] = source_line(site["file"], site["line"])
-    threads = next((r["threads"] for r in main if r.get("k") == "threads"), None)
+    # the last count torch had (a trial's own: the script's later calls are ignored in a trial)
+    threads = next((r["threads"] for r in reversed(main) if r.get("k") == "torch_threads"), None)
     zero_grad = next((r for r in main if r.get("k") == "zero_grad"), {})
     loader = next((r for r in main if r.get("k") == "loader"), {})
     layout = next((r["tensors"] for r in main if r.get("k") == "batch_layout"), None)

@@ -16,6 +16,7 @@ FORWARDS_MOVED = 1.2  # the forwards a step moved by this factor or more: the wo
 CARRIES = 0.6  # a part whose median moved by this share of the step's median carries the change
 ALIKE = 1.3  # parts whose ratios are all within this factor of the step's ratio moved alike
 SHOWN_PCT = 5.0  # a part under this share of the step on both sides is left out of a change's text
+SHARED_SLOWER = 1.5  # steps beside other training processes this much slower than alone: a warning
 # a change's words, by its direction
 SLOWER_WORDS = {
     "count": "more",
@@ -154,6 +155,43 @@ def step_ranges(steps: list[int]) -> str:
     return ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in runs)
 
 
+def sharing_finding(beside: dict[str, Any], main: int) -> tuple[str, str]:
+    """Processes that trained at once: their threads against the cores, and this process's step
+    beside them and alone where both were seen."""
+    pids, cores, total = beside["pids"], beside["cores"], beside["threads_total"]
+    others = ", ".join(str(p) for p in pids[1:])
+    text = f"{len(pids)} processes trained at once on this machine (pid {main} and {others})"
+    over = total is not None and cores is not None and total > cores
+    if total is not None and cores is not None:
+        counts = sorted({beside["threads"][str(p)] for p in pids})
+        each = f"{counts[0]} each" if len(counts) == 1 else "between them"
+        text += f", with {total} intra-op threads ({each}, torch.get_num_threads) on {cores} cores"
+        text += (
+            ": oversubscribed — a thread waits for a core, and each process's waiting threads spin on the cores "
+            "the others need."
+            if over
+            else "."
+        )
+    else:
+        text += "."
+    alone, shared = beside["alone_ms"], beside["shared_ms"]
+    slower = alone is not None and shared is not None and shared >= SHARED_SLOWER * alone
+    if alone is not None and shared is not None:
+        text += (
+            f" This process's median step was {fmt(shared)} ms while another trained ({beside['shared_steps']} "
+            f"steps) and {fmt(alone)} ms alone ({beside['alone_steps']} steps): {shared / alone:.3g}×."
+        )
+    else:
+        text += " No stretch of this process's steps ran alone, to compare the steps beside the others' with."
+    if over:
+        share = max(cores // len(pids), 1)
+        text += (
+            f" Give each process its share of the cores: torch.set_num_threads({share}) in each, before it "
+            "trains (or OMP_NUM_THREADS, as torchrun sets it)."
+        )
+    return ("warn" if over or slower else "info"), text
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     source = {
         "optimizer": "optimizer steps (calls of a torch optimizer's step)",
@@ -199,6 +237,8 @@ def render(section: dict[str, Any]) -> list[Block]:
         ),
         Findings(changes or [("good", "The step time did not change for good at any point of the run.")]),
     ]
+    if section.get("sharing"):
+        blocks.insert(1, Findings([sharing_finding(section["sharing"], section["main_pid"])]))
     in_turn = section.get("optimizers_in_turn")
     if in_turn:
         names = ", ".join(f"{o['class']} ({o['steps']} steps)" for o in in_turn)
