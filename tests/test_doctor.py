@@ -20,6 +20,7 @@ from dlscope.options import DoctorOptions, RunOptions, StepOptions
 from dlscope.report.sections import doctor as doctor_words
 from dlscope.report.terminal import print_blocks
 from dlscope.runner import Plan, run_command
+from dlscope.steps import doctor as doctor_step
 
 SCRIPT = Path(__file__).parent / "scripts" / "doctor_target.py"
 LOADER_LINE = next(n for n, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "DataLoader(dataset" in line)
@@ -194,6 +195,30 @@ def test_predictions_follow_the_anatomy():
     assert [c["key"] for c in tried] == ["input_free"]
     tried, _ = prescribe.candidates(baseline(2.0, threads=1), cores=2)
     assert prescribe.scaled_prediction(tried[0], scaling=2.0) == pytest.approx(1 / (0.02 + 0.98 / 2), rel=1e-3)
+
+
+def test_processes_training_at_once_past_the_cores_are_given_their_share_and_it_is_predicted():
+    """Two training processes with 2 threads each on 2 cores: the threads candidate asks 1 each
+    (not "already 2 threads for 2 cores"), predicted from matmuls run beside another process."""
+    shared = baseline(2.0, threads=2)
+    shared["facts"]["sharing"] = {"pids": [11, 12], "threads_total": 4, "cores": 2}
+    tried, skipped = prescribe.candidates(shared, cores=2)
+    [threads] = [c for c in tried if c["key"] == "threads"]
+    assert threads["change"] == {"threads": 1} and threads["basis"]["processes"] == 2
+    assert not any(s["key"] == "threads" for s in skipped)
+    speedup = doctor_step.shared_matmul_speedup(2, 2, 1, rounds=3)  # the others run beside it, then stop
+    assert speedup > 0
+    assert prescribe.scaled_prediction(threads, speedup) > 1 if speedup > 1 else True
+    # one thread each on 2 cores: their share already (not 2 each, which would oversubscribe again)
+    fair = baseline(2.0, threads=1)
+    fair["facts"]["sharing"] = {"pids": [11, 12], "threads_total": 2, "cores": 2}
+    tried, skipped = prescribe.candidates(fair, cores=2)
+    assert not any(c["key"] == "threads" for c in tried)
+    [why] = [s for s in skipped if s["key"] == "threads"]
+    assert why["reason"] == "threads_at_share"
+    assert doctor_words.REASONS["threads_at_share"](why) == (
+        "already 1 thread(s) in each of the 2 training processes, for 2 cores"
+    )
 
 
 def test_the_workers_prediction_counts_the_hand_over_and_the_cores_it_gets():

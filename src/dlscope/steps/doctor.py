@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -75,7 +77,10 @@ def run(ctx: Context) -> dict[str, Any]:
                 )
             candidate["predicted"] = prescribe.workers_prediction(basis)
             continue
-        if candidate["key"] == "threads":
+        if candidate["key"] == "threads" and candidate["basis"].get("processes", 1) > 1:
+            basis = candidate["basis"]
+            scaling = shared_matmul_speedup(basis["processes"], basis["threads_now"], basis["threads"])
+        elif candidate["key"] == "threads":
             scaling = matmul_speedup(threads=(candidate["basis"]["threads_now"], candidate["basis"]["threads"]))
         elif candidate["key"] == "autocast":
             scaling = matmul_speedup(bf16=True)
@@ -260,6 +265,72 @@ def matmul_speedup(threads: tuple[int, int] | None = None, bf16: bool = False) -
         return round(statistics.median(ratios), 3)
     finally:
         torch.set_num_threads(saved)
+
+
+# a process standing in for one of the other training processes: 256×256 matmuls on the threads
+# it is told on its standard input, line by line (0: stop)
+MATMUL_NEIGHBOUR = """
+import sys, threading, torch
+a, told = torch.randn(256, 256), [int(sys.argv[1])]
+def listen():
+    for line in sys.stdin:
+        told[0] = int(line)
+threading.Thread(target=listen, daemon=True).start()
+torch.set_num_threads(told[0]); a @ a
+print("ready", flush=True)
+now = told[0]
+while told[0]:
+    if told[0] != now:
+        now = told[0]; torch.set_num_threads(now)
+    a @ a
+"""
+
+
+SHARED_TIMED_S = 0.1  # each timing of shared_matmul_speedup
+
+
+def shared_matmul_speedup(processes: int, before: int, after: int, rounds: int = 9) -> float:
+    """How much faster a 256×256 float matmul runs here on `after` threads than on `before` while
+    `processes` - 1 other processes run the same matmuls on as many threads (the training
+    processes of a job beside each other). Both settings timed in turn, each time with the
+    others switched to it: the lower quartile of the paired ratios."""
+    import statistics
+
+    import torch
+
+    saved = torch.get_num_threads()
+    a = torch.randn(256, 256)
+    argv = [sys.executable, "-c", MATMUL_NEIGHBOUR, str(before)]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    others = [subprocess.Popen(argv, **pipes) for _ in range(processes - 1)]
+
+    def rate(n: int) -> float:
+        """Matmuls a second on n threads, the others on n too: over SHARED_TIMED_S (the threads'
+        contention comes and goes over tens of ms: a few matmuls would catch one moment of it)."""
+        for other in others:
+            other.stdin.write(f"{n}\n")  # type: ignore[union-attr]
+            other.stdin.flush()  # type: ignore[union-attr]
+        torch.set_num_threads(n)
+        time.sleep(0.05)  # the others on their new count
+        a @ a
+        done, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < SHARED_TIMED_S:
+            a @ a
+            done += 1
+        return done / elapsed
+
+    try:
+        for other in others:
+            other.stdout.readline()  # type: ignore[union-attr]  # its torch imported, its first matmul run
+        ratios = sorted(rate(after) / rate(before) for _ in range(rounds))
+        # the lower quartile: the contention comes and goes (a round's ratio from ~1.5× to ~30× on
+        # 2 cores), and a prediction that holds needs its low side
+        return round(statistics.quantiles(ratios, n=4, method="inclusive")[0], 3)
+    finally:
+        torch.set_num_threads(saved)
+        for other in others:
+            other.kill()
+            other.wait()
 
 
 HANDOVER_BATCHES = 400  # batches a hand-over calibration sends, at most

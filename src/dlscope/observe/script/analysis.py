@@ -114,14 +114,19 @@ def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] 
 def sharing_of(observed: Observed, main: int) -> dict[str, Any] | None:
     """The processes that trained while `main` did (sharing.sharing), from the records."""
     tables = {pid: observed.stream(pid)[1] for pid in observed.records}
-    threads = {  # each process's last (a later record of a process overwrites its earlier)
+    threads, parents = torch_threads(observed)
+    return sharing.sharing({pid: t for pid, t in tables.items() if len(t)}, main, threads, parents)
+
+
+def torch_threads(observed: Observed) -> tuple[dict[int, dict[str, int]], dict[int, int | None]]:
+    """Each process's last torch_threads record (its threads and cores), and each one's parent."""
+    threads = {  # a later record of a process overwrites its earlier
         pid: {"threads": r["threads"], "cores": r["cores"]}
         for pid, rs in observed.records.items()
         for r in rs
         if r.get("k") == "torch_threads"
     }
-    parents = {pid: process_info(pid, rs)["ppid"] for pid, rs in observed.records.items()}
-    return sharing.sharing({pid: t for pid, t in tables.items() if len(t)}, main, threads, parents)
+    return threads, {pid: process_info(pid, rs)["ppid"] for pid, rs in observed.records.items()}
 
 
 def classify(input_pct: float) -> str:

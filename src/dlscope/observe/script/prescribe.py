@@ -109,16 +109,41 @@ def candidates(
                     "argument": ("num_workers", workers),
                 }
             )
-    threads = facts.get("threads")
-    if threads is not None and threads < cores:
-        compute = sum(mean.get(p, 0.0) for p in ("forward", "backward", "optimizer"))
-        share = compute / anatomy["step_ms"] if anatomy.get("step_ms") else 0.0
+    threads, beside = facts.get("threads"), facts.get("sharing")
+    if beside and beside.get("threads_total") is None:  # another process's threads not known
+        beside = None
+    compute = sum(mean.get(p, 0.0) for p in ("forward", "backward", "optimizer"))
+    compute_share = compute / anatomy["step_ms"] if anatomy.get("step_ms") else 0.0
+    share = max(cores // len(beside["pids"]), 1) if beside else cores
+    if beside and threads and threads == share:
+        at_share = {"threads": threads, "cores": cores, "processes": len(beside["pids"])}
+        skipped.append({"key": "threads", "reason": "threads_at_share", **at_share})
+    elif beside and threads:
+        # several processes training at once: each its share of the cores, whether fewer or more
+        tried.append(
+            {
+                "key": "threads",
+                "change": {"threads": share},
+                "basis": {
+                    "threads_now": threads,
+                    "threads": share,
+                    "processes": len(beside["pids"]),
+                    "threads_total": beside["threads_total"],
+                    "cores": cores,
+                    "compute_pct": round(100 * compute_share, 2),
+                },
+                "compute_share": compute_share,
+                "site": None,
+                "argument": ("torch.set_num_threads", share),
+            }
+        )
+    elif threads is not None and threads < cores:
         tried.append(
             {
                 "key": "threads",
                 "change": {"threads": cores},
-                "basis": {"threads_now": threads, "threads": cores, "compute_pct": round(100 * share, 2)},
-                "compute_share": share,
+                "basis": {"threads_now": threads, "threads": cores, "compute_pct": round(100 * compute_share, 2)},
+                "compute_share": compute_share,
                 "site": None,
                 "argument": ("torch.set_num_threads", cores),
             }

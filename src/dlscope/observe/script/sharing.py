@@ -46,7 +46,7 @@ def sharing(
         return round(float(np.median(seconds[chosen])) * 1e3, 3) if np.count_nonzero(chosen) >= MIN_COMPARED else None
 
     pids = [main, *beside]
-    counts = {pid: _threads(pid, threads, parents) for pid in pids}
+    counts = {pid: threads_of(pid, threads, parents) for pid in pids}
     known = [c for c in counts.values() if c is not None]
     return {
         "pids": pids,
@@ -60,8 +60,8 @@ def sharing(
     }
 
 
-def _threads(pid: int, threads: dict[int, dict[str, int]], parents: dict[int, int | None]) -> dict[str, int] | None:
-    """The process's torch_threads record, else its nearest ancestor's."""
+def threads_of(pid: int, threads: dict[int, dict[str, int]], parents: dict[int, int | None]) -> dict[str, int] | None:
+    """The process's torch_threads record, else its nearest ancestor's (a forked child that set none)."""
     seen: set[int] = set()
     at: int | None = pid
     while at is not None and at not in seen:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dlscope.errors import Interrupted
-from dlscope.observe.script import analysis
+from dlscope.observe.script import analysis, sharing
 from dlscope.observe.script.trial import TRIAL_ENV
 from dlscope.options import HangOptions, ScriptOptions
 from dlscope.rundir import RunDir
@@ -155,6 +155,12 @@ def run_trial(
     records = [r for rs in observed.records.values() for r in rs]
     facts = trial_facts(records, observed.records.get(main, []) if main is not None else [])
     facts["wrote"] = wrote
+    beside = analysis.sharing_of(observed, main) if main is not None else None
+    # the training process's threads: its own last count, else its parent's (a forked trainer)
+    counted = sharing.threads_of(main, *analysis.torch_threads(observed)) if main is not None else None
+    facts["threads"] = counted["threads"] if counted else None
+    # the processes that trained while the training one did, and their threads (sharing.py)
+    facts["sharing"] = {k: beside[k] for k in ("pids", "threads_total", "cores")} if beside else None
     if not (facts["stopped"] or section["exit_code"] == 0):
         facts["output_tail"] = tail(path / "output.txt")
     return TrialResult(
@@ -181,14 +187,11 @@ def trial_facts(records: list[dict[str, Any]], main: list[dict[str, Any]]) -> di
     sites = [{k: r.get(k) for k in keys} for r in records if r.get("k") == "site"]
     for site in sites:
         site["source"] = source_line(site["file"], site["line"])
-    # the last count torch had (a trial's own: the script's later calls are ignored in a trial)
-    threads = next((r["threads"] for r in reversed(main) if r.get("k") == "torch_threads"), None)
     zero_grad = next((r for r in main if r.get("k") == "zero_grad"), {})
     loader = next((r for r in main if r.get("k") == "loader"), {})
     layout = next((r["tensors"] for r in main if r.get("k") == "batch_layout"), None)
     return {
         "sites": sites,
-        "threads": threads,
         "losses": [r["v"] for r in sorted((r for r in main if r.get("k") == "loss"), key=lambda r: r["i"])],
         "zero_grad_s": zero_grad.get("mean_s"),
         "loader_cpu_frac": loader_cpu_frac(loader),

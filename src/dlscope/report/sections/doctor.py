@@ -35,6 +35,9 @@ REASONS = {
     "one_core": lambda v: "one core: a worker process would compete with training for it",
     "workers_enough": lambda v: f"already {v['workers']} workers for {v['cores']} cores",
     "threads_at_cores": lambda v: f"already {v['threads']} threads for {v['cores']} cores",
+    "threads_at_share": lambda v: (
+        f"already {v['threads']} thread(s) in each of the {v['processes']} training processes, for {v['cores']} cores"
+    ),
     "already_none": lambda v: "zero_grad already sets gradients to None",
     "not_built": lambda v: "this version of doctor does not try it",
     "no_gpu": lambda v: "no GPU: pinned memory only speeds host-to-device copies",
@@ -158,6 +161,13 @@ def snippet(candidate: dict[str, Any]) -> str:
         return (
             "# around the forward and the loss, in the training loop (bf16 alters numerics: check accuracy)\n"
             "with torch.autocast('cpu', dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)"
+        )
+    if candidate["key"] == "threads" and candidate["basis"].get("processes", 1) > 1:
+        basis = candidate["basis"]
+        return (
+            f"# in each of the {basis['processes']} training processes, before it trains (they ran "
+            f"{basis['threads_total']} threads on {basis['cores']} cores)\n"
+            f"import torch\ntorch.set_num_threads({value})  # or launch with OMP_NUM_THREADS={value}"
         )
     if candidate["key"] == "threads":
         now = candidate["basis"]["threads_now"]
