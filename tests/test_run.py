@@ -401,23 +401,27 @@ def test_a_step_time_change_from_longer_episodes_is_more_forwards_not_slower_wor
 
 
 HOGWILD = """
-import sys, torch, torch.multiprocessing as mp
+import sys, time, torch, torch.multiprocessing as mp
 from torch.utils.data import DataLoader, TensorDataset
-def train(rank, model):
+def train(rank, model, started):
     if len(sys.argv) > 1:  # each trainer's intra-op threads
         torch.set_num_threads(int(sys.argv[1]))
     x = torch.randn(640, 16)
     loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=32, num_workers=1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for x, y in loader:
+    for i, (x, y) in enumerate(loader):
+        if i == 0:  # both train at once, however late a loader's worker started (a loaded machine)
+            started.wait()
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
+        time.sleep(0.005)
 if __name__ == "__main__":
     mp.set_start_method("fork")
     model = torch.nn.Linear(16, 1)
     model.share_memory()
-    trainers = [mp.Process(target=train, args=(r, model)) for r in range(2)]
+    started = mp.Barrier(2)
+    trainers = [mp.Process(target=train, args=(r, model, started)) for r in range(2)]
     [p.start() for p in trainers]
     [p.join() for p in trainers]
 """
