@@ -20,6 +20,8 @@ from dlscope.observe.hang.live import read_all
 from dlscope.observe.iotrace import strace
 from dlscope.observe.script import timeline, watching
 from dlscope.observe.script.records import StepFile, clocks
+from dlscope.report.blocks import Findings
+from dlscope.report.sections import steps as steps_report
 from dlscope.rundir import load_results
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -398,6 +400,13 @@ def test_a_step_time_change_from_longer_episodes_is_more_forwards_not_slower_wor
     # information, not a warning: the step does 6x the work in 3-4x the time
     assert "\n- From step 120 " in (out / "report.md").read_text()  # (a warning reads "- ⚠ From")
     assert "each step ran more forwards (median 4 → 24)" in (out / "report.md").read_text()
+    # had other processes trained beside it on too few cores, the change would say so too
+    steps = load_results(out)["sections"]["steps"]
+    assert "contention comes and goes" not in " ".join((out / "report.md").read_text().split())
+    steps["sharing"] = {"pids": [1, 2], "threads": {"1": 2, "2": 2}, "threads_total": 4, "cores": 2,
+                        "alone_ms": None, "shared_ms": 5.0, "alone_steps": 0, "shared_steps": len(changes)}  # fmt: skip
+    said = [text for b in steps_report.render(steps) if isinstance(b, Findings) for _, text in b.items]
+    assert any(t.startswith("From step 120 ") and t.endswith("contention comes and goes.") for t in said)
 
 
 HOGWILD = """

@@ -155,13 +155,20 @@ def step_ranges(steps: list[int]) -> str:
     return ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in runs)
 
 
+def oversubscribed(beside: dict[str, Any] | None) -> bool:
+    """More intra-op threads among the processes training at once than cores."""
+    if not beside or beside.get("threads_total") is None or beside.get("cores") is None:
+        return False
+    return beside["threads_total"] > beside["cores"]
+
+
 def sharing_finding(beside: dict[str, Any], main: int) -> tuple[str, str]:
     """Processes that trained at once: their threads against the cores, and this process's step
     beside them and alone where both were seen."""
     pids, cores, total = beside["pids"], beside["cores"], beside["threads_total"]
     others = ", ".join(str(p) for p in pids[1:])
     text = f"{len(pids)} processes trained at once on this machine (pid {main} and {others})"
-    over = total is not None and cores is not None and total > cores
+    over = oversubscribed(beside)
     if total is not None and cores is not None:
         counts = sorted({beside["threads"][str(p)] for p in pids})
         each = f"{counts[0]} each" if len(counts) == 1 else "between them"
@@ -222,7 +229,10 @@ def render(section: dict[str, Any]) -> list[Block]:
             changes.append(("info", f"{text}: where optimizer {over[0] + 1} ({over[1]}) takes over."))
         else:
             level = "info" if more_work else "warn" if c["after_ms"] > c["before_ms"] else "good"
-            changes.append((level, f"{text}: {where}." if where else f"{text}."))
+            said = f"{text}: {where}." if where else f"{text}."
+            if oversubscribed(section.get("sharing")):  # the likelier cause, said above
+                said += " Other processes trained at once on too few cores (above): their contention comes and goes."
+            changes.append((level, said))
     blocks: list[Block] = [
         Para(
             f"{section['count']} steps in the training process (pid {section['main_pid']}), counted from "
