@@ -108,6 +108,9 @@ def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] 
     beside = sharing_of(observed, main)
     if beside is not None:
         section["sharing"] = beside
+    censuses = [{k: v for k, v in r.items() if k != "k"} for r in observed.records[main] if r.get("k") == "subnormals"]
+    if censuses:
+        section["subnormals"] = censuses
     return section
 
 

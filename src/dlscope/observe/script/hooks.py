@@ -36,7 +36,7 @@ from typing import Any
 
 from dlscope import phases
 from dlscope.observe.hang import agent as hang
-from dlscope.observe.script import batches, calibrate, gpuclock, tracebacks, trial
+from dlscope.observe.script import batches, calibrate, gpuclock, subnormals, tracebacks, trial
 from dlscope.observe.script.after_import import AfterImport
 from dlscope.observe.script.attach import REQUEST_EVERY_S, take_request
 from dlscope.observe.script.records import RecordFile, clocks
@@ -275,6 +275,8 @@ class TorchHooks:
             self.gpu.after_fork()
         self.machine.reset(self.new_profiler())
         self.machine.profiler.done = True
+        if self.torch is not None:  # a process that trains too (hogwild) has steps of its own to watch
+            self.machine.watch = subnormals.SlowdownWatch(self.torch, self.records.write)
         self.forward_depth = self.train_depth = 0
         self._forget_optimizers()
         self.memory_files = _open_memory_files()
@@ -842,6 +844,7 @@ class TorchHooks:
             self.machine.python_only()
             self.gpu = gpuclock.GpuClock(torch, self.machine, self.records)
         self.step_hooks(torch)
+        self.machine.watch = subnormals.SlowdownWatch(torch, self.records.write)
         torch.optim.Optimizer.__init__ = _wrap(torch.optim.Optimizer.__init__, self.optimizer_init)
         torch.optim.Optimizer.__setstate__ = _wrap(torch.optim.Optimizer.__setstate__, self.optimizer_unpickled)
         iterator = dataloader._BaseDataLoaderIter

@@ -297,6 +297,9 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         self.eval_mode_check: Callable[[int], None] | None = None
         self.next_memory = float("-inf")  # when peak memory is read next
         self.next_work = float("-inf")  # when a step end next has memory or the profiler to look at
+        # told (index, now) with the between-steps work; True: call again at the next step end
+        # (the torch layer's slowdown watch, subnormals.py)
+        self.watch: Callable[[int, float], bool] | None = None
 
     # phases ----------------------------------------------------------------------------------
     def begin(self, name: str, now: float, file: str | None = None) -> None:
@@ -767,6 +770,8 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         profiler = self.profiler
         self.next_profiled = profiler.after_step(index, now) if now >= profiler.idle_until else NOT_PROFILED
         self.next_work = min(self.next_memory, profiler.idle_until)
+        if self.watch is not None and self.watch(index, now):
+            self.next_work = float("-inf")
         resumed = self.clock()
         return peak_rss, peak_cuda, resumed if resumed > now else now
 

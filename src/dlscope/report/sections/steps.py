@@ -17,6 +17,10 @@ CARRIES = 0.6  # a part whose median moved by this share of the step's median ca
 ALIKE = 1.3  # parts whose ratios are all within this factor of the step's ratio moved alike
 SHOWN_PCT = 5.0  # a part under this share of the step on both sides is left out of a change's text
 SHARED_SLOWER = 1.5  # steps beside other training processes this much slower than alone: a warning
+# a census's subnormal share of the float values its step made, from which they are the slowdown's
+# cause: an operator with subnormal operands runs ~7-170× slower on a CPU (BENCHMARKS.md), so
+# 0.1% of them can cost ~10% of a step
+SUBNORMAL_PCT = 0.1
 # a change's words, by its direction
 SLOWER_WORDS = {
     "count": "more",
@@ -155,6 +159,40 @@ def step_ranges(steps: list[int]) -> str:
     return ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in runs)
 
 
+def subnormal_finding(census: dict[str, Any]) -> tuple[str, str]:
+    """A census of a step run after the steps' CPU time grew (subnormals.py): whether subnormal
+    floats are why, from what it counted, and what to change."""
+    sampled, subnormal = census["sampled"], census["subnormal"]
+    pct = 100 * subnormal / sampled if sampled else 0.0
+    slowed = (
+        f"The steps' CPU time grew from {fmt(census['lowest_cpu_ms'])} ms to {fmt(census['slowed_cpu_ms'])} ms a "
+        f"step (rolling medians, all the process's threads; wall time {fmt(census['lowest_ms'])} → "
+        f"{fmt(census['slowed_ms'])} ms). Step {census['step']} ran under a census of the float values its "
+        f"operators made (and was slower for it): "
+    )
+    if census.get("error"):
+        return "info", slowed + f"it stopped counting ({census['error']})."
+    counted = f"{sampled:,} values" + (f" sampled of {census['values']:,}" if sampled < census["values"] else "")
+    if not subnormal:
+        return "info", slowed + f"none of {counted} was subnormal: not subnormal floats."
+    if pct < SUBNORMAL_PCT:
+        return "info", slowed + f"{subnormal:,} of {counted} were subnormal ({pct:.3g}%), too few to be why."
+    makers = [o for o in census["ops"] if o["subnormal"]]
+    named = ", ".join(
+        f"{o['op']} ({100 * o['subnormal'] / o['sampled']:.3g}% of its {o['values']:,} values, "
+        f"{o['calls']} call{'s' if o['calls'] > 1 else ''})"
+        for o in makers[:3]
+    )
+    return "warn", slowed + (
+        f"{pct:.3g}% of {counted} were subnormal (below the smallest normal float, 1.2e-38 in float32), "
+        f"made by {named}. A CPU computes with subnormal floats in microcode, many times slower. Call "
+        "torch.set_flush_denormal(True) at the start of the script, before its first forward: it sets "
+        "flush-to-zero in the calling thread and the threads started after it, and subnormals become zeros "
+        f"(a change below 1.2e-38 in the numbers). Predicted: ~{fmt(census['lowest_ms'])} ms a step again (the "
+        "wall time a step where its CPU time was lowest); measure it with dlscope run and dlscope diff."
+    )
+
+
 def oversubscribed(beside: dict[str, Any] | None) -> bool:
     """More intra-op threads among the processes training at once than cores."""
     if not beside or beside.get("threads_total") is None or beside.get("cores") is None:
@@ -249,6 +287,8 @@ def render(section: dict[str, Any]) -> list[Block]:
     ]
     if section.get("sharing"):
         blocks.insert(1, Findings([sharing_finding(section["sharing"], section["main_pid"])]))
+    if section.get("subnormals"):
+        blocks.append(Findings([subnormal_finding(c) for c in section["subnormals"]]))
     in_turn = section.get("optimizers_in_turn")
     if in_turn:
         names = ", ".join(f"{o['class']} ({o['steps']} steps)" for o in in_turn)

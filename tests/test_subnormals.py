@@ -1,0 +1,54 @@
+"""Steps that slow down for good, and whether subnormal floats are why (observe/script/subnormals.py):
+known-truth scripts under `dlscope run`, their census read back from the run's results and report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_run_ecosystem import SCRIPTS, observe
+
+SCRIPT = [sys.executable, str(SCRIPTS / "subnormal_steps.py")]
+
+
+def report_text(tmp_path: Path) -> str:
+    return " ".join((tmp_path / "run" / "report.md").read_text().split())
+
+
+def test_steps_slowed_by_subnormal_inputs_are_named_with_the_operator_that_made_them(tmp_path, capfd):
+    """From step 600 the script's inputs are scaled by 1e-39: one census, on a step after that,
+    counts the multiply's 65,536 outputs all subnormal, and the report says what to change, with
+    the step time before the slowdown as the prediction."""
+    sections, truth = observe(tmp_path, capfd, [*SCRIPT, "subnormal"])
+    (census,) = sections["steps"]["subnormals"]
+    assert census["step"] > int(truth["at"]) and census["steps"] == 1
+    made = {o["op"]: o for o in census["ops"]}
+    assert made["aten::mul"]["subnormal"] == made["aten::mul"]["values"] == 256 * 256
+    assert census["subnormal"] >= 256 * 256 and census["sampled"] > census["subnormal"]
+    after = float(truth["after_ms"])
+    assert census["slowed_cpu_ms"] > 4 * census["lowest_cpu_ms"] and census["lowest_ms"] < after
+    report = report_text(tmp_path)
+    assert "made by aten::mul (100% of its 65,536 values, 1 call)" in report
+    assert "torch.set_flush_denormal(True) at the start of the script" in report
+    assert f"Predicted: ~{census['lowest_ms']:.3g}" in report
+
+
+def test_steps_that_need_more_cpu_without_subnormals_are_said_not_to_be_them(tmp_path, capfd):
+    sections, truth = observe(tmp_path, capfd, [*SCRIPT, "busy"])
+    (census,) = sections["steps"]["subnormals"]
+    assert census["step"] > int(truth["at"]) and census["subnormal"] == 0 and census["sampled"] > 0
+    assert census["slowed_cpu_ms"] > 2 * census["lowest_cpu_ms"]
+    assert f"none of {census['sampled']:,} values was subnormal: not subnormal floats" in report_text(tmp_path)
+
+
+@pytest.mark.parametrize("mode", ["flush", "sleep"])
+def test_steps_with_no_subnormals_get_no_advice_on_them(tmp_path, capfd, mode):
+    """With flush-to-zero the scaled inputs are zeros: the steps keep their pace. Steps that sleep
+    (as on a busier machine) take longer, and their CPU time grows only by what waking costs (cold
+    caches: ~2.5× on a 1 ms step here, more under load). No census of either finds a subnormal."""
+    sections, truth = observe(tmp_path, capfd, [*SCRIPT, mode])
+    assert (float(truth["after_ms"]) > 3 * float(truth["before_ms"])) == (mode == "sleep")
+    assert all(c["subnormal"] == 0 for c in sections["steps"].get("subnormals", []))
+    assert "set_flush_denormal" not in report_text(tmp_path)
