@@ -397,8 +397,11 @@ def test_a_step_time_change_from_longer_episodes_is_more_forwards_not_slower_wor
     changes = load_results(out)["sections"]["steps"]["change_points"]
     change = next(c for c in changes if abs(c["step"] - 120) <= 1)
     assert change["forwards"] == [4, 24]
-    # information, not a warning: the step does 6x the work in 3-4x the time
-    assert "\n- From step 120 " in (out / "report.md").read_text()  # (a warning reads "- ⚠ From")
+    # information, not a warning, where the step took no more than ALIKE × 6 the time for 6x the
+    # work (3-4x here at quiet; on a loaded machine 3 ms steps are preempted where 0.9 ms ones are
+    # not, and the ratio reached 8-12): the verdict follows the run's own medians
+    explained = change["after_ms"] / change["before_ms"] <= steps_report.ALIKE * 24 / 4
+    assert ("\n- From step 120 " in (out / "report.md").read_text()) == explained  # (a warning reads "- ⚠ From")
     assert "each step ran more forwards (median 4 → 24)" in (out / "report.md").read_text()
     # had other processes trained beside it on too few cores, the change would say so too
     steps = load_results(out)["sections"]["steps"]

@@ -142,11 +142,12 @@ def test_a_large_file_is_named_with_its_read_calls_and_bytes_under_strace(tmp_pa
 
 
 def test_known_fetch_collate_and_wait_shares_in_the_main_process(tmp_path):
-    make_files(tmp_path / "data", 48, 4096)
+    # 48 batches (~1.4 s): a stall of 20 ms on a loaded machine moves the wait share by ~1 point
+    make_files(tmp_path / "data", 192, 4096)
     args = ("--workers", "0", "--busy-ms", "3", "--collate-ms", "3", "--step-ms", "15")
     sections, truth, _ = observe(tmp_path, *args)
     batches = sections["batches"]
-    assert batches["joined"] == batches["in_steps"] == truth["steps"] == 12
+    assert batches["joined"] == batches["in_steps"] == truth["steps"] == 48
     shares = batches["shares"]
     # per batch: 4 samples × 3 ms fetch + 3 ms collate, then a 15 ms step body; on a loaded
     # machine a busy-wait runs longer, so the truth is what the script timed itself
@@ -155,7 +156,7 @@ def test_known_fetch_collate_and_wait_shares_in_the_main_process(tmp_path):
     assert shares["wait_pct"] == pytest.approx(100.0 * truth["waited_s"] / truth["loop_s"], abs=3.0)
     assert [w["worker"] for w in batches["workers"]] == [None]  # the main process built them
     # and timed each batch, never a sample one by one (3 ms each): the report says so
-    assert batches["built_in_main_untimed"] == 12 and batches["samples"]["count"] == 0
+    assert batches["built_in_main_untimed"] == 48 and batches["samples"]["count"] == 0
     assert "slowest sample not known" in batches_report.wait_sentence(batches["longest_steady_wait"])
     cost = batches["own_cost"]  # measured as the script exited, at its loader's batch size
     assert cost["samples"] == 4 and cost["per_batch_us"] >= cost["batch_us"] >= 0 and cost["pct_of_build"] is not None

@@ -271,9 +271,11 @@ def test_a_step_the_gradscaler_skips_is_still_a_step_and_is_named(tmp_path, capf
     assert sum(r["optimizer_ms"] for r in rows) <= sum(scaler_ms) + 0.05  # inside the script's clock
     # The script's clock around scaler.step also holds dlscope's step-end work: the profiler's
     # start and stop (seconds at the first steps), the step's row (~20 µs of a ~0.2 ms scaler.step).
-    # Compared where that is all; the optimizer's own step is about half of scaler.step.
+    # Compared where that is all, step by step (a stall of a few ms in one step's part outside the
+    # optimizer's clock moved a sum of ~36 steps of ~0.2 ms by a third); the median step's share.
     steady = [i for i, r in enumerate(rows) if i >= 2 and r["profiled"] is None]
-    assert steady and sum(rows[i]["optimizer_ms"] for i in steady) >= 0.65 * sum(scaler_ms[i] for i in steady)
+    shares = sorted(rows[i]["optimizer_ms"] / scaler_ms[i] for i in steady)
+    assert len(steady) >= 20 and shares[len(shares) // 2] >= 0.65, shares
     check_anatomy(sections)
     report = " ".join((tmp_path / "run" / "report.md").read_text().split())
     # two NaN losses of 40 steps past the scale's start: over the warning's threshold
@@ -297,9 +299,10 @@ def test_a_validation_pass_after_each_epoch_is_an_evaluation_in_no_step(tmp_path
     evals = [r["seconds"] * 1e3 for r in sections["phases"]["rows"] if r["phase"] == "eval"]
     passes = [float(ms) for ms in truth["val_ms"].split(",")]
     assert len(evals) == len(passes)
-    # each from its first batch's draw to the next training batch's (the last: to the process's end)
-    for measured, known in zip(evals[:-1], passes[:-1], strict=True):
-        assert 0.95 * known <= measured <= known + 20.0, (evals, passes)
+    # each from its first batch's draw to the next training batch's (the last: to the process's
+    # end), as the script saw those draws begin on the same clock
+    for measured, known in zip(evals[:-1], truth["val_span_ms"].split(",")[:-1], strict=True):
+        assert abs(measured - float(known)) <= 1.0 + 0.01 * float(known), (evals, truth["val_span_ms"])
     rows = step_rows(sections)
     spans = [(r["begin_ts"], r["end_ts"]) for r in sections["phases"]["rows"] if r["phase"] == "eval"]
     for r in rows:  # (a step's start is rounded to the µs)

@@ -6,7 +6,10 @@ per-batch     both, set by each batch's step function after the batch is drawn, 
               inside `optimizer.step(closure)` (skorch's loop: the validation's first batch is drawn in
               train mode, the next epoch's first training batch in eval mode)
 then, last, one pass of a loss summed over four batches before a single backward() (and an
-optimizer step), which is training, not an evaluation."""
+optimizer step), which is training, not an evaluation. Each loader's batches are drawn through
+`drawn`, which notes when each draw began on dlscope's clock (time.time()): a validation pass as
+dlscope bounds it, from its first batch's draw to the next training batch's, is known exactly
+(val_span_ms), whatever the machine's load puts between."""
 
 import argparse
 import contextlib
@@ -17,6 +20,22 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 EPOCHS = 3
+
+
+def drawn(loader, first_draws: list[float]):
+    """The loader's batches; when the draw of the first began, appended to `first_draws`."""
+    it = iter(loader)
+    first = True
+    while True:
+        began = time.time()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        if first:
+            first_draws.append(began)
+            first = False
+        yield batch
 
 
 def main() -> None:
@@ -30,12 +49,13 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     criterion = nn.CrossEntropyLoss()
     forward_s, val_s, steps = 0.0, [], 0  # the training forwards (model and loss), each validation pass
+    train_draws, val_draws = [], []  # when each pass's first batch was drawn
     if style == "per-batch":
-        forward_s, val_s, steps = per_batch(train, val, model, optimizer, criterion)
+        forward_s, val_s, steps = per_batch(train, val, model, optimizer, criterion, train_draws, val_draws)
     for _ in range(EPOCHS if style != "per-batch" else 0):
         if style != "neither":
             model.train()
-        for x, y in train:
+        for x, y in drawn(train, train_draws):
             optimizer.zero_grad()
             start = time.perf_counter()
             loss = criterion(model(x), y)
@@ -47,14 +67,14 @@ def main() -> None:
         if style != "neither":
             model.eval()
         with torch.no_grad() if style == "eval-no-grad" else contextlib.nullcontext():
-            total = sum(criterion(model(x), y).item() for x, y in val)
+            total = sum(criterion(model(x), y).item() for x, y in drawn(val, val_draws))
         val_s.append(time.perf_counter() - start)
         print(f"validation loss {total / len(val):.3f}")
     model.train()
     criterion.train()  # (per-batch put it in eval mode too)
     optimizer.zero_grad()
     summed = None
-    for n, (x, y) in enumerate(train):  # four batches, each fed to a forward, then one backward
+    for n, (x, y) in enumerate(drawn(train, train_draws)):  # four batches, each fed to a forward, then one backward
         start = time.perf_counter()
         loss = criterion(model(x), y)
         forward_s += time.perf_counter() - start
@@ -65,14 +85,19 @@ def main() -> None:
     optimizer.step()
     steps += 1
     val_ms = ",".join(f"{1e3 * s:.3f}" for s in val_s)
-    print(f"TRUTH steps={steps} forward_ms={1e3 * forward_s:.3f} val_ms={val_ms} val_batches={EPOCHS * len(val)}")
+    # each pass's first draw to the next pass of the training loader's first draw
+    spans = ",".join(f"{1e3 * (t - v):.3f}" for v, t in zip(val_draws, train_draws[1:], strict=True))
+    print(
+        f"TRUTH steps={steps} forward_ms={1e3 * forward_s:.3f} val_ms={val_ms} val_span_ms={spans}",
+        f"val_batches={EPOCHS * len(val)}",
+    )
 
 
-def per_batch(train, val, model, optimizer, criterion) -> tuple[float, list[float], int]:
+def per_batch(train, val, model, optimizer, criterion, train_draws, val_draws) -> tuple[float, list[float], int]:
     """skorch's fit loop: (training forwards' seconds, each validation pass's, steps)."""
     forward_s, val_s, steps = 0.0, [], 0
     for _ in range(EPOCHS):
-        for x, y in train:
+        for x, y in drawn(train, train_draws):
 
             def closure(x=x, y=y) -> torch.Tensor:
                 nonlocal forward_s
@@ -88,7 +113,7 @@ def per_batch(train, val, model, optimizer, criterion) -> tuple[float, list[floa
             optimizer.step(closure)
             steps += 1
         start, total = time.perf_counter(), 0.0
-        for x, y in val:
+        for x, y in drawn(val, val_draws):
             model.eval()
             criterion.eval()
             with torch.no_grad():
