@@ -52,3 +52,39 @@ def test_steps_with_no_subnormals_get_no_advice_on_them(tmp_path, capfd, mode):
     assert (float(truth["after_ms"]) > 3 * float(truth["before_ms"])) == (mode == "sleep")
     assert all(c["subnormal"] == 0 for c in sections["steps"].get("subnormals", []))
     assert "set_flush_denormal" not in report_text(tmp_path)
+
+
+def test_a_census_left_under_another_dispatch_mode_stops_counting_and_says_so():
+    """A mode the script enters during the census step and keeps on: the census cannot leave the
+    stack under it; it stays there counting nothing, and its record says why."""
+    import time
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dlscope.observe.script.subnormals import SlowdownWatch, census_mode
+    from dlscope.report.sections.steps import subnormal_finding
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    written: list[dict] = []
+    watch = SlowdownWatch(torch, written.append)
+    census = census_mode(torch)
+    census.__enter__()
+    watch.running = (census, 13, time.time(), (0.001, 0.001), (0.005, 0.005))
+    above = Passing()
+    above.__enter__()
+    try:
+        torch.ones(4) * 1e-39  # in the census step: counted (the mode above passes it down)
+        assert watch(13, time.time()) is False
+        torch.ones(4) * 1e-39  # after the census step: not counted
+    finally:
+        above.__exit__(None, None, None)
+        census.__exit__(None, None, None)
+    (record,) = written
+    assert record["error"] == "mode_above" and record["subnormal"] == 4
+    assert census.census.ops["aten::mul"][3] == 4
+    level, text = subnormal_finding(record)
+    assert level == "info" and "it stopped counting (another dispatch mode was entered above it)" in text

@@ -36,6 +36,7 @@ WINDOW = 5  # intervals in a rolling median
 SLOWER = 4.0
 CENSUSES, GAP_S = 3, 30.0
 OPS_KEPT = 8  # operators named in a record, most subnormal values first
+MODE_ABOVE = "mode_above"  # the census's error where another dispatch mode was entered above it
 SAMPLED = 1 << 16  # values of an output counted at most (evenly spaced): a census step stays near a step's cost
 
 
@@ -181,7 +182,7 @@ class SlowdownWatch:
             mode.__exit__(None, None, None)
         else:  # another mode entered above it, still on: ours stays, counting nothing
             mode.census.off = True
-            mode.census.error = mode.census.error or "another dispatch mode was entered above the census"
+            mode.census.error = mode.census.error or MODE_ABOVE
         self.recent.clear()  # the census step's own time is no step's
         self.last = (index, time.time(), time.process_time())
         self.write(

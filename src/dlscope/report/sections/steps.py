@@ -171,7 +171,8 @@ def subnormal_finding(census: dict[str, Any]) -> tuple[str, str]:
         f"operators made (and was slower for it): "
     )
     if census.get("error"):
-        return "info", slowed + f"it stopped counting ({census['error']})."
+        why = "another dispatch mode was entered above it" if census["error"] == "mode_above" else census["error"]
+        return "info", slowed + f"it stopped counting ({why})."
     counted = f"{sampled:,} values" + (f" sampled of {census['values']:,}" if sampled < census["values"] else "")
     if not subnormal:
         return "info", slowed + f"none of {counted} was subnormal: not subnormal floats."
