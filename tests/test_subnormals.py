@@ -88,3 +88,34 @@ def test_a_census_left_under_another_dispatch_mode_stops_counting_and_says_so():
     assert census.census.ops["aten::mul"][3] == 4
     level, text = subnormal_finding(record)
     assert level == "info" and "it stopped counting (another dispatch mode was entered above it)" in text
+
+
+def test_a_child_forked_during_a_census_step_leaves_the_census():
+    """A DataLoader's workers forked by a census step's iter() inherit the forking thread's
+    dispatch modes: the child's watch takes the census off its stack, and counts nothing there."""
+    import os
+
+    import torch
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from dlscope.observe.script.subnormals import SlowdownWatch, census_mode
+
+    watch = SlowdownWatch(torch, lambda record: None)
+    census = census_mode(torch)
+    census.__enter__()
+    watch.running = (census, 13, 0.0, (0.001, 0.001), (0.005, 0.005))
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its watch made as hooks.after_fork makes it
+            child = watch.forked()
+            torch.ones(4) * 2
+            left = _get_current_dispatch_mode() is None and child.running is None
+            os.write(write, b"left" if left and "aten::mul" not in census.census.ops else b"stayed")
+            os._exit(0)
+        os.close(write)
+        said = os.read(read, 16)
+        os.waitpid(pid, 0)
+    finally:
+        census.__exit__(None, None, None)
+    assert said == b"left"

@@ -273,10 +273,11 @@ class TorchHooks:
         self.records.reopen()
         if self.gpu is not None:
             self.gpu.after_fork()
+        watch = self.machine.watch
         self.machine.reset(self.new_profiler())
         self.machine.profiler.done = True
-        if self.torch is not None:  # a process that trains too (hogwild) has steps of its own to watch
-            self.machine.watch = subnormals.SlowdownWatch(self.torch, self.records.write)
+        if watch is not None:  # a process that trains too (hogwild) has steps of its own to watch
+            self.machine.watch = watch.forked()
         self.forward_depth = self.train_depth = 0
         self._forget_optimizers()
         self.memory_files = _open_memory_files()

@@ -165,6 +165,20 @@ class SlowdownWatch:
         self.running = (mode, index + 1, time.time(), self.lowest, medians)
         return True
 
+    def forked(self) -> SlowdownWatch:
+        """In a child forked during a census step (a DataLoader's workers started by that step's
+        iter()): the child inherits the forking thread's dispatch modes, so the census would count
+        every operator of the child for its life. It leaves the child's stack; the child gets a
+        watch of its own."""
+        if self.running is not None:
+            from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+            mode = self.running[0]
+            mode.census.off = True
+            if _get_current_dispatch_mode() is mode:
+                mode.__exit__(None, None, None)
+        return SlowdownWatch(self.torch, self.write)
+
     def _eligible(self) -> bool:
         torch = self.torch
         dynamo = sys.modules.get("torch._dynamo.utils")
