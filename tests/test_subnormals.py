@@ -6,8 +6,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from dlscope.observe.script.records import StepFile
+from dlscope.observe.script.steptable import open_stream, steady_steps
 from test_run_ecosystem import SCRIPTS, observe
 
 SCRIPT = [sys.executable, str(SCRIPTS / "subnormal_steps.py")]
@@ -33,6 +36,16 @@ def test_steps_slowed_by_subnormal_inputs_are_named_with_the_operator_that_made_
     assert "made by aten::mul (100% of its 65,536 values, 1 call)" in report
     assert "torch.set_flush_denormal(True) at the start of the script" in report
     assert f"Predicted: ~{census['lowest_ms']:.3g}" in report
+    # the census step's counting cost is dlscope's: out of the anatomy, marked wherever it is listed
+    steps = StepFile(sections["steps"]["file"])
+    table = open_stream(steps)[1]
+    steady = steady_steps(table, np.arange(len(table)), steps.codes)
+    assert steady[table["i"] == census["step"]].all()  # steady but for the census
+    assert sections["anatomy"]["census_steps"] == 1
+    assert sections["anatomy"]["steps_used"] == np.count_nonzero(steady) - 1
+    listed = sections["steps"]["slowest"] + sections["steps"]["edge_rows"]
+    assert all(r["census"] == (r["step"] == census["step"]) for r in listed)
+    assert "not the 1 step(s) a subnormal census ran in" in report
 
 
 def test_steps_that_need_more_cpu_without_subnormals_are_said_not_to_be_them(tmp_path, capfd):

@@ -127,7 +127,8 @@ def read_run(run: Path) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError) as e:  # not a step file, or a header this dlscope cannot read
         raise RunDirError(f"not a readable dlscope step file ({e})", path) from None
     own_s = (results["sections"].get("anatomy", {}).get("dlscope_us_per_step") or 0.0) / 1e6
-    sums, sizes = steady_blocks(table, records.codes, own_s)
+    census = steptable.census_steps(steps.get("subnormals") or [])
+    sums, sizes = steady_blocks(table, records.codes, own_s, census)
     if not len(sizes):
         raise RunDirError("no steady training step in this run (only the first or profiled ones)", path)
     facts = {
@@ -142,7 +143,9 @@ def read_run(run: Path) -> dict[str, Any]:
     return {"sums": sums, "sizes": sizes, "facts": facts, "results": results, "path": run}
 
 
-def steady_blocks(table: np.ndarray, codes: dict[str, list[str | None]], own_s: float) -> tuple[np.ndarray, np.ndarray]:
+def steady_blocks(
+    table: np.ndarray, codes: dict[str, list[str | None]], own_s: float, census: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The steady steps' parts and step, summed over blocks of consecutive steady steps: (parts…,
     step) × blocks in seconds, and each block's number of steps. Blocks of ∛n steps (longer when
     that would make more than MAX_BLOCKS), read in chunks: memory is bounded at any run length."""
@@ -151,7 +154,7 @@ def steady_blocks(table: np.ndarray, codes: dict[str, list[str | None]], own_s: 
 
     def steady(first: int) -> tuple[np.ndarray, np.ndarray]:
         chunk = np.asarray(table[first : first + steptable.CHUNK])
-        return chunk, steptable.steady_steps(chunk, np.arange(first, first + len(chunk)), codes)
+        return chunk, steptable.steady_steps(chunk, np.arange(first, first + len(chunk)), codes, census)
 
     count = sum(int(np.count_nonzero(steady(first)[1])) for first in chunks)
     length = max(math.ceil(count ** (1 / 3)), math.ceil(count / MAX_BLOCKS), 1)

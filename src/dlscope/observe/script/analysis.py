@@ -146,7 +146,8 @@ def anatomy_section(
     gpu: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Mean step anatomy over the steady steps: not the first (start-up, first batch), not the
-    profiler's warm-up and active steps (their recording cost is reported with the top-10).
+    profiler's warm-up and active steps (their recording cost is reported with the top-10), not
+    the steps a subnormal census ran in (`census_steps`: how many).
     dlscope's own calibrated cost per step (`own_us`) is taken out of the step and out of
     "other" before any share is computed. The verdict is facts: a key, a level, its numbers.
     `batches_elsewhere`: DataLoader batches the process drew in a thread other than the steps'
@@ -197,6 +198,7 @@ def anatomy_section(
     return {
         "steps_used": count,
         "used": used,
+        "census_steps": summary["census_steps"] if used == "steady" else 0,
         "clock": clock,
         "mean_ms": {p: round(v * 1e3, 4) for p, v in mean_s.items()},
         "step_ms": round(step_s * 1e3, 4),
@@ -434,9 +436,9 @@ def own_cost_us(records: list[dict[str, Any]]) -> float | None:
     return found["per_step_us"] if found else None
 
 
-def unsteady_steps(table: np.ndarray, codes: dict[str, list[str | None]]) -> np.ndarray:
+def unsteady_steps(table: np.ndarray, codes: dict[str, list[str | None]], census: np.ndarray) -> np.ndarray:
     """The indices of the steps the anatomy leaves out (steptable.steady_steps)."""
-    steady = steptable.steady_steps(table, np.arange(len(table)), codes)
+    steady = steptable.steady_steps(table, np.arange(len(table)), codes, census)
     return np.asarray(table["i"])[~steady]
 
 
@@ -450,8 +452,9 @@ def sections(observed: Observed, origin: float, sort_by: str = "self_cpu") -> di
     summary = gpu = None
     if main is not None:
         table, codes = observed.stream(main)[1], observed.steps[main].codes
-        summary = steptable.summarise(table, origin, codes)
-        gpu = gpuanalysis.gpu_section(observed.records.get(main, []), unsteady_steps(table, codes))
+        census = steptable.census_steps([r for r in observed.records.get(main, []) if r.get("k") == "subnormals"])
+        summary = steptable.summarise(table, origin, codes, census)
+        gpu = gpuanalysis.gpu_section(observed.records.get(main, []), unsteady_steps(table, codes, census))
     steps = steps_section(observed, main, summary)
     own = own_cost_us(observed.records.get(main, [])) if main is not None else None
     main_records = observed.records.get(main, [])

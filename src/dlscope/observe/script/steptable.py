@@ -59,17 +59,31 @@ def part_seconds(chunk: np.ndarray, loader: int) -> dict[str, np.ndarray]:
     return parts
 
 
-def steady_steps(chunk: np.ndarray, positions: np.ndarray, codes: dict[str, list[str | None]]) -> np.ndarray:
+NO_STEPS = np.zeros(0, np.int64)
+
+
+def census_steps(censuses: list[dict[str, Any]]) -> np.ndarray:
+    """The indices of the steps a subnormal census ran in (its records' `step` and `steps`)."""
+    spans = [np.arange(c["step"], c["step"] + c["steps"]) for c in censuses if c.get("steps")]
+    return np.concatenate(spans) if spans else NO_STEPS
+
+
+def steady_steps(
+    chunk: np.ndarray, positions: np.ndarray, codes: dict[str, list[str | None]], census: np.ndarray = NO_STEPS
+) -> np.ndarray:
     """Which steps of `chunk` (at `positions` in the stream) are steady: not the first (start-up,
-    first batch), not the profiler's warm-up and active ones (their recording cost)."""
+    first batch), not the profiler's warm-up and active ones, not those a subnormal census ran in
+    (`census`, stream indices): their recording and counting cost is dlscope's."""
     unprofiled = (chunk["profiled"] == codes["profiled"].index(None)) | (
         chunk["profiled"] == codes["profiled"].index("wait")
     )
-    return (positions >= 1) & unprofiled
+    return (positions >= 1) & unprofiled & ~np.isin(chunk["i"], census)
 
 
-def row(step: Any, origin: float, codes: dict[str, list[str | None]], loader: int) -> dict[str, Any]:
-    """One step as the report shows it (ms)."""
+def row(
+    step: Any, origin: float, codes: dict[str, list[str | None]], loader: int, census: np.ndarray = NO_STEPS
+) -> dict[str, Any]:
+    """One step as the report shows it (ms); `census`: whether a subnormal census ran in it."""
     parts = {name: float(value[0]) for name, value in part_seconds(np.asarray([step]), loader).items()}
     return {
         "step": int(step["i"]),
@@ -82,6 +96,7 @@ def row(step: Any, origin: float, codes: dict[str, list[str | None]], loader: in
         "profiled": codes["profiled"][int(step["profiled"])],
         "profiler_step": None if int(step["profiler_step"]) == NONE_U4 else int(step["profiler_step"]),
         "profiler_ms": round(float(step["profiler_seconds"]) * 1e3, 3),
+        "census": bool(np.isin(int(step["i"]), census)),
     }
 
 
@@ -94,8 +109,11 @@ def _peak(column: np.ndarray) -> int | None:
     return _bytes(int(measured.max())) if len(measured) else None
 
 
-def summarise(table: np.ndarray, origin: float, codes: dict[str, list[str | None]]) -> dict[str, Any]:
-    """The summary of a stream of steps: what results.json keeps of them."""
+def summarise(
+    table: np.ndarray, origin: float, codes: dict[str, list[str | None]], census: np.ndarray = NO_STEPS
+) -> dict[str, Any]:
+    """The summary of a stream of steps: what results.json keeps of them (`census`: the indices of
+    the steps a subnormal census ran in, left out of the steady ones and marked in the rows)."""
     n = len(table)
     loader = codes["data_source"].index("loader")
     profiled = {name: codes["profiled"].index(name) for name in ("wait", "warmup", "active")}
@@ -114,7 +132,7 @@ def summarise(table: np.ndarray, origin: float, codes: dict[str, list[str | None
         seconds[first : first + len(chunk)] = chunk["seconds"]
         parts = part_seconds(chunk, loader)
         which = np.searchsorted(bounds, positions, side="right") - 1
-        steady = steady_at[first : first + len(chunk)] = steady_steps(chunk, positions, codes)
+        steady = steady_at[first : first + len(chunk)] = steady_steps(chunk, positions, codes, census)
         for p in PARTS:
             window_sums[p] += np.bincount(which, weights=parts[p], minlength=windows)
             sums["steady"][p] += float(parts[p][steady].sum())
@@ -144,11 +162,12 @@ def summarise(table: np.ndarray, origin: float, codes: dict[str, list[str | None
             }
             for w in range(windows)
         ],
-        "slowest": [row(table[k], origin, codes, loader) for k in slowest_at],
-        "edge_rows": [row(table[k], origin, codes, loader) for k in edge],
+        "slowest": [row(table[k], origin, codes, loader, census) for k in slowest_at],
+        "edge_rows": [row(table[k], origin, codes, loader, census) for k in edge],
         "change_points": change_points(seconds, table, origin, loader, np.flatnonzero(steady_at)),
         # the sums the anatomy is drawn from (not kept in results.json)
         "steady": {"count": steady_count, "seconds": steady_seconds, "parts_seconds": sums["steady"]},
+        "census_steps": int(np.count_nonzero(np.isin(table["i"], census))) if len(census) else 0,
         "all": {"count": n, "seconds": float(seconds.sum()), "parts_seconds": sums["all"]},
         "loader_steps": loader_steps,
         "profiler": {

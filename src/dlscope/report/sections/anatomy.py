@@ -87,6 +87,8 @@ def render(section: dict[str, Any]) -> list[Block]:
         "steady": "the steady steps (not the first, not the profiler's warm-up and active ones)",
         "all": "all steps (too few to leave out the first and the profiled ones)",
     }[section["used"]]
+    if section.get("census_steps"):  # a subnormal census counted values there (steps.py says why)
+        used = used[:-1] + f", not the {section['census_steps']} step(s) a subnormal census ran in)"
     own = section.get("dlscope_us_per_step")
     cost = (
         f"dlscope's own cost, calibrated in the process at start: {own:.1f} µs a step, taken out of the step "

@@ -45,9 +45,14 @@ def mebibytes(value: int | None) -> float | None:
     return None if value is None else round(value / 2**20, 1)
 
 
+def instrumented(row: dict[str, Any]) -> str:
+    """What of dlscope's ran in a step and slowed it: the profiler's phase, a subnormal census."""
+    return ", ".join(filter(None, [row["profiled"], "census" if row.get("census") else None]))
+
+
 def step_rows(rows: list[dict[str, Any]], parts: tuple[str, ...]) -> list[list[Any]]:
     return [
-        [r["step"], r["ms"], *(r[f"{p}_ms"] for p in parts), mebibytes(r["peak_rss_bytes"]), r["profiled"] or ""]
+        [r["step"], r["ms"], *(r[f"{p}_ms"] for p in parts), mebibytes(r["peak_rss_bytes"]), instrumented(r)]
         for r in rows
     ]
 
@@ -168,7 +173,7 @@ def subnormal_finding(census: dict[str, Any]) -> tuple[str, str]:
         f"The steps' CPU time grew from {fmt(census['lowest_cpu_ms'])} ms to {fmt(census['slowed_cpu_ms'])} ms a "
         f"step (rolling medians, all the process's threads; wall time {fmt(census['lowest_ms'])} → "
         f"{fmt(census['slowed_ms'])} ms). Step {census['step']} ran under a census of the float values its "
-        f"operators made (and was slower for it): "
+        f"operators made (slower for it: left out of the anatomy, marked in the step tables): "
     )
     if census.get("error"):
         why = "another dispatch mode was entered above it" if census["error"] == "mode_above" else census["error"]
