@@ -77,7 +77,10 @@ def steady_steps(
     unprofiled = (chunk["profiled"] == codes["profiled"].index(None)) | (
         chunk["profiled"] == codes["profiled"].index("wait")
     )
-    return (positions >= 1) & unprofiled & ~np.isin(chunk["i"], census)
+    steady = (positions >= 1) & unprofiled
+    if len(census):  # most runs have none: no pass over the chunk for them
+        steady &= ~np.isin(chunk["i"], census)
+    return steady
 
 
 def row(
@@ -124,7 +127,7 @@ def summarise(
     bounds = (np.arange(windows + 1) * n) // windows if n else np.zeros(1, np.int64)
     window_sums = {p: np.zeros(windows) for p in PARTS}
     sums = {kind: dict.fromkeys(PARTS, 0.0) for kind in ("steady", "all")}
-    steady_seconds, steady_count, loader_steps = 0.0, 0, 0
+    steady_seconds, steady_count, loader_steps, census_count = 0.0, 0, 0, 0
     profiler_seconds, rss, cuda = 0.0, [], []
     for first in range(0, n, CHUNK):
         chunk = np.asarray(table[first : first + CHUNK])
@@ -140,6 +143,8 @@ def summarise(
         steady_seconds += float(chunk["seconds"][steady].astype(np.float64).sum())
         steady_count += int(np.count_nonzero(steady))
         loader_steps += int(np.count_nonzero(chunk["data_source"] == loader))
+        if len(census):
+            census_count += int(np.count_nonzero(np.isin(chunk["i"], census)))
         profiler_seconds += float(chunk["profiler_seconds"].astype(np.float64).sum())
         rss.append(_peak(chunk["peak_rss_kib"]))
         cuda.append(_peak(chunk["peak_cuda_kib"]))
@@ -167,7 +172,7 @@ def summarise(
         "change_points": change_points(seconds, table, origin, loader, np.flatnonzero(steady_at)),
         # the sums the anatomy is drawn from (not kept in results.json)
         "steady": {"count": steady_count, "seconds": steady_seconds, "parts_seconds": sums["steady"]},
-        "census_steps": int(np.count_nonzero(np.isin(table["i"], census))) if len(census) else 0,
+        "census_steps": census_count,
         "all": {"count": n, "seconds": float(seconds.sum()), "parts_seconds": sums["all"]},
         "loader_steps": loader_steps,
         "profiler": {
