@@ -138,6 +138,8 @@ def bad(tmp_path: Path, runs: dict[str, Path], how: str) -> tuple[Path, str]:
     elif how == "no-steps-file":
         steps.unlink()
         return copy, str(steps)
+    elif how == "malformed-census":
+        results["sections"]["steps"]["subnormals"] = [{"steps": 1}]
     elif how == "not-a-steps-file":
         steps.write_bytes(b"PK\x03\x04 not a step file")
         return copy, str(steps)
@@ -146,7 +148,9 @@ def bad(tmp_path: Path, runs: dict[str, Path], how: str) -> tuple[Path, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["not-a-run", "newer-schema", "another-kind", "no-steps-file", "not-a-steps-file"])
+@pytest.mark.parametrize(
+    "how", ["not-a-run", "newer-schema", "another-kind", "no-steps-file", "not-a-steps-file", "malformed-census"]
+)
 def test_bad_input_is_one_line_naming_the_file(runs, tmp_path, capsys, how):
     spoilt, named = bad(tmp_path, runs, how)
     for args in ([str(runs["w0"]), str(spoilt)], [str(spoilt), str(runs["w0"]), "--json"]):

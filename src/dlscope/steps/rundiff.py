@@ -127,7 +127,10 @@ def read_run(run: Path) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError) as e:  # not a step file, or a header this dlscope cannot read
         raise RunDirError(f"not a readable dlscope step file ({e})", path) from None
     own_s = (results["sections"].get("anatomy", {}).get("dlscope_us_per_step") or 0.0) / 1e6
-    census = steptable.census_steps(steps.get("subnormals") or [])
+    try:
+        census = steptable.census_steps(steps.get("subnormals") or [])
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise RunDirError("its steps' subnormal census records are malformed (each needs step, steps)", where) from None
     sums, sizes = steady_blocks(table, records.codes, own_s, census)
     if not len(sizes):
         raise RunDirError("no steady training step in this run (only the first or profiled ones)", path)
