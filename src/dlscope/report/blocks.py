@@ -51,6 +51,14 @@ class Svg:
 
 
 @dataclass
+class Method:
+    """A sentence on how dlscope measured (its own cost, its method), not on the job: the report
+    gathers these from every section into "How this was measured", out of the findings."""
+
+    text: str
+
+
+@dataclass
 class Code:
     text: str
     language: str = ""
@@ -74,7 +82,7 @@ class Verdict:
     wrap: bool = False
 
 
-Block = Para | Table | Figure | Svg | Code | Findings | Verdict
+Block = Para | Method | Table | Figure | Svg | Code | Findings | Verdict
 
 
 @dataclass

@@ -13,7 +13,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from dlscope.console import printable
 from dlscope.fsutil import atomic_write_bytes
-from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Section, Svg, Table, fmt, is_number
+from dlscope.report.blocks import Block, Code, Figure, Findings, Method, Para, Section, Svg, Table, fmt, is_number
 from dlscope.rundir import SCHEMA_VERSION, load_results
 
 FINDING_MARK = {"good": "✔", "info": "•", "warn": "⚠", "bad": "✘"}
@@ -40,7 +40,7 @@ MIN_FIGURE_SCALE = 0.8
 
 
 def block_html(block: Block) -> str:
-    if isinstance(block, Para):
+    if isinstance(block, Para | Method):
         return f"<p>{inline_html(block.text)}</p>"
     if isinstance(block, Table):
         head = "".join(f"<th>{inline_html(c)}</th>" for c in block.columns)
@@ -101,7 +101,7 @@ def md_cell(value: Any) -> str:
 
 
 def block_md(block: Block, figures_dir: Path, run_dir: Path) -> str:
-    if isinstance(block, Para):
+    if isinstance(block, Para | Method):
         return printable(block.text)
     if isinstance(block, Table):
         lines = [f"*{printable(block.caption)}*", ""] if block.caption else []
@@ -170,12 +170,32 @@ def build_sections(results: dict[str, Any]) -> list[Section]:
     return sections
 
 
+METHOD = ("method", "How this was measured")
+
+
+def report_sections(results: dict[str, Any]) -> list[Section]:
+    """The report as it reads: the summary first (a `dlscope run`'s), then every section with its
+    tables and reasoning, and last "How this was measured": each section's sentences on dlscope's
+    own cost and method (its Method blocks), taken out of it."""
+    from dlscope.report.summary import SUMMARY, summary_blocks
+
+    sections, method = [], []
+    for section in build_sections(results):
+        said = [b.text for b in section.blocks if isinstance(b, Method)]
+        if said:
+            method.append(Para(f"{section.title}: {' '.join(said)}"))
+        sections.append(Section(section.key, section.title, [b for b in section.blocks if not isinstance(b, Method)]))
+    summary = summary_blocks(results)
+    head = [Section(*SUMMARY, summary)] if summary else []
+    return head + sections + ([Section(*METHOD, method)] if method else [])
+
+
 def render_report(run: str | Path) -> tuple[Path, Path]:
     """Write report.html and report.md into the run directory from its results.json."""
     run = Path(run)
     results = load_results(run)  # first: its errors name the path as given
     run_dir = run if run.is_dir() else run.parent
-    sections = build_sections(results)
+    sections = report_sections(results)
     env = Environment(loader=PackageLoader("dlscope.report"), autoescape=select_autoescape())
     page = env.get_template("report.html.j2").render(
         run={"wall_seconds": None, **results["run"], "error": printable(results["run"].get("error") or "")},

@@ -16,7 +16,20 @@ from rich.text import Text
 
 from dlscope.console import console as default_console
 from dlscope.console import safe
-from dlscope.report.blocks import Block, Code, Figure, Findings, Para, Svg, Table, Verdict, fmt, is_number
+from dlscope.report.blocks import (
+    Block,
+    Code,
+    Figure,
+    Findings,
+    Method,
+    Para,
+    Section,
+    Svg,
+    Table,
+    Verdict,
+    fmt,
+    is_number,
+)
 from dlscope.report.flowgraph import shorten
 
 FINDING_STYLE = {"good": ("✔", "good"), "info": ("•", "metric"), "warn": ("⚠", "warn"), "bad": ("✘", "bad")}
@@ -29,7 +42,7 @@ MIN_PATH = 24  # a path kept to its end in fewer characters loses its directory:
 def print_blocks(blocks: Iterable[Block], console: Console | None = None) -> None:
     console = console or default_console
     for block in blocks:
-        if isinstance(block, Para):
+        if isinstance(block, Para | Method):
             console.print(safe(block.text))
         elif isinstance(block, Findings):
             for level, text in block.items:
@@ -52,6 +65,14 @@ def print_blocks(blocks: Iterable[Block], console: Console | None = None) -> Non
         else:
             raise TypeError(f"unknown block {block!r}")
         console.print()
+
+
+def print_sections(sections: Iterable[Section], console: Console | None = None) -> None:
+    """Whole sections, each under a rule with its title (a report read on the terminal)."""
+    console = console or default_console
+    for section in sections:
+        console.rule(f"[phase]{safe(section.title)}", align="left", style="dim")
+        print_blocks(section.blocks, console)
 
 
 def hang_lines(code: str, width: int) -> str:

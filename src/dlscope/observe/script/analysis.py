@@ -108,6 +108,9 @@ def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] 
     beside = sharing_of(observed, main)
     if beside is not None:
         section["sharing"] = beside
+    own = sharing.threads_of(main, *torch_threads(observed))
+    if own is not None:  # its intra-op threads against the cores it may run on: what the summary's change reads
+        section["threads"] = own
     censuses = [{k: v for k, v in r.items() if k != "k"} for r in observed.records[main] if r.get("k") == "subnormals"]
     if censuses:
         section["subnormals"] = censuses

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscope.report.blocks import Block, Findings, Para, Table
+from dlscope.findings import Finding
+from dlscope.report.blocks import Block, Findings, Method, Para, Table
 from dlscope.report.sections.batches import READY_PCT
 from dlscope.report.sections.steps import PARTS, mebibytes
 
@@ -99,8 +100,8 @@ def render(section: dict[str, Any]) -> list[Block]:
     memory = f"Peak RSS in a step: {mebibytes(section['peak_rss_bytes'])} MB."
     if section.get("peak_cuda_bytes") is not None:
         memory += f" Peak CUDA memory: {mebibytes(section['peak_cuda_bytes'])} MB."
-    if on_gpu:
-        cost = (
+    if on_gpu:  # the clocks explain the table's columns: said beside it
+        clocks = (
             "The script trains on CUDA, so the parts are timed on the GPU's clock: a CUDA event recorded at each "
             "point the host's clock is read, each step's read once its events completed (no synchronisation "
             "inside a step). On the host's clock (last column) a part's kernels are only queued; their time "
@@ -109,10 +110,49 @@ def render(section: dict[str, Any]) -> list[Block]:
         return [
             Findings([verdict(section["verdict"])]),
             Table(["part", "GPU ms", "% of step", "host %"], rows, f"Mean step anatomy over {used}"),
-            Para(f"{cost} {memory}"),
+            Para(f"{clocks} {memory}"),
         ]
     return [
         Findings([verdict(section["verdict"])]),
         Table(["part", "mean ms", "% of step"], rows, f"Mean step anatomy over {used}"),
-        Para(f"{cost} {memory}"),
+        Para(memory),
+        Method(cost),
     ]
+
+
+def summary_findings(section: dict[str, Any], sections: dict[str, Any]) -> list[Finding]:
+    """The input's change, where the loop waits for its batches a moderate share of the step or more;
+    its gain at most the step with the input made free, 1 / (1 - data share)."""
+    v = section.get("verdict") or {}
+    if not section.get("steps_used") or v.get("key") != "input_bound" or v["level"] == "not":
+        return []
+    loaders = [lo for lo in (sections.get("batches") or {}).get("loaders") or [] if lo.get("in_steps")]
+    values = {
+        "data_pct": v["data_pct"],
+        "gain": 100 / max(100 - v["data_pct"], 1e-9),
+        "ready_pct": v.get("batches_ready_pct"),
+        "workers": max((lo.get("num_workers") or 0 for lo in loaders), default=None),
+        "cores": ((sections.get("steps") or {}).get("threads") or {}).get("cores"),
+    }
+    return [Finding("anatomy.input", "bad" if v["level"] == "highly" else "warn", values)]
+
+
+def _input_change(v: dict[str, Any]) -> str:
+    """Where the wait goes decides the change: batches built ahead wait in their hand-over; with
+    fewer workers than cores, more build at once; with as many, each batch must cost less."""
+    waits, gain = f"the loop waits {v['data_pct']:.1f}% of the step for batches", f"up to {v['gain']:.3g}×"
+    if v["ready_pct"] is not None and v["ready_pct"] >= READY_PCT:
+        return (
+            f"the batches' hand-over: {waits} its workers had built ahead ({v['ready_pct']:.0f}% of them), so more "
+            f"workers would not help ({gain} if the input were free)."
+        )
+    if v["workers"] is not None and v["cores"] is not None and v["workers"] >= v["cores"]:
+        return (
+            f"cheaper batches: {waits}, and its {v['workers']} workers already have the {v['cores']} cores; each "
+            f"batch must cost less to build ({gain} if the input were free; see the report's Batches)."
+        )
+    now = f" (num_workers={v['workers']} now)" if v["workers"] is not None else ""
+    return f"more DataLoader workers{now}: {waits} ({gain} if the input were free)."
+
+
+CHANGES = {"anatomy.input": _input_change}  # the summary's words for the change this finding suggests

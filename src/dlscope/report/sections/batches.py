@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscope.report.blocks import Block, Findings, Para, Table
+from dlscope.findings import Finding
+from dlscope.report.blocks import Block, Findings, Method, Para, Table
 
 TITLE = "Batches: the data flow, batch by batch"
 READY_PCT = 90.0  # % of batches built before the loop asked: the workers keep ahead
@@ -158,15 +159,6 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
             f"for a core, a cold cache): {_first_named([_slow_once(s) for s in once])}."
         )
         items.append(("info", text))
-    untimed = section.get("built_in_main_untimed", 0)
-    if untimed:
-        text = (
-            f"{untimed} batch{'es' * (untimed != 1)} were built in the main process (num_workers=0), where dlscope "
-            "times each batch's fetch and collate but not its samples one by one (that would cost the loop a "
-            "clock read per sample): their slowest sample is not known. With num_workers ≥ 1 each worker times "
-            "its samples."
-        )
-        items.append(("info", text))
     whole = section.get("fetched_whole", 0)
     if whole:
         text = (
@@ -183,25 +175,6 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{samples['estimated_from']} drawn uniformly)"
             )
         items.append(("info", f"{count} took {bar}; see the CSV."))
-    cost = section.get("own_cost")
-    if cost and cost.get("per_batch_us") is not None:
-        pct, build_ms = cost.get("pct_of_build"), _ms(cost["build_us"] / 1e3)
-        share = (
-            f"{_cost_text(pct, '%', 0.01)} of the {build_ms} ms a batch took to build here; " if pct is not None else ""
-        )
-        batch, per_batch = _cost_text(cost["batch_us"], " µs", 0.1), _cost_text(cost["per_batch_us"], " µs", 0.1)
-        text = (
-            "The x-ray's own cost, measured in the training process as it exited, in isolation (its caches "
-            f"warm): {batch} a batch of {cost['samples']} samples plus {cost['sample_ns']:.3g} ns a sample timed "
-            f"one by one, so {per_batch} a batch of this run ({share}CPU time). Inside the loop it costs more: "
-            "the dataset's work between two batches evicts its code and data from the caches (on dlscope's "
-            "benchmark, a batch of 64 tensors sliced from memory: < 0.1 µs so measured, 3–5 µs in the loop). "
-            "With num_workers=0 the training process pays it inside the steps' data time; with workers the "
-            "workers pay the building side."
-        )
-        items.append(("info", text))
-    elif cost and cost.get("error"):
-        items.append(("info", f"The x-ray's own cost could not be measured: {cost['error']}."))
     files = section.get("files") or {}
     slow_files = files.get("outliers", [])
     if slow_files:
@@ -218,6 +191,66 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
             text = f"{len(slow_files)} files far past the median file ({median}; {rule}): {_first_named(each)}."
         items.append(("warn", text))
     return items
+
+
+def method(section: dict[str, Any]) -> list[Block]:
+    """What the x-ray does not time, and its own cost: how it measured, not what the job did."""
+    blocks: list[Block] = []
+    untimed = section.get("built_in_main_untimed", 0)
+    if untimed:
+        blocks.append(
+            Method(
+                f"{untimed} batch{'es were' if untimed != 1 else ' was'} built in the main process "
+                "(num_workers=0), where dlscope times each batch's fetch and collate but not its samples one by "
+                "one (that would cost the loop a clock read per sample): their slowest sample is not known. With "
+                "num_workers ≥ 1 each worker times its samples."
+            )
+        )
+    cost = section.get("own_cost")
+    if cost and cost.get("per_batch_us") is not None:
+        pct, build_ms = cost.get("pct_of_build"), _ms(cost["build_us"] / 1e3)
+        share = (
+            f"{_cost_text(pct, '%', 0.01)} of the {build_ms} ms a batch took to build here; " if pct is not None else ""
+        )
+        batch, per_batch = _cost_text(cost["batch_us"], " µs", 0.1), _cost_text(cost["per_batch_us"], " µs", 0.1)
+        text = (
+            "The x-ray's own cost, measured in the training process as it exited, in isolation (its caches "
+            f"warm): {batch} a batch of {cost['samples']} samples plus {cost['sample_ns']:.3g} ns a sample timed "
+            f"one by one, so {per_batch} a batch of this run ({share}CPU time). Inside the loop it costs more: "
+            "the dataset's work between two batches evicts its code and data from the caches (on dlscope's "
+            "benchmark, a batch of 64 tensors sliced from memory: < 0.1 µs so measured, 3–5 µs in the loop). "
+            "With num_workers=0 the training process pays it inside the steps' data time; with workers the "
+            "workers pay the building side."
+        )
+        blocks.append(Method(text))
+    elif cost and cost.get("error"):
+        blocks.append(Method(f"The x-ray's own cost could not be measured: {cost['error']}."))
+    return blocks
+
+
+def summary_findings(section: dict[str, Any], sections: dict[str, Any]) -> list[Finding]:
+    """The data itself slow: a sample slow at every fetch, a file far past the median file."""
+    found = [
+        Finding("batches.slow_sample", "warn", {"median_ms": section["samples"]["median_ms"]} | s)
+        for s in section["samples"].get("outliers", [])
+        if s.get("other_slow")
+    ]
+    files = section.get("files") or {}
+    median = {"median_bytes": files.get("median_bytes"), "median_ms": files.get("median_ms")}
+    found += [Finding("batches.slow_file", "warn", median | f) for f in files.get("outliers", [])]
+    return found
+
+
+HEADLINES = {  # the summary's words for the warnings it shows
+    "batches.slow_sample": lambda v: (
+        f"Sample {v['sample']} is slow at every fetch: {_ms(v['ms'])} ms, {v['times_median']:,.0f}× the median sample"
+        + (f" (file {v['file']})." if v.get("file") else ".")
+    ),
+    "batches.slow_file": lambda v: (
+        f"File {v['path']}: {_bytes(v['bytes'])} in {_ms(v['ms'])} ms of system calls, against "
+        f"{_bytes(v['median_bytes'])} and {v['median_ms']:.3g} ms for the median file."
+    ),
+}
 
 
 def cells(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[list[Any]]:
@@ -449,4 +482,4 @@ def render(section: dict[str, Any]) -> list[Block]:
                 "waited ms: the training loop's total wait for this worker's batches.",
             )
         )
-    return blocks
+    return blocks + method(section)

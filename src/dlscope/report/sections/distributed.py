@@ -149,6 +149,27 @@ WORDS = {
 }
 
 
+HEADLINES = {  # the summary's words for the warnings it shows
+    "distributed.straggler": lambda v: (
+        f"Rank {v['rank']} is the straggler: last at {v['last']} of {v['of']} collectives, a median "
+        f"{v['median_gap_ms']:.1f} ms ({v['step_pct']:.0f}% of the step) after the others, which wait for it."
+    ),
+    "distributed.exposed_comm": lambda v: (
+        f"Rank {v['rank']} spends {v['exposed_comm_pct']:.0f}% of its {v['step_ms']:.1f} ms step in communication "
+        "that nothing overlaps" + (f", waiting for rank {v['straggler']}." if v["straggler"] is not None else ".")
+    ),
+}
+
+
+CHANGES = {  # the summary's words for the change this finding suggests
+    "distributed.straggler": lambda v: (
+        f"rank {v['rank']}'s pace: the other ranks wait for it at the collectives, a median "
+        f"{v['median_gap_ms']:.1f} ms ({v['step_pct']:.0f}% of the step); the report's Distributed section shows its "
+        "steps beside theirs."
+    ),
+}
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     if "ranks" not in section:
         return [Para(section["note"])]

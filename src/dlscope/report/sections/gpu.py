@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from dlscope.findings import Finding
 from dlscope.report.blocks import Block, Findings, Para, Table
 from dlscope.report.sections.steps import mebibytes
 
@@ -132,7 +133,7 @@ def profiled_blocks(section: dict[str, Any]) -> list[Block]:
         summary = window["summary"]
         pageable = summary.get("h2d_pageable_pct")
         if pageable is not None and pageable >= PAGEABLE_WARN_PCT:
-            copy_ms = sum(c["ms"] for c in summary["copies"] if c["direction"] == "h2d" and c["memory"] == "pageable")
+            copy_ms = pageable_copies(summary)
             blocks.append(
                 Findings(
                     [
@@ -150,6 +151,54 @@ def profiled_blocks(section: dict[str, Any]) -> list[Block]:
                 )
             )
     return blocks
+
+
+def pageable_copies(summary: dict[str, Any]) -> float:
+    """The GPU copy time a step spends on copies to the GPU from pageable memory, ms."""
+    return sum(c["ms"] for c in summary["copies"] if c["direction"] == "h2d" and c["memory"] == "pageable")
+
+
+def summary_findings(section: dict[str, Any], sections: dict[str, Any]) -> list[Finding]:
+    """The host waiting for the GPU every step, and copies from pageable memory, as facts."""
+    found = []
+    anatomy, lines = section["anatomy"], section.get("sync_lines") or []
+    per_step = anatomy.get("syncs_per_step")
+    if per_step and per_step >= SYNC_WARN_PER_STEP:
+        top = lines[0] if lines else None
+        at = where(top["script_file"], top["script_line"]) if top else None
+        found.append(Finding("gpu.syncs", "warn", {"per_step": per_step, "where": at}))
+    for window in section.get("profiled") or []:
+        summary = window["summary"]
+        pageable = summary.get("h2d_pageable_pct")
+        if pageable is not None and pageable >= PAGEABLE_WARN_PCT:
+            share = pageable_copies(summary) / summary["host_ms"]
+            values = {"pct": pageable, "copy_pct": 100 * share, "gain": 1 / max(1 - share, 1e-9)}
+            found.append(Finding("gpu.pageable", "warn", values))
+            break  # the first window says it
+    return found
+
+
+HEADLINES = {  # the summary's words for the warnings it shows
+    "gpu.syncs": lambda v: (
+        f"{v['per_step']:.3g} host-device synchronisations a step"
+        + (f", most from {v['where']}" if v["where"] else "")
+        + ": the host waits for the GPU, then the GPU for the host."
+    ),
+    "gpu.pageable": lambda v: (
+        f"{v['pct']:.0f}% of the bytes copied to the GPU came from pageable memory: each copy blocks the host."
+    ),
+}
+CHANGES = {  # the summary's words for the changes these findings suggest
+    "gpu.syncs": lambda v: (
+        "no synchronisation in the step"
+        + (f" (the one at {v['where']}: a .item(), a print, a copy to the CPU)" if v["where"] else "")
+        + ", so the host queues work ahead of the GPU."
+    ),
+    "gpu.pageable": lambda v: (
+        "DataLoader(pin_memory=True) and .to(device, non_blocking=True): the copies to the GPU are "
+        f"{v['copy_pct']:.0f}% of the step (up to {v['gain']:.3g}× if they all overlapped other work)."
+    ),
+}
 
 
 def render(section: dict[str, Any]) -> list[Block]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from dlscope.findings import Finding
 from dlscope.report.blocks import Block, Findings, Para, Table
 
 TITLE = "Hung job: where each process stopped"
@@ -99,6 +100,42 @@ def process_table(processes: list[dict[str, Any]]) -> Table:
         "the file behind its fd, or its wait channel.",
         optional=("phase", "coll"),
     )
+
+
+def summary_findings(section: dict[str, Any], sections: dict[str, Any]) -> list[Finding]:
+    """The watchdog's captures of a hung job (a capture on demand, `dlscope stacks`, is no hang)."""
+    if not section.get("settings"):
+        return []
+    return [
+        Finding(
+            "hang.hung",
+            "bad",
+            {
+                "idle_seconds": capture["verdict"]["idle_seconds"],
+                "threshold_seconds": capture["threshold_seconds"],
+                "verdict": capture["verdict"],
+                "ended": section.get("ended_job"),
+            },
+        )
+        for capture in section["captures"]
+    ]
+
+
+HUNG_NAMED = 2  # of a hang's verdict, the first lines the summary says
+
+
+def _hung(v: dict[str, Any]) -> str:
+    said = [text for _, text in verdict_findings(v["verdict"])]
+    text = (
+        f"The job hung (no step ended for {v['idle_seconds']:.1f} s; threshold {v['threshold_seconds']:.1f} s): "
+        + "; ".join(said[:HUNG_NAMED])
+        + ("; …" if len(said) > HUNG_NAMED else "")
+        + "."
+    )
+    return text + (" dlscope ended the job (--on-hang end)." if v["ended"] else "")
+
+
+HEADLINES = {"hang.hung": _hung}  # the summary's words for the warning it shows
 
 
 def render(section: dict[str, Any]) -> list[Block]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dlscope.report.blocks import Block, Findings, Para, Table
+from dlscope.findings import Finding
+from dlscope.report.blocks import Block, Findings, Method, Table
 
 TITLE = "Phases"
 
@@ -24,15 +25,33 @@ def files_cell(files: list[str]) -> str:
 def render(section: dict[str, Any]) -> list[Block]:
     rows = [[t["phase"], t["count"], round(t["seconds"], 3), files_cell(t["files"])] for t in section["totals"]]
     return [
-        Para(
-            "Phases found without changing the script, emitted as dlscope phase markers (so --trace-io sees them): "
-            "startup until the first batch, first_batch until the first step ends, then train_steps; eval and "
-            "checkpoint_save/checkpoint_load inside them."
+        Table(
+            ["phase", "times", "s", "files"],
+            rows,
+            "Phases, all processes",
+            legend="startup: until the first batch; first_batch: until the first step ends; then train_steps; eval "
+            "and checkpoint_save/checkpoint_load inside them.",
         ),
-        Table(["phase", "times", "s", "files"], rows, "Phases, all processes"),
         *recurring_findings(section),
         *evaluation_findings(section),
+        Method(
+            "The phases are found without changing the script, and emitted as dlscope phase markers (so "
+            "--trace-io sees them)."
+        ),
     ]
+
+
+def summary_findings(section: dict[str, Any], sections: dict[str, Any]) -> list[Finding]:
+    n = section.get("evals_in_train_mode", 0)
+    return [Finding("phases.evals_in_train_mode", "warn", {"evals": n})] if n else []
+
+
+HEADLINES = {  # the summary's words for the warnings it shows
+    "phases.evals_in_train_mode": lambda v: (
+        f"{v['evals']} evaluation{'s' * (v['evals'] != 1)} ran in train mode with grad: call model.eval() and wrap "
+        "it in torch.no_grad()."
+    ),
+}
 
 
 # an eval phase this often a step (or more) is the training loop's own work, not an evaluation

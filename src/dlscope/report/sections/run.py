@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscope.report.blocks import Block, Findings, Para, Table
+from dlscope.findings import Finding
+from dlscope.report.blocks import Block, Para, Table
+from dlscope.report.wording import worded
 
 TITLE = "The observed command"
 NOT_OBSERVED = {  # no training step was seen: why, from the processes' own records
@@ -28,22 +30,43 @@ def process_kind(process: dict[str, Any]) -> str:
     return "forked" if process["forked"] else "python"
 
 
+def summary_findings(section: dict[str, Any], sections: dict[str, Any] | None = None) -> list[Finding]:
+    """How the command ended and what dlscope could see of it, as facts."""
+    found = []
+    if section.get("interrupted"):
+        found.append(Finding("run.interrupted", "warn"))
+    code = section.get("exit_code")
+    if code not in (0, None):
+        found.append(Finding("run.exit_status", "bad", {"code": code}))
+    if section.get("steps_seen") == 0:
+        found.append(Finding("run.no_steps", "bad", {"torch_attached": section.get("torch_attached")}))
+    found += [Finding("run.hook_error", "bad", {"error": error}) for error in section.get("hook_errors", [])]
+    killed = [p["pid"] for p in section["processes"] if not p["clean_exit"] and not p["forked"]]
+    if killed:
+        found.append(Finding("run.killed", "warn", {"pids": killed}))
+    return found
+
+
+WORDS = {
+    "run.interrupted": lambda v: "Interrupted (Ctrl-C): the sections show what was recorded until then.",
+    "run.exit_status": lambda v: f"The command exited with status {v['code']}; the report covers its run.",
+    "run.no_steps": lambda v: NOT_OBSERVED[v["torch_attached"]],
+    "run.hook_error": lambda v: f"An observer could not attach: {v['error']}.",
+    "run.killed": lambda v: (
+        f"Process {', '.join(map(str, v['pids']))} ended without running its exit handlers (killed, or os._exit): "
+        "its last phase is closed at its last record."
+    ),
+}
+HEADLINES = {  # the summary's words for the findings it shows (its first line says the exit status)
+    "run.interrupted": lambda v: "Interrupted (Ctrl-C): the report shows what was recorded until then.",
+    "run.no_steps": lambda v: NOT_OBSERVED[v["torch_attached"]].split(" The run is marked")[0],
+    "run.hook_error": lambda v: f"An observer could not attach: {v['error']}.",
+}
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     command = " ".join(section.get("command", []))
     code = section.get("exit_code")
-    items: list[tuple[str, str]] = []
-    if section.get("interrupted"):
-        items.append(("warn", "Interrupted (Ctrl-C): the sections show what was recorded until then."))
-    if code not in (0, None):
-        items.append(("bad", f"The command exited with status {code}; the report covers its run."))
-    if section.get("steps_seen") == 0:
-        items.append(("bad", NOT_OBSERVED[section.get("torch_attached")]))
-    for error in section.get("hook_errors", []):
-        items.append(("bad", f"An observer could not attach: {error}."))
-    killed = [p["pid"] for p in section["processes"] if not p["clean_exit"] and not p["forked"]]
-    if killed:
-        ended = f"Process {', '.join(map(str, killed))} ended without running its exit handlers (killed, or os._exit)"
-        items.append(("warn", f"{ended}: its last phase is closed at its last record."))
     rows = [[p["pid"], p["ppid"], process_kind(p), p["rank"], " ".join(p["argv"])[-40:]] for p in section["processes"]]
     return [
         Para(
@@ -51,6 +74,6 @@ def render(section: dict[str, Any]) -> list[Block]:
             f"{len(rows)} Python process(es) observed. One timeline of all of them: {section.get('timeline')} "
             "(open it at ui.perfetto.dev or chrome://tracing)."
         ),
-        Findings(items),
+        worded(summary_findings(section), WORDS),
         Table(["pid", "ppid", "kind", "rank", "argv (end)"], rows, "Processes the bootstrap reached"),
     ]

@@ -7,7 +7,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from dlscope.report.blocks import Block, Figure, Findings, Para, Table, fmt
+from dlscope.findings import Finding
+from dlscope.report.blocks import Block, Figure, Findings, Method, Para, Table, fmt
 
 TITLE = "Training steps"
 SKIPPED_WARN_PCT = 1.0  # GradScaler skips past the start of the run, in % of the steps: a warning from this
@@ -78,6 +79,22 @@ def windows_chart(windows: list[dict[str, Any]], changes: list[dict[str, Any]]) 
     return plots.png(fig)
 
 
+def shown_in_change(change: dict[str, Any]) -> list[str]:
+    """The parts a change's text names: those holding SHOWN_PCT of the step on either side."""
+    parts = change["parts_ms"]
+    return [p for p in PARTS if max(parts[p]) >= SHOWN_PCT / 100 * max(change["before_ms"], change["after_ms"])]
+
+
+def carrying_part(change: dict[str, Any]) -> str | None:
+    """The part whose median moved by CARRIES of the step's change or more, if one did."""
+    parts = change.get("parts_ms")
+    delta = change["after_ms"] - change["before_ms"]
+    if not parts or not delta:
+        return None
+    carrier = max(shown_in_change(change), key=lambda p: (parts[p][1] - parts[p][0]) / delta, default=None)
+    return carrier if carrier is not None and (parts[carrier][1] - parts[carrier][0]) / delta >= CARRIES else None
+
+
 def change_parts(change: dict[str, Any]) -> tuple[str, bool]:
     """Which parts a change in step time is in — one part carrying most of it, every part alike
     (more of the same work, or a process slower as a whole), or several — and whether the work a
@@ -88,15 +105,15 @@ def change_parts(change: dict[str, Any]) -> tuple[str, bool]:
     before, after = change["before_ms"], change["after_ms"]
     delta, ratio = after - before, after / before
     w = SLOWER_WORDS if delta > 0 else FASTER_WORDS
-    shown = [p for p in PARTS if max(parts[p]) >= SHOWN_PCT / 100 * max(before, after)]
+    shown = shown_in_change(change)
     moves = ", ".join(f"{p} {fmt(parts[p][0])} → {fmt(parts[p][1])} ms" for p in shown)
     calls = change.get("forwards") or [0, 0]
     # the forwards a step moved with the step time, by as much as a change is: more (or less) work a step
     work = min(calls) > 0 and (calls[1] - calls[0]) * delta > 0 and max(calls) >= FORWARDS_MOVED * min(calls)
     explained = work and max(ratio, 1 / ratio) <= ALIKE * max(calls) / min(calls)
     ran = f"each step ran {w['count']} forwards (median {calls[0]:g} → {calls[1]:g})"
-    carrier = max(shown, key=lambda p: (parts[p][1] - parts[p][0]) / delta, default=None)
-    if carrier is not None and (parts[carrier][1] - parts[carrier][0]) / delta >= CARRIES:
+    carrier = carrying_part(change)
+    if carrier is not None:
         return f"the change is in {carrier} ({moves})" + (f"; {ran}" if work else ""), explained
     alike = all(min(parts[p]) > 0 and 1 / ALIKE <= parts[p][1] / parts[p][0] / ratio <= ALIKE for p in shown)
     if not (shown and alike):
@@ -243,6 +260,130 @@ def sharing_finding(beside: dict[str, Any], main: int) -> tuple[str, str]:
     return ("warn" if over or slower else "info"), text
 
 
+def change_findings(section: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """Each change point of the step time: its level, its sentence and the change itself."""
+    # where an optimizer that stepped after another one took over: a change there is its steps'
+    taking_over = {o["first"]: (n, o["class"]) for n, o in enumerate(section.get("optimizers_in_sequence", [])) if n}
+    changes = []
+    for c in section["change_points"]:
+        text = (
+            f"From step {c['step']} ({c['start_s']:.1f} s into the run) the median step went from "
+            f"{fmt(c['before_ms'])} ms to {fmt(c['after_ms'])} ms ({c['after_ms'] / c['before_ms']:.3g}×)"
+        )
+        over = next((taking_over[s] for s in (c["step"], c["step"] - 1, c["step"] + 1) if s in taking_over), None)
+        where, more_work = change_parts(c)
+        if over is not None:
+            changes.append(("info", f"{text}: where optimizer {over[0] + 1} ({over[1]}) takes over.", c))
+        else:
+            level = "info" if more_work else "warn" if c["after_ms"] > c["before_ms"] else "good"
+            said = f"{text}: {where}." if where else f"{text}."
+            if oversubscribed(section.get("sharing")):  # the likelier cause, said above
+                said += " Other processes trained at once on too few cores (above): their contention comes and goes."
+            changes.append((level, said, c))
+    return changes
+
+
+def thread_change(section: dict[str, Any]) -> dict[str, Any] | None:
+    """The intra-op threads `dlscope doctor` would try: each process training at once its share of
+    the cores, or one training alone all of them (when it has fewer); None where they are so."""
+    own, beside = section.get("threads"), section.get("sharing")
+    if own is None:
+        return None
+    if beside:
+        if beside.get("threads_total") is None:
+            return None  # another process's threads are not known
+        share = max(own["cores"] // len(beside["pids"]), 1)
+        if own["threads"] == share:
+            return None
+        return {"threads": own["threads"], "to": share, "cores": own["cores"], "processes": len(beside["pids"])}
+    if sum(1 for p in section["processes"] if p["count"]) > 1:
+        return None  # other processes stepped too, too briefly to say whether beside this one (ranks of a short job)
+    if own["threads"] < own["cores"]:
+        return {"threads": own["threads"], "to": own["cores"], "cores": own["cores"], "processes": 1}
+    return None
+
+
+def summary_findings(section: dict[str, Any], sections: dict[str, Any]) -> list[Finding]:
+    """The warnings of the steps (a slowdown that stays, processes contending for the cores, skipped
+    or eval-mode steps, subnormal floats) and the changes they suggest, as facts."""
+    if not section.get("count"):
+        return []
+    found = [
+        Finding(
+            "steps.slowdown",
+            "warn",
+            {k: c[k] for k in ("step", "start_s", "before_ms", "after_ms")} | {"part": carrying_part(c)},
+        )
+        for level, _, c in change_findings(section)
+        if level == "warn"
+    ]
+    beside = section.get("sharing")
+    if beside and sharing_finding(beside, section["main_pid"])[0] == "warn":
+        slower = beside["shared_ms"] / beside["alone_ms"] if beside["shared_ms"] and beside["alone_ms"] else None
+        values = {"processes": len(beside["pids"]), "threads_total": beside["threads_total"], "cores": beside["cores"]}
+        found.append(Finding("steps.sharing", "warn", values | {"over": oversubscribed(beside), "slower": slower}))
+    skipped = section.get("scaler_skipped")
+    if skipped and scaler_skipped(skipped, section["count"])[0] == "warn":
+        found.append(Finding("steps.scaler_skipped", "warn", {"later": skipped["count"] - skipped["leading"]}))
+    moded = section.get("eval_mode_steps")
+    if moded:
+        found.append(Finding("steps.eval_mode", "warn", {k: moded[k] for k in ("steps", "module", "first", "last")}))
+    for census in section.get("subnormals", []):
+        if subnormal_finding(census)[0] == "warn":
+            values = {k: census[k] for k in ("step", "lowest_ms", "slowed_ms")}
+            values["pct"] = 100 * census["subnormal"] / census["sampled"]
+            values["gain"] = census["slowed_ms"] / census["lowest_ms"]
+            found.append(Finding("steps.subnormals", "warn", values))
+    threads = thread_change(section)
+    if threads is not None and (sections.get("anatomy") or {}).get("clock") != "gpu":
+        found.append(Finding("steps.threads", "info", threads))
+    return found
+
+
+def _span(v: dict[str, Any]) -> str:
+    return f"step {v['first']}" if v["first"] == v["last"] else f"steps {v['first']}–{v['last']}"
+
+
+HEADLINES = {  # the summary's words for the warnings it shows
+    "steps.slowdown": lambda v: (
+        f"The step slowed for good from step {v['step']} ({v['start_s']:.0f} s in): median {fmt(v['before_ms'])} → "
+        f"{fmt(v['after_ms'])} ms ({v['after_ms'] / v['before_ms']:.3g}×)"
+        + (f", in {v['part']}." if v["part"] else ".")
+    ),
+    "steps.sharing": lambda v: (
+        f"{v['processes']} processes trained at once on this machine"
+        + (f", {v['threads_total']} intra-op threads on {v['cores']} cores: oversubscribed" if v["over"] else "")
+        + (f"; this process's step was {v['slower']:.3g}× slower beside them" if v["slower"] else "")
+        + "."
+    ),
+    "steps.scaler_skipped": lambda v: (
+        f"The GradScaler skipped {v['later']} steps past the start of the run (inf or NaN gradients): float16 "
+        "overflowing again and again, or a diverging loss."
+    ),
+    "steps.eval_mode": lambda v: (
+        f"{v['steps']} steps trained {v['module']} in eval mode ({_span(v)}): a model.train() missing after an "
+        "evaluation?"
+    ),
+    "steps.subnormals": lambda v: (
+        f"Subnormal floats: {v['pct']:.3g}% of the values step {v['step']} made were subnormal, and the steps slowed "
+        f"from {fmt(v['lowest_ms'])} to {fmt(v['slowed_ms'])} ms."
+    ),
+}
+CHANGES = {  # the summary's words for the changes these findings suggest
+    "steps.threads": lambda v: (
+        f"torch.set_num_threads({v['to']}) in each of the {v['processes']} processes that train at once (one has "
+        f"{v['threads']} intra-op threads now, on {v['cores']} cores)."
+        if v["processes"] > 1
+        else f"torch.set_num_threads({v['to']}): the training process computes with {v['threads']} intra-op "
+        f"thread{'s' * (v['threads'] != 1)} on {v['cores']} cores."
+    ),
+    "steps.subnormals": lambda v: (
+        "torch.set_flush_denormal(True) at the start of the script: subnormal floats slowed the steps; predicted "
+        f"~{fmt(v['lowest_ms'])} ms a step again ({v['gain']:.3g}×)."
+    ),
+}
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     source = {
         "optimizer": "optimizer steps (calls of a torch optimizer's step)",
@@ -259,30 +400,12 @@ def render(section: dict[str, Any]) -> list[Block]:
     parts = shown_parts(section)
     header = ["step", "ms", *(SHORT[p] for p in parts), "MB", "profiler"]
     q = section["percentiles_ms"]
-    # where an optimizer that stepped after another one took over: a change there is its steps'
-    taking_over = {o["first"]: (n, o["class"]) for n, o in enumerate(section.get("optimizers_in_sequence", [])) if n}
-    changes = []
-    for c in section["change_points"]:
-        text = (
-            f"From step {c['step']} ({c['start_s']:.1f} s into the run) the median step went from "
-            f"{fmt(c['before_ms'])} ms to {fmt(c['after_ms'])} ms ({c['after_ms'] / c['before_ms']:.3g}×)"
-        )
-        over = next((taking_over[s] for s in (c["step"], c["step"] - 1, c["step"] + 1) if s in taking_over), None)
-        where, more_work = change_parts(c)
-        if over is not None:
-            changes.append(("info", f"{text}: where optimizer {over[0] + 1} ({over[1]}) takes over."))
-        else:
-            level = "info" if more_work else "warn" if c["after_ms"] > c["before_ms"] else "good"
-            said = f"{text}: {where}." if where else f"{text}."
-            if oversubscribed(section.get("sharing")):  # the likelier cause, said above
-                said += " Other processes trained at once on too few cores (above): their contention comes and goes."
-            changes.append((level, said))
+    changes = [(level, text) for level, text, _ in change_findings(section)]
     blocks: list[Block] = [
         Para(
             f"{section['count']} steps in the training process (pid {section['main_pid']}), counted from "
-            f"{source[section['source']]}. All processes with steps: {per_process}. Every step is kept in "
-            f"{section['file']} ({section['row_bytes']} bytes a step; StepFile in dlscope.observe.script.records "
-            "reads it, or numpy/pandas with the dtype in its header)."
+            f"{source[section['source']]}. All processes with steps: {per_process}. Every step is a row of "
+            f"{section['file']}."
         ),
         Table(
             ["min", "median", "p90", "p99", "max", "mean"],
@@ -349,6 +472,10 @@ def render(section: dict[str, Any]) -> list[Block]:
             step_rows(section["edge_rows"], parts),
             "First and last steps (ms; data = inside a DataLoader, gap = before the first training forward when "
             "no data source was seen; MB = peak RSS in the step)",
+        ),
+        Method(
+            f"Each step is a row of {section['file']} ({section['row_bytes']} bytes; StepFile in "
+            "dlscope.observe.script.records reads it, or numpy/pandas with the dtype in its header)."
         ),
     ]
     return blocks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscope.report.blocks import Block, Para, Table
+from dlscope.report.blocks import Block, Method, Para, Table
 
 TITLE = "Top-10 operators of the script"
 
@@ -116,6 +116,6 @@ def render(section: dict[str, Any]) -> list[Block]:
             f"{cost['between_steps_seconds']:.2f} s in all, writing its trace {cost['export_seconds']:.2f} s of "
             "that. Steps outside the schedule run with the profiler off."
         )
-        blocks.append(Para(text))
+        blocks.append(Method(text))
     blocks.append(Para(f"Profiler trace: {section['trace']}."))
     return blocks + windows_blocks(windows, first)
