@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -142,8 +143,14 @@ def test_cli_names_rank_0_when_rank_0_is_slowed(tmp_path, monkeypatch, capsys):
     assert section["stragglers"]["straggler"]["rank"] == 0
     assert sorted(s["rank"] for s in section["left_out_steps"]) == [0, 1]
     assert all(r["steps"] >= 5 and r["collectives_per_step"] == 2 for r in section["ranks"])
+    # the summary, one screen at 80 columns (the ranks' own output goes to the file descriptor, not here)
+    summary = capsys.readouterr().out
+    assert len(summary.splitlines()) <= 40, summary
+    assert re.search(r"[Rr]ank 0(?:'s pace| is the straggler)", " ".join(summary.split())), summary
+    # the section whole, as the report has it
+    assert main(["report", "--full", str(out)]) == 0
     printed = capsys.readouterr().out
-    ours = printed[printed.index("Distributed: ranks") : printed.index("where everything is")]
+    ours = printed[printed.index("Distributed: ranks") : printed.rindex("\nwrote ")]
     assert "straggler" in ours  # worded from the finding above (its rank is checked on the section)
     assert [line for line in ours.splitlines() if len(line) > 80] == []
 

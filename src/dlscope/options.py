@@ -12,6 +12,10 @@ from dlscope.errors import ConfigError, require
 PIPELINE_FORMATS = ("files", "tfrecord", "array")  # how `dlscope pipeline prepare` lays samples out
 TRACE_BACKENDS = ("ebpf", "strace", "proc")  # what `--trace-io` and `dlscope trace` can trace with, best first
 OP_SORT_KEYS = ("self_cpu", "cpu_total", "self_device", "device_total", "calls", "flops")  # top-10 table orders
+# what the terminal shows of a run: each step's section as the step ends (the built-in job's
+# commands); the summary alone once the run ends (`dlscope run`); the summary, then the whole
+# report (`dlscope run --verbose`)
+TERMINAL_VIEWS = ("sections", "summary", "full")
 
 
 @dataclass
@@ -22,6 +26,10 @@ class RunOptions:
     data_dir: str | None = None
     tensorboard: bool = True
     progress: bool = True
+    terminal: str = "sections"  # one of TERMINAL_VIEWS
+
+    def __post_init__(self) -> None:
+        require((self.terminal in TERMINAL_VIEWS, f"terminal view must be one of {', '.join(TERMINAL_VIEWS)}"))
 
 
 HANG_ACTIONS = ("wait", "end")  # what the watchdog does after its capture

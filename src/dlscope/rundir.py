@@ -159,11 +159,16 @@ class RunDir:
         except ValueError:
             return str(path)
 
-    def record(self, step: str, section: dict[str, Any]) -> None:
+    def record(self, step: str, section: dict[str, Any], at: int | None = None) -> None:
+        """Keep `section` under `step`; `at`: its place among the sections (a step's own section goes
+        before those it recorded itself while it ran), else after the others."""
         sections = self.results["sections"]
         sections[step] = to_jsonable(section)
-        if step not in self.results["steps"]:
-            self.results["steps"].append(step)
+        order = self.results["steps"]
+        if step in order and at is not None:
+            order.remove(step)
+        if step not in order:
+            order.insert(len(order) if at is None else at, step)
         self.save()
 
     def finish(self, status: str) -> None:

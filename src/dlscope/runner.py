@@ -108,7 +108,7 @@ def run_command(plan: Plan, render: bool = True) -> dict[str, Any]:
         raise
     finally:
         if render:
-            finish_report(run)
+            finish_report(run, plan.options.terminal)
         run.release()
     return run.results
 
@@ -144,6 +144,7 @@ def run_steps(plan: Plan, run: Any) -> None:
     ctx = Context(plan.config, run, plan.options, plan.step_options, task=progress_task(plan.options.progress), say=say)
     status, command_failed = "failed", False
     step = None
+    each_section = plan.options.terminal == "sections"  # else the summary, once the run ends (finish_report)
     try:
         for name in plan.steps:
             step = step_named(name)
@@ -151,12 +152,14 @@ def run_steps(plan: Plan, run: Any) -> None:
             console.rule(f"[phase]{section_renderer.TITLE}", align="left", style="dim")
             provide(ctx, step.needs)
             start = time.perf_counter()
+            place = len(run.results["steps"])  # its section goes before those it records itself
             with phase(step.name), os_faults_named(run.path, f"run the {step.name} step"):
                 section = step.run(ctx)  # the phase is visible to --trace-io, ~µs otherwise
             section["seconds"] = round(time.perf_counter() - start, 3)
-            run.record(step.name, section)
-            print_blocks(section_renderer.render(run.results["sections"][step.name]))
-            print_also(step, run)
+            run.record(step.name, section, at=place)
+            if each_section:
+                print_blocks(section_renderer.render(run.results["sections"][step.name]))
+                print_also(step, run)
             if section.get("interrupted"):  # a traced command cut short by the user: recorded, now stop
                 raise Interrupted(signal.Signals[section["interrupted"]])
             command_failed |= section.get("run_status") == "failed"  # the user's command (dlscope run) failed
@@ -167,7 +170,7 @@ def run_steps(plan: Plan, run: Any) -> None:
         raise
     except Exception as e:
         run.results["run"]["error"] = str(e) if isinstance(e, DlscopeError) else f"{type(e).__name__}: {e}"
-        if isinstance(e, DlscopeError) and step is not None:  # what it recorded of its failure (a hang's verdict)
+        if isinstance(e, DlscopeError) and step is not None and each_section:  # what it recorded of its failure
             print_also(step, run)
         raise
     finally:
@@ -224,13 +227,16 @@ def progress_task(enabled: bool):
     return task
 
 
-def finish_report(run: Any) -> None:
-    """Render report.html/md and say where everything is. A rendering failure while a step's error
-    is already on its way out is reported in one line, so it never hides the original error."""
+def finish_report(run: Any, terminal: str = "sections") -> None:
+    """Print the summary (or the whole report) where the terminal shows one, render report.html/md
+    and say where everything is. A rendering failure while a step's error is already on its way
+    out is reported in one line, so it never hides the original error."""
     from dlscope.report.render import render_report
 
     failing = sys.exc_info()[1] is not None
     try:
+        if terminal != "sections":
+            print_report(run.results, full=terminal == "full")
         with phase("report"):
             html, md = render_report(run.path)
     except Exception as e:
@@ -239,6 +245,20 @@ def finish_report(run: Any) -> None:
         print(f"dlscope: the report could not be rendered after the failure ({type(e).__name__}: {e})", file=sys.stderr)
         return
     print_locations(run, html, md)
+
+
+def print_report(results: dict[str, Any], full: bool) -> None:
+    """The summary on the terminal; `full`: the whole report as report.md reads (the summary, every
+    section, how it was measured)."""
+    from dlscope.report.blocks import Section
+    from dlscope.report.render import report_sections
+    from dlscope.report.summary import SUMMARY, summary_blocks
+    from dlscope.report.terminal import print_sections
+
+    if full:
+        print_sections(report_sections(results))
+    elif summary := summary_blocks(results):
+        print_sections([Section(*SUMMARY, summary)])
 
 
 def print_locations(run: Any, html: Path, md: Path) -> None:
@@ -338,13 +358,17 @@ def answer(command: str, options: Any) -> int:
     return status
 
 
-def report(run_dir: str) -> int:
-    """`dlscope report RUN`: the last stage alone, on a run directory from results.json."""
-    from dlscope.console import console
+def report(run_dir: str, full: bool = False) -> int:
+    """`dlscope report RUN`: the last stage alone, on a run directory from results.json; `full`: the
+    whole report on the terminal too."""
+    from dlscope.console import console, safe
     from dlscope.report.render import render_report
+    from dlscope.rundir import load_results
 
     html, md = render_report(run_dir)
-    console.print(f"wrote [path]{html}[/] and [path]{md}[/]")
+    if full:
+        print_report(load_results(run_dir), full=True)
+    console.print(f"wrote [path]{safe(str(html))}[/] and [path]{safe(str(md))}[/]")
     return 0
 
 

@@ -58,8 +58,8 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("dlscope trace --measure-overhead --repeats 5 -- python train.py", "and what tracing costs"),
     ],
     "run": [
-        ("dlscope run -- python train.py", "steps, top-10 operators and one timeline of your script"),
-        ("dlscope run --trace-io --out runs/mine -- python train.py --epochs 1", "and its file I/O"),
+        ("dlscope run -- python train.py", "what bounds the step and what to change, in one screen"),
+        ("dlscope run --verbose --trace-io --out runs/mine -- python train.py", "every table, and the file I/O"),
         ("dlscope run -- torchrun --nproc-per-node 2 train.py", "every rank: comm, overlap, stragglers"),
     ],
     "doctor": [
@@ -88,6 +88,7 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     "report": [
         ("dlscope report runs/lab-20261123-021500", "re-render report.html and report.md"),
         ("dlscope report runs/x/results.json", "the same, naming the file"),
+        ("dlscope report --full runs/x", "and print the whole report at the terminal's width"),
     ],
     "tensorboard": [
         ("dlscope tensorboard runs/lab-20261123-021500", "on http://127.0.0.1:6006"),

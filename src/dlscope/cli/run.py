@@ -13,7 +13,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dlscope.runner import Plan, run_command
 
     script = from_flags(ScriptOptions, args, command=command_of(args), hang=from_flags(HangOptions, args))
-    plan = Plan("run", ["run"], options=RunOptions(out=args.out), step_options=StepOptions(script=script))
+    options = RunOptions(out=args.out, terminal="full" if args.verbose else "summary")
+    plan = Plan("run", ["run"], options=options, step_options=StepOptions(script=script))
     return run_command(plan)["sections"]["run"]["exit_code"]
 
 
@@ -24,6 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         allow_abbrev=False,
     )
     p.add_argument("--out", default=None, help="run directory (default runs/run-<time>)")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print the whole report after the summary: every section's tables and reasoning, how it was measured",
+    )
     p.add_argument("--trace-io", action="store_true", help="also trace the command's file I/O through the OS")
     p.add_argument("--trace-backend", default="auto", choices=["auto", *TRACE_BACKENDS], help="tracer for --trace-io")
     p.add_argument(

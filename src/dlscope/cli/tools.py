@@ -10,7 +10,7 @@ from dlscope.options import FileOptions, MnistOptions
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    return runner.report(args.run)
+    return runner.report(args.run, full=args.full)
 
 
 def cmd_tensorboard(args: argparse.Namespace) -> int:
@@ -36,6 +36,11 @@ def cmd_data_verify(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="re-render report.html and report.md from results.json")
     p.add_argument("run", help="run directory")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="also print the whole report: the summary, every section, how it was measured",
+    )
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("tensorboard", help="start TensorBoard on a run, bound to 127.0.0.1")
