@@ -187,7 +187,7 @@ EXAMPLES_TO_MAKE: list[Example] = [
     Example(
         "run-batches",
         (
-            "dlscope run --trace-io --trace-backend strace --profile-steps 0 --out runs/batches -- "
+            "dlscope run --verbose --trace-io --trace-backend strace --profile-steps 0 --out runs/batches -- "
             "python batch_files.py truth.json data --workers 2",
         ),
         # 40 files of 512 KiB, file 033 50x larger: in batch 8, built by worker 0
@@ -229,11 +229,11 @@ EXAMPLES_TO_MAKE: list[Example] = [
     Example(
         "run-hang",
         (
-            "dlscope run --out runs/hang --profile-steps 0 --hang-after 3 --on-hang end -- "
+            "dlscope run --verbose --out runs/hang --profile-steps 0 --hang-after 3 --on-hang end -- "
             "torchrun --standalone --nproc-per-node 2 hang_ddp.py --stop-rank 1",
         ),
         setup=f"rm -rf runs/hang; cp {ROOT}/tests/scripts/hang_ddp.py .",
-        views={"verdict": ("Hung job",)},
+        views={"verdict": ("Summary", "Hung job")},
         views_only=True,  # torchrun's own log lines and traceback (it is SIGTERMed) are wider than 80
     ),
     Example(
@@ -312,11 +312,11 @@ EXAMPLES_TO_MAKE: list[Example] = [
         "run-ddp",
         (
             # OMP_NUM_THREADS set as torchrun would: otherwise it prints a banner wider than 80 columns
-            "OMP_NUM_THREADS=1 dlscope run --out runs/ddp -- torchrun --standalone --nproc-per-node 2 ddp_mnist.py "
-            "--slow-rank 1 --slow-ms 30",
+            "OMP_NUM_THREADS=1 dlscope run --verbose --out runs/ddp -- torchrun --standalone --nproc-per-node 2 "
+            "ddp_mnist.py --slow-rank 1 --slow-ms 30",
         ),
         setup=f"rm -rf runs/ddp; cp {ROOT}/tests/scripts/ddp_mnist.py .",
-        views={"distributed": ("Distributed",)},
+        views={"distributed": ("Summary", "Distributed")},
     ),
     Example(
         "ckpt-dcp",
