@@ -1,4 +1,4 @@
-"""Subnormal floats on this CPU, and what a census of a step costs (observe/script/subnormals.py).
+"""Subnormal floats on this CPU, and what a census of a step costs (injob/subnormals.py).
 
 penalty  a 512×512 float32 matmul, one thread: normal inputs, one input subnormal (×1e-39),
          and the same after torch.set_flush_denormal(True) (the subnormal input then made anew:
@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from dlscope.observe.script.subnormals import census_mode
+from dlscope.injob.subnormals import census_mode
 
 
 def ms(call: Callable[[], object], repeats: int) -> float:

@@ -1,4 +1,4 @@
-"""Measuring code returns facts, report/ words them: no English sentence is built under steps/,
+"""Measuring code returns facts, report/ words them: no English sentence is built under stages/,
 observe/, experiments/, measure/, data/ or ckpt/ (issue 21). Read with `ast`, not run.
 
 A sentence: a str constant or f-string with ≥ 4 plain words, making up at least half its tokens (so
@@ -17,23 +17,23 @@ LAYERS = ("steps", "observe", "experiments", "measure", "data", "ckpt")
 # Sentences that are not findings, each with why.
 EXEMPT = {
     # fragments of torch's own stderr lines, matched to drop them, never shown
-    ("observe/profiler.py", "NATIVE_NOISE"),
+    ("instruments/profiler.py", "NATIVE_NOISE"),
     # torch's own warnings, matched to drop one (the profiler's) and to count the other (a sync)
-    ("observe/profiler.py", "PROFILER_CYCLE_WARNING"),
-    ("observe/script/gpuclock.py", "SYNC_MESSAGE"),
+    ("instruments/profiler.py", "PROFILER_CYCLE_WARNING"),
+    ("injob/gpuclock.py", "SYNC_MESSAGE"),
     # why a tracing backend cannot run here: an error message, raised as BackendUnavailable
-    ("observe/iotrace/ebpf.py", "available"),
-    ("observe/iotrace/strace.py", "available"),
-    ("observe/iotrace/proc.py", "available"),
-    ("observe/iotrace/tracer.py", "_last_error"),
+    ("supervise/iotrace/ebpf.py", "available"),
+    ("supervise/iotrace/strace.py", "available"),
+    ("supervise/iotrace/proc.py", "available"),
+    ("supervise/iotrace/tracer.py", "_last_error"),
     # what is wrong with a file or an option, raised as DatasetError / ConfigError by the caller
     ("data/idx.py", "size_mismatch"),
-    ("data/pipeline/stages.py", "ReaderConfig"),
+    ("experiments/pipeline/stages.py", "ReaderConfig"),
     # a line in the observed process's stacks file, for the person who opens it: a log line
-    ("observe/hang/agent.py", "_attach_failed"),
+    ("injob/hangagent.py", "_attach_failed"),
     # faulthandler's dump format ("Current thread 0x… (most recent call first):"), which
-    # hang/capture.py parses back into facts: a record's layout, not a sentence
-    ("observe/hang/agent.py", "_dump_stacks"),
+    # supervise/capture.py parses back into facts: a record's layout, not a sentence
+    ("injob/hangagent.py", "_dump_stacks"),
     # the name of a place in a file (where a pickle lies, as "archive/data.pkl" is), not a finding
     ("ckpt/scan.py", "BEFORE_FIRST_MEMBER"),
 }
