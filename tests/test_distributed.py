@@ -17,7 +17,7 @@ import torch
 from dlscope.cli import main
 from dlscope.contract.env import KILL_RANK_ENV
 from dlscope.data.loaders import ResidentBatches, TorchLoaderBatches
-from dlscope.distributed.dcp import save_dcp
+from dlscope.dcp import save_dcp
 from dlscope.distributed.iorank import rank_pids
 from dlscope.distributed.launch import WORKER_MODULE
 from dlscope.events import TrainingObserver

@@ -37,7 +37,7 @@ from dlscope.experiments.pipeline import (
 )
 from dlscope.experiments.pipeline.example import parse_example
 from dlscope.experiments.pipeline.prepare import data_files, sample_file
-from dlscope.experiments.pipeline.stages import prefetch_thread
+from dlscope.experiments.pipeline.readers import prefetch_thread
 from dlscope.experiments.pipeline.tfrecord import IOCounters
 from dlscope.report.sections.pipeline import WORDS, findings
 from dlscope.report.wording import worded

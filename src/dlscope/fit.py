@@ -35,7 +35,7 @@ from dlscope.train import DataParallel, StopAtAccuracy, TrainConfig, Trainer
 
 if TYPE_CHECKING:
     from dlscope.data.mnist import MNIST
-    from dlscope.distributed.dcp import DcpCheckpointObserver
+    from dlscope.dcp import DcpCheckpointObserver
 
 
 class PhaseMarker(TrainingObserver):
@@ -94,7 +94,7 @@ def watchers(config: TrainConfig, run_path: Path, options: RunOptions, ckpt_form
     if config.target_acc is not None:
         observers.append(StopAtAccuracy(config.target_acc))
     if ckpt_format == "dcp":
-        from dlscope.distributed.dcp import DcpCheckpointObserver
+        from dlscope.dcp import DcpCheckpointObserver
 
         checkpoints: CheckpointObserver | DcpCheckpointObserver = DcpCheckpointObserver(
             make_dirs(run_path / "checkpoints")

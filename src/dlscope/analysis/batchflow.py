@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from dlscope.contract.batches import (
+from dlscope.contract.batchfile import (
     BATCHES_MAGIC,
     BATCHES_VERSION,
     BUILT,

@@ -56,7 +56,7 @@ from pathlib import Path
 # --- the files under <run dir>/processes/, one of each per observed process -------------------------
 RECORDS_SUFFIX = ".jsonl"  # <pid>.jsonl: the JSON records
 STEPS_SUFFIX = ".steps"  # <pid>.steps: the step rows
-BATCHES_SUFFIX = ".batches"  # <pid>.batches: the batch x-ray (dlscope.contract.batches)
+BATCHES_SUFFIX = ".batches"  # <pid>.batches: the batch x-ray (dlscope.contract.batchfile)
 STACKS_PREFIX = "stacks-"  # stacks-<pid>.txt: every thread's stack, dumped on the hang agent's signal
 # the doctor's calibration writes its records to a scratch directory of this prefix: dlscope's own
 # files, never the job's (a syscall trace names them so)

@@ -7,7 +7,7 @@ distributedInfo). Local rank 0 of each node also writes TensorBoard, the torch c
 ranks/train.json, the train section the launcher records. On a torchrun restart
 (TORCHELASTIC_RESTART_COUNT > 0) the ranks resume from the run's last checkpoint. Each rank keeps
 its live file for the hang watchdog of the launcher (runner.child_main installs the agent before
-torch loads, so its collectives are counted). The tests' fault hooks: dlscope.stages.train.
+torch loads, so its collectives are counted). The tests' fault hooks: dlscope.fit.
 """
 
 from __future__ import annotations

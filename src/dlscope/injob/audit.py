@@ -1,4 +1,4 @@
-"""The proc backend's recorder, installed by dlscope's bootstrap (observe/bootstrap) into every
+"""The proc backend's recorder, installed by dlscope's bootstrap (injob/bootstrap) into every
 Python process `dlscope trace --backend proc` starts.
 
 A PEP 578 audit hook records file events (open, os.* renames, removes, mkdir, listdir, mmap)

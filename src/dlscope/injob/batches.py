@@ -32,7 +32,7 @@ written at FLUSH_BYTES or FLUSH_SECONDS after the oldest, when a worker's loop e
 worker waits for indices (IndexQueue) and at exit: a write(2) per batch was half the cost on a
 fast dataset; a SIGKILL loses at most FLUSH_SECONDS of batches.
 
-Their layout: dlscope.contract.batches.
+Their layout: dlscope.contract.batchfile.
 
 A batch is joined across processes on (worker pid, generation, idx): DataLoader numbers batches
 as it sends them, from 0 at every epoch, and a persistent worker's generation counts the epochs
@@ -53,7 +53,7 @@ from collections.abc import Callable
 from queue import Empty
 from typing import Any, NamedTuple
 
-from dlscope.contract.batches import (
+from dlscope.contract.batchfile import (
     BUILT,
     ITERABLE,
     KIND_BUILT,

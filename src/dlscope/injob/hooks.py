@@ -2,7 +2,7 @@
 the step machine (stepmachine.py, where every rule about steps, parts and phases lives) — the
 user's script is not changed.
 
-Installed by the bootstrap (observe/bootstrap) before the script runs; nothing touches torch
+Installed by the bootstrap (injob/bootstrap) before the script runs; nothing touches torch
 until the script imports it (a finder on sys.meta_path calls `attach_torch` right after the
 module is executed — not when something merely asks `importlib.util.find_spec("torch")`).
 

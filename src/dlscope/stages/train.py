@@ -1,6 +1,6 @@
 """Step: train to the target accuracy, with progress, TensorBoard and per-epoch checkpoints —
 in this process, or in torchrun's ranks (each rank: dlscope.distributed.worker) — under the hang
-watchdog (dlscope.observe.hang): every training process keeps its live file (the Trainer's step
+watchdog (dlscope.supervise.watchdog): every training process keeps its live file (the Trainer's step
 ends, the phase markers), and the watchdog, here, captures them all when steps stop.
 
 The Trainer itself is built and run by dlscope.fit, in this process and in a rank alike.

@@ -29,7 +29,7 @@ from dlscope.errors import HANG_EXIT_CODE, ConfigError, DlscopeError
 from dlscope.options import ScriptOptions
 from dlscope.rundir import PROCESSES, RunDir, processes_dir
 from dlscope.supervise.bootstrap_env import with_bootstrap
-from dlscope.supervise.iotrace.launch import signal_group
+from dlscope.supervise.iotrace.gate import signal_group
 from dlscope.supervise.iotrace.tracer import (
     exit_code,
     read_jsonl,

@@ -13,7 +13,7 @@ import torch
 
 from dlscope.data.loaders import normalise
 from dlscope.errors import ConfigError
-from dlscope.experiments.pipeline.stages import Batch
+from dlscope.experiments.pipeline.readers import Batch
 from dlscope.models import build_model
 from dlscope.train import resolve_device, train_step
 

@@ -20,10 +20,10 @@ import numpy as np
 
 from dlscope.data.mnist import MNIST
 from dlscope.experiments.pipeline.consumer import SimulatedCompute, TrainingCompute
+from dlscope.experiments.pipeline.epoch import COMPUTE_BOUND_WAIT, INPUT_BOUND_WAIT, measure_epoch
 from dlscope.experiments.pipeline.example import example_bytes
-from dlscope.experiments.pipeline.measure import COMPUTE_BOUND_WAIT, INPUT_BOUND_WAIT, measure_epoch
 from dlscope.experiments.pipeline.prepare import Manifest, prepare_dataset, synthetic_samples
-from dlscope.experiments.pipeline.stages import AUTOTUNE, ReaderConfig
+from dlscope.experiments.pipeline.readers import AUTOTUNE, ReaderConfig
 from dlscope.experiments.pipeline.tfrecord import OVERHEAD
 from dlscope.options import SweepPlan
 

@@ -29,7 +29,7 @@ import torch
 from dlscope.errors import ConfigError, DatasetError
 from dlscope.experiments.pipeline.example import encode_example
 from dlscope.experiments.pipeline.prepare import Manifest, data_files
-from dlscope.experiments.pipeline.stages import AUTOTUNE, Batch, ReaderConfig, proc_io
+from dlscope.experiments.pipeline.readers import AUTOTUNE, Batch, ReaderConfig, proc_io
 from dlscope.experiments.pipeline.tfrecord import IOCounters
 
 INSTALL = "pip install -e '.[tf]'"

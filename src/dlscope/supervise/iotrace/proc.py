@@ -1,5 +1,5 @@
 """The unprivileged backend: for Python commands, a PEP 578 audit hook injected through
-dlscope's bootstrap (observe/bootstrap), plus /proc/self/io sampled at every phase boundary.
+dlscope's bootstrap (injob/bootstrap), plus /proc/self/io sampled at every phase boundary.
 
 It sees: opens (path, mode), renames, removes, mkdir, directory listings, mmap — and, per
 phase, exact bytes and syscall counts from /proc/self/io. It does NOT see individual reads,

@@ -32,8 +32,8 @@ from dlscope.fsutil import json_text
 from dlscope.options import TRACE_BACKENDS
 from dlscope.supervise.iotrace import ebpf, proc, strace
 from dlscope.supervise.iotrace.exports import FILE_COLUMNS, PHASE_COLUMNS, EventWriters, write_csv
+from dlscope.supervise.iotrace.gate import GatedProcess, die_with_parent, exit_code, signal_group, stop
 from dlscope.supervise.iotrace.hookpoints import hook_map, kernel_offers
-from dlscope.supervise.iotrace.launch import GatedProcess, die_with_parent, exit_code, signal_group, stop
 
 ATTACH_TIMEOUT_S = 90.0
 # bpftrace reads the kernel's per-CPU buffers behind the command: a syscall-heavy command leaves a

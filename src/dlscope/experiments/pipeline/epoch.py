@@ -23,7 +23,7 @@ import torch
 from dlscope.errors import DatasetError
 from dlscope.experiments.pipeline.consumer import Consumer
 from dlscope.experiments.pipeline.prepare import Manifest, data_files
-from dlscope.experiments.pipeline.stages import PipelineDataset, ReaderConfig, iterate_batches
+from dlscope.experiments.pipeline.readers import PipelineDataset, ReaderConfig, iterate_batches
 from dlscope.experiments.pipeline.tfdata import import_tensorflow, tfdata_batches
 from dlscope.experiments.pipeline.tfrecord import IOCounters
 
