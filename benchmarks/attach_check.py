@@ -17,9 +17,9 @@ import tempfile
 import time
 from typing import Any
 
-from dlscope.observe.script.attach import take_request
-from dlscope.observe.script.hooks import LateProfiler
-from dlscope.observe.script.records import RecordFile
+from dlscope.contract.requests import take_request
+from dlscope.injob.hooks import LateProfiler
+from dlscope.injob.recorder import RecordFile
 
 
 class NoWindowToCome:

@@ -1,4 +1,4 @@
-"""The batch x-ray's analysis (observe/script/batchflow.py) at any length: N synthetic batches
+"""The batch x-ray's analysis (analysis/batchflow.py) at any length: N synthetic batches
 written with the real writer (batches.BatchRecorder: W persistent workers' `<pid>.batches` and the
 training process's "taken" records, one step per batch, a slow sample in 5000), then
 `read_flow` + `section` (results summaries and batches.csv) run in a fresh process each, timed,
@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from dlscope.observe.script import batches
+from dlscope.injob import batches
 
 MAIN_PID, FIRST_WORKER_PID = 100, 1000
 STEP_DTYPE = np.dtype([("i", "<u8"), ("start", "<f8"), ("seconds", "<f4")])
@@ -130,7 +130,7 @@ def run_analysis(directory: Path, module_path: str) -> dict:
 def module_at(ref: str, scratch: Path) -> str:
     """batchflow.py as it was at git revision `ref` (it imports its neighbours from this tree)."""
     source = subprocess.run(
-        ["git", "show", f"{ref}:src/dlscope/observe/script/batchflow.py"], check=True, capture_output=True, text=True
+        ["git", "show", f"{ref}:src/dlscope/analysis/batchflow.py"], check=True, capture_output=True, text=True
     ).stdout
     path = scratch / f"batchflow_{ref}.py"
     path.write_text(source)
@@ -150,7 +150,7 @@ def main() -> None:
     if args.analyse:
         analyse(args.analyse, args.module)
         return
-    here = str(Path(batches.__file__).with_name("batchflow.py"))
+    here = str(Path(batches.__file__).parents[1] / "analysis" / "batchflow.py")
     with tempfile.TemporaryDirectory(prefix="batch-analysis-") as tmp:
         root = Path(tmp)
         lengths = sorted({args.compare_batches, args.batches}) if args.compare else [args.batches]

@@ -1,4 +1,4 @@
-"""The batch x-ray's recording cost (observe/script/batches.py) against a batch's fetch time, in
+"""The batch x-ray's recording cost (injob/batches.py) against a batch's fetch time, in
 one process, bare and recorded interleaved round by round (the same DataLoader, torch's own
 fetcher swapped in and out), in CPU time: the median of the rounds' paired differences, and the
 minimum over rounds of each (on a shared machine the minimum is the less noisy estimate of a cost
@@ -59,8 +59,8 @@ from torch.utils.data._utils import fetch, worker
 from torch.utils.data._utils import pin_memory as pinning
 from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
-from dlscope.observe.script import batches
-from dlscope.observe.script.hooks import _wrap
+from dlscope.injob import batches
+from dlscope.injob.hooks import _wrap
 
 
 class Memory(Dataset):
@@ -133,9 +133,9 @@ def put(values: list) -> None:
 
 
 def batches_at(ref: str, directory: Path) -> Any:  # a module
-    """observe/script/batches.py as it was at git revision `ref`, imported as a module of its own."""
+    """injob/batches.py as it was at git revision `ref`, imported as a module of its own."""
     source = subprocess.run(
-        ["git", "show", f"{ref}:src/dlscope/observe/script/batches.py"], check=True, capture_output=True, text=True
+        ["git", "show", f"{ref}:src/dlscope/injob/batches.py"], check=True, capture_output=True, text=True
     ).stdout
     path = directory / f"batches_{ref}.py"
     path.write_text(source)
@@ -272,7 +272,7 @@ if side == "main":
     loader = DataLoader(dataset, batch_size=64)
     delivered = None
     if module is not None:
-        from dlscope.observe.script.hooks import _wrap
+        from dlscope.injob.hooks import _wrap
         recorder = module.attach(torch, tempfile.mkdtemp(), _wrap)
         delivered = recorder.delivered
     it = iter(loader)

@@ -18,7 +18,7 @@ import time
 import warnings
 from pathlib import Path
 
-from dlscope.observe.distributed.analysis import analyze_ranks
+from dlscope.analysis.ranks import analyze_ranks
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "ddp_mnist.py"
 

@@ -2,10 +2,10 @@
 
 Configurations, interleaved round by round so load from other processes hits each alike:
     1 rank × 1 thread, 1 rank × 2 threads, 2 ranks × 1 thread (torchrun, DDP, gloo) at several
-    --bucket-cap-mb. Each run is dlscope.steps.scaling.measure: a short training launched by
+    --bucket-cap-mb. Each run is dlscope.stages.scaling.measure: a short training launched by
 torchrun as the job is (a one-rank run is DDP over one worker), samples/s from its train section
 (training steps only: no start-up, no evaluation), the communication shares from the ranks' Kineto
-traces through dlscope.observe.distributed.analysis, and the scaling table from its scaling_table.
+traces through dlscope.analysis.ranks, and the scaling table from its scaling_table.
 
     python benchmarks/dist_scaling.py [--rounds 3] [--steps 78] [--buckets 25,0.1,0.02]
 """
@@ -21,12 +21,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dlscope.analysis.ranks import scaling_table
 from dlscope.config import TrainConfig
-from dlscope.observe.distributed.analysis import scaling_table
 from dlscope.options import DistOptions, RunOptions
 from dlscope.report.sections.scaling import WORDS
 from dlscope.report.wording import worded
-from dlscope.steps.scaling import measure, short_config
+from dlscope.stages.scaling import measure, short_config
 
 
 def configurations(buckets: list[float]) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dlscope.observe.script import prescribe
+from dlscope.analysis import prescribe
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests" / "scripts"

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from dlscope.data.loaders import ResidentBatches
 from dlscope.data.mnist import load_mnist
+from dlscope.instruments.tensorboard import TensorBoardObserver
 from dlscope.models import build_model
-from dlscope.observe.tensorboard import TensorBoardObserver
 from dlscope.train import TrainConfig, Trainer, make_optimizer, make_scheduler, seed_everything
 
 

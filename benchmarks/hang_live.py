@@ -6,7 +6,7 @@ thread itself runs in the parent `dlscope run` and reads the files once a second
 nothing for it.
 
 The built-in job (`dlscope train`/`lab`) heartbeats through a Trainer observer instead
-(steps/train.Heartbeat: the observer call, `time.time()`, the same `step_ended`); it is timed beside
+(stages/train.Heartbeat: the observer call, `time.time()`, the same `step_ended`); it is timed beside
 an observer that does nothing, which is what one more observer costs the Trainer's dispatch.
 
     python benchmarks/hang_live.py [--calls 200000] [--rounds 7]
@@ -20,8 +20,8 @@ import tempfile
 import time
 
 from dlscope.events import TrainingObserver
-from dlscope.observe.hang import agent
-from dlscope.steps.train import Heartbeat
+from dlscope.fit import Heartbeat
+from dlscope.injob import hangagent as agent
 
 
 def per_call_ns(fn: object, calls: int) -> float:

@@ -22,8 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dlscope.observe.iotrace.tracer import availability, timed_run
 from dlscope.options import TRACE_BACKENDS as BACKENDS
+from dlscope.supervise.iotrace.tracer import availability, timed_run
 
 
 def main() -> None:

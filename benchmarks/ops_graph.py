@@ -14,9 +14,9 @@ import time
 import torch
 
 from dlscope.experiments.conv import ConvShape, loop_order_experiment, time_conv
+from dlscope.instruments.graph import compile_and_compare
 from dlscope.measure.peaks import measure_gemm_peak
 from dlscope.models import build_model
-from dlscope.observe.graph import compile_and_compare
 from dlscope.report.sections.ops import LOOP_ORDER_WORDS, PERF_WORDS, sampled_note
 
 

@@ -99,8 +99,8 @@ def step_median(env: dict[str, str] | None) -> float:
 
 
 def hook_cost(rounds: int, step_rounds: int) -> None:
-    from dlscope.observe.bootstrap_env import with_bootstrap
-    from dlscope.observe.script.hooks import PROFILE_ENV
+    from dlscope.injob.hooks import PROFILE_ENV
+    from dlscope.supervise.bootstrap_env import with_bootstrap
 
     bare, hooked = [], []
     with tempfile.TemporaryDirectory() as records:
@@ -222,9 +222,9 @@ def hook_pairs(rounds: int, burst: int = 200) -> None:
     """The hooks' cost per tiny step in this process: the hooks installed and removed between
     bursts of the same loop (a real SGD), `rounds` pairs, the thread's CPU time, the median of
     the pairs' differences. Run it with DLSCOPE_FASTPATH=0 in the environment for the Python machine."""
-    from dlscope.observe.hang.live import LiveStatus
-    from dlscope.observe.script.hooks import TorchHooks
-    from dlscope.observe.script.records import RecordFile
+    from dlscope.contract.live import LiveStatus
+    from dlscope.injob.hooks import TorchHooks
+    from dlscope.injob.recorder import RecordFile
 
     torch, optimizer, step = tiny_loop()
 
@@ -263,9 +263,9 @@ def count_ops(steps: int = 50) -> None:
     import collections
     import tempfile
 
-    from dlscope.observe.hang.live import LiveStatus
-    from dlscope.observe.script.hooks import TorchHooks
-    from dlscope.observe.script.records import RecordFile
+    from dlscope.contract.live import LiveStatus
+    from dlscope.injob.hooks import TorchHooks
+    from dlscope.injob.recorder import RecordFile
 
     torch, optimizer, step = tiny_loop()
 
@@ -329,9 +329,9 @@ def step():
     model(x).sum().backward()
     optimizer.step()
 if sys.argv[1] == "hooked":
-    from dlscope.observe.hang.live import LiveStatus
-    from dlscope.observe.script.hooks import TorchHooks
-    from dlscope.observe.script.records import RecordFile
+    from dlscope.contract.live import LiveStatus
+    from dlscope.injob.hooks import TorchHooks
+    from dlscope.injob.recorder import RecordFile
     scratch = tempfile.mkdtemp()
     hooks = TorchHooks(RecordFile(scratch), (1, 0, 0, 0))
     hooks.torch, hooks.is_compiling = torch, torch.compiler.is_compiling

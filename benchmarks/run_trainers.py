@@ -27,8 +27,9 @@ import torch
 torch.set_num_threads(1)
 mode = sys.argv[1]
 if mode != "bare":
-    from dlscope.observe.script import hooks, records
-    store = records.RecordFile(tempfile.mkdtemp())
+    from dlscope.injob import hooks
+    from dlscope.injob import recorder
+    store = recorder.RecordFile(tempfile.mkdtemp())
     if mode == "hooked-no-sink":
         store.write_step = lambda *values: None  # the machine passes STEP_ARGS positionally
     hooked = hooks.TorchHooks(store, (1, 0, 0, 0))  # profiler off, as `--profile-steps 0`

@@ -1,4 +1,4 @@
-"""`dlscope diff` (dlscope.steps.rundiff.compare) on runs of growing length: seconds and peak memory
+"""`dlscope diff` (dlscope.stages.rundiff.compare) on runs of growing length: seconds and peak memory
 (tracemalloc: numpy's arrays included) of one comparison of two runs of N steps each. The steps are
 written as `dlscope run` writes them (records.steps_header + rows of its dtype: random part times,
 every 50th step slow), into a run directory that load_results accepts; no script is run.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dlscope.observe.script.records import CODES, STEP_ROW, steps_header
+from dlscope.contract.records import CODES, STEP_ROW, steps_header
 from dlscope.rundir import SCHEMA, SCHEMA_VERSION
-from dlscope.steps.rundiff import compare
+from dlscope.stages.rundiff import compare
 
 
 def make_run(root: Path, name: str, steps: int, data_ms: float, seed: int) -> Path:

@@ -1,8 +1,9 @@
-"""Subnormal floats on this CPU, and what a census of a step costs (observe/script/subnormals.py).
+"""Subnormal floats on this CPU, and what a census of a step costs (injob/subnormals.py).
 
 penalty  a 512×512 float32 matmul, one thread: normal inputs, one input subnormal (×1e-39),
          and the same after torch.set_flush_denormal(True) (the subnormal input then made anew:
-         zeros); an exp whose outputs are subnormal against one whose are not
+         zeros); a multiply of 2^20 values whose outputs are subnormal against one whose are not
+         (not exp, which slows past its underflow bound even with flush-to-zero)
 census   a training step (forward, backward, SGD step) bare and under the census's dispatch
          mode, interleaved round by round, on two models: the test script's MLP (256→256→10,
          batch 256) and a word-level LSTM language model (vocabulary 10,000, 100-wide embedding
@@ -22,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from dlscope.observe.script.subnormals import census_mode
+from dlscope.injob.subnormals import census_mode
 
 
 def ms(call: Callable[[], object], repeats: int) -> float:

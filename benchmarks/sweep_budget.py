@@ -21,8 +21,8 @@ import torch
 from dlscope.data.mnist import load_mnist
 from dlscope.options import RunOptions
 from dlscope.rundir import RunDir
-from dlscope.steps.base import Context
-from dlscope.steps.sweep import STEP
+from dlscope.stages.base import Context
+from dlscope.stages.sweep import STEP
 from dlscope.train import TrainConfig
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from dlscope.data.mnist import load_mnist
-from dlscope.observe.tensorboard import TensorBoardObserver
+from dlscope.instruments.tensorboard import TensorBoardObserver
 from dlscope.train import TrainConfig, Trainer, evaluate
 
 

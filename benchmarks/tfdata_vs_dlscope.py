@@ -16,8 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from dlscope.data.mnist import load_mnist
-from dlscope.data.pipeline import ReaderConfig, SimulatedCompute, measure_epoch, prepare_dataset
-from dlscope.data.pipeline.tfdata import import_tensorflow
+from dlscope.experiments.pipeline import ReaderConfig, SimulatedCompute, measure_epoch, prepare_dataset
+from dlscope.experiments.pipeline.tfdata import import_tensorflow
 
 ROWS = [
     ("shards, warm", ReaderConfig("tfrecord", batch_size=500), False),

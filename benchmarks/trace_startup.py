@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from dlscope.observe.iotrace import ebpf
-from dlscope.observe.iotrace.tracer import availability
 from dlscope.options import TRACE_BACKENDS
+from dlscope.supervise.iotrace import ebpf
+from dlscope.supervise.iotrace.tracer import availability
 
 SCRIPT = """
 import sys, torch

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from dlscope.observe.script.calibrate import _burst, _Optimizer, per_step_us
-from dlscope.observe.script.hooks import TorchHooks
+from dlscope.injob.calibrate import _burst, _Optimizer, per_step_us
+from dlscope.injob.hooks import TorchHooks
 
 C_SOURCE = r"""
 #define PY_SSIZE_T_CLEAN

@@ -47,12 +47,10 @@ def imports_of(name: str, tree: ast.Module, is_package: bool, known: set[str]) -
 
 
 def layer(module: str) -> str:
-    """A module's layer in the picture: dlscope.<first part>, with observe/ split by sub-package."""
+    """A module's layer in the picture: dlscope.<first part> (a package, or a module at the top)."""
     parts = module.split(".")[1:]
     if not parts:
         return "dlscope"
-    if parts[0] == "observe" and len(parts) > 2:
-        return f"observe.{parts[1]}"
     return parts[0]
 
 

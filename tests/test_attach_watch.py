@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from dlscope.cli import main
-from dlscope.observe.hang.live import read_all
+from dlscope.contract.live import read_all
 from test_hang import wait_for
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -166,8 +166,8 @@ def test_a_target_that_is_no_running_job_is_one_line_naming_it(tmp_path, capsys)
 def test_a_request_no_process_takes_is_withdrawn_and_said(tmp_path, capsys):
     """A process that has ended steps but never reaches another step end (this test's own, with a
     live file and no bootstrap): attach gives up at --timeout, says so, exits 1 and leaves no request."""
-    from dlscope.observe.hang.live import LiveStatus
-    from dlscope.observe.script.attach import request_path, write_request
+    from dlscope.contract.live import LiveStatus
+    from dlscope.contract.requests import request_path, write_request
 
     processes = tmp_path / "run" / "processes"
     processes.mkdir(parents=True)
@@ -186,9 +186,10 @@ def test_a_window_taken_after_the_job_slowed_is_not_called_the_profilers_cost(tm
     """Steps of 10 ms, then 50 ms from step 100 on; a window on demand at steps 150–152 (50 ms each).
     Against the unprofiled steps around it the profiler costs nothing (1.0×); against every unprofiled
     step of the run (the median, 10 ms) it would read 5×."""
-    from dlscope.observe.script import steptable
-    from dlscope.observe.script.analysis import window_cost
-    from dlscope.observe.script.records import RecordFile, StepFile
+    from dlscope.analysis import steptable
+    from dlscope.analysis.observed import window_cost
+    from dlscope.analysis.stepfile import StepFile
+    from dlscope.injob.recorder import RecordFile
 
     records = RecordFile(str(tmp_path))
     start = 0.0

@@ -1,4 +1,4 @@
-"""The batch x-ray's pending records in C (observe/script/_batchpack.c) against the Python class
+"""The batch x-ray's pending records in C (injob/_batchpack.c) against the Python class
 they stand in for (batches.PyRecords): the same bytes and the same flush decisions for any
 sequence of batches and records, and both read back by batchflow as the batches that were added."""
 
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlscope.observe.script import batches
-from dlscope.observe.script.batches import BUILT, KIND_TAKEN, TAKEN, PyRecords
-from dlscope.observe.script.batchflow import sample_indices
+from dlscope.analysis.batchflow import sample_indices
+from dlscope.injob import batches
+from dlscope.injob.batches import BUILT, KIND_TAKEN, TAKEN, PyRecords
 
 _batchpack = batches._batchpack
 needs_c = pytest.mark.skipif(_batchpack is None, reason="the C records are not built here")
@@ -196,7 +196,7 @@ AGREE = """
 import math, random, sys
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
 import _batchpack
-from dlscope.observe.script.batches import KIND_TAKEN, TAKEN, PyRecords
+from dlscope.injob.batches import KIND_TAKEN, TAKEN, PyRecords
 rng = random.Random(0)
 values = [0, 1, -1, 2**30 - 1, 2**30, -(2**30), 2**62, -(2**63), 2**63 - 1, 2**63, 2**70, True, "k", 3.5]
 for trial in range(2000):
@@ -212,7 +212,7 @@ for trial in range(2000):
         taken_by.append((records.take(), single))
     assert taken_by[0] == taken_by[1], (trial, indices, ends)
 # a worker's data queue, C against PyDataQueue (its recorder's records: PyRecords here)
-from dlscope.observe.script import batches
+from dlscope.injob import batches
 class Resumed:
     pass
 seen = []
@@ -265,7 +265,7 @@ def test_the_c_records_build_and_agree_on_later_pythons(tmp_path, python):
         capture_output=True, text=True,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
-    src = Path(batches.__file__).parents[3]
+    src = Path(batches.__file__).parents[2]
     ran = subprocess.run([python, "-c", AGREE, str(tmp_path), str(src)], capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr[-2000:]
 

@@ -170,7 +170,7 @@ def test_tensorboard_serves_the_run_on_loopback(tmp_path):
     import urllib.request
 
     from dlscope.data.mnist import load_mnist
-    from dlscope.observe.tensorboard import TensorBoardObserver
+    from dlscope.instruments.tensorboard import TensorBoardObserver
     from dlscope.train import TrainConfig, Trainer
 
     run = tmp_path / "run"

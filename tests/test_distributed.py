@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from dlscope.cli import main
+from dlscope.contract.env import KILL_RANK_ENV
 from dlscope.data.loaders import ResidentBatches, TorchLoaderBatches
-from dlscope.distributed.dcp import save_dcp
+from dlscope.dcp import save_dcp
 from dlscope.distributed.iorank import rank_pids
 from dlscope.distributed.launch import WORKER_MODULE
 from dlscope.events import TrainingObserver
 from dlscope.restore import in_memory, load_checkpoint
-from dlscope.steps.train import KILL_HOOK
 from dlscope.train import TrainConfig, Trainer
 
 STEPS_PER_EPOCH = 8  # 512 samples, global batch 64
@@ -103,7 +103,7 @@ def test_rank_shards_together_are_the_one_process_batches(loader):
 
 def test_a_killed_rank_ends_the_job_and_its_dcp_checkpoint_resumes_on_one_process(one_process, mnist, tmp_path, capsys):
     run = tmp_path / "two"
-    kill = {KILL_HOOK: f"1:{STEPS_PER_EPOCH + 2}"}  # rank 1, two steps into epoch 2
+    kill = {KILL_RANK_ENV: f"1:{STEPS_PER_EPOCH + 2}"}  # rank 1, two steps into epoch 2
     args = ["train", "--nproc-per-node", "2", "--ckpt-format", "dcp", "--out", str(run), *JOB, *QUIET]
     with pytest.MonkeyPatch.context() as patch:
         for key, value in kill.items():
@@ -132,7 +132,7 @@ def test_a_killed_rank_ends_the_job_and_its_dcp_checkpoint_resumes_on_one_proces
 
 def test_a_restarted_job_resumes_a_one_process_checkpoint_on_two_ranks(one_process, tmp_path, monkeypatch):
     run = tmp_path / "two"
-    monkeypatch.setenv(KILL_HOOK, f"1:{STEPS_PER_EPOCH + 3}")  # in the resumed epoch 2: torchrun restarts
+    monkeypatch.setenv(KILL_RANK_ENV, f"1:{STEPS_PER_EPOCH + 3}")  # in the resumed epoch 2: torchrun restarts
     args = ["train", "--nproc-per-node", "2", "--max-restarts", "1", "--resume", str(one_process["dcp"])]
     assert main([*args, "--out", str(run), *QUIET]) == 0
     results = sections(run)

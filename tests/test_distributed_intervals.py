@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlscope.observe.distributed.intervals import intersect, length, merge, subtract
+from dlscope.analysis.intervals import intersect, length, merge, subtract
 
 spans = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), max_size=12)
 

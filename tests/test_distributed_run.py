@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from dlscope.analysis import ranks as distributed_analysis
+from dlscope.analysis import timeline
+from dlscope.analysis.ranks import analyze_ranks
 from dlscope.cli import main
 from dlscope.errors import DlscopeError
-from dlscope.observe.distributed import analysis as distributed_analysis
-from dlscope.observe.distributed.analysis import analyze_ranks
-from dlscope.observe.script import timeline
 from dlscope.report.sections.distributed import WORDS
 from dlscope.report.wording import worded
 from dlscope.rundir import load_results
@@ -174,9 +174,9 @@ def test_bad_traces_are_refused_naming_the_file(slow_rank_1, tmp_path):
 
 
 def test_a_rank_trace_cut_short_becomes_a_note_not_a_lost_report(slow_rank_1, tmp_path):
-    from dlscope.observe.script.session import distributed_section
     from dlscope.report.sections import distributed
     from dlscope.rundir import RunDir
+    from dlscope.supervise.session import distributed_section
 
     sections, out = slow_rank_1
     good = {int(rank): out / path for rank, path in sections["distributed"]["traces"].items()}

@@ -3,8 +3,8 @@ same cores."""
 
 import pytest
 
+from dlscope.analysis.ranks import scaling_table
 from dlscope.errors import DlscopeError
-from dlscope.observe.distributed.analysis import scaling_table
 from dlscope.report.sections.scaling import WORDS
 from dlscope.report.wording import worded
 

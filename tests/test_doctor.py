@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from dlscope.analysis import prescribe
 from dlscope.cli import main
-from dlscope.observe.script import prescribe, trial
+from dlscope.injob import change as trial
 from dlscope.options import DoctorOptions, RunOptions, StepOptions
 from dlscope.report.sections import doctor as doctor_words
 from dlscope.report.terminal import print_blocks
 from dlscope.runner import Plan, run_command
-from dlscope.steps import doctor as doctor_step
+from dlscope.stages import doctor as doctor_step
 
 SCRIPT = Path(__file__).parent / "scripts" / "doctor_target.py"
 LOADER_LINE = next(n for n, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "DataLoader(dataset" in line)

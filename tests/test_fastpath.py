@@ -1,4 +1,4 @@
-"""The step machine's common step in C (observe/script/_fastpath.c) against the Python machine:
+"""The step machine's common step in C (injob/_fastpath.c) against the Python machine:
 the same event sequences through both give the same records, the same rows and the same state."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dlscope.observe.hang.live import LiveStatus, live_path, read_live
-from dlscope.observe.script import stepmachine
-from dlscope.observe.script.records import RecordFile, StepFile
-from dlscope.observe.script.stepmachine import STEP_ARGS, STEP_PARTS_FIELDS, StepMachine, StepParts
+from dlscope.analysis.stepfile import StepFile
+from dlscope.contract.live import LiveStatus, live_path, read_live
+from dlscope.injob import stepmachine
+from dlscope.injob.recorder import RecordFile
+from dlscope.injob.stepmachine import STEP_ARGS, STEP_PARTS_FIELDS, StepMachine, StepParts
 
 pytestmark = pytest.mark.skipif(stepmachine._fastpath is None, reason="the C fast path is not built here")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dlscope.errors import Interrupted, interrupts_delivered, raise_interrupted
-from dlscope.observe.iotrace.tracer import availability
+from dlscope.supervise.iotrace.tracer import availability
 
 BACKENDS = [
     pytest.param(name, marks=pytest.mark.skipif(why is not None, reason=f"{name}: {why}"))

@@ -13,7 +13,7 @@ import pytest
 
 from dlscope.cli import main
 from dlscope.console import safe
-from dlscope.observe.iotrace.tracer import availability, trace_command
+from dlscope.supervise.iotrace.tracer import availability, trace_command
 
 BACKENDS = [
     pytest.param(name, marks=pytest.mark.skipif(why is not None, reason=f"{name}: {why}"))

@@ -1,5 +1,6 @@
-"""Measuring code returns facts, report/ words them: no English sentence is built under steps/,
-observe/, experiments/, measure/, data/ or ckpt/ (issue 21). Read with `ast`, not run.
+"""Measuring code returns facts, report/ words them: no English sentence is built under stages/,
+injob/, contract/, supervise/, analysis/, instruments/, experiments/, measure/, data/ or ckpt/
+(issue 21). Read with `ast`, not run.
 
 A sentence: a str constant or f-string with ≥ 4 plain words, making up at least half its tokens (so
 code — a bpftrace program, a `python -c` line — is not one). Not counted: docstrings, exception
@@ -13,27 +14,38 @@ import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "dlscope"
-LAYERS = ("steps", "observe", "experiments", "measure", "data", "ckpt")
+LAYERS = (
+    "stages",
+    "injob",
+    "contract",
+    "supervise",
+    "analysis",
+    "instruments",
+    "experiments",
+    "measure",
+    "data",
+    "ckpt",
+)
 # Sentences that are not findings, each with why.
 EXEMPT = {
     # fragments of torch's own stderr lines, matched to drop them, never shown
-    ("observe/profiler.py", "NATIVE_NOISE"),
+    ("measure/native_stderr.py", "NATIVE_NOISE"),
     # torch's own warnings, matched to drop one (the profiler's) and to count the other (a sync)
-    ("observe/profiler.py", "PROFILER_CYCLE_WARNING"),
-    ("observe/script/gpuclock.py", "SYNC_MESSAGE"),
+    ("measure/native_stderr.py", "PROFILER_CYCLE_WARNING"),
+    ("injob/gpuclock.py", "SYNC_MESSAGE"),
     # why a tracing backend cannot run here: an error message, raised as BackendUnavailable
-    ("observe/iotrace/ebpf.py", "available"),
-    ("observe/iotrace/strace.py", "available"),
-    ("observe/iotrace/proc.py", "available"),
-    ("observe/iotrace/tracer.py", "_last_error"),
+    ("supervise/iotrace/ebpf.py", "available"),
+    ("supervise/iotrace/strace.py", "available"),
+    ("supervise/iotrace/proc.py", "available"),
+    ("supervise/iotrace/tracer.py", "_last_error"),
     # what is wrong with a file or an option, raised as DatasetError / ConfigError by the caller
     ("data/idx.py", "size_mismatch"),
-    ("data/pipeline/stages.py", "ReaderConfig"),
+    ("experiments/pipeline/readers.py", "ReaderConfig"),
     # a line in the observed process's stacks file, for the person who opens it: a log line
-    ("observe/hang/agent.py", "_attach_failed"),
+    ("injob/hangagent.py", "_attach_failed"),
     # faulthandler's dump format ("Current thread 0x… (most recent call first):"), which
-    # hang/capture.py parses back into facts: a record's layout, not a sentence
-    ("observe/hang/agent.py", "_dump_stacks"),
+    # supervise/capture.py parses back into facts: a record's layout, not a sentence
+    ("injob/hangagent.py", "_dump_stacks"),
     # the name of a place in a file (where a pickle lies, as "archive/data.pkl" is), not a finding
     ("ckpt/scan.py", "BEFORE_FIRST_MEMBER"),
 }
@@ -103,6 +115,7 @@ def sentences(source: str) -> list[tuple[int, str]]:
 def test_no_sentence_is_built_in_measuring_code():
     offenders, exempted = [], set()
     for layer in LAYERS:
+        assert (SRC / layer).is_dir(), f"{layer}/ is gone: name the room its code moved to in LAYERS"
         for path in sorted((SRC / layer).rglob("*.py")):
             rel = path.relative_to(SRC).as_posix()
             for line, owner in sentences(path.read_text()):

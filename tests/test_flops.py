@@ -1,4 +1,4 @@
-"""FLOPs by dtype (observe/script/flops.py), MFU arithmetic, and matmul peaks per dtype
+"""FLOPs by dtype (injob/flops.py), MFU arithmetic, and matmul peaks per dtype
 (measure/peaks.py), on real torch ops on the CPU."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import sys
 import pytest
 import torch
 
+from dlscope.analysis.gpu import mfu
+from dlscope.injob.flops import StepFlops
 from dlscope.measure.peaks import matmul_peaks, measure_gemm_peak, tf32_enabled
-from dlscope.observe.script.flops import StepFlops, mfu
 
 BATCH, IN, OUT = 16, 64, 32
 LINEAR_FLOPS = 3 * 2 * BATCH * IN * OUT  # forward, then the input's and the weight's gradients
@@ -103,7 +104,7 @@ def test_a_mode_entered_after_start_is_left_in_place_then_released_once_it_exits
 
 
 def test_importing_flops_does_not_import_torch() -> None:
-    code = "import sys, dlscope.observe.script.flops; print('torch' in sys.modules)"
+    code = "import sys, dlscope.injob.flops; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

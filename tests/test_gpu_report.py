@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from dlscope.observe.script import gpuanalysis
+from dlscope.analysis import gpu as gpuanalysis
 from dlscope.report.sections import anatomy as anatomy_words
 from dlscope.report.sections import gpu as gpu_words
 from dlscope.report.terminal import print_blocks

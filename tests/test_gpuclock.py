@@ -1,4 +1,4 @@
-"""The GPU clock (observe/script/gpuclock.py) on recorded event sequences: a stand-in for torch.cuda
+"""The GPU clock (injob/gpuclock.py) on recorded event sequences: a stand-in for torch.cuda
 whose events complete at times the test sets, so the replay's arithmetic and its rules are checked
 without a GPU (tests/test_gpu_run.py runs the real thing where one is present)."""
 
@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import test_fastpath
-from dlscope.observe.script import gpuclock
-from dlscope.observe.script.stepmachine import STEP_ARGS, StepMachine
+from dlscope.injob import gpuclock
+from dlscope.injob.stepmachine import STEP_ARGS, StepMachine
 
 
 class GpuTime:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dlscope.observe.script import gputrace
+from dlscope.analysis import gputrace
 
 DATA = Path(__file__).parent / "data" / "gpu"
 MiB = 1 << 20

@@ -11,14 +11,14 @@ import torch
 
 from dlscope.cli import main
 from dlscope.data.loaders import normalise
-from dlscope.models import build_model
-from dlscope.observe.graph import (
+from dlscope.instruments.graph import (
     autograd_graph,
     compile_and_compare,
     forward_graph,
     loss_on_batch,
     parse_joint_graph,
 )
+from dlscope.models import build_model
 from dlscope.report.graphs import have_dot, layers_of, python_svg, to_dot
 from dlscope.report.sections.graph import code_excerpts
 

@@ -16,18 +16,18 @@ import sys
 import time
 from pathlib import Path
 
+from dlscope import fit as fit_module
 from dlscope.cli import main
+from dlscope.contract.env import HANG_RANK_ENV
+from dlscope.contract.live import live_path, read_all, read_live
 from dlscope.distributed.iorank import rank_pids
 from dlscope.errors import HANG_EXIT_CODE
-from dlscope.observe.bootstrap_env import with_bootstrap
-from dlscope.observe.hang.agent import STACK_SIGNAL
-from dlscope.observe.hang.capture import alive, capture, parse_faulthandler
-from dlscope.observe.hang.live import live_path, read_all, read_live
+from dlscope.injob.hangagent import STACK_SIGNAL
 from dlscope.options import HangOptions, RunOptions, ScriptOptions, StepOptions
 from dlscope.report.sections import hang as hang_section
 from dlscope.runner import Plan, run_command
-from dlscope.steps import train as train_step
-from dlscope.steps.train import HANG_HOOK
+from dlscope.supervise.bootstrap_env import with_bootstrap
+from dlscope.supervise.capture import alive, capture, parse_faulthandler
 from test_run_ecosystem import step_rows
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -157,7 +157,7 @@ def test_stacks_come_from_a_process_blocked_in_c_with_the_gil_held(tmp_path):
 
 BUSY = """
 import sys, threading, time
-from dlscope.observe.hang import agent
+from dlscope.injob import hangagent as agent
 agent.install(sys.argv[1])
 def recurse(n):
     return 0 if n == 0 else 1 + recurse(n - 1)
@@ -266,7 +266,7 @@ def test_stacks_on_demand_of_a_run_and_of_a_process_without_dlscope(tmp_path, ca
 # the built-in job (dlscope train): the same watchdog, with a rank hung by the test hook ------------
 BUILTIN = ["--model", "small", "--epochs", "1", "--batch-size", "64", "--train-subset", "512", "--test-subset", "200"]
 BUILTIN_QUIET = ["--target-acc", "100", "--no-progress", "--no-tensorboard", "--hang-after", "2", "--on-hang", "end"]
-HANG_LINE = line_of(Path(train_step.__file__), "time.sleep(3600)")
+HANG_LINE = line_of(Path(fit_module.__file__), "time.sleep(3600)")
 
 
 def assert_builtin_hung(out: Path, stderr: str) -> dict:
@@ -282,13 +282,13 @@ def assert_builtin_hung(out: Path, stderr: str) -> dict:
 
 
 def test_a_hung_rank_of_the_builtin_job_is_named_and_the_job_ended_with_124(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(HANG_HOOK, "1:5")
+    monkeypatch.setenv(HANG_RANK_ENV, "1:5")
     out = tmp_path / "ranks"
     assert main(["train", "--nproc-per-node", "2", "--out", str(out), *BUILTIN, *BUILTIN_QUIET]) == HANG_EXIT_CODE
     verdict = assert_builtin_hung(out, capsys.readouterr().err)
     [stopped] = verdict["stopped"]
     assert (stopped["rank"], stopped["steps"], stopped["phase"]) == (1, 5, "train-epoch-1")
-    assert (stopped["where"]["file"], stopped["where"]["line"]) == (train_step.__file__, HANG_LINE)
+    assert (stopped["where"]["file"], stopped["where"]["line"]) == (fit_module.__file__, HANG_LINE)
     [pending] = verdict["collectives"]  # DDP's gradient all-reduce of step 6
     assert (pending["rank"], pending["op"], pending["seq"], pending["missing_ranks"]) == (0, "all_reduce", 6, [1])
     ranks = rank_pids(out)
@@ -302,7 +302,7 @@ def test_the_builtin_job_in_one_process_ends_itself_and_its_loader_workers(tmp_p
     args = ["train", "--out", str(out), "--loader", "torch", "--workers", "1", "--threads", "1"]
     job = subprocess.run(
         [sys.executable, "-m", "dlscope.cli", *args, *BUILTIN, *BUILTIN_QUIET],
-        env={**os.environ, HANG_HOOK: "0:3"},
+        env={**os.environ, HANG_RANK_ENV: "0:3"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -312,7 +312,7 @@ def test_the_builtin_job_in_one_process_ends_itself_and_its_loader_workers(tmp_p
     verdict = assert_builtin_hung(out, job.stderr)
     [stopped] = verdict["stopped"]
     assert (stopped["pid"], stopped["steps"], stopped["phase"]) == (job_pid(out), 3, "train-epoch-1")
-    assert (stopped["where"]["file"], stopped["where"]["line"]) == (train_step.__file__, HANG_LINE)
+    assert (stopped["where"]["file"], stopped["where"]["line"]) == (fit_module.__file__, HANG_LINE)
     workers = [p for p in verdict["processes"] if p["role"] == "worker"]
     assert workers and not [p for p in workers if alive(p["pid"])]
 

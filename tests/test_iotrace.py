@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 
 import dlscope
+from dlscope.analysis.syscalls import CATEGORY_LISTED, Analysis, category
 from dlscope.cli import main
-from dlscope.observe.iotrace import ebpf, strace
-from dlscope.observe.iotrace.analysis import CATEGORY_LISTED, Analysis, category
-from dlscope.observe.iotrace.events import TRACED_SYSCALLS, FdTables, make_event
-from dlscope.observe.iotrace.tracer import availability, trace_command
+from dlscope.contract.ioevents import TRACED_SYSCALLS, FdTables, make_event
 from dlscope.phases import MARKER_PREFIX, parse_marker
 from dlscope.report.flowgraph import fallback_svg, render_svg
 from dlscope.report.sections.iotrace import file_table, findings, phase_table
+from dlscope.supervise.iotrace import ebpf, strace
+from dlscope.supervise.iotrace.tracer import availability, trace_command
 
 AVAILABLE = availability()
 BACKENDS = [

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from dlscope.cli import main
+from dlscope.instruments.layer_memory import FUNCTIONAL, layer_memory, measure_peak, memory_anatomy, saved_activations
 from dlscope.measure.memory import SOURCE
 from dlscope.models import build_model
-from dlscope.observe.memory import FUNCTIONAL, layer_memory, measure_peak, memory_anatomy, saved_activations
 
 
 def adam(model: torch.nn.Module) -> torch.optim.Optimizer:

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from dlscope.cli import main
-from dlscope.data.pipeline import (
+from dlscope.errors import ConfigError, DatasetError
+from dlscope.experiments.pipeline import (
     Manifest,
     PipelineDataset,
     ReaderConfig,
@@ -34,11 +35,10 @@ from dlscope.data.pipeline import (
     shuffle,
     synthetic_samples,
 )
-from dlscope.data.pipeline.example import parse_example
-from dlscope.data.pipeline.prepare import data_files, sample_file
-from dlscope.data.pipeline.stages import prefetch_thread
-from dlscope.data.pipeline.tfrecord import IOCounters
-from dlscope.errors import ConfigError, DatasetError
+from dlscope.experiments.pipeline.example import parse_example
+from dlscope.experiments.pipeline.prepare import data_files, sample_file
+from dlscope.experiments.pipeline.readers import prefetch_thread
+from dlscope.experiments.pipeline.tfrecord import IOCounters
 from dlscope.report.sections.pipeline import WORDS, findings
 from dlscope.report.wording import worded
 
@@ -185,7 +185,7 @@ def test_read_counts_match_the_kernel_strace(synthetic, tmp_path, fmt, workers):
     log = tmp_path / "strace.log"
     script = (
         "import json, sys\n"
-        "from dlscope.data.pipeline import ReaderConfig, SimulatedCompute, load_manifest, measure_epoch\n"
+        "from dlscope.experiments.pipeline import ReaderConfig, SimulatedCompute, load_manifest, measure_epoch\n"
         f"m = measure_epoch({str(root)!r}, load_manifest({str(root)!r}), "
         f"ReaderConfig({fmt!r}, read_buffer=264, workers={workers}), SimulatedCompute(0), cold=False)\n"
         "print(json.dumps({'reads': m.reads}))\n"

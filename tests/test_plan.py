@@ -43,7 +43,7 @@ def test_every_registered_step_is_the_one_its_name_says():
     # and every step a command runs must have a renderer for its section
     from dlscope.cli.lab import LAB_STEPS
     from dlscope.report.sections import SECTIONS
-    from dlscope.steps.registry import STEP_MODULES, step_named
+    from dlscope.stages.registry import STEP_MODULES, step_named
 
     assert set(LAB_STEPS) <= set(STEP_MODULES)
     for name in STEP_MODULES:

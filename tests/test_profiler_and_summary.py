@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from dlscope.data.loaders import ResidentBatches, normalise
+from dlscope.instruments.profiler import profile_training, write_tables
+from dlscope.instruments.summary import summarize_model
 from dlscope.models import build_model
-from dlscope.observe.profiler import profile_training, write_tables
-from dlscope.observe.summary import summarize_model
 
 
 def test_profile_holds_convolution_forward_and_backward(mnist, tmp_path):

@@ -15,14 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from dlscope.analysis import timeline
+from dlscope.analysis.stepfile import StepFile
 from dlscope.cli import main
-from dlscope.observe.hang.live import read_all
-from dlscope.observe.iotrace import strace
-from dlscope.observe.script import timeline, watching
-from dlscope.observe.script.records import StepFile, clocks
+from dlscope.contract.live import read_all
+from dlscope.contract.records import clocks
 from dlscope.report.blocks import Findings
 from dlscope.report.sections import steps as steps_report
 from dlscope.rundir import load_results
+from dlscope.supervise import watching
+from dlscope.supervise.iotrace import strace
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FAST_PROFILE = ["--profile-steps", "2", "--wait", "1", "--warmup", "1"]

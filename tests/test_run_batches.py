@@ -1,4 +1,4 @@
-"""The batch x-ray of `dlscope run` (observe/script/batches.py, batchflow.py): scripts that read
+"""The batch x-ray of `dlscope run` (injob/batches.py, batchflow.py): scripts that read
 real files through a DataLoader, with a known slow sample, a known large file or known busy-waits;
 dlscope must name the step, the batch, the worker, the sample and the file, and the shares."""
 
@@ -14,14 +14,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from dlscope.analysis import batchflow
 from dlscope.cli import main
-from dlscope.observe.iotrace import strace
-from dlscope.observe.script import batches as batches_module
-from dlscope.observe.script import batchflow
+from dlscope.injob import batches as batches_module
 from dlscope.report.blocks import Table
 from dlscope.report.sections import anatomy as anatomy_report
 from dlscope.report.sections import batches as batches_report
 from dlscope.rundir import load_results
+from dlscope.supervise.iotrace import strace
 
 SCRIPT = Path(__file__).parent / "scripts" / "batch_files.py"
 NO_PROFILE = ["--profile-steps", "0"]

@@ -11,10 +11,11 @@ import torch
 from torch.nn.modules import module as torch_module
 from torch.optim import optimizer as torch_optimizer
 
-from dlscope.observe.script import calibrate
-from dlscope.observe.script.hooks import TorchHooks
-from dlscope.observe.script.records import RecordFile, read_records
-from dlscope.observe.script.stepmachine import StepMachine
+from dlscope.analysis.stepfile import read_records
+from dlscope.injob import calibrate
+from dlscope.injob.hooks import TorchHooks
+from dlscope.injob.recorder import RecordFile
+from dlscope.injob.stepmachine import StepMachine
 
 
 def global_hooks() -> list[int]:
@@ -66,8 +67,8 @@ def test_calibration_is_recorded_in_the_observers_records_only(tmp_path):
 WITHOUT_OPTIMIZER = """
 import sys
 import torch
-from dlscope.observe.script import calibrate
-from dlscope.observe.script.hooks import TorchHooks
+from dlscope.injob import calibrate
+from dlscope.injob.hooks import TorchHooks
 calibrate.per_step_us(TorchHooks, torch)
 print("torch._dynamo" in sys.modules)
 """

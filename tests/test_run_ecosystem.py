@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from dlscope.analysis.observed import PHASE_ROWS
+from dlscope.analysis.stepfile import StepFile
+from dlscope.analysis.steptable import open_stream, row
 from dlscope.cli import main
-from dlscope.observe.script.analysis import PHASE_ROWS
-from dlscope.observe.script.records import StepFile
-from dlscope.observe.script.stepmachine import PHASE_RECORDS
-from dlscope.observe.script.steptable import open_stream, row
+from dlscope.injob.stepmachine import PHASE_RECORDS
 from dlscope.rundir import load_results
 
 SCRIPTS = Path(__file__).parent / "scripts"

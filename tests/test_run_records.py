@@ -11,16 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlscope.observe.script import analysis, steptable
-from dlscope.observe.script.records import (
-    STEP_STRUCT,
-    STEPS_WINDOW,
-    STRICT_ENV,
-    RecordFile,
-    StepFile,
-    read_records,
-    steps_header,
-)
+from dlscope.analysis import observed as analysis
+from dlscope.analysis import steptable
+from dlscope.analysis.stepfile import StepFile, read_records
+from dlscope.contract.env import STRICT_ENV
+from dlscope.contract.records import STEP_STRUCT, STEPS_WINDOW, steps_header
+from dlscope.injob.recorder import RecordFile
 from dlscope.report.sections import steps as steps_section
 
 

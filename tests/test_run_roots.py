@@ -14,8 +14,9 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-from dlscope.observe.script.hooks import TorchHooks
-from dlscope.observe.script.records import RecordFile, StepFile
+from dlscope.analysis.stepfile import StepFile
+from dlscope.injob.hooks import TorchHooks
+from dlscope.injob.recorder import RecordFile
 
 SLOW_LOSS_S = 0.02
 

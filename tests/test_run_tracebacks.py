@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dlscope.cli import main
-from dlscope.observe.script import tracebacks
+from dlscope.injob import tracebacks
 
 SCRIPT = Path(__file__).parent / "scripts" / "errors.py"
 FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from dlscope.analysis.stepfile import StepFile
 from dlscope.cli import main
-from dlscope.observe.script.records import StepFile
 from dlscope.report.sections import SECTIONS
 from dlscope.report.terminal import print_blocks
 from dlscope.rundir import load_results
-from dlscope.steps import rundiff
-from dlscope.steps.rundiff import compare
+from dlscope.stages import rundiff
+from dlscope.stages.rundiff import compare
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PROFILE = ["--profile-steps", "2", "--wait", "1", "--warmup", "1"]

@@ -1,11 +1,11 @@
-"""Processes that train at once (observe/script/sharing.py): which steps ran beside another
+"""Processes that train at once (analysis/sharing.py): which steps ran beside another
 process's training and which alone, and each process's threads, its own or its parent's."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from dlscope.observe.script.sharing import MIN_STEPS, sharing
+from dlscope.analysis.sharing import MIN_STEPS, sharing
 
 STEP = np.dtype([("start", "<f8"), ("seconds", "<f4")])
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dlscope.observe.script.stepmachine import PHASE_RECORDS, STEP_ARGS, StepMachine
+from dlscope.injob.stepmachine import PHASE_RECORDS, STEP_ARGS, StepMachine
 
 
 class Records:

@@ -1,4 +1,4 @@
-"""Steps that slow down for good, and whether subnormal floats are why (observe/script/subnormals.py):
+"""Steps that slow down for good, and whether subnormal floats are why (injob/subnormals.py):
 known-truth scripts under `dlscope run`, their census read back from the run's results and report."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlscope.observe.script.records import StepFile
-from dlscope.observe.script.steptable import open_stream, steady_steps
+from dlscope.analysis.stepfile import StepFile
+from dlscope.analysis.steptable import open_stream, steady_steps
 from test_run_ecosystem import SCRIPTS, observe
 
 SCRIPT = [sys.executable, str(SCRIPTS / "subnormal_steps.py")]
@@ -75,7 +75,7 @@ def test_a_census_left_under_another_dispatch_mode_stops_counting_and_says_so():
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from dlscope.observe.script.subnormals import SlowdownWatch, census_mode
+    from dlscope.injob.subnormals import SlowdownWatch, census_mode
     from dlscope.report.sections.steps import subnormal_finding
 
     class Passing(TorchDispatchMode):
@@ -111,7 +111,7 @@ def test_a_child_forked_during_a_census_step_leaves_the_census():
     import torch
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-    from dlscope.observe.script.subnormals import SlowdownWatch, census_mode
+    from dlscope.injob.subnormals import SlowdownWatch, census_mode
 
     watch = SlowdownWatch(torch, lambda record: None)
     census = census_mode(torch)

@@ -18,8 +18,14 @@ import pytest
 
 from dlscope.ckpt.inspect import inspect_checkpoint
 from dlscope.cli import main
-from dlscope.data.pipeline import ReaderConfig, SimulatedCompute, measure_epoch, prepare_dataset, synthetic_samples
-from dlscope.data.pipeline.prepare import data_files
+from dlscope.experiments.pipeline import (
+    ReaderConfig,
+    SimulatedCompute,
+    measure_epoch,
+    prepare_dataset,
+    synthetic_samples,
+)
+from dlscope.experiments.pipeline.prepare import data_files
 from dlscope.rundir import load_results
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tf"
@@ -137,8 +143,8 @@ def test_tfdata_read_counts_match_strace(dataset, tmp_path):
         mark.write_text("x")
     script = (
         "import json\n"
-        "from dlscope.data.pipeline import ReaderConfig, SimulatedCompute, load_manifest, measure_epoch\n"
-        "from dlscope.data.pipeline.tfdata import import_tensorflow\n"
+        "from dlscope.experiments.pipeline import ReaderConfig, SimulatedCompute, load_manifest, measure_epoch\n"
+        "from dlscope.experiments.pipeline.tfdata import import_tensorflow\n"
         f"root = {str(root)!r}\n"
         "config = ReaderConfig('files', read_buffer=40, workers=2, engine='tfdata')\n"
         "manifest = load_manifest(root)\n"

@@ -11,8 +11,8 @@ import pytest
 
 from dlscope.ckpt.inspect import inspect_checkpoint
 from dlscope.cli import main
-from dlscope.data.pipeline.example import parse_example
-from dlscope.data.pipeline.tfrecord import IOCounters, TFRecordError, read_records
+from dlscope.experiments.pipeline.example import parse_example
+from dlscope.experiments.pipeline.tfrecord import IOCounters, TFRecordError, read_records
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tf"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())

@@ -12,7 +12,7 @@ import torch
 from dlscope.checkpoint import CheckpointObserver
 from dlscope.errors import ConfigError
 from dlscope.events import EpochResult, LogPoint, TrainingObserver
-from dlscope.observe.tensorboard import TensorBoardObserver
+from dlscope.instruments.tensorboard import TensorBoardObserver
 from dlscope.restore import load_checkpoint
 from dlscope.train import StopAtAccuracy, TrainConfig, Trainer
 
@@ -164,7 +164,7 @@ def test_resume_is_bit_identical(mnist, tmp_path, model):
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed here")
 def test_tensorboard_logging_never_imports_tensorflow():
-    probe = "import sys, dlscope.observe.tensorboard; print('tensorflow' in sys.modules)"
+    probe = "import sys, dlscope.instruments.tensorboard; print('tensorflow' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"

@@ -11,7 +11,7 @@ import torch
 
 from dlscope.cli import main
 from dlscope.experiments.batch_device import count_step_bytes
-from dlscope.observe.profiler import profile_training
+from dlscope.instruments.profiler import profile_training
 from dlscope.train import TrainConfig, Trainer
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import dlscope as dlscope_package
-from dlscope.observe.iotrace.tracer import availability
+from dlscope.supervise.iotrace.tracer import availability
 
 MARKUP = "[/x]markup[bold].bin"  # a file `x]markup[bold].bin` in a directory named `[`
 ESCAPES = "esc\x1b[31mred\x1b]0;title\x07.bin"  # colour, then an OSC that retitles the terminal

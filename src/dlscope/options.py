@@ -350,7 +350,7 @@ class PipelinePrepareOptions:
 
 @dataclass
 class RunDiffOptions:
-    """`diff RUN_A RUN_B`: two runs of `dlscope run` compared (dlscope.steps.rundiff)."""
+    """`diff RUN_A RUN_B`: two runs of `dlscope run` compared (dlscope.stages.rundiff)."""
 
     run_a: str
     run_b: str

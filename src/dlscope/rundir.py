@@ -36,6 +36,7 @@ from dlscope.fsutil import atomic_write_bytes, clean_stale_temps, json_text, mak
 SCHEMA = "dlscope.results"
 SCHEMA_VERSION = 3  # 2: sections rendered by report/sections (dlscope 0.2); 3: findings as facts (dlscope.findings)
 LOCK_NAME = ".dlscope-lock"
+RESULTS = "results.json"
 # "<pid>:<run dir>": set for a child that writes into the run its parent holds (lab --trace-io)
 LOCK_HELD_FOR_CHILD = "DLSCOPE_RUN_LOCK_HELD_BY"
 
@@ -184,18 +185,18 @@ class RunDir:
 
     def save(self) -> None:
         text = json_text(self.results, indent=2, allow_nan=False)
-        atomic_write_bytes(self.path / "results.json", text.encode())
+        atomic_write_bytes(results_path(self.path), text.encode())
 
 
 def load_results(run: str | Path) -> dict[str, Any]:
     """results.json of a run directory (or the file itself), checked against the schema."""
     path = Path(run)
     if path.is_dir():
-        if not (path / "results.json").is_file():
-            raise RunDirError("no results.json here: not a dlscope run directory", run)
-        path = path / "results.json"
+        if not results_path(path).is_file():
+            raise RunDirError(f"no {RESULTS} here: not a dlscope run directory", run)
+        path = results_path(path)
     if not path.is_file():
-        raise RunDirError("no such run directory or results.json", run)
+        raise RunDirError(f"no such run directory or {RESULTS}", run)
     try:
         results = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -213,8 +214,12 @@ def load_results(run: str | Path) -> dict[str, Any]:
     return results
 
 
+def results_path(run: Path) -> Path:
+    return run / RESULTS
+
+
 # processes/: what the observed processes of a run keep as they run (dlscope run's records, and the
-# live status and stack files of the hang agent, dlscope.observe.hang)
+# live status and stack files of the hang agent): each file's name and layout, dlscope.contract
 
 PROCESSES = "processes"
 

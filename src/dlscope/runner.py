@@ -33,11 +33,12 @@ from dlscope.errors import (
 )
 from dlscope.phases import phase
 from dlscope.plan import Plan, plan_from_json, plan_to_json
+from dlscope.rundir import results_path
 
 
 def check_plan(plan: Plan) -> None:
     """Refuse a plan that cannot run, before anything is created."""
-    from dlscope.steps.registry import STEP_MODULES, step_named
+    from dlscope.stages.registry import STEP_MODULES, step_named
 
     if "train" in plan.steps and plan.step_options.train.resume:
         from dlscope.restore import load_checkpoint
@@ -52,18 +53,18 @@ def check_plan(plan: Plan) -> None:
     plan.step_options.dist.check(plan.config.batch_size, plan.config.autotune)
     keras_on_tf = "ckpt_anatomy" in plan.steps and plan.step_options.ckpt_anatomy.keras_backend == "tensorflow"
     if keras_on_tf or ("pipeline" in plan.steps and "tfdata" in plan.step_options.pipeline.plan.engines):
-        from dlscope.data.pipeline.tfdata import import_tensorflow
+        from dlscope.experiments.pipeline.tfdata import import_tensorflow
 
         import_tensorflow()  # missing TF: one line before any run directory is made
     # `dlscope trace|run|doctor -- CMD`: a command that cannot start, one line and nothing created
     given = plan.step_options
     observed = {"iotrace": given.iotrace, "run": given.script, "doctor": given.doctor}
     for name in OBSERVING_STEPS & set(plan.steps):
-        from dlscope.observe.iotrace.tracer import check_command
+        from dlscope.supervise.iotrace.tracer import check_command
 
         check_command(observed[name].command if observed[name] else [])
     if "sweep" in plan.steps:
-        from dlscope.steps.sweep import grid
+        from dlscope.stages.sweep import grid
 
         grid(plan.step_options.sweep)
     check_inputs(plan)
@@ -134,8 +135,8 @@ def run_steps(plan: Plan, run: Any) -> None:
     from dlscope.console import console
     from dlscope.report.sections import SECTIONS
     from dlscope.report.terminal import print_blocks
-    from dlscope.steps.base import Context
-    from dlscope.steps.registry import step_named
+    from dlscope.stages.base import Context
+    from dlscope.stages.registry import step_named
 
     if plan.config.threads:  # once, for every step (the Trainer applies it again for API users)
         import torch
@@ -268,7 +269,7 @@ def print_locations(run: Any, html: Path, md: Path) -> None:
 
     rows = [
         ("report", str(html), f"and {md.name}: one file, works offline"),
-        ("results", str(run.path / "results.json"), "the report's single source"),
+        ("results", str(results_path(run.path)), "the report's single source"),
     ]
     artifacts = {
         "tensorboard": f"dlscope tensorboard {run.path}",
@@ -315,10 +316,10 @@ def _written(directory: Path, since: float) -> bool:
 
 # --- commands that answer on the terminal: no run directory ------------------------------------
 
-# command → its step (dlscope.steps.answers) and renderer (dlscope.report.sections); named, not
+# command → its step (dlscope.stages.answers) and renderer (dlscope.report.sections); named, not
 # imported, so that `--json` never loads rich or the report
 ANSWERS = {
-    name: (f"dlscope.steps.answers:{function}", f"dlscope.report.sections.{renderer}:{function}")
+    name: (f"dlscope.stages.answers:{function}", f"dlscope.report.sections.{renderer}:{function}")
     for name, function, renderer in [
         ("ckpt-verify", "ckpt_verify", "answers"),
         ("ckpt-inspect", "ckpt_inspect", "answers"),
@@ -391,7 +392,7 @@ def watch(options: Any) -> int:
     from dlscope.console import console
     from dlscope.report.sections import watch as renderer
     from dlscope.report.terminal import blocks_text, print_blocks
-    from dlscope.steps import watch as step
+    from dlscope.stages import watch as step
 
     directory = step.start(options)  # a target that is no running job: one line, before any drawing
     section = step.view(directory, options)
@@ -419,7 +420,7 @@ def watch(options: Any) -> int:
 def run_traced(plan: Plan, backend: str) -> int:
     """The plan in a child process traced by `backend`; one report with the iotrace section added."""
     from dlscope.rundir import RunDir
-    from dlscope.steps import iotrace
+    from dlscope.stages import iotrace
 
     check_plan(plan)
     start_importing_the_renderer()  # this process only waits for the traced child
@@ -461,7 +462,7 @@ def child_main(argv: list[str]) -> int:
     from dlscope.errors import DlscopeError, interrupts_delivered
 
     if argv[0] == "--rank":
-        from dlscope.observe.hang import agent
+        from dlscope.injob import hangagent as agent
         from dlscope.rundir import processes_dir
 
         # the hang agent before torch loads (building the plan's config does): it counts the

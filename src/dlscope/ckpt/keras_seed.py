@@ -39,7 +39,7 @@ def import_keras(backend: str = "torch") -> Any:
         return keras
     os.environ["KERAS_BACKEND"] = backend  # keras reads it once, at import (importing TF may import keras)
     if backend == "tensorflow":
-        from dlscope.data.pipeline.tfdata import import_tensorflow
+        from dlscope.experiments.pipeline.tfdata import import_tensorflow
 
         import_tensorflow()  # one line naming the install command when TF is missing
     try:
@@ -115,7 +115,7 @@ def profile_steps(model: Any, x: Any, y: Any, batch_size: int, backend: str, ste
     if backend == "tensorflow":
         import tensorflow as tf
 
-        from dlscope.observe.xplane import find_trace, table_from_xspace
+        from dlscope.instruments.xplane import find_trace, table_from_xspace
 
         with tempfile.TemporaryDirectory(prefix="dlscope-tfprof-") as logdir:
             tf.profiler.experimental.start(logdir)
@@ -128,8 +128,8 @@ def profile_steps(model: Any, x: Any, y: Any, batch_size: int, backend: str, ste
     else:
         from torch.profiler import ProfilerActivity, profile
 
-        from dlscope.observe.optable import table_from_events
-        from dlscope.observe.profiler import quiet_native_stderr
+        from dlscope.analysis.optable import table_from_events
+        from dlscope.measure.native_stderr import quiet_native_stderr
 
         with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
             model.fit(x, y, epochs=1, batch_size=batch_size, verbose=0)

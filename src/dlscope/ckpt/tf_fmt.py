@@ -29,8 +29,8 @@ from dlscope.ckpt.anatomy import Anatomy, TensorEntry, dtype_name
 from dlscope.ckpt.filemap import mapped_tensor
 from dlscope.ckpt.pickle_values import DType
 from dlscope.ckpt.sniff import TF_TABLE_MAGIC
-from dlscope.data.pipeline.tfrecord import mask
 from dlscope.errors import CheckpointError
+from dlscope.experiments.pipeline.tfrecord import mask
 from dlscope.findings import Finding
 from dlscope.protowire import FormatError, proto_fields, signed64, varint
 

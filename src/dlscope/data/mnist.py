@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dlscope.contract.env import CACHE_ENV
 from dlscope.data.idx import maybe_gunzip, parse_idx, read_file_bytes
 from dlscope.errors import DatasetError
 from dlscope.fsutil import atomic_write_bytes
@@ -68,7 +69,7 @@ def vendored_dir() -> Path:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("DLSCOPE_CACHE") or os.path.join(
+    base = os.environ.get(CACHE_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dlscope"
     )
     return Path(base)

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dlscope.observe.iotrace.analysis import Analysis
+from dlscope.analysis.syscalls import Analysis
 from dlscope.rundir import rank_files
 
 PID_FILE = "pid"

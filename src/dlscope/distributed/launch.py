@@ -5,7 +5,7 @@
 
 torchrun's own output goes to ranks/launch.log; the workers' one-line messages reach the terminal.
 A failed rank becomes one line naming the rank and how it ended; no worker outlives the launch.
-(What the train step makes of the ranks' records: dlscope.steps.train.train_in_ranks.)
+(What the train step makes of the ranks' records: dlscope.stages.train.train_in_ranks.)
 """
 
 from __future__ import annotations

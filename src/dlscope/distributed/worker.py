@@ -7,7 +7,7 @@ distributedInfo). Local rank 0 of each node also writes TensorBoard, the torch c
 ranks/train.json, the train section the launcher records. On a torchrun restart
 (TORCHELASTIC_RESTART_COUNT > 0) the ranks resume from the run's last checkpoint. Each rank keeps
 its live file for the hang watchdog of the launcher (runner.child_main installs the agent before
-torch loads, so its collectives are counted). The tests' fault hooks: dlscope.steps.train.
+torch loads, so its collectives are counted). The tests' fault hooks: dlscope.fit.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import torch.distributed as dist
 from dlscope.data.mnist import load_mnist
 from dlscope.distributed.iorank import PID_FILE
 from dlscope.events import EpochResult, TrainingObserver, TrainResult
+from dlscope.fit import fit, resumed_config, starting_state, train_section
 from dlscope.fsutil import atomic_write_bytes, json_text, make_dirs
 from dlscope.plan import Plan
 from dlscope.rundir import rank_dir, ranks_section, to_jsonable
-from dlscope.steps.train import fit, resumed_config, starting_state, train_section
 from dlscope.train import DataParallel, Trainer, resolve_device
 
 PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # steps 2–4 of the run: past start-up, real steps

@@ -34,18 +34,19 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from dlscope.analysis.optable import TopOpsTable, table_from_events
 from dlscope.errors import ConfigError
 from dlscope.experiments.conv_directions import SLOW_RATE_RATIO, conv_directions, slow_kernels
 from dlscope.findings import Finding, Level
+from dlscope.instruments.profiler import clone_for_profiling
+from dlscope.instruments.summary import count_flops
 from dlscope.measure.memory import SOURCE as MEMORY_SOURCE
 from dlscope.measure.memory import allocation_peak, profile_allocation_peak
+from dlscope.measure.native_stderr import quiet_native_stderr
 from dlscope.measure.peaks import measure_copy_bandwidth, measure_gemm_peak
 from dlscope.measure.stats import percentile
 from dlscope.measure.timing import Contender, StepTimer, time_interleaved
 from dlscope.models import build_model
-from dlscope.observe.optable import TopOpsTable, table_from_events
-from dlscope.observe.profiler import clone_for_profiling, quiet_native_stderr
-from dlscope.observe.summary import count_flops
 from dlscope.train import TrainConfig, make_optimizer, seed_everything, train_step
 
 # Thresholds behind the findings (percent or ratios), stated once so the report can quote them.

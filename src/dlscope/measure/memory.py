@@ -16,7 +16,7 @@ import torch
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
-from dlscope.observe.profiler import quiet_native_stderr
+from dlscope.measure.native_stderr import quiet_native_stderr
 
 SOURCE = {"cuda": "torch.cuda.max_memory_allocated", "cpu": "profiler allocation events (profile_memory)"}
 

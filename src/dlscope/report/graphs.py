@@ -1,7 +1,7 @@
 """Graphs (nodes, edges) as SVG at report time: graphviz `dot` when installed, else a small
 layered drawing in pure Python (longest-path layers, straight edges) so a report always has one.
 
-A graph is the JSON-able dict dlscope.observe.graph produces:
+A graph is the JSON-able dict dlscope.instruments.graph produces:
 {"nodes": [{"id", "label", "kind"}], "edges": [[src, dst, style?]]}.
 """
 

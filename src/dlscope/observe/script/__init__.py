@@ -1,1 +1,1 @@
-"""`dlscope run`: observe any training script, unchanged (bootstrap hooks, analysis, one timeline)."""
+"""Import paths of earlier releases, kept working by re-export: see dlscope.observe."""

@@ -1,5 +1,5 @@
 """The terminal answers of `ckpt verify|inspect|scan|diff`, `env`, `models`, `data fetch|verify`, `stacks`
-and `attach` (dlscope.steps.answers)."""
+and `attach` (dlscope.stages.answers)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Section batches (`dlscope run`): the data flow batch by batch — which worker built the batch a
 step waited for, from which samples and files, and where its time went — worded here from the
-facts observe/script/batchflow.py measured."""
+facts analysis/batchflow.py measured."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from dlscope.findings import Finding
 from dlscope.report.blocks import Block, Findings, Para, Table
 
 TITLE = "Hung job: where each process stopped"
-NO_STACK = {  # why a process's Python stack is missing (observe/hang/capture.python_stacks)
+NO_STACK = {  # why a process's Python stack is missing (supervise/capture.python_stacks)
     "no_bootstrap": "no dlscope bootstrap in this process",
     "no_answer": "no answer to either stack signal within 2 s",
 }

@@ -1,5 +1,5 @@
 """Section rundiff (`dlscope diff RUN_A RUN_B`, the doctor's trials): where step time went between
-two runs, worded from the facts dlscope.steps.rundiff measured."""
+two runs, worded from the facts dlscope.stages.rundiff measured."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Section scaling: the job's samples/s on N ranks against one rank on the same cores as threads,
-and against one rank on one rank's cores, from short interleaved trainings (steps/scaling.py)."""
+and against one rank on one rank's cores, from short interleaved trainings (stages/scaling.py)."""
 
 from __future__ import annotations
 

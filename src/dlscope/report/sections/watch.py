@@ -1,4 +1,4 @@
-"""`dlscope watch`: one view of a running job (observe/script/watching.py's facts), refreshed by
+"""`dlscope watch`: one view of a running job (supervise/watching.py's facts), refreshed by
 the runner. Two tables that fit 80 columns: the job's figures now, and its processes."""
 
 from __future__ import annotations

@@ -1,1 +1,0 @@
-"""Distributed runs, observed per rank: per-rank Kineto traces in, tables out (analysis.py)."""

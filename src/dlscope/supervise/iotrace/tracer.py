@@ -1,0 +1,351 @@
+"""Trace a command with one backend and turn what it saw into tables and exports.
+
+    outcome = trace_command(["python", "train.py"], "auto", Path("runs/x/iotrace"))
+    outcome.exit_code, outcome.section["phases"], outcome.section["files"]
+
+Backends in order of preference: ebpf (root, syscall tracepoints), strace, proc (no privileges,
+Python only). `auto` takes the first that is available; a requested one that is not says why in
+one line and the next is used. Whatever happens to the command — non-zero exit, crash,
+SIGKILL, Ctrl-C — what was seen is analysed, and no tracer process outlives the call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from dlscope.analysis.syscalls import Analysis
+from dlscope.contract.ioevents import TRACED_SYSCALLS, Event, FdTables, reorder
+from dlscope.contract.records import RECORDS_SUFFIX, per_process
+from dlscope.errors import DlscopeError, interrupt_signal
+from dlscope.fsutil import json_text
+from dlscope.options import TRACE_BACKENDS
+from dlscope.supervise.iotrace import ebpf, proc, strace
+from dlscope.supervise.iotrace.exports import FILE_COLUMNS, PHASE_COLUMNS, EventWriters, write_csv
+from dlscope.supervise.iotrace.gate import GatedProcess, die_with_parent, exit_code, signal_group, stop
+from dlscope.supervise.iotrace.hookpoints import hook_map, kernel_offers
+
+ATTACH_TIMEOUT_S = 90.0
+# bpftrace reads the kernel's per-CPU buffers behind the command: a syscall-heavy command leaves a
+# backlog when it ends, which a stop would throw away unseen (not counted as lost). The tracer is
+# stopped once its output has been silent this long, or after the limit.
+DRAIN_QUIET_S = 0.3
+DRAIN_LIMIT_S = 120.0
+GRACE_S = 10.0  # after the user's signal, how long the command may take to exit before SIGKILL
+Say = Callable[[str], None]
+Env = dict[str, str] | None  # the command's environment (None: dlscope's own)
+
+
+class TraceError(DlscopeError):
+    """The command cannot be traced (no backend works, or the command cannot start)."""
+
+
+class BackendUnavailable(Exception):
+    """This backend cannot run here; the message says why in one line."""
+
+
+BACKENDS = {"ebpf": ebpf, "strace": strace, "proc": proc}
+
+
+def availability() -> dict[str, str | None]:
+    """Backend → None when usable here, else why not."""
+    return {name: backend.available() for name, backend in BACKENDS.items()}
+
+
+@dataclass
+class Collected:
+    """A backend's raw output, before analysis."""
+
+    backend: str
+    returncode: int
+    command_seconds: float
+    interrupted: int | None  # the signal that stopped dlscope while the command ran
+    events: Callable[[], Iterator[Event]]
+    needs_fd_resolution: bool = False
+    notes: dict[str, Any] = field(default_factory=dict)
+    scratch: Path | None = None  # the backend's own intermediate files, removed once analysed
+
+    def discard(self) -> None:
+        if self.scratch is None:
+            return
+        if self.scratch.is_dir():
+            shutil.rmtree(self.scratch)
+        else:
+            self.scratch.unlink(missing_ok=True)
+
+
+def wait_command(proc: subprocess.Popen) -> tuple[int, int | None]:
+    """The command's return code, and the signal that interrupted dlscope meanwhile (None when
+    nothing did). The traced command runs in a process group of its own (`process_group=0`), so
+    a Ctrl-C at the terminal reaches dlscope alone; dlscope hands the user's signal to that whole
+    group, tracer included, and kills the group if it is still there after GRACE_S."""
+    try:
+        return proc.wait(), None
+    except KeyboardInterrupt as e:
+        signum = interrupt_signal(e)
+    signal_group(proc.pid, signum)
+    try:
+        return proc.wait(GRACE_S), signum
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):  # too slow, or a second Ctrl-C
+        signal_group(proc.pid, signal.SIGKILL)
+        return proc.wait(), signum
+
+
+def collect_strace(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
+    output = work / "strace.txt"
+    start = time.perf_counter()
+    child = subprocess.Popen(
+        [*strace.command(list(argv), output), "--", *argv], preexec_fn=die_with_parent, process_group=0, env=env
+    )
+    returncode, interrupted = wait_command(child)  # strace exits with the command's status, signal included
+    seconds = time.perf_counter() - start
+    if not output.exists():
+        raise BackendUnavailable(f"strace did not start (exit {returncode})")
+    return Collected("strace", returncode, seconds, interrupted, lambda: strace.read_events(output))
+
+
+def collect_proc(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
+    events_dir = work / "proc-events"
+    shutil.rmtree(events_dir, ignore_errors=True)  # records of an earlier trace into this folder
+    events_dir.mkdir(parents=True)
+    start = time.perf_counter()
+    try:
+        child = subprocess.Popen(list(argv), env=proc.environment(events_dir, env), process_group=0)
+    except OSError as e:
+        raise TraceError(f"cannot start the command: {e.strerror}", argv[0]) from None
+    returncode, interrupted = wait_command(child)
+    seconds = time.perf_counter() - start
+    # report.sections.iotrace says what the proc backend cannot see
+    notes: dict[str, Any] = {"python_processes": len(per_process(events_dir, RECORDS_SUFFIX))}
+    return Collected(
+        "proc", returncode, seconds, interrupted, lambda: proc.read_events(events_dir), notes=notes, scratch=events_dir
+    )
+
+
+class EbpfReader(threading.Thread):
+    """Streams bpftrace's stdout into events on disk as it comes (nothing piles up in memory);
+    `ready` is set once the probes are attached, or when bpftrace ends without attaching."""
+
+    def __init__(self, stream: IO[str], raw: Path, counters: ebpf.Counters, names: Mapping[int, str]) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.raw, self.counters, self.names = stream, raw, counters, names
+        self.ready = threading.Event()
+        self.lines = 0
+
+    def wait_quiet(self, quiet: float = DRAIN_QUIET_S, limit: float = DRAIN_LIMIT_S) -> None:
+        """Return once no line has come for `quiet` seconds (bpftrace has drained its buffers)."""
+        deadline, seen = time.monotonic() + limit, -1
+        while self.lines != seen and time.monotonic() < deadline:
+            seen = self.lines
+            time.sleep(quiet)
+
+    def run(self) -> None:
+        with open(self.raw, "w", encoding="utf-8") as out:
+            for line in self.stream:
+                self.lines += 1
+                event = ebpf.parse_line(line, self.counters, self.names)
+                if self.counters.ready:
+                    self.ready.set()
+                if event is not None:
+                    out.write(json_text(event) + "\n")
+        self.ready.set()
+
+
+def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
+    script = work / "trace.bt"
+    plan, version = ebpf.write_program(script)
+    raw = work / "ebpf-events.jsonl"
+    log = work / "bpftrace.log"
+    try:
+        child = GatedProcess(argv, env)
+    except OSError as e:
+        raise TraceError(f"cannot start the command: {e.strerror}", argv[0]) from None
+    with open(log, "w") as log_file:
+        command = ebpf.command(script, child.pid)
+        tracer = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+            errors="replace",
+            env=ebpf.environment(),
+            preexec_fn=die_with_parent,
+            process_group=0,  # a Ctrl-C at the terminal must not stop it before the command ends
+        )
+    counters = ebpf.Counters()
+    reader = EbpfReader(tracer.stdout, raw, counters, plan.names)
+    reader.start()
+    try:
+        reader.ready.wait(ATTACH_TIMEOUT_S)
+        if not counters.ready:
+            raise BackendUnavailable(f"bpftrace did not attach: {_last_error(log)}")
+        start = time.perf_counter()
+        child.release()
+        returncode, interrupted = wait_command(child.proc)
+        seconds = time.perf_counter() - start
+        reader.wait_quiet()  # the per-CPU buffers drained before bpftrace stops reading them
+    finally:
+        stop(tracer)
+        signal_group(child.pid, signal.SIGKILL)  # only still there when tracing failed: nothing to flush
+        reader.join()
+    notes = {
+        "bpftrace_version": ".".join(map(str, version)),
+        "lost_events": counters.lost,
+        "truncated_paths": counters.truncated_paths,
+        "recovered_paths": counters.recovered_paths,
+        "attached_probes": counters.attached_probes,
+        "missing_tracepoints": plan.missing,
+        "string_limit": ebpf.STRLEN,
+    }
+    return Collected("ebpf", returncode, seconds, interrupted, lambda: read_jsonl(raw), True, notes, scratch=raw)
+
+
+def read_jsonl(path: Path) -> Iterator[Event]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)
+
+
+def _last_error(log: Path) -> str:
+    text = log.read_text(errors="replace")
+    lines = [line for line in text.splitlines() if "error" in line.lower() and "MEMLOCK" not in line]
+    return lines[-1].strip() if lines else "no error message (see bpftrace.log)"
+
+
+COLLECTORS = {"ebpf": collect_ebpf, "strace": collect_strace, "proc": collect_proc}
+
+
+def check_command(argv: Sequence[str]) -> None:
+    """Refuse, in one line, a command that cannot start — before anything is written."""
+    if not argv:
+        raise TraceError("no command to trace: dlscope trace [options] -- CMD [ARGS...]")
+    if shutil.which(argv[0]) is None:
+        raise TraceError("command not found (not an executable on PATH nor a path to one)", argv[0])
+
+
+def collect(
+    argv: Sequence[str], backend: str, work: Path, say: Say, env: Env = None
+) -> tuple[Collected, list[dict[str, str]]]:
+    """Run the command under `backend` (or the next one that works); also what was skipped and why."""
+    check_command(argv)
+    order = list(TRACE_BACKENDS) if backend == "auto" else [backend, *(b for b in TRACE_BACKENDS if b != backend)]
+    skipped = []
+    for name in order:
+        try:
+            reason = BACKENDS[name].available()
+            if reason:
+                raise BackendUnavailable(reason)
+            return COLLECTORS[name](argv, work, env), skipped
+        except BackendUnavailable as e:
+            skipped.append({"backend": name, "why": str(e)})
+            say(f"[warn]{name}[/] unavailable: {e}; trying the next backend")
+    raise TraceError("no tracing backend works here: " + "; ".join(f"{s['backend']}: {s['why']}" for s in skipped))
+
+
+def resolved(collected: Collected, cwd: str) -> Iterator[Event]:
+    """Events in time order, with fd → path filled in where the backend saw only numbers."""
+    fds = FdTables()
+    for event in reorder(collected.events()):
+        call = event["call"]
+        if collected.needs_fd_resolution:
+            if call == "fork":
+                fds.fork(event["pid"], event["tid"])
+                continue
+            if call == "exit":
+                fds.exit(event["pid"])
+                continue
+            if call != "phase" and "dirfd" not in event:  # paths relative to the cwd (AT_FDCWD)
+                for key in ("path", "target"):
+                    path = event.get(key)
+                    if path and not path.startswith("/"):
+                        event[key] = os.path.normpath(os.path.join(cwd, path))
+            if call != "phase":
+                fds.resolve(event, event.pop("arg", None))
+        yield event
+
+
+@dataclass
+class TraceOutcome:
+    backend: str
+    exit_code: int
+    section: dict[str, Any]
+
+
+def trace_command(argv: Sequence[str], backend: str, out_dir: Path, say: Say = print, env: Env = None) -> TraceOutcome:
+    """Trace `argv` and its children; tables into the returned section, exports into out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    collected, skipped = collect(argv, backend, out_dir, say, env)
+    analysis = Analysis()
+    writers = EventWriters(out_dir)
+    try:
+        for event in resolved(collected, os.getcwd()):
+            analysis.add(event)
+            writers.add(event)
+    finally:
+        writers.close()
+    analysis.finish()
+    collected.discard()
+    section = analysis.summary()
+    phases_csv = write_csv(out_dir / "phases.csv", section["phases"], PHASE_COLUMNS)
+    files_csv = write_csv(out_dir / "files.csv", analysis.file_rows(), FILE_COLUMNS)
+    seen = [call for call in TRACED_SYSCALLS if call in section["calls"]]
+    section.update(
+        {
+            "backend": collected.backend,
+            "requested_backend": backend,
+            "skipped_backends": skipped,
+            "command": list(argv),
+            "exit_code": exit_code(collected.returncode),
+            "interrupted": signal.Signals(collected.interrupted).name if collected.interrupted else None,
+            "command_seconds": round(collected.command_seconds, 3),
+            "notes": collected.notes,
+            "kernel": kernel_offers(),
+            "hook_points": hook_map(seen),
+            "exports": {
+                "events": str(writers.events_path),
+                "perfetto_trace": str(writers.trace_path),
+                "phases_csv": str(phases_csv),
+                "files_csv": str(files_csv),
+            },
+        }
+    )
+    return TraceOutcome(collected.backend, exit_code(collected.returncode), section)
+
+
+def timed_run(argv: Sequence[str], backend: str | None, work: Path) -> float:
+    """Wall seconds of one run of the command: untraced (backend None) or collected by `backend`
+    (collection only: the analysis afterwards is not part of the command's slowdown)."""
+    if backend is None:  # output goes where a traced run's goes: same cost
+        start = time.perf_counter()
+        subprocess.run(list(argv), check=False)
+        return time.perf_counter() - start
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        return COLLECTORS[backend](argv, work).command_seconds
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure_overhead(argv: Sequence[str], backend: str, work: Path, repeats: int = 3) -> dict[str, Any]:
+    """Untraced and traced runs, interleaved (noise hits both alike); medians and their ratio."""
+    plain, traced = [], []
+    for i in range(repeats):
+        plain.append(timed_run(argv, None, work))
+        traced.append(timed_run(argv, backend, work / f"overhead-{i}"))
+    return {
+        "backend": backend,
+        "repeats": repeats,
+        "untraced_seconds": [round(s, 3) for s in plain],
+        "traced_seconds": [round(s, 3) for s in traced],
+        "ratio": round(statistics.median(traced) / statistics.median(plain), 3),
+    }
