@@ -19,7 +19,7 @@ import pytest
 from dlscope.cli import main
 from dlscope.report.blocks import Method, Table, fmt
 from dlscope.report.render import build_sections
-from dlscope.report.summary import MAX_WARNINGS, summary_blocks
+from dlscope.report.runsummary import MAX_WARNINGS, summary_blocks
 from dlscope.rundir import SCHEMA_VERSION, load_results
 
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -253,7 +253,7 @@ def print_report(results: dict[str, Any], full: bool) -> None:
     section, how it was measured)."""
     from dlscope.report.blocks import Section
     from dlscope.report.render import report_sections
-    from dlscope.report.summary import SUMMARY, summary_blocks
+    from dlscope.report.runsummary import SUMMARY, summary_blocks
     from dlscope.report.terminal import print_sections
 
     if full:

@@ -177,7 +177,7 @@ def report_sections(results: dict[str, Any]) -> list[Section]:
     """The report as it reads: the summary first (a `dlscope run`'s), then every section with its
     tables and reasoning, and last "How this was measured": each section's sentences on dlscope's
     own cost and method (its Method blocks), taken out of it."""
-    from dlscope.report.summary import SUMMARY, summary_blocks
+    from dlscope.report.runsummary import SUMMARY, summary_blocks
 
     sections, method = [], []
     for section in build_sections(results):
