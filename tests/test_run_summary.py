@@ -208,3 +208,29 @@ def test_a_hang_comes_before_the_verdict_and_no_change_is_offered():
     said = summary_text(results)
     assert said.index("The job hung") < said.index("Compute bounds the step")
     assert "rank 1 (pid 7) died after step 5" in said and "dlscope doctor" not in said
+
+
+def test_a_slowdown_that_stays_is_a_warning_and_the_threads_a_change_on_a_cpu():
+    parts = {"data": [1.0, 1.0], "gap": [0.0, 0.0], "forward": [4.0, 14.0], "backward": [4.0, 4.0]}
+    parts |= {"optimizer": [1.0, 1.0], "other": [0.0, 0.0]}
+    change = {"step": 120, "start_s": 31.0, "before_ms": 10.0, "after_ms": 20.0, "parts_ms": parts, "forwards": [1, 1]}
+    steps = {
+        "count": 300,
+        "main_pid": 7,
+        "processes": [{"pid": 7, "count": 300}],
+        "percentiles_ms": {"p50_ms": 12.0},
+        "change_points": [change],
+        "threads": {"threads": 2, "cores": 8},
+    }
+    anatomy = {
+        "steps_used": 290,
+        "percent": {"data": 5.0, "gap": 0.0, "forward": 60.0, "backward": 25.0, "optimizer": 9.0, "other": 1.0},
+        "step_ms": 14.0,
+        "data_source": None,
+        "verdict": {"key": "gap"},
+    }
+    said = summary_text(results_with(("steps", steps), ("anatomy", anatomy)))
+    assert "The step slowed for good from step 120 (31 s in): median 10.00 → 20.00 ms (2×), in forward." in said
+    assert "Most likely to pay: torch.set_num_threads(8): the training process computes with 2 intra-op threads" in said
+    on_gpu = summary_text(results_with(("steps", steps), ("anatomy", anatomy | {"clock": "gpu"})))
+    assert "set_num_threads" not in on_gpu and "No one change stands out" in on_gpu
