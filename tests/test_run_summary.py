@@ -149,6 +149,12 @@ def summary_text(results: dict) -> str:
     return "\n".join(said)
 
 
+def cpu_anatomy(steps: int, step_ms: float, **percent: float) -> dict:
+    """A host-clock anatomy of a loop with no DataLoader: each part's share of the step."""
+    shares = {part: percent.get(part, 0.0) for part in ("data", "gap", "forward", "backward", "optimizer", "other")}
+    return {"steps_used": steps, "percent": shares, "step_ms": step_ms, "data_source": None, "verdict": {"key": "gap"}}
+
+
 def straggler(rank: int, level: str = "bad") -> dict:
     values = {"rank": rank, "last": 6, "of": 6, "median_gap_ms": 30.0, "step_pct": 40.0, "mean_step_ms": 75.0}
     return {"key": "distributed.straggler", "level": level, "values": values}
@@ -196,13 +202,7 @@ def test_a_hang_comes_before_the_verdict_and_no_change_is_offered():
             }
         ],
     }
-    anatomy = {
-        "steps_used": 5,
-        "percent": {"data": 0.0, "gap": 0.0, "forward": 30.0, "backward": 60.0, "optimizer": 9.0, "other": 1.0},
-        "step_ms": 20.0,
-        "data_source": None,
-        "verdict": {"key": "gap"},
-    }
+    anatomy = cpu_anatomy(5, 20.0, forward=30.0, backward=60.0, optimizer=9.0, other=1.0)
     results = results_with(("anatomy", anatomy), ("hang", hang))
     results["sections"]["run"]["exit_code"] = 124
     said = summary_text(results)
@@ -222,13 +222,7 @@ def test_a_slowdown_that_stays_is_a_warning_and_the_threads_a_change_on_a_cpu():
         "change_points": [change],
         "threads": {"threads": 2, "cores": 8},
     }
-    anatomy = {
-        "steps_used": 290,
-        "percent": {"data": 5.0, "gap": 0.0, "forward": 60.0, "backward": 25.0, "optimizer": 9.0, "other": 1.0},
-        "step_ms": 14.0,
-        "data_source": None,
-        "verdict": {"key": "gap"},
-    }
+    anatomy = cpu_anatomy(290, 14.0, data=5.0, forward=60.0, backward=25.0, optimizer=9.0, other=1.0)
     said = summary_text(results_with(("steps", steps), ("anatomy", anatomy)))
     assert "The step slowed for good from step 120 (31 s in): median 10.00 → 20.00 ms (2×), in forward." in said
     assert "Most likely to pay: torch.set_num_threads(8): the training process computes with 2 intra-op threads" in said
