@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from dlscope.report.blocks import Block, Findings, Para, Svg, Table
+from dlscope.report.blocks import Block, Findings, Method, Para, Svg, Table
 from dlscope.report.flowgraph import hook_chart_dot, render_svg, shorten
 from dlscope.report.graphs import run_dot
 
@@ -33,11 +33,6 @@ def findings(section: dict[str, Any]) -> list[tuple[str, str]]:
     items: list[tuple[str, str]] = []
     for s in section["skipped_backends"]:
         items.append(("warn", f"{s['backend']} backend unavailable: {s['why']}."))
-    kernel = section["kernel"]
-    if kernel.get("tracefs"):
-        kprobes = "yes" if kernel["kprobes"] else "NO (kprobe_events missing)"
-        tracepoints = "yes" if kernel["syscall_tracepoints"] else "NO"
-        items.append(("info", f"This kernel offers syscall tracepoints: {tracepoints}; kprobes: {kprobes}."))
     notes = section["notes"]
     if notes.get("missing_tracepoints"):
         missing = ", ".join(notes["missing_tracepoints"])
@@ -211,6 +206,20 @@ def top_by_time(section: dict[str, Any]) -> Table:
     return Table(["path", "category", "ms in syscalls", "phases"], rows, caption, paths=("path",))
 
 
+def method(section: dict[str, Any]) -> list[Block]:
+    """How the phases are seen, and what this kernel lets a tracer attach to."""
+    said = [
+        "Phases come from dlscope.phase markers (a failing open of /dev/null/dlscope/phase/<name>/begin), which "
+        "every backend sees."
+    ]
+    kernel = section["kernel"]
+    if kernel.get("tracefs"):
+        kprobes = "yes" if kernel["kprobes"] else "NO (kprobe_events missing)"
+        tracepoints = "yes" if kernel["syscall_tracepoints"] else "NO"
+        said.append(f"This kernel offers syscall tracepoints: {tracepoints}; kprobes: {kprobes}.")
+    return [Method(" ".join(said))]
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     phases = [p["phase"] for p in section["phases"]]
     svg, engine = render_svg(section["flow"], phases)
@@ -218,11 +227,10 @@ def render(section: dict[str, Any]) -> list[Block]:
     blocks: list[Block] = [
         Para(
             f"Traced `{command}` with the {section['backend']} backend: {section['events']:,} file-related "
-            f"system calls over {section['duration_seconds']:.2f} s, touching {section['files_total']:,} paths. "
-            "Phases come from dlscope.phase markers (a failing open of /dev/null/dlscope/phase/<name>/begin), "
-            "which every backend sees."
+            f"system calls over {section['duration_seconds']:.2f} s, touching {section['files_total']:,} paths."
         ),
-        Findings(findings(section)),
+        *([Findings(items)] if (items := findings(section)) else []),
+        *method(section),
         phase_table(section),
         *rank_tables(section),
         file_table(section),
