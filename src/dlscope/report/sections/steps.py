@@ -281,7 +281,7 @@ def render(section: dict[str, Any]) -> list[Block]:
         Para(
             f"{section['count']} steps in the training process (pid {section['main_pid']}), counted from "
             f"{source[section['source']]}. All processes with steps: {per_process}. Every step is kept in "
-            f"{section['file']} ({section['row_bytes']} bytes a step; StepFile in dlscope.contract.records "
+            f"{section['file']} ({section['row_bytes']} bytes a step; StepFile in dlscope.analysis.stepfile "
             "reads it, or numpy/pandas with the dtype in its header)."
         ),
         Table(
