@@ -265,7 +265,7 @@ def test_environment_names_and_run_directory_names_are_spelled_once():
         "an environment variable": (r"DLSCOPE_[A-Z_]+", ("contract/env.py", "rundir.py")),
         "results.json": (r"^results\.json$", ("rundir.py",)),
         "a record file's name": (
-            r"^\.(steps|jsonl|batches)$|^\*\.(steps|jsonl|batches)$|^(stacks|live|profile-request)-$",
+            r"^\.(steps|jsonl|batches)$|^\*\.(steps|jsonl|batches)$|^(stacks|live|profile|profile-request)-",
             ("contract/",),
         ),
     }
@@ -376,3 +376,13 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path):
     source.write_text("def f():\n    from .train import Trainer\n")
     known = {"dlscope.x": source, "dlscope.train": source}
     assert imports("dlscope.x", source, known) == {"dlscope.train"}
+
+
+def test_no_room_holds_more_than_a_fifth_of_the_house():
+    lines = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    per_room: dict[str, int] = defaultdict(int)
+    for name, count in lines.items():
+        per_room[room(name)] += count
+    total = sum(lines.values())
+    biggest = max(per_room, key=per_room.__getitem__)
+    assert per_room[biggest] <= 0.2 * total, f"{biggest}/ holds {per_room[biggest]} of {total} lines: split it"

@@ -122,3 +122,18 @@ def test_python_api_example_runs(tmp_path):
     assert "test accuracy" in proc.stdout and "aten::" in proc.stdout and "verified: True" in proc.stdout
     assert list((tmp_path / "runs" / "notebook" / "tensorboard" / "train").glob("events.out.tfevents.*"))
     assert (tmp_path / "runs" / "notebook" / "cnn.pt").is_file()
+
+
+def test_the_architecture_and_run_directory_pages_match_the_code():
+    """docs/architecture.md describes every room of src/dlscope (a package, or a module at the
+    top); docs/run-directory.md gives the schema version the code writes."""
+    from dlscope.rundir import SCHEMA_VERSION
+
+    package = ROOT / "src" / "dlscope"
+    rooms = {p.name + "/" for p in package.iterdir() if (p / "__init__.py").exists()}
+    rooms |= {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+    architecture = (DOCS / "architecture.md").read_text()
+    missing = sorted(room for room in rooms if f"`{room}`" not in architecture)
+    assert not missing, f"rooms docs/architecture.md does not describe: {missing}"
+    versions = re.findall(r"schema_version (\d+)", (DOCS / "run-directory.md").read_text())
+    assert versions and all(int(v) == SCHEMA_VERSION for v in versions), (versions, SCHEMA_VERSION)

@@ -524,3 +524,44 @@ def test_many_outliers_are_one_finding_each_kind_and_a_row_each_in_their_tables(
     tables = {b.caption.split(" (")[0]: b for b in batches_report.render(section) if isinstance(b, Table)}
     assert [row[0] for row in tables["Samples far past the median"].rows] == [7, 8, *range(100, 109)]
     assert len(tables["Files far past the median"].rows) == 3
+
+
+def test_each_record_file_of_a_run_is_decoded_once(tmp_path, monkeypatch):
+    """After the job, every record file is decoded once and handed to every analyser: each
+    process's JSON records and step rows, the --trace-io events (the timeline and the batch x-ray
+    both read them), the batch records — these once more only where a sample is named far past the
+    median (its every fetch, read back in a second pass rather than every sample's kept)."""
+    from dlscope.analysis import observed, stepfile, steptable
+
+    decoded: Counter[Path] = Counter()
+
+    def count(module: object, name: str, path_of) -> None:
+        original = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            decoded[Path(path_of(*args)).resolve()] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    count(stepfile, "_lines", lambda path: path)
+    count(steptable, "open_stream", lambda steps: steps.path)
+    count(batchflow, "_records", lambda path: path)
+    count(observed, "read_events", lambda path: path)
+    make_files(tmp_path / "data", 24, 4096)
+    out, truth = tmp_path / "run", tmp_path / "truth.json"
+    argv = [sys.executable, str(SCRIPT), str(truth), str(tmp_path / "data"), "--workers", "2"]
+    options = ["--trace-io", "--trace-backend", "strace", "--profile-steps", "2"]
+    assert main(["run", "--out", str(out), *options, "--", *argv]) == 0
+    sections = load_results(out)["sections"]
+    assert sections["batches"]["joined"] == json.loads(truth.read_text())["steps"]
+    assert sections["top10"]["windows"]  # the profiler's trace was read into the timeline too
+    processes = [p.resolve() for p in (out / "processes").iterdir() if p.stat().st_size]
+    records = [p for p in processes if p.suffix in (".jsonl", ".steps")]
+    records.append((out / sections["iotrace"]["exports"]["events"]).resolve())
+    assert {p.suffix for p in records} == {".jsonl", ".steps"}
+    assert {path: decoded[path] for path in records} == dict.fromkeys(records, 1)
+    refetched = 1 if sections["batches"]["samples"].get("outliers") else 0
+    batch_files = [p for p in processes if p.suffix == ".batches"]
+    assert len(batch_files) == 3  # the training process's and its two workers'
+    assert {path: decoded[path] for path in batch_files} == dict.fromkeys(batch_files, 1 + refetched)

@@ -231,3 +231,9 @@ def test_verdict_facts_name_the_data_source_or_its_absence(tmp_path):
     no_loader = sections_of(tmp_path, np.full(501, 0.01), loader=False, data_fraction=0.3)["anatomy"]
     assert no_loader["verdict"]["key"] == "no_data_source" and "level" not in no_loader["verdict"]
     assert no_loader["verdict"]["gap_pct"] == pytest.approx(30.0) and no_loader["percent"]["data"] == 0
+
+
+def test_the_step_file_reader_keeps_its_documented_import_path():
+    from dlscope.observe.script.records import StepFile as documented
+
+    assert documented is StepFile

@@ -15,6 +15,7 @@ import numpy as np
 from dlscope.analysis import gpu as gpuanalysis
 from dlscope.analysis import sharing, steptable
 from dlscope.analysis.stepfile import StepFile, read_records, step_files
+from dlscope.contract.ioevents import read_events
 from dlscope.contract.records import PHASE_RECORDS
 
 # TensorFlow's input-pipeline analyser: a step is input-bound when ≥ 20% of it waits for input,
@@ -25,18 +26,43 @@ Records = dict[int, list[dict[str, Any]]]
 
 @dataclass
 class Observed:
-    """What the processes left in a run's processes/ directory: their JSON records, their steps."""
+    """What a run's processes left, each file decoded once and handed to every analyser: the JSON
+    records of each process and its step rows (processes/), the syscall events of --trace-io
+    (events.jsonl) and the profiler traces the records name. The batch x-ray's records are read by
+    batchflow.read_flow in one pass of its own (a second, over the outlier samples' batches only,
+    when a sample is far past the median: their every fetch, without holding every sample's)."""
 
     records: Records
     steps: dict[int, StepFile]
     streams: dict[int, tuple[str | None, np.ndarray]] = field(default_factory=dict)
+    directory: Path | None = None
+    events: Path | None = None  # a --trace-io run's events.jsonl
+    _syscalls: list[dict[str, Any]] | None = None
+    _main: tuple[int | None] | None = None
 
     @classmethod
-    def read(cls, directory: Path) -> Observed:
+    def read(cls, directory: Path, events: Path | None = None) -> Observed:
         records, steps = read_records(directory), step_files(directory)
         for pid in steps:
             records.setdefault(pid, [])
-        return cls(records, steps)
+        return cls(records, steps, directory=directory, events=events)
+
+    def syscalls(self) -> list[dict[str, Any]] | None:
+        """The --trace-io events, decoded once (the timeline and the batch x-ray both read them)."""
+        if self._syscalls is None and self.events is not None:
+            self._syscalls = list(read_events(self.events))
+        return self._syscalls
+
+    def profile_traces(self) -> list[Path]:
+        """The profiler traces the processes wrote (a killed process's may be missing)."""
+        found = (Path(r["trace"]) for rs in self.records.values() for r in rs if r.get("k") == "profile")
+        return [path for path in found if path.exists()]
+
+    def main(self) -> int | None:
+        """The training process (main_process), found once."""
+        if self._main is None:
+            self._main = (main_process(self),)
+        return self._main[0]
 
     def stream(self, pid: int) -> tuple[str | None, np.ndarray]:
         """The steps that count in process `pid` (steptable.open_stream), opened once."""
@@ -451,8 +477,17 @@ def gpu_clock(gpu: dict[str, Any] | None) -> dict[str, Any] | None:
     return gpu["anatomy"] if gpu is not None and not gpu.get("error") else None
 
 
+def eval_spans(observed: Observed, origin: float) -> list[tuple[float, float]]:
+    """(begin, end) of the training process's evaluation phases."""
+    main = observed.main()
+    if main is None:
+        return []
+    slices = phase_slices(main, observed.records.get(main, []), origin)
+    return [(s["begin_ts"], s["end_ts"]) for s in slices if s["phase"] == "eval"]
+
+
 def sections(observed: Observed, origin: float, sort_by: str = "self_cpu") -> dict[str, dict[str, Any]]:
-    main = main_process(observed)
+    main = observed.main()
     summary = gpu = None
     if main is not None:
         table, codes = observed.stream(main)[1], observed.steps[main].codes

@@ -259,14 +259,14 @@ class TimelineWriter:
 
 def build(
     observed: Observed,
-    kineto: list[Path],
-    syscalls: Iterator[dict[str, Any]] | None,
-    backend: str | None,
     clock: ClockMap,
     out: Path,
     processes: list[dict[str, Any]],
+    backend: str | None = None,
     batches: batchflow.Flow | None = None,
 ) -> Path:
+    """One trace of every process: its steps, phases, profiler operators (the traces the records
+    name), the --trace-io syscalls (`backend` names how they were taken) and the batches."""
     writer = TimelineWriter(clock)
     for info in processes:
         writer.process(info["pid"], info)
@@ -274,10 +274,11 @@ def build(
         if pid in observed.steps:
             writer.add_steps(pid, observed.stream(pid)[1], observed.steps[pid].codes)
         writer.add_phases(pid, rs, observed.last_step(pid))
-    for path in kineto:
+    for path in observed.profile_traces():
         writer.add_kineto(path)
+    syscalls = observed.syscalls()
     if syscalls is not None and backend is not None:
-        writer.add_syscalls(syscalls, backend)
+        writer.add_syscalls(iter(syscalls), backend)
     if batches is not None:
         writer.add_batches(batches)
     return writer.write(out)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import errno
 import heapq
+import json
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 from dlscope.phases import parse_marker
@@ -155,3 +157,10 @@ def reorder(events: Iterable[Event], window_s: float = 0.5) -> Iterator[Event]:
             yield heapq.heappop(heap)[2]
     while heap:
         yield heapq.heappop(heap)[2]
+
+
+def read_events(path: Path) -> Iterator[Event]:
+    """The events of an events.jsonl (one JSON object a line, as exports write them), streamed."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)

@@ -57,6 +57,7 @@ from pathlib import Path
 RECORDS_SUFFIX = ".jsonl"  # <pid>.jsonl: the JSON records
 STEPS_SUFFIX = ".steps"  # <pid>.steps: the step rows
 BATCHES_SUFFIX = ".batches"  # <pid>.batches: the batch x-ray (dlscope.contract.batchfile)
+PROFILE_PREFIX = "profile-"  # profile-<pid>.json: a profiler window's Chrome trace
 STACKS_PREFIX = "stacks-"  # stacks-<pid>.txt: every thread's stack, dumped on the hang agent's signal
 # the doctor's calibration writes its records to a scratch directory of this prefix: dlscope's own
 # files, never the job's (a syscall trace names them so)
@@ -76,6 +77,14 @@ def steps_path(directory: str | Path, pid: int) -> str:
 
 def batches_path(directory: str | Path, pid: int) -> str:
     return os.path.join(directory, f"{pid}{BATCHES_SUFFIX}")
+
+
+def profile_trace_path(directory: str | Path, pid: int, delivered: int) -> str:
+    """The profiler's trace of a process's window after `delivered` others: profile-<pid>.json,
+    then profile-<pid>-2.json, ..."""
+    return os.path.join(
+        directory, f"{PROFILE_PREFIX}{pid}.json" if not delivered else f"{PROFILE_PREFIX}{pid}-{delivered + 1}.json"
+    )
 
 
 def stacks_path(directory: str | Path, pid: int) -> str:

@@ -36,7 +36,7 @@ from typing import Any
 
 from dlscope import phases
 from dlscope.contract.env import PROFILE_ENV
-from dlscope.contract.records import clocks
+from dlscope.contract.records import clocks, profile_trace_path
 from dlscope.contract.requests import REQUEST_EVERY_S, take_request
 from dlscope.injob import batches, calibrate, gpuclock, subnormals, tracebacks
 from dlscope.injob import change as trial
@@ -161,8 +161,7 @@ class LateProfiler:
 
         start = time.perf_counter()
         directory, pid = self.records.directory, self.records.pid
-        name = f"profile-{pid}.json" if not self.delivered else f"profile-{pid}-{self.delivered + 1}.json"
-        trace = os.path.join(directory, name)
+        trace = profile_trace_path(directory, pid, self.delivered)
         prof.export_chrome_trace(trace)
         ops = [
             {

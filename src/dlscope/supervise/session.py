@@ -32,7 +32,6 @@ from dlscope.supervise.bootstrap_env import with_bootstrap
 from dlscope.supervise.iotrace.gate import signal_group
 from dlscope.supervise.iotrace.tracer import (
     exit_code,
-    read_jsonl,
     trace_command,
     wait_command,
 )
@@ -105,47 +104,26 @@ def record_sections(
     run: RunDir, options: ScriptOptions, started: dict[str, int], ended: dict[str, int], iotrace: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Record every section but "run", which is returned (the runner records it)."""
-    observed = analysis.Observed.read(processes_dir(run.path))
-    records = observed.records
+    # every record file decoded once, here, and handed to each analyser
+    events = Path(iotrace["exports"]["events"]) if iotrace is not None else None
+    observed = analysis.Observed.read(processes_dir(run.path), events)
     origin = started["realtime"] / 1e9
     found = analysis.sections(observed, origin, options.sort_by)
     clock = timeline.ClockMap.sampled(started, ended)
-    kineto = [Path(r["trace"]) for rs in records.values() for r in rs if r.get("k") == "profile"]
-    syscalls = None
-    events = None
+    backend = iotrace["backend"] if iotrace is not None else None
     if iotrace is not None:
-        events = Path(iotrace["exports"]["events"])
-        syscalls = read_jsonl(events)
         iotrace["exports"] = {key: run.rel(path) for key, path in iotrace["exports"].items()}
-    main = found["steps"]["main_pid"]
+    main = observed.main()
     main_steps = observed.stream(main)[1] if main is not None else np.zeros(0)
-    evals = (
-        [
-            (s["begin_ts"], s["end_ts"])
-            for s in analysis.phase_slices(main, records.get(main, []), origin)
-            if s["phase"] == "eval"
-        ]
-        if main is not None
-        else []
-    )
     flow = batchflow.read_flow(
         processes_dir(run.path),
         main,
         main_steps,
-        evals,
-        read_jsonl(events) if events is not None else None,
-        clock.boottime_to_realtime if iotrace is not None and iotrace["backend"] == "ebpf" else float,
+        analysis.eval_spans(observed, origin),
+        observed.syscalls(),
+        clock.boottime_to_realtime if backend == "ebpf" else float,
     )
-    path = timeline.build(
-        observed,
-        [p for p in kineto if p.exists()],
-        syscalls,
-        iotrace["backend"] if iotrace else None,
-        clock,
-        run.path / "timeline.json",
-        found["run"]["processes"],
-        flow,
-    )
+    path = timeline.build(observed, clock, run.path / "timeline.json", found["run"]["processes"], backend, flow)
     found["run"].update(
         command=options.command,
         wall_seconds=round((ended["realtime"] - started["realtime"]) / 1e9, 3),
@@ -179,7 +157,7 @@ def record_sections(
     for name in ("steps", "anatomy", "top10", "phases", "gpu"):
         if name in found:
             run.record(name, found[name])
-    ranked = rank_traces(records)
+    ranked = rank_traces(observed.records)
     if ranked:
         run.record("distributed", distributed_section(ranked, run))
     if iotrace is not None:

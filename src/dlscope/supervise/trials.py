@@ -148,7 +148,7 @@ def run_trial(
     if section["interrupted"]:  # the user stopped dlscope during the trial: no further trial
         raise Interrupted(signal.Signals[section["interrupted"]])
     observed = analysis.Observed.read(processes_dir(path))
-    main = analysis.main_process(observed)
+    main = observed.main()
     seconds: list[float] = []
     if main is not None:
         table = observed.stream(main)[1]

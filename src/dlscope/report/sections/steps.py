@@ -475,7 +475,7 @@ def render(section: dict[str, Any]) -> list[Block]:
         ),
         Method(
             f"Each step is a row of {section['file']} ({section['row_bytes']} bytes; StepFile in "
-            "dlscope.contract.records reads it, or numpy/pandas with the dtype in its header)."
+            "dlscope.analysis.stepfile reads it, or numpy/pandas with the dtype in its header)."
         ),
     ]
     return blocks

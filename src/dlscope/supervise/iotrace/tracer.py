@@ -11,7 +11,6 @@ SIGKILL, Ctrl-C — what was seen is analysed, and no tracer process outlives th
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dlscope.analysis.syscalls import Analysis
-from dlscope.contract.ioevents import TRACED_SYSCALLS, Event, FdTables, reorder
+from dlscope.contract.ioevents import TRACED_SYSCALLS, Event, FdTables, read_events, reorder
 from dlscope.contract.records import RECORDS_SUFFIX, per_process
 from dlscope.errors import DlscopeError, interrupt_signal
 from dlscope.fsutil import json_text
@@ -207,13 +206,7 @@ def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
         "missing_tracepoints": plan.missing,
         "string_limit": ebpf.STRLEN,
     }
-    return Collected("ebpf", returncode, seconds, interrupted, lambda: read_jsonl(raw), True, notes, scratch=raw)
-
-
-def read_jsonl(path: Path) -> Iterator[Event]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            yield json.loads(line)
+    return Collected("ebpf", returncode, seconds, interrupted, lambda: read_events(raw), True, notes, scratch=raw)
 
 
 def _last_error(log: Path) -> str:
