@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from dlscope.analysis import kineto, timeline
 from dlscope.analysis import ranks as distributed_analysis
-from dlscope.analysis import timeline
 from dlscope.analysis.ranks import analyze_ranks
 from dlscope.cli import main
 from dlscope.errors import DlscopeError
@@ -135,14 +135,15 @@ def test_cli_names_rank_0_when_rank_0_is_slowed(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DDP_SLOW_MS", str(SLEEP_MS))
     monkeypatch.setenv("COLUMNS", "80")
     out = tmp_path / "run"
-    # more active steps than the script has left: the profiler's stop at exit closes a last span that
-    # holds no training step, and the analysis leaves it out
+    # more active steps than the script has left: the profiler's stop at exit closes a last
+    # ProfilerStep mark that holds no training step; the ranks' steps are the 5 it recorded (3-7),
+    # so that mark is none of them (before, it was a span left out for its want of collectives)
     args = ["--start-after", "1", "--wait", "1", "--warmup", "1", "--profile-steps", "8"]
     assert main(["run", "--out", str(out), *args, "--", *TORCHRUN, str(SCRIPT), "--train", "512"]) == 0
     section = load_results(out)["sections"]["distributed"]
     assert section["stragglers"]["straggler"]["rank"] == 0
-    assert sorted(s["rank"] for s in section["left_out_steps"]) == [0, 1]
-    assert all(r["steps"] >= 5 and r["collectives_per_step"] == 2 for r in section["ranks"])
+    assert section["left_out_steps"] == []
+    assert all(r["steps"] == 5 and r["collectives_per_step"] == 2 for r in section["ranks"])
     # the summary, one screen at 80 columns (the ranks' own output goes to the file descriptor, not here)
     summary = capsys.readouterr().out
     assert len(summary.splitlines()) <= 40, summary
@@ -219,3 +220,30 @@ def test_ranks_started_by_multiprocessing_spawn_are_ranks(tmp_path, observe_scri
     assert distributed["world_size"] == 2 and distributed["ranks_traced"] == [0, 1]
     for rank in distributed["ranks"]:  # shapes recorded as under torchrun: DDP all-reduces each gradient byte
         assert 0.99 <= rank["bytes_vs_grad"] <= 1.1
+
+
+def test_a_ranks_steps_are_the_training_steps_it_recorded_not_torchs_marks(tmp_path):
+    """A rank's ProfilerStep#1 runs from step 0's end over an evaluation to step 1's end: with the
+    steps `dlscope run` recorded, the evaluation's compute is no step's (synthetic trace, its
+    times µs after baseTimeNanoseconds as torch writes them)."""
+    base_us = 1_000_000_000.0
+
+    def op(name: str, ts: float, dur: float, cat: str = "cpu_op") -> dict:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {}}
+
+    events = [
+        op("ProfilerStep#0", 0, 100, "user_annotation"),
+        op("ProfilerStep#1", 100, 400, "user_annotation"),
+        op("aten::mm", 10, 50),
+        op("c10d::allreduce_", 70, 10),
+        op("aten::cdist", 150, 150),  # the evaluation, between the steps
+        op("aten::mm", 360, 50),
+        op("c10d::allreduce_", 420, 10),
+    ]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"baseTimeNanoseconds": int(base_us * 1e3), "traceEvents": events}))
+    recorded = [[0, 0, base_us / 1e6, (base_us + 100) / 1e6], [1, 1, (base_us + 350) / 1e6, (base_us + 500) / 1e6]]
+    marks = distributed_analysis.step_rows(kineto.read_rank(path, 0))
+    assert [r["compute_ms"] for r in marks] == [0.05, 0.2]  # the evaluation's 0.15 ms in step 1
+    steps = distributed_analysis.step_rows(kineto.read_rank(path, 0, recorded))
+    assert [(r["step"], r["ms"], r["compute_ms"]) for r in steps] == [(0, 0.1, 0.05), (1, 0.15, 0.05)]

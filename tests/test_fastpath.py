@@ -40,7 +40,7 @@ class Profiler:
         self.idle_until = float("-inf")
         self.asked = 0
 
-    def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
+    def after_step(self, index: int, start: float, now: float) -> tuple[str | None, int | None]:
         self.asked += 1
         if index % 40 in (1, 2):
             self.idle_until = float("-inf")

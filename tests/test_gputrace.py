@@ -287,3 +287,27 @@ def test_summary_means_and_pageable_share() -> None:
     kinds = {(c["direction"], c["memory"]): c for c in summary["copies"]}
     assert kinds["h2d", "pinned"]["count"] == pytest.approx(1.0)
     assert kinds["d2h", "pageable"]["bytes"] == 2
+
+
+def test_an_evaluation_in_a_profiler_step_mark_is_not_the_steps_gpu_work() -> None:
+    """torch's ProfilerStep#1 runs from the end of step 0 to the end of step 1, over an
+    evaluation between them: given the step's own span (what `dlscope run` recorded), the
+    evaluation's kernel and its sync are no step's."""
+    trace = {
+        "traceEvents": [
+            X("user_annotation", "ProfilerStep#0", 0, 100),
+            X("user_annotation", "ProfilerStep#1", 100, 400),  # the evaluation 110-300, step 1 from 350
+            launch(1, 10),
+            launch(2, 120),  # the evaluation's forward
+            launch(3, 200, "cudaStreamSynchronize"),  # its .item()
+            launch(4, 360),
+            X("kernel", "train0", 150, 50, correlation=1),
+            X("kernel", "eval", 250, 500, correlation=2),
+            X("kernel", "train1", 800, 50, correlation=4),
+        ]
+    }
+    marks = gputrace.profiled_steps(trace)
+    assert [s["kernels"] for s in marks] == [1, 2] and marks[1]["sync_calls"] == 1
+    first, second = gputrace.profiled_steps(trace, [(0, 100, 0), (350, 500, 1)])
+    assert [first["kernels"], second["kernels"], second["sync_calls"]] == [1, 1, 0]
+    assert second["kernel_ms"] == pytest.approx(0.05) and second["host_ms"] == pytest.approx(0.15)

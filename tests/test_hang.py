@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from dlscope import fit as fit_module
+from dlscope.analysis import hangverdict
 from dlscope.cli import main
 from dlscope.contract.env import HANG_RANK_ENV
 from dlscope.contract.live import live_path, read_all, read_live
@@ -319,3 +320,18 @@ def test_the_builtin_job_in_one_process_ends_itself_and_its_loader_workers(tmp_p
 
 def job_pid(out: Path) -> int:
     return next(v.pid for v in read_all(out / "processes") if not v.forked)
+
+
+def test_no_frame_of_dlscopes_machinery_is_a_hung_process_line():
+    """A stack with no frame of the user's own (a script installed as a package, run with -m):
+    the line named is the built-in job's training code when it is in the stack, else the
+    innermost library frame, never a frame of dlscope's observing code — its wrappers, the
+    contract, the profiler's stderr guard (before, the innermost frame of all, and a frame in
+    measure/ or contract/ was taken for the built-in job's)."""
+    package = Path(hangverdict.__file__).resolve().parent.parent
+    installed = {"file": "/usr/lib/python3/site-packages/trainer/loop.py", "line": 7, "function": "fit"}
+    builtin = {"file": str(package / "train.py"), "line": 5, "function": "train_epoch"}
+    for machinery in ("measure/native_stderr.py", "contract/live.py", "phases.py", "injob/hooks.py"):
+        ours = {"file": str(package / machinery), "line": 3, "function": "wrapper"}
+        assert hangverdict._where([ours, installed])["file"] == installed["file"]
+        assert hangverdict._where([ours, builtin, installed])["file"] == builtin["file"]

@@ -232,7 +232,11 @@ def test_analysis_nests_phases_and_follows_renames():
 
 def test_dlscope_own_records_are_kept_out_of_the_phases_totals_and_said_beside_them():
     """Under `dlscope run --trace-io` the profiler's trace is written in the job's train phase: a
-    megabyte the job never wrote. The phase counts the job's bytes; the records are said apart."""
+    megabyte the job never wrote; and a stack walk in the job (torch.manual_seed's) reads dlscope's
+    own modules, its wrappers being in the stack. The phase counts the job's bytes; dlscope's
+    records and code are said apart, and its code is filed as such, not as the job's modules."""
+    hooks = os.path.join(os.path.dirname(dlscope.__file__), "injob", "hooks.py")
+    assert category(hooks) == "dlscope code" and category(os.path.realpath(hooks)) == "dlscope code"
     a = Analysis()
     marker = f"{MARKER_PREFIX}train_steps/begin"
     for event in (
@@ -240,17 +244,19 @@ def test_dlscope_own_records_are_kept_out_of_the_phases_totals_and_said_beside_t
         make_event(1.1, 1, 1, "write", 100, path="/r/out/ckpt.pt"),
         make_event(1.2, 1, 1, "write", 1_000_000, path="/r/run/processes/profile-41.json"),
         make_event(1.3, 1, 1, "write", 58, path="/r/run/processes/41.jsonl"),
+        make_event(1.4, 1, 1, "read", 4096, path=hooks),
     ):
         a.add(event)
     a.finish()
     summary = a.summary()
     [train] = [p for p in summary["phases"] if p["phase"] == "train_steps"]
-    assert (train["bytes_written"], train["calls"]) == (100, 1)
-    assert train["own_records"] == {"calls": 2, "bytes_read": 0, "bytes_written": 1_000_058}
+    assert (train["bytes_written"], train["bytes_read"], train["calls"]) == (100, 0, 1)
+    assert train["own_records"] == {"calls": 3, "bytes_read": 4096, "bytes_written": 1_000_058}
     assert summary["categories"]["dlscope records"]["bytes_written"] == 1_000_058  # still in the file tables
+    assert summary["categories"]["dlscope code"]["bytes_read"] == 4096 and "python module" not in summary["categories"]
     section = {**summary, "backend": "ebpf"}
     legend = phase_table(section).legend
-    assert "2 calls, 1,000,058 bytes written" in legend
+    assert "3 calls, 4,096 bytes read, 1,000,058 bytes written" in legend
 
 
 def test_a_path_that_holds_other_paths_seen_is_a_directory_not_other():

@@ -10,12 +10,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from dlscope.analysis import batchflow
 from dlscope.cli import main
+from dlscope.contract.owncode import is_dlscope_code
 from dlscope.injob import batches as batches_module
 from dlscope.report.blocks import Table
 from dlscope.report.sections import anatomy as anatomy_report
@@ -565,3 +567,36 @@ def test_each_record_file_of_a_run_is_decoded_once(tmp_path, monkeypatch):
     batch_files = [p for p in processes if p.suffix == ".batches"]
     assert len(batch_files) == 3  # the training process's and its two workers'
     assert {path: decoded[path] for path in batch_files} == dict.fromkeys(batch_files, 1 + refetched)
+
+
+def paths_in(value: Any) -> list[str]:
+    """Every absolute path among a section's strings, however deep."""
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in paths_in(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in paths_in(v)]
+    return [value] if isinstance(value, str) and value.startswith("/") else []
+
+
+@pytest.mark.skipif(strace.available() is not None, reason="strace not installed (scripts/install-tracers)")
+def test_dlscopes_own_files_are_never_a_batchs_or_a_samples_file(tmp_path):
+    """Samples seeded with torch.manual_seed (which formats the stack: a stat() of each frame's
+    file, dlscope's wrappers included) read no file: no file of dlscope's is named anywhere in the
+    batch x-ray (before, its hooks.py was the slowest sample's file), the slow sample reads no file,
+    and the syscall tables file dlscope's modules as its own code, not as the job's modules."""
+    out, truth_path = tmp_path / "run", tmp_path / "truth.json"
+    script = Path(__file__).parent / "scripts" / "seeded_samples.py"
+    options = ["--trace-io", "--trace-backend", "strace", *NO_PROFILE]
+    assert main(["run", "--out", str(out), *options, "--", sys.executable, str(script), str(truth_path)]) == 0
+    sections, truth = load_results(out)["sections"], json.loads(truth_path.read_text())
+    batches = sections["batches"]
+    assert batches["joined"] == truth["steps"] == 6
+    named = paths_in(batches)
+    assert named and not [p for p in named if is_dlscope_code(p)]  # the paths torch's stack walk stat()ed: named
+    slow = [r for r in batches["slowest_batches"] if r.get("slowest_sample") == truth["slow_sample"]]
+    assert slow and all(r.get("slowest_sample_file") is None for r in slow)  # it read no file
+    assert all(r.get("top_file") is None or r["top_file_reads"] for r in batches["slowest_batches"])
+    with open(out / sections["iotrace"]["exports"]["files_csv"], newline="") as f:
+        ours = {row["category"] for row in csv.DictReader(f) if is_dlscope_code(row["path"])}
+    listed = {f["category"] for f in sections["iotrace"]["files"] if is_dlscope_code(f["path"])}
+    assert ours == {"dlscope code"} and listed <= ours

@@ -31,9 +31,11 @@ class Profiler:
 
     def __init__(self) -> None:
         self.calls: list[int] = []
+        self.spans: list[tuple[float, float]] = []  # each step's (start, end) as the profiler is told
 
-    def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
+    def after_step(self, index: int, start: float, now: float) -> tuple[str | None, int | None]:
         self.calls.append(index)
+        self.spans.append((start, now))
         n = len(self.calls) - 1  # the profiler's own step number for the step that starts next
         return ({0: "warmup", 1: "active", 2: "active"}.get(n), n if n < 3 else None)
 
@@ -136,6 +138,26 @@ def test_profiler_driven_by_optimizer_steps_only_and_labels_from_it():
         ("active", 2),
         (None, None),
     ]
+
+
+def test_the_profiler_is_told_each_steps_span_an_evaluation_and_a_checkpoint_before_it_left_out():
+    """What the profiler records as a step is the step: after an evaluation and a checkpoint
+    between two steps, the next step starts after them (its ProfilerStep mark, from the last
+    step's end, holds them: the profiler's top-10 takes the steps' operators by these spans)."""
+    profiler = Profiler()
+    m, _ = machine(profiler)
+    m.optimizer_created()
+    t = plain_step(m, 0.0)
+    m.train_mode(t + 1, False)
+    m.loader_next(t + 2, t + 3, "val")
+    m.forward_begin(t + 3, training=False)
+    m.forward_end(t + 4)
+    m.train_mode(t + 5, True)
+    m.clock_cell[0] = t + 7  # type: ignore[attr-defined]
+    assert m.checkpoint_begin(t + 6, "checkpoint_save", "last.ckpt")
+    m.checkpoint_end(t + 7, "checkpoint_save")
+    end = plain_step(m, t + 8)
+    assert profiler.spans == [(0.0, t), (t + 7, end)]
 
 
 def test_no_optimizer_steps_end_at_backward_and_drive_the_profiler():

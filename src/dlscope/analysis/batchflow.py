@@ -44,6 +44,7 @@ from dlscope.contract.batchfile import (
     UNKNOWN,
     WHOLE,
 )
+from dlscope.contract.owncode import is_dlscope_code
 from dlscope.contract.records import BATCHES_SUFFIX, per_process
 
 SLOWEST = 10  # rows kept in results.json per list: the full table is batches.csv
@@ -405,7 +406,10 @@ class WorkerCalls:
 
 
 def io_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Reads, bytes read and time in system calls of a window, and its files (regular paths)."""
+    """Reads, bytes read and time in system calls of a window, and its files (regular paths), the
+    most bytes read first. dlscope's own files are none of them: its wrappers are in the stack a
+    sample is fetched in, and a walk of that stack (torch.manual_seed's) stats and reads them."""
+    events = [e for e in events if not (isinstance(e.get("path"), str) and is_dlscope_code(e["path"]))]
     reads = [e for e in events if e.get("kind") == "read"]
     files: dict[str, dict[str, Any]] = {}
     for e in events:
@@ -754,16 +758,22 @@ def _io_cells(row: dict[str, Any], io: dict[str, Any]) -> None:
     others = io.get("others") or {}
     row.update(other_threads_reads=others.get("reads", 0), other_threads_bytes=others.get("bytes_read", 0))
     row["files"] = [f["path"] for f in io["files"]]
-    if io["files"]:  # the file the batch read most from (files are sorted by bytes)
-        top = io["files"][0]
+    top = _read_most(io)
+    if top:  # the file the batch read most from
         row.update(top_file=top["path"], top_file_reads=top["reads"], top_file_bytes=top["bytes"])
-    top = (io.get("slowest") or {}).get("files") or []
+    top = _read_most(io.get("slowest") or {})
     if top:
         row.update(
-            slowest_sample_file=top[0]["path"],
-            slowest_sample_reads=top[0]["reads"],
-            slowest_sample_bytes=top[0]["bytes"],
+            slowest_sample_file=top["path"],
+            slowest_sample_reads=top["reads"],
+            slowest_sample_bytes=top["bytes"],
         )
+
+
+def _read_most(io: dict[str, Any]) -> dict[str, Any] | None:
+    """The file a window read most from (io_summary's files are sorted by bytes); None when it read
+    none: a file only stat()ed or opened (a module a stack walk looked at) is not what it read."""
+    return next((f for f in io.get("files") or [] if f["reads"]), None)
 
 
 def _top(keys: np.ndarray, positions: np.ndarray, n: int = SLOWEST) -> np.ndarray:
@@ -1083,8 +1093,8 @@ def _sample_file(flow: Flow, row: int, at: int) -> str | None:
     """The file its batch's slowest sample read most from, when it is that sample."""
     if flow.built["slowest_at"][row] != at:
         return None
-    files = (flow.io.get(row, {}).get("slowest") or {}).get("files") or []
-    return files[0]["path"] if files else None
+    top = _read_most(flow.io.get(row, {}).get("slowest") or {})
+    return top["path"] if top else None
 
 
 def file_outliers(io: dict[int, dict[str, Any]]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from dlscope.analysis import gputrace
+from dlscope.analysis.kineto import recorded_spans
 
 # a GPU step row (gpuclock.GpuSteps)
 INDEX, STEP, DATA, LOADER, FORWARD, BACKWARD, OPTIMIZER, SYNCS, RESERVED, EXCLUDED = range(10)
@@ -104,7 +105,9 @@ def profiled(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         opener = gzip.open if r["trace"].endswith(".gz") else open
         with opener(r["trace"], "rt") as f:
-            steps = gputrace.profiled_steps(json.load(f))
+            document = json.load(f)
+        spans = [(start, end, n) for n, start, end in recorded_spans(document, r["recorded"])]
+        steps = gputrace.profiled_steps(document, spans)
         if steps and any(s["kernels"] for s in steps):
             windows.append({"trace": r["trace"], "steps": steps, "summary": gputrace.summary(steps)})
     return windows

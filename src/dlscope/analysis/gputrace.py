@@ -6,7 +6,9 @@ their means. Nothing is printed or worded here. Times in the trace are µs; the 
 
 What a step is, and the rules:
 
-* The host's step is the CPU-side `user_annotation` span ProfilerStep#N (`host_ms`).
+* The host's step is the CPU-side `user_annotation` span ProfilerStep#N (`host_ms`), or, in a
+  `dlscope run` trace, the training step the window recorded as ProfilerStep#N (the mark runs
+  from one `prof.step()` to the next: an evaluation between two steps is in it, not in the step).
 * A GPU activity (a `kernel`, `gpu_memcpy` or `gpu_memset` event) belongs to the step whose CPU
   span holds the start of the runtime or driver call that launched it, matched by the
   `correlation` id. Why not by time on the GPU: the GPU runs behind the host (by tens of ms in a
@@ -108,9 +110,13 @@ def _ms(us: float) -> float:
     return round(us / 1e3, 4)
 
 
-def profiled_steps(trace: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+def profiled_steps(
+    trace: dict[str, Any] | list[dict[str, Any]], steps: list[tuple[float, float, int]] | None = None
+) -> list[dict[str, Any]]:
     """One row of facts per ProfilerStep#N of a Kineto trace, in order of time; [] when the trace
-    has no ProfilerStep spans. The rules are in the module's docstring."""
+    has no ProfilerStep spans. `steps`: the host's steps as (start, end, N) in the trace's µs (the
+    training steps `dlscope run` recorded: a ProfilerStep mark also holds what ran between two
+    steps), in place of the marks. The rules are in the module's docstring."""
     events = (trace.get("traceEvents") or []) if isinstance(trace, dict) else trace
     host_steps: list[tuple[float, float, int]] = []
     launches: dict[Any, float] = {}  # correlation id -> start of the launching call (µs)
@@ -128,10 +134,12 @@ def profiled_steps(trace: dict[str, Any] | list[dict[str, Any]]) -> list[dict[st
                 launches[args["correlation"]] = e["ts"]
             if is_sync(e.get("name", "")):
                 syncs.append(e["ts"])
-        elif cat in HOST_STEP_CATS:
+        elif cat in HOST_STEP_CATS and steps is None:
             name = e.get("name", "")
             if name.startswith(STEP_PREFIX) and name[len(STEP_PREFIX) :].isdigit():
                 host_steps.append((e["ts"], e["ts"] + e.get("dur", 0.0), int(name[len(STEP_PREFIX) :])))
+    if steps is not None:
+        host_steps = list(steps)
     if not host_steps:
         return []
     host_steps.sort()

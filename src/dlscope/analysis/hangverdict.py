@@ -9,14 +9,13 @@ import os
 import sysconfig
 from typing import Any
 
+from dlscope.contract.owncode import is_dlscope_code, is_machinery
+
 # frames in these trees are the machinery, not the user's line (scripts: console entry points,
 # `dlscope` and `torchrun` themselves)
 _LIBRARY_ROOTS = tuple(
     os.path.realpath(sysconfig.get_paths()[kind]) + os.sep for kind in ("stdlib", "purelib", "platlib", "scripts")
 )
-_DLSCOPE = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
-# dlscope's observing machinery: a frame there is never the built-in job's line
-_OBSERVERS = tuple(os.path.join(_DLSCOPE, room) + os.sep for room in ("injob", "supervise", "analysis", "instruments"))
 SOURCE_CHARS = 60  # of the user's line, shown beside file:line
 _IO_CALLS = {"read", "write", "pread64", "pwrite64", "readv", "writev", "openat", "fsync", "fdatasync", "flock"}
 
@@ -24,22 +23,26 @@ _IO_CALLS = {"read", "write", "pread64", "pwrite64", "readv", "writev", "openat"
 def _is_user(frame: dict[str, Any]) -> bool:
     path = os.path.realpath(frame["file"])
     installed = f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
-    return not (installed or path.startswith((*_LIBRARY_ROOTS, _DLSCOPE)) or frame["file"].startswith("<"))
+    return not (installed or path.startswith(_LIBRARY_ROOTS) or is_dlscope_code(path) or frame["file"].startswith("<"))
 
 
 def _is_builtin_job(frame: dict[str, Any]) -> bool:
-    """dlscope's own training code (the built-in job's), not its observers."""
+    """dlscope's own training code (the built-in job's), not its observing machinery."""
     path = os.path.realpath(frame["file"])
-    return path.startswith(_DLSCOPE) and not path.startswith(_OBSERVERS)
+    return is_dlscope_code(path) and not is_machinery(path)
 
 
 def _where(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The innermost frame of the user's own code (frames innermost first) — in the built-in job,
-    of dlscope's training code — with its source line, and the innermost frame of all (the
-    library call it is in)."""
+    of dlscope's training code; with neither, the innermost that is not dlscope's observing
+    code — with its source line, and the innermost frame of all (the library call it is in)."""
     if not frames:
         return None
-    user = next((f for f in frames if _is_user(f)), None) or next((f for f in frames if _is_builtin_job(f)), frames[0])
+    user = (
+        next((f for f in frames if _is_user(f)), None)
+        or next((f for f in frames if _is_builtin_job(f)), None)
+        or next((f for f in frames if not is_machinery(os.path.realpath(f["file"]))), frames[0])
+    )
     return {
         **user,
         "source": linecache.getline(user["file"], user["line"]).strip()[:SOURCE_CHARS] or None,

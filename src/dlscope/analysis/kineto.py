@@ -89,8 +89,20 @@ def numel(dims: Any) -> int:
     return math.prod(dims) if isinstance(dims, list) else 0
 
 
-def read_rank(path: Path, rank: int) -> RankTrace:
-    """`rank` is the caller's; a trace that names another rank in distributedInfo is refused."""
+def recorded_spans(document: dict[str, Any], recorded: list[list[Any]]) -> list[tuple[int, float, float]]:
+    """The training steps a `dlscope run` window recorded (its profile record's `recorded`: [index,
+    N of the step's ProfilerStep#N, start, end], CLOCK_REALTIME s) as (N, start, end) in the
+    trace's own µs. Not torch's ProfilerStep#N marks: a mark runs from one `prof.step()` to the
+    next, and so holds whatever ran between two steps (an evaluation, a checkpoint, a loader's
+    `iter()`); a mark that holds no recorded step (the step a script ended in) is none."""
+    shift = int(document.get("baseTimeNanoseconds") or 0) / 1e3  # ts is µs after it when present
+    return [(int(n), start * 1e6 - shift, end * 1e6 - shift) for _, n, start, end in recorded]
+
+
+def read_rank(path: Path, rank: int, recorded: list[list[Any]] | None = None) -> RankTrace:
+    """`rank` is the caller's; a trace that names another rank in distributedInfo is refused.
+    `recorded`: the training steps dlscope recorded in the trace (recorded_spans), else its
+    ProfilerStep#N marks are the steps."""
     document = load_events(path)
     info = document.get("distributedInfo") or {}
     if info.get("rank") is not None and info["rank"] != rank:
@@ -101,10 +113,15 @@ def read_rank(path: Path, rank: int) -> RankTrace:
         if e.get("ph") != "X" or not isinstance(e.get("ts"), int | float) or not isinstance(e.get("dur"), int | float):
             continue
         slices.append({**e, "ts": e["ts"] + shift, "end": e["ts"] + shift + e["dur"]})
-    profiler_steps = [e for e in slices if str(e.get("name", "")).startswith("ProfilerStep#")]
-    if not profiler_steps:
-        raise DlscopeError("no ProfilerStep#N slice: profile with a schedule and call prof.step() per step", path)
-    steps = sorted((int(e["name"].split("#", 1)[1]), e["ts"], e["end"]) for e in profiler_steps)
+    if recorded is not None:
+        steps = [(n, start + shift, end + shift) for n, start, end in recorded_spans(document, recorded)]
+        if not steps:
+            raise DlscopeError("the profiler's window recorded no whole training step", path)
+    else:
+        profiler_steps = [e for e in slices if str(e.get("name", "")).startswith("ProfilerStep#")]
+        if not profiler_steps:
+            raise DlscopeError("no ProfilerStep#N slice: profile with a schedule and call prof.step() per step", path)
+        steps = sorted((int(e["name"].split("#", 1)[1]), e["ts"], e["end"]) for e in profiler_steps)
     cpu = [e for e in slices if e.get("cat") in ("cpu_op", "user_annotation") and not e["name"].startswith("Profiler")]
     gpu = [e for e in slices if e.get("cat") == "kernel"]  # as HTA: memcpy and memset are neither
     comm_ops = [e for e in cpu if is_comm(e["name"])]

@@ -14,6 +14,7 @@ import numpy as np
 
 from dlscope.analysis import gpu as gpuanalysis
 from dlscope.analysis import sharing, steptable
+from dlscope.analysis.kineto import recorded_spans
 from dlscope.analysis.stepfile import StepFile, read_records, step_files
 from dlscope.contract.ioevents import read_events
 from dlscope.contract.records import PHASE_RECORDS
@@ -53,10 +54,11 @@ class Observed:
             self._syscalls = list(read_events(self.events))
         return self._syscalls
 
-    def profile_traces(self) -> list[Path]:
-        """The profiler traces the processes wrote (a killed process's may be missing)."""
-        found = (Path(r["trace"]) for rs in self.records.values() for r in rs if r.get("k") == "profile")
-        return [path for path in found if path.exists()]
+    def profile_traces(self) -> list[tuple[Path, list[list[Any]]]]:
+        """The profiler traces the processes wrote (a killed process's may be missing), each with the
+        training steps its window recorded (its profile record's `recorded`)."""
+        profiles = (r for rs in self.records.values() for r in rs if r.get("k") == "profile")
+        return [(Path(r["trace"]), r["recorded"]) for r in profiles if Path(r["trace"]).exists()]
 
     def main(self) -> int | None:
         """The training process (main_process), found once."""
@@ -327,26 +329,33 @@ def phases_section(observed: Observed, origin: float, steps: int) -> dict[str, A
     return section
 
 
-def ops_per_step(trace_path: Path) -> list[dict[str, Any]]:
-    """Operators (cpu_op slices) inside each ProfilerStep#N slice of a profiler trace."""
-    events = json.loads(trace_path.read_text()).get("traceEvents", [])
-    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
-    ops = sorted(e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op")
-    rows = []
-    for s in sorted(steps, key=lambda e: e["ts"]):
-        start, end = s["ts"], s["ts"] + s["dur"]
-        rows.append({"step": s["name"].split("#")[1], "ops": sum(1 for t in ops if start <= t <= end)})
-    return rows
+def ops_per_step(trace_path: Path, recorded: list[list[Any]]) -> list[dict[str, Any]]:
+    """Operators (cpu_op slices) inside each training step the window recorded (its profile
+    record's `recorded`), by the step's number."""
+    document = json.loads(trace_path.read_text())
+    events = document.get("traceEvents", [])
+    ops = np.sort(np.array([e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"], np.float64))
+    spans = recorded_spans(document, recorded)
+    return [
+        {"step": step[0], "ops": int(np.searchsorted(ops, end, "right") - np.searchsorted(ops, start, "left"))}
+        for step, (_, start, end) in zip(recorded, spans, strict=True)
+    ]
+
+
+BETWEEN_ROWS = 5  # operators shown of what ran inside a window between its steps
+LIFECYCLE_PHASES = ("startup", "first_batch", "train_steps")  # the phases the others nest in
 
 
 def profile_window(pid: int, record: dict[str, Any], sort_by: str, rows: int = 10) -> dict[str, Any]:
     """One profiler window as a process recorded it: how it was started, its step range, its
-    top operators."""
+    top operators (those of the training steps it recorded), and the operators of what else ran
+    while it recorded (`between`: an evaluation, a checkpoint)."""
     from dlscope.analysis.optable import table_from_events
 
-    events = [SimpleNamespace(**op) for op in record["ops"]]
-    active = sum(e.count for e in events if e.key.startswith("ProfilerStep"))  # one per recorded step
-    table = table_from_events(events, active, sort_by)
+    recorded = record["recorded"]
+    active = len(recorded)
+    table = table_from_events([SimpleNamespace(**op) for op in record["ops"]], active, sort_by)
+    between = table_from_events([SimpleNamespace(**op) for op in record["between_ops"]], active, sort_by)
     steps = record.get("steps")
     return {
         "pid": pid,
@@ -360,7 +369,40 @@ def profile_window(pid: int, record: dict[str, Any], sort_by: str, rows: int = 1
         "self_cpu_total_us": round(table.self_cpu_total_us, 3),
         "export_seconds": record["export_seconds"],
         "trace": record["trace"],
+        "recorded": recorded,
+        "cut": record.get("cut"),
+        "stopped": record.get("stopped"),
+        **(
+            {
+                "between": {
+                    "rows": between.to_records(BETWEEN_ROWS, sort_by),
+                    "operators": len(between.rows),
+                    "calls": sum(r.calls for r in between.rows),
+                    "self_cpu_total_us": round(between.self_cpu_total_us, 3),
+                }
+            }
+            if between.rows
+            else {}
+        ),
     }
+
+
+def between_phases(window: dict[str, Any], slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The phases (an evaluation, a checkpoint) of the window's process that ran between two of
+    the steps it recorded, or after its last while it recorded (the script ended): each with the
+    step it followed."""
+    recorded = window["recorded"]
+    if not recorded:
+        return []
+    ends = [end for _, _, _, end in recorded]
+    found = []
+    for s in slices:
+        if not recorded[0][2] <= s["begin_ts"] < window["stopped"] or s["phase"] in LIFECYCLE_PHASES:
+            continue
+        after = int(np.searchsorted(ends, s["begin_ts"], "right")) - 1
+        if after >= 0 and (after + 1 == len(recorded) or s["end_ts"] <= recorded[after + 1][2]):
+            found.append({"phase": s["phase"], "after_step": recorded[after][0], "seconds": s["seconds"]})
+    return found
 
 
 NEIGHBOURS = 50  # unprofiled steps either side of a window: what its active steps are compared with
@@ -422,6 +464,9 @@ def top10_section(
             "pid": main,
             "windows": windows,
         }
+    if "between" in first:
+        slices = phase_slices(main, records.get(main, []), 0.0)
+        first["between"]["phases"] = between_phases(first, slices)
     cost = {**profiler, "export_seconds": first["export_seconds"]}
     if stream is not None and first["first_step"] is not None:
         cost.update(window_cost(*stream, first["first_step"], first["last_step"]))
@@ -430,8 +475,9 @@ def top10_section(
     trace = Path(first["trace"])
     return {
         **{k: first[k] for k in ("pid", "active_steps", "rows", "operators", "self_cpu_total_us", "trigger")},
+        **({"between": first["between"]} if "between" in first else {}),
         "sort_by": sort_by,
-        "ops_per_step": ops_per_step(trace) if trace.exists() else [],
+        "ops_per_step": ops_per_step(trace, first["recorded"]) if trace.exists() else [],
         "profiled_cost": cost,
         "trace": str(trace),
         "windows": windows,

@@ -35,12 +35,18 @@ STRAGGLER_SHARE, STRAGGLER_STEP_PCT, STRAGGLER_MIN_MS = 0.75, 5.0, 1.0
 COMM_HIGH_PCT = 10.0
 
 
-def analyze_ranks(traces: Mapping[int, Path], grad_bytes: int | None = None) -> dict[str, Any]:
+def analyze_ranks(
+    traces: Mapping[int, Path], grad_bytes: int | None = None, recorded: Mapping[int, list[list[Any]]] | None = None
+) -> dict[str, Any]:
     """The `distributed` section from one Kineto trace per rank. `grad_bytes`: the model's gradient
-    bytes (else taken from the traces' AccumulateGrad inputs)."""
+    bytes (else taken from the traces' AccumulateGrad inputs). `recorded`: per rank, the training
+    steps `dlscope run` recorded in its trace (kineto.recorded_spans), else its ProfilerStep marks."""
     if not traces:
         raise DlscopeError("no per-rank trace to analyse")
-    ranks = [read_rank(Path(path), int(rank)) for rank, path in sorted(traces.items(), key=lambda kv: int(kv[0]))]
+    ranks = [
+        read_rank(Path(path), int(rank), (recorded or {}).get(int(rank)))
+        for rank, path in sorted(traces.items(), key=lambda kv: int(kv[0]))
+    ]
     left_out = [row for r in ranks for row in drop_steps_without_collectives(r)]
     steps = [row for r in ranks for row in step_rows(r)]
     by_rank = [rank_summary(r, [s for s in steps if s["rank"] == r.rank], grad_bytes) for r in ranks]

@@ -9,13 +9,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlscope.contract.ioevents import Event
+from dlscope.contract.owncode import CODE_SUFFIXES, PACKAGE_DIRS
 
 STARTUP = "startup"  # before the first marker: interpreter start-up and imports
 OUTSIDE = "outside-phases"  # after a phase ended and before the next began
 DIRECTORY = "directory"  # a path seen that holds other paths seen, not named by any rule below
 OWN_RECORDS = "dlscope records"  # what `dlscope run` writes in the observed processes: not the job's I/O
+# dlscope's own modules and extensions, which the observed processes import, and stat and read again
+# when something walks a stack with dlscope's wrappers in it (torch.manual_seed does): not the job's
+OWN_CODE = "dlscope code"
+OWN = (OWN_RECORDS, OWN_CODE)  # counted apart, beside each phase
 # many small files: one node each
-GROUPED_IN_FLOW = ("python module", "shared library", "device", "config", OWN_RECORDS)
+GROUPED_IN_FLOW = ("python module", "shared library", "device", "config", *OWN)
 MAPPED_FILES_LISTED = 10  # the data files mapped into memory, most mapped first
 # in the section's file table however small, the CATEGORY_LISTED with most bytes of each (a
 # dataset of a million small files is one category row and files.csv, not a million table rows)
@@ -27,6 +32,12 @@ CATEGORY_RULES: list[tuple[str, re.Pattern[str]]] = [
     # what `dlscope run` itself keeps in the observed processes (steps, live file, stacks, profiler
     # traces), and its calibration's scratch copies of them (injob/calibrate.py)
     (OWN_RECORDS, re.compile(r"(/processes/[^/]*\d[^/]*$|/dlscope-calibrate-[^/]*/)")),
+    (
+        OWN_CODE,
+        re.compile(
+            "^(" + "|".join(map(re.escape, PACKAGE_DIRS)) + ").*(" + "|".join(map(re.escape, CODE_SUFFIXES)) + ")$"
+        ),
+    ),
     ("dataset", re.compile(r"(idx\d-ubyte|/MNIST/|\.npy$|\.npz$|\.parquet$|\.tfrecord|/datasets?/)")),
     ("checkpoint", re.compile(r"(\.pt|\.pth|\.ckpt|\.safetensors)(\.\d+)?$")),
     ("tensorboard log", re.compile(r"events\.out\.tfevents")),
@@ -168,8 +179,8 @@ class Analysis:
         path = event.get("path")
         f = None if path is None else self._file(path, phase)
         phase_stats = self.phase(phase)
-        # dlscope's own records are not the job's I/O: counted apart, beside the phase
-        stats = (phase_stats.own if f is not None and f.category == OWN_RECORDS else phase_stats.kinds)[kind]
+        # dlscope's own records and code are not the job's I/O: counted apart, beside the phase
+        stats = (phase_stats.own if f is not None and f.category in OWN else phase_stats.kinds)[kind]
         stats.count += 1
         stats.errors += event["err"] is not None
         stats.bytes += event["bytes"] or 0

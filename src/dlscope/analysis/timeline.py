@@ -1,7 +1,8 @@
 """One timeline: a single Chrome/Perfetto trace of a `dlscope run`, and our own loader that checks it.
 
 A process per OS process; per process, tracks for its threads' profiler operators (Kineto's own
-tids), a "steps" track, a "phases" track, a "profiler steps" track (ProfilerStep#N), and with
+tids), a "steps" track, a "phases" track, a "profiler steps" track (ProfilerStep#N, over the
+training step the profiler recorded as N), and with
 --trace-io one "syscalls" track per thread (their own tracks, so µs clock skew cannot break
 nesting with the operators). A long run's "steps" track holds TIMELINE_STEPS of its steps (the
 first and last, the profiled and the slowest; steptable.timeline_positions): the step file holds
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from dlscope.analysis import batchflow, steptable
+from dlscope.analysis import batchflow, kineto, steptable
 from dlscope.analysis.observed import Observed, phase_slices
 
 STEPS_TID, PHASES_TID, PROFILER_STEPS_TID = 1_000_000_001, 1_000_000_002, 1_000_000_003
@@ -136,15 +137,23 @@ class TimelineWriter:
                 }
             )
 
-    def add_kineto(self, path: Path) -> None:
+    def add_kineto(self, path: Path, recorded: list[list[Any]]) -> None:
+        """A profiler window's trace; `recorded`: the training steps it recorded (its profile
+        record's), each drawn as its ProfilerStep#N over the step alone — torch's mark runs from one
+        `prof.step()` to the next, over an evaluation or a checkpoint between two steps too — and
+        a mark that holds no recorded step (the step the script ended in) left out."""
         trace = json.loads(path.read_text())
         shift = self.clock.kineto(trace)
+        spans = {n: (start, end) for n, start, end in kineto.recorded_spans(trace, recorded)}
         for e in trace.get("traceEvents", []):
             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
                 # prof.step() runs in the optimizer's post-hook, inside torch's Optimizer.step
                 # annotation: on the operators' track the two would cross, so steps get their own
+                span = spans.get(int(e["name"].split("#", 1)[1]))
+                if span is None:
+                    continue
                 self.track(e["pid"], PROFILER_STEPS_TID, "profiler steps", 2)
-                self.events.append({**e, "ts": e["ts"] + shift, "tid": PROFILER_STEPS_TID})
+                self.events.append({**e, "ts": span[0] + shift, "dur": span[1] - span[0], "tid": PROFILER_STEPS_TID})
             elif e.get("ph") == "X" and e.get("cat") in KEPT_KINETO:
                 self.events.append({**e, "ts": e["ts"] + shift})
             elif e.get("ph") == "M" and e.get("name") in ("thread_name", "thread_sort_index"):
@@ -274,8 +283,8 @@ def build(
         if pid in observed.steps:
             writer.add_steps(pid, observed.stream(pid)[1], observed.steps[pid].codes)
         writer.add_phases(pid, rs, observed.last_step(pid))
-    for path in observed.profile_traces():
-        writer.add_kineto(path)
+    for path, recorded in observed.profile_traces():
+        writer.add_kineto(path, recorded)
     syscalls = observed.syscalls()
     if syscalls is not None and backend is not None:
         writer.add_syscalls(iter(syscalls), backend)

@@ -43,6 +43,7 @@ import time
 from typing import Any
 
 from dlscope.contract.env import TRIAL_ENV
+from dlscope.contract.owncode import is_dlscope_code
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 SYSTEM_ROOTS = ("/dev/", "/proc/", "/sys/")
@@ -62,17 +63,17 @@ def call_sites() -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
     """(the innermost caller in the script's own directory, the innermost caller outside torch,
     dlscope and the standard library): the same line when the script builds the object itself; a
     library's line (a trainer's) as the second when the library does, called from the first."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the dlscope package
     script_dir = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else None
     stdlib = os.path.dirname(os.__file__)
     direct = None
     frame = sys._getframe(2)
     while frame is not None:
         name = os.path.abspath(frame.f_code.co_filename)
-        library = "/torch/" in name or name.startswith((here, stdlib)) or name.startswith("<")
+        ours = is_dlscope_code(name)
+        library = ours or "/torch/" in name or name.startswith(stdlib) or frame.f_code.co_filename.startswith("<")
         if direct is None and not library:
             direct = (name, frame.f_lineno)
-        if script_dir and name.startswith(script_dir + os.sep) and not name.startswith(here):
+        if script_dir and name.startswith(script_dir + os.sep) and not ours:
             return (name, frame.f_lineno), direct
         frame = frame.f_back
     return None, direct

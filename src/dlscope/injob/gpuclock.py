@@ -31,6 +31,7 @@ import warnings
 from collections import deque
 from typing import Any
 
+from dlscope.contract.owncode import is_dlscope_code
 from dlscope.injob.stepmachine import StepMachine
 
 # machine event -> positions of its host-time arguments
@@ -58,14 +59,14 @@ SYNC_LINES = 20  # lines kept (the most syncs)
 MEMORY_ENTRIES = 100_000  # torch's memory history, entries kept during a profiled window
 MEMORY_SITES = 10
 # frames not the script's: a sync or an allocation is charged to the first frame outside them
-NOT_THE_SCRIPTS = (os.path.dirname(os.path.dirname(__file__)), os.sep + "torch" + os.sep)
+TORCH = os.sep + "torch" + os.sep
 
 
 def script_frame(frames: list[tuple[str, int, str]]) -> tuple[str, int, str] | None:
     """The first (file, line, function), innermost first, that is neither torch's nor dlscope's
     nor the warnings module's."""
     for file, line, function in frames:
-        if not any(part in file for part in NOT_THE_SCRIPTS) and not file.endswith("warnings.py"):
+        if not is_dlscope_code(file) and TORCH not in file and not file.endswith("warnings.py"):
             return file, line, function
     return None
 

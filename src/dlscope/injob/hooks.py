@@ -23,6 +23,7 @@ training forward (Lightning restores only the inner module after its sanity chec
 from __future__ import annotations
 
 import atexit
+import bisect
 import contextlib
 import functools
 import inspect
@@ -61,6 +62,13 @@ class LateProfiler:
     looked for only while no window records, at most once every REQUEST_EVERY_S. Steps are labelled
     from the profiler's own state and step number (ProfilerStep#N).
 
+    The recorded steps are the training steps as the step machine has them, each from its start to
+    its end (`recorded`): torch's ProfilerStep#N runs from one `prof.step()` to the next, so the
+    one of a step after an evaluation or a checkpoint holds them too (and a DataLoader's `iter()`).
+    The top-10's operators are those that started inside a recorded step; the window's others are
+    written apart (`between_ops`). A window cut by PROFILE_BUDGET_S stops at the step end past it,
+    with no `prof.step()` first: that would open a ProfilerStep mark that no step fills.
+
     No `with_flops`, and `record_shapes` only in a rank of a distributed job (the all-reduce bytes
     are read from the collectives' Input Dims): together on a 4-layer GPT-2 step they took peak
     memory from 1.45 GB (plain profiler) to 4 GB, never released. Lost: FLOP counts in the top-10,
@@ -71,7 +79,9 @@ class LateProfiler:
         self.start_after, self.wait, self.warmup, self.active = start_after, wait, warmup, active
         self.scheduled = active > 0  # the scheduled window is still to come
         self.prof: Any = None  # the window recording now
-        self.window: dict[str, Any] = {}  # its facts: trigger, request id, first and last active step
+        # its facts: trigger, request id, and `recorded`: [index, N of its ProfilerStep#N, start, end]
+        # of each training step it recorded whole
+        self.window: dict[str, Any] = {}
         self.window_start: float | None = None  # when its first active step started
         self.delivered = 0  # windows written so far (names their trace files)
         self.next_check = 0.0  # when to look for a request next
@@ -79,7 +89,7 @@ class LateProfiler:
         self.memory_history = False  # torch's CUDA memory history records during the window
         self.idle_until = float("-inf")  # the step machine asks again from then on (StepProfiler)
 
-    def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
+    def after_step(self, index: int, start: float, now: float) -> tuple[str | None, int | None]:
         if self.prof is None:
             if self.done:
                 self.idle_until = float("inf")
@@ -99,38 +109,43 @@ class LateProfiler:
             else:
                 return None, None
         else:
+            recording = self._recording()
+            if recording:
+                self.window["recorded"].append([index, int(self.prof.step_num), start, now])
+            # (window_start is set once a step records: at the step end before it, by _label)
+            over = recording and now - self.window_start > PROFILE_BUDGET_S
+            if over:
+                self.window["cut"] = PROFILE_BUDGET_S
             with _quiet():
-                self.prof.step()
-                if self.window.get("delivered") or self._over_budget(now):
-                    self.prof.stop()  # over budget: delivers the active steps recorded so far
+                if not over:
+                    self.prof.step()
+                if over or self.window.get("delivered"):
+                    self.prof.stop()  # over budget: delivers the steps recorded so far
                     self.prof = None
                     self.idle_until = self.next_check
                     return None, None
-        return self._label(index + 1)
+        return self._label()
 
-    def _label(self, next_index: int) -> tuple[str | None, int | None]:
+    def _label(self) -> tuple[str | None, int | None]:
+        """How the step that starts now is profiled, and the N of its ProfilerStep#N."""
         from torch.profiler import ProfilerAction
 
         action = self.prof.current_action
-        if action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
-            if self.window_start is None:
-                self.window_start = time.time()
-            self.window.setdefault("first_step", next_index)
-            self.window["last_step"] = next_index
+        if self.window_start is None and self._recording():
+            self.window_start = time.time()
         label = {ProfilerAction.NONE: "wait", ProfilerAction.WARMUP: "warmup"}.get(action, "active")
         return label, int(self.prof.step_num)
 
-    def _over_budget(self, now: float) -> bool:
+    def _recording(self) -> bool:
         from torch.profiler import ProfilerAction
 
-        recording = self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
-        return recording and self.window_start is not None and now - self.window_start > PROFILE_BUDGET_S
+        return self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
     def _start(self, window: dict[str, Any], wait: int, warmup: int, active: int) -> None:
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
 
-        self.window, self.window_start, self.idle_until = window, None, float("-inf")
+        self.window, self.window_start, self.idle_until = {**window, "recorded": []}, None, float("-inf")
         activities = [ProfilerActivity.CPU]
         self.memory_history = False
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -148,7 +163,8 @@ class LateProfiler:
             self.prof.start()
 
     def stop(self) -> None:
-        """At exit: a window cut short by the script's end still delivers its active steps."""
+        """At exit: a window cut short by the script's end still delivers the steps it recorded
+        (the step the script ended in is none: its operators are the window's others)."""
         if self.prof is not None:
             with _quiet():
                 self.prof.stop()
@@ -159,34 +175,29 @@ class LateProfiler:
         import torch
         from torch.autograd import DeviceType
 
-        start = time.perf_counter()
+        stopped, start = time.time(), time.perf_counter()  # (the window has stopped recording)
         directory, pid = self.records.directory, self.records.pid
         trace = profile_trace_path(directory, pid, self.delivered)
         prof.export_chrome_trace(trace)
-        ops = [
-            {
-                "key": e.key,
-                "count": int(e.count),
-                "self_cpu_time_total": float(e.self_cpu_time_total),
-                "cpu_time_total": float(e.cpu_time_total),
-                "self_device_time_total": float(getattr(e, "self_device_time_total", 0.0) or 0.0),
-                "device_time_total": float(getattr(e, "device_time_total", 0.0) or 0.0),
-                "self_cpu_memory_usage": int(e.self_cpu_memory_usage or 0),
-                "flops": int(e.flops or 0),
-            }
-            for e in prof.key_averages()
-            if getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU
-        ]
-        steps = [self.window.get("first_step"), self.window.get("last_step")]
+        recorded = self.window["recorded"]
+        # the profiler's times are µs since its trace's start, CLOCK_REALTIME as the steps' are
+        origin_us = prof.profiler.kineto_results.trace_start_ns() / 1e3
+        cpu = [e for e in prof.events() if getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU]
+        inside, between = _split_by_steps(cpu, [(s * 1e6 - origin_us, e * 1e6 - origin_us) for _, _, s, e in recorded])
         self.records.write(
             {
                 "k": "profile",
                 "trace": trace,
-                "ops": ops,
+                "ops": _operators(inside),
+                # what else ran while it recorded (an evaluation, a checkpoint), less torch's step marks
+                "between_ops": [op for op in _operators(between) if not op["key"].startswith("ProfilerStep")],
                 "export_seconds": round(time.perf_counter() - start, 4),
                 "trigger": self.window.get("trigger"),
                 "request": self.window.get("request"),
-                "steps": steps if steps[0] is not None else None,
+                "steps": [recorded[0][0], recorded[-1][0]] if recorded else None,
+                "recorded": recorded,
+                "cut": self.window.get("cut"),  # the budget in seconds, when past it the window stopped
+                "stopped": stopped,
                 "ts": time.time(),
             }
         )
@@ -912,6 +923,38 @@ def _warnings_at_caller() -> Iterator[None]:
         warnings.warn_explicit(
             w.message, w.category, frame.f_code.co_filename, frame.f_lineno, module, registry, frame.f_globals
         )
+
+
+OPERATOR_TOTALS = ("self_cpu_time_total", "cpu_time_total", "self_device_time_total", "device_time_total")
+
+
+def _split_by_steps(events: list[Any], steps: list[tuple[float, float]]) -> tuple[list[Any], list[Any]]:
+    """The profiler's events (FunctionEvent) that started inside one of `steps` ((start, end) on
+    their clock, in order), and the others."""
+    starts = [start for start, _ in steps]
+    inside, between = [], []
+    for event in events:
+        at = event.time_range.start
+        k = bisect.bisect_right(starts, at) - 1
+        (inside if k >= 0 and at <= steps[k][1] else between).append(event)
+    return inside, between
+
+
+def _operators(events: list[Any]) -> list[dict[str, Any]]:
+    """`events` summed by operator, as torch's `key_averages()` sums them (its own needs the
+    whole window's event tree)."""
+    ops: dict[str, dict[str, Any]] = {}
+    for e in events:
+        op = ops.get(e.key)
+        if op is None:
+            op = ops[e.key] = {"key": e.key, "count": 0, **dict.fromkeys(OPERATOR_TOTALS, 0.0)}
+            op.update(self_cpu_memory_usage=0, flops=0)
+        op["count"] += 1
+        for total in OPERATOR_TOTALS:
+            op[total] += float(getattr(e, total, 0.0) or 0.0)
+        op["self_cpu_memory_usage"] += int(e.self_cpu_memory_usage or 0)
+        op["flops"] += int(e.flops or 0)
+    return list(ops.values())
 
 
 def _quiet() -> contextlib.AbstractContextManager:

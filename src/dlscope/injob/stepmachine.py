@@ -153,8 +153,9 @@ class StepProfiler(Protocol):
 
     idle_until: float
 
-    def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
-        """(label: wait|warmup|active|None, the profiler's own step number: ProfilerStep#N)."""
+    def after_step(self, index: int, start: float, now: float) -> tuple[str | None, int | None]:
+        """Step `index` ran from `start` to `now`; (label of the next: wait|warmup|active|None, the
+        profiler's own step number: ProfilerStep#N)."""
         ...
 
     def stop(self) -> None: ...
@@ -163,7 +164,7 @@ class StepProfiler(Protocol):
 class NoProfiler:
     idle_until = float("inf")
 
-    def after_step(self, index: int, now: float) -> tuple[str | None, int | None]:
+    def after_step(self, index: int, start: float, now: float) -> tuple[str | None, int | None]:
         return None, None
 
     def stop(self) -> None:
@@ -716,7 +717,7 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
                 self.eval_mode_check = None
             profiled, profiler_step = self.next_profiled
             if now >= self.next_work:
-                peak_rss, peak_cuda, resumed = self._between_steps(index, now)
+                peak_rss, peak_cuda, resumed = self._between_steps(index, step.start, now)
             else:
                 self.next_profiled = NOT_PROFILED
         totals = self.totals
@@ -757,7 +758,7 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         self.idle = self.unworked = self.attention = True
         self.quiet_forwards = self.row = 0
 
-    def _between_steps(self, index: int, now: float) -> tuple[int | None, int | None, float]:
+    def _between_steps(self, index: int, start: float, now: float) -> tuple[int | None, int | None, float]:
         """At a primary step end once `next_work` is due: peak memory (at most every
         MEMORY_INTERVAL_S) and the profiler (from its `idle_until`); (peak RSS, peak CUDA, when
         this work ended: the next step starts there)."""
@@ -767,7 +768,7 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
             if self.memory is not None:
                 peak_rss, peak_cuda = self.memory()
         profiler = self.profiler
-        self.next_profiled = profiler.after_step(index, now) if now >= profiler.idle_until else NOT_PROFILED
+        self.next_profiled = profiler.after_step(index, start, now) if now >= profiler.idle_until else NOT_PROFILED
         self.next_work = min(self.next_memory, profiler.idle_until)
         if self.watch is not None and self.watch(index, now):
             self.next_work = float("-inf")

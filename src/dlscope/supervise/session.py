@@ -159,7 +159,9 @@ def record_sections(
             run.record(name, found[name])
     ranked = rank_traces(observed.records)
     if ranked:
-        run.record("distributed", distributed_section(ranked, run))
+        recorded = {rank: r["recorded"] for rank, r in ranked.items()}
+        traces = {rank: Path(r["trace"]) for rank, r in ranked.items()}
+        run.record("distributed", distributed_section(traces, run, recorded))
     if iotrace is not None:
         run.record("iotrace", iotrace)
     if batches is not None:
@@ -170,24 +172,28 @@ def record_sections(
     return found["run"]
 
 
-def distributed_section(ranked: dict[int, Path], run: RunDir) -> dict[str, Any]:
-    """The ranks' analysis; a trace a killed rank left cut short becomes a note, not a lost report."""
+def distributed_section(
+    ranked: dict[int, Path], run: RunDir, recorded: dict[int, list[list[Any]]] | None = None
+) -> dict[str, Any]:
+    """The ranks' analysis (over the training steps each rank's window recorded, `recorded`); a
+    trace a killed rank left cut short becomes a note, not a lost report."""
     try:
-        section = analyze_ranks(ranked)
+        section = analyze_ranks(ranked, recorded=recorded)
     except DlscopeError as e:
         return {"note": f"no per-rank analysis: {e}"}
     section["traces"] = {rank: run.rel(path) for rank, path in section["traces"].items()}
     return section
 
 
-def rank_traces(records: analysis.Records) -> dict[int, Path]:
-    """Each rank's profiler trace, when more than one rank of a distributed job left one."""
+def rank_traces(records: analysis.Records) -> dict[int, dict[str, Any]]:
+    """Each rank's first profile record (its trace), when more than one rank of a distributed job
+    left one."""
     ranked = {}
     for pid, rs in records.items():
         rank = analysis.process_info(pid, rs)["rank"]
-        trace = next((Path(r["trace"]) for r in rs if r.get("k") == "profile"), None)
-        if rank is not None and trace is not None and trace.exists():
-            ranked[rank] = trace
+        profile = next((r for r in rs if r.get("k") == "profile"), None)
+        if rank is not None and profile is not None and Path(profile["trace"]).exists():
+            ranked[rank] = profile
     return ranked if len(ranked) > 1 else {}
 
 

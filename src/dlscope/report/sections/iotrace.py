@@ -108,9 +108,10 @@ def phase_table(section: dict[str, Any]) -> Table:
     legend = ""
     if own:
         calls, written = sum(o["calls"] for o in own), sum(o["bytes_written"] for o in own)
+        read = sum(o["bytes_read"] for o in own)
         legend = (
-            f"Not counted above: dlscope's own records in the observed processes (steps, live status, "
-            f"profiler traces): {calls:,} calls, {written:,} bytes written."
+            "Not counted above: dlscope's own records and code in the observed processes (steps, live "
+            f"status, profiler traces; its modules): {calls:,} calls, {read:,} bytes read, {written:,} bytes written."
         )
     return Table(columns, rows, caption, legend=legend)
 

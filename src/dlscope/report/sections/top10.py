@@ -71,6 +71,31 @@ def windows_blocks(windows: list[dict[str, Any]], shown_in_full: dict[str, Any] 
     return blocks
 
 
+PHASES = {"eval": "an evaluation", "checkpoint_save": "a checkpoint save", "checkpoint_load": "a checkpoint load"}
+
+
+def between_blocks(between: dict[str, Any] | None) -> list[Block]:
+    """What ran inside the window but in none of its steps (an evaluation, a checkpoint): said, and
+    its top operators apart from the steps'."""
+    if not between:
+        return []
+    after: dict[int, list[str]] = {}
+    for p in between.get("phases", []):
+        after.setdefault(p["after_step"], []).append(PHASES.get(p["phase"], p["phase"]))
+    what = "; ".join(f"{' and '.join(names)} after step {step}" for step, names in after.items())
+    text = (
+        f"Not in these steps: {what or 'what ran between them'}, inside the profiler's window — "
+        f"{between['calls']:,} operator calls, {between['self_cpu_total_us'] / 1e3:,.1f} ms of self CPU time, "
+        "left out of the top-10."
+    )
+    table = Table(
+        ["operator", "calls", "self ms"],
+        [[r["name"].removeprefix("aten::"), r["calls"], round(r["self_cpu_us"] / 1000, 3)] for r in between["rows"]],
+        f"Operators outside the profiled steps (top {len(between['rows'])} of {between['operators']})",
+    )
+    return [Para(text), table]
+
+
 def before_window(cost: dict[str, Any]) -> str:
     n = cost.get("unprofiled_steps")
     return "" if n is None else f" in the {n} step{'' if n == 1 else 's'} around the window"
@@ -96,17 +121,22 @@ def render(section: dict[str, Any]) -> list[Block]:
         return [no_profile, *windows_blocks(windows, None)]
     cost = section["profiled_cost"]
     first = next((w for w in windows if w["pid"] == section["pid"]), None)
+    steps = "" if first is None else f"steps {step_range(first)}"
+    if first is not None and first.get("cut"):
+        steps += f"; the window stopped there, past {first['cut']:g} s of recording"
+    n = section["active_steps"]
     blocks: list[Block] = [
         operators_table(
             section["rows"],
-            f"Top 10 of {section['operators']} operators over {section['active_steps']} profiled steps "
-            f"{'' if first is None else f'(steps {step_range(first)}) '}(sorted by {section['sort_by']})",
+            f"Top 10 of {section['operators']} operators over {n} profiled step{'' if n == 1 else 's'} "
+            f"{f'({steps}) ' if steps else ''}(sorted by {section['sort_by']})",
         ),
         Table(
-            ["profiler step", "operators"],
+            ["step", "operators"],
             [[r["step"], r["ops"]] for r in section["ops_per_step"]],
             "Operators per profiled step",
         ),
+        *between_blocks(section.get("between")),
     ]
     if cost.get("ratio"):
         text = (
