@@ -11,6 +11,7 @@ import pytest
 
 from dlscope.analysis.stepfile import StepFile
 from dlscope.analysis.steptable import open_stream, steady_steps
+from dlscope.report.blocks import fmt
 from test_run_ecosystem import SCRIPTS, observe
 
 SCRIPT = [sys.executable, str(SCRIPTS / "subnormal_steps.py")]
@@ -21,21 +22,34 @@ def report_text(tmp_path: Path) -> str:
 
 
 def test_steps_slowed_by_subnormal_inputs_are_named_with_the_operator_that_made_them(tmp_path, capfd):
-    """From step 600 the script's inputs are scaled by 1e-39: one census, on a step after that,
-    counts the multiply's 65,536 outputs all subnormal, and the report says what to change, with
-    the step time before the slowdown as the prediction."""
+    """From a known step the script's inputs are scaled by 1e-39. What that costs is the CPU's:
+    ~40-70× the CPU time a step on the Intel Xeon that computes them in microcode, nothing on an AMD
+    EPYC that computes them at full speed. The script measures it on this machine (its `penalty`),
+    and the verdict must follow from it. Where the steps slowed well past the watch's 4×: one
+    census, on a step after the slowdown, counts the multiply's 65,536 outputs all subnormal, and
+    the report says what to change, with the step time before the slowdown as the prediction.
+    Where they kept their pace: no census and no advice. Near 4× either, each as it should."""
     sections, truth = observe(tmp_path, capfd, [*SCRIPT, "subnormal"])
-    (census,) = sections["steps"]["subnormals"]
+    penalty, censuses = float(truth["penalty"]), sections["steps"].get("subnormals", [])
+    report = report_text(tmp_path)
+    # the watch takes a census once the steps' CPU time reaches 4× its lowest (docs/commands/run.md)
+    if penalty >= 6:
+        assert censuses, truth
+    elif penalty <= 2:
+        assert not censuses, (truth, censuses)
+    if not censuses:
+        assert "set_flush_denormal" not in report and "census" not in report
+        return
+    (census,) = censuses
     assert census["step"] > int(truth["at"]) and census["steps"] == 1
     made = {o["op"]: o for o in census["ops"]}
     assert made["aten::mul"]["subnormal"] == made["aten::mul"]["values"] == 256 * 256
     assert census["subnormal"] >= 256 * 256 and census["sampled"] > census["subnormal"]
     after = float(truth["after_ms"])
     assert census["slowed_cpu_ms"] > 4 * census["lowest_cpu_ms"] and census["lowest_ms"] < after
-    report = report_text(tmp_path)
     assert "made by aten::mul (100% of its 65,536 values, 1 call)" in report
     assert "torch.set_flush_denormal(True) at the start of the script" in report
-    assert f"Predicted: ~{census['lowest_ms']:.3g}" in report
+    assert f"Predicted: ~{fmt(census['lowest_ms'])} ms" in report  # as the report writes it (10.76, not 10.8)
     # the census step's counting cost is dlscope's: out of the anatomy, marked wherever it is listed
     steps = StepFile(sections["steps"]["file"])
     table = open_stream(steps)[1]
@@ -58,11 +72,16 @@ def test_steps_that_need_more_cpu_without_subnormals_are_said_not_to_be_them(tmp
 
 @pytest.mark.parametrize("mode", ["flush", "sleep"])
 def test_steps_with_no_subnormals_get_no_advice_on_them(tmp_path, capfd, mode):
-    """With flush-to-zero the scaled inputs are zeros: the steps keep their pace. Steps that sleep
-    (as on a busier machine) take longer, and their CPU time grows only by what waking costs (cold
-    caches: ~2.5× on a 1 ms step here, more under load). No census of either finds a subnormal."""
+    """With flush-to-zero the scaled inputs are zeros: the steps keep their pace (their CPU time a
+    step; their wall time is also the machine's load: 2.0 → 16.8 ms at a load of 10 on 2 cores).
+    Steps that sleep (as on a busier machine) take longer, and their CPU time grows only by what
+    waking costs (cold caches: ~2.5× on a 1 ms step here, more under load). No census of either
+    finds a subnormal."""
     sections, truth = observe(tmp_path, capfd, [*SCRIPT, mode])
-    assert (float(truth["after_ms"]) > 3 * float(truth["before_ms"])) == (mode == "sleep")
+    if mode == "sleep":
+        assert float(truth["after_ms"]) > 3 * float(truth["before_ms"])
+    else:
+        assert float(truth["penalty"]) <= 3
     assert all(c["subnormal"] == 0 for c in sections["steps"].get("subnormals", []))
     assert "set_flush_denormal" not in report_text(tmp_path)
 
