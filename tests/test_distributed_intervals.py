@@ -1,6 +1,6 @@
 """The line sweep under the overlap analysis, against a brute force on an integer grid."""
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlscope.analysis.intervals import intersect, length, merge, subtract
@@ -14,6 +14,7 @@ def cells(intervals) -> set[int]:
 
 
 @given(spans)
+@settings(deadline=None)  # no wall-clock limit on an example: a loaded machine is no failure
 def test_merge_is_disjoint_sorted_and_covers_the_same_cells(a):
     merged = merge(a)
     assert all(s < e for s, e in merged)
@@ -22,6 +23,7 @@ def test_merge_is_disjoint_sorted_and_covers_the_same_cells(a):
 
 
 @given(spans, spans)
+@settings(deadline=None)
 def test_intersect_and_subtract_match_set_operations(a, b):
     ma, mb = merge(a), merge(b)
     assert cells(intersect(ma, mb)) == cells(a) & cells(b)
