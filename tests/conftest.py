@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import compileall
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock  # torch's own dependency
 
 import dlscope
 from dlscope.data.mnist import MNIST, load_mnist
@@ -56,19 +58,29 @@ def observe_script():
 @pytest.fixture(scope="session")
 def lab_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """`dlscope lab` with every step on a small configuration, once, in its own process at 80 columns:
-    (the run directory, the finished command). Tests read it and never change it."""
-    run = tmp_path_factory.mktemp("lab") / "lab"
-    tiny = ["--epochs", "1", "--train-subset", "3000", "--test-subset", "1000", "--batch-size", "100"]
-    tiny += ["--target-acc", "90", "--no-progress", "--profile-steps", "2"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "dlscope.cli", "lab", "--out", str(run), *tiny],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "80"},
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return run, proc
+    (the run directory, the finished command). Tests read it and never change it. Once for all of
+    pytest-xdist's workers too: the first to ask makes it, under a lock in the temporary directory
+    they share, and the others read what it left."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # this session's, above each worker's own
+    run, finished = shared / "lab", shared / "lab.json"
+    with FileLock(shared / "lab.lock"):
+        if not finished.exists():
+            tiny = ["--epochs", "1", "--train-subset", "3000", "--test-subset", "1000", "--batch-size", "100"]
+            tiny += ["--target-acc", "90", "--no-progress", "--profile-steps", "2"]
+            proc = subprocess.run(
+                [sys.executable, "-m", "dlscope.cli", "lab", "--out", str(run), *tiny],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "COLUMNS": "80"},
+                timeout=900,
+            )
+            assert proc.returncode == 0, proc.stderr
+            finished.write_text(
+                json.dumps({"args": proc.args, "returncode": 0, "stdout": proc.stdout, "stderr": proc.stderr})
+            )
+    return run, subprocess.CompletedProcess(**json.loads(finished.read_text()))
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from dlscope.cli import main
 from test_report_markdown import assert_tables_whole
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
@@ -63,20 +62,11 @@ def view(report: Path, width: int, workdir: Path) -> dict:
     return json.loads(html.unescape(dom[start : dom.index("</pre>", start)]))
 
 
-@pytest.fixture(scope="module")
-def lab_run(tmp_path_factory) -> Path:
-    """A real lab run with wide sections: training (with TensorBoard), profile, checkpoint anatomy."""
-    run = tmp_path_factory.mktemp("browser") / "lab"
-    steps = "environment,dataset,model,train,profile,checkpoint,ckpt_anatomy"
-    tiny = ["--epochs", "1", "--train-subset", "1000", "--test-subset", "500", "--no-progress"]
-    assert main(["lab", "--steps", steps, "--out", str(run), *tiny]) == 0
-    return run
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("width", [1400, 390])
 def test_report_fits_the_screen_without_raw_backticks(lab_run, tmp_path, width):
-    seen = view(lab_run / "report.html", width, tmp_path / f"w{width}")
+    run = lab_run[0]  # tests/conftest.py: the lab with every step (training with TensorBoard, profile, ckpt anatomy)
+    seen = view(run / "report.html", width, tmp_path / f"w{width}")
     assert (tmp_path / f"w{width}" / "screenshot.png").read_bytes().startswith(b"\x89PNG")
     assert seen["clientWidth"] <= width
     assert seen["scrollWidth"] <= seen["clientWidth"], "the page scrolls sideways"
@@ -88,7 +78,7 @@ def test_report_fits_the_screen_without_raw_backticks(lab_run, tmp_path, width):
 
 @pytest.mark.slow
 def test_report_md_tables_stay_whole_with_counts_as_integers_and_the_settings_as_run(lab_run):
-    tables = assert_tables_whole((lab_run / "report.md").read_text())
+    tables = assert_tables_whole((lab_run[0] / "report.md").read_text())
     assert len(tables) >= 5
     by_header = {tuple(t[0]): t[1:] for t in tables}
     operators = next(rows for header, rows in by_header.items() if header[:2] == ("operator", "calls"))
