@@ -4,6 +4,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # make test installs TensorFlow (requirements-tf.txt) for the tests marked tf; `make test TF=0` skips it
 TF     ?= 1
+# make test runs the suite in WORKERS pytest-xdist workers, a test file each at a time; the files with
+# tests marked timing in one of them, one after another (tests/conftest.py); two, as on a 2-core CI
+# machine; `make test WORKERS=0` runs it in one process
+WORKERS ?= 2
 
 .PHONY: lab test lint docs clean
 
@@ -31,7 +35,7 @@ lint: $(VENV)/.test-installed
 	$(BIN)/ruff format --check src tests benchmarks
 
 test: $(VENV)/.test-installed $(if $(filter 1,$(TF)),$(VENV)/.tf-installed) lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # the docs site into site/ (tests/test_docs.py builds it too, with warnings as errors); its example
 # outputs come from scripts/make-docs-examples, run by hand

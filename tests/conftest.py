@@ -95,6 +95,33 @@ def _two_threads():
     yield
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs `-n 2 --dist loadfile`: pytest-xdist's workers take a test file each at a time,
+    but the files holding tests marked timing are one unit, run one after another in one worker.
+    Those tests compare a time dlscope measured with one the script measured, or two runs: never
+    two of them beside each other on a 2-core machine. (Read here, in the process that hands the
+    files out, from the files' text: it collects no tests. pytest-xdist's own --dist loadgroup
+    groups nothing under pytest 9.2, pytest-xdist#1386.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    tests = Path(__file__).parent
+    timing = {
+        str(path.relative_to(config.rootpath))
+        for path in tests.glob("test_*.py")
+        if "pytest.mark.timing" in path.read_text()
+    }
+
+    class TimingApart(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "timing" if path in timing else path
+
+    return TimingApart(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     if importlib.util.find_spec("tensorflow") is not None:
         return

@@ -52,6 +52,7 @@ def doctor(tmp_path, monkeypatch):
     return run
 
 
+@pytest.mark.timing
 def test_an_input_bound_script_is_prescribed_more_workers(doctor, tmp_path):
     # a 10 ms read per sample (sleep: it parallelises whatever else the shared cores run), 4 per batch,
     # against a 2 ms forward: ~90% of the step waits for input
@@ -88,6 +89,7 @@ def test_an_input_bound_script_is_prescribed_more_workers(doctor, tmp_path):
     assert {t["name"] for t in section["trials"]} >= {"baseline-1", "workers-1"}
 
 
+@pytest.mark.timing
 def test_a_compute_bound_script_gets_no_loader_prescription_and_is_at_its_best(doctor):
     # a 40 ms forward: fetching 4 ready samples (well under a millisecond, a few on a loaded machine) stays under 5%
     section = doctor("--decode-ms", "0", "--forward-ms", "40", "--workers", "0", budget=90)  # ends after its baseline
@@ -120,6 +122,7 @@ def test_a_directory_made_again_outside_is_no_write(doctor, tmp_path):
     assert section["refused"] == [str(outside)]
 
 
+@pytest.mark.timing
 def test_relative_inputs_are_read_and_relative_outputs_of_a_last_run_left_alone(doctor, tmp_path):
     """nanoGPT's way: a file read by a name in the code, relative to the working directory, and
     out/ckpt.pt overwritten (torch.save, from C++) and out/history.log appended to at every step."""

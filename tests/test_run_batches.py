@@ -143,6 +143,7 @@ def test_a_large_file_is_named_with_its_read_calls_and_bytes_under_strace(tmp_pa
     assert all(f["bytes"] == size for f in files[1:])  # any other file named is named for its time
 
 
+@pytest.mark.timing
 def test_known_fetch_collate_and_wait_shares_in_the_main_process(tmp_path):
     # 48 batches (~1.4 s): a stall of 20 ms on a loaded machine moves the wait share by ~1 point
     make_files(tmp_path / "data", 192, 4096)

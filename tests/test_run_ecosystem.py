@@ -106,6 +106,7 @@ def test_an_unpickled_optimizer_steps_are_counted(tmp_path, capfd):
     assert all(r["optimizer_ms"] > 0 for r in step_rows(sections))
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_lbfgs_one_step_per_optimizer_step_however_many_closures(tmp_path, capfd):
     sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "lbfgs_closure.py"), "--steps", "5"])
@@ -217,6 +218,7 @@ def test_hf_trainer_under_torchrun_with_loader_workers(tmp_path, capfd):
     assert workers and all(p["rank"] is None for p in workers)
 
 
+@pytest.mark.timing
 def test_a_loop_taking_its_gradients_with_autograd_grad_has_a_step_at_each(tmp_path, capfd):
     """No optimizer, no backward(): `torch.autograd.grad` and a hand-written update. Each call is
     a step, and its time is the step's backward."""
@@ -236,6 +238,7 @@ def test_a_loop_taking_its_gradients_with_autograd_grad_has_a_step_at_each(tmp_p
     check_anatomy(sections)
 
 
+@pytest.mark.timing
 def test_a_gradient_penalty_is_backward_time_inside_the_step_not_a_step(tmp_path, capfd):
     """WGAN-GP's penalty: `autograd.grad(create_graph=True)` inside each optimizer step. One step
     per optimizer step, and the penalty's gradient counted as backward, not "other"."""
@@ -256,6 +259,7 @@ def test_a_gradient_penalty_is_backward_time_inside_the_step_not_a_step(tmp_path
     check_anatomy(sections)
 
 
+@pytest.mark.timing
 def test_a_step_the_gradscaler_skips_is_still_a_step_and_is_named(tmp_path, capfd):
     """Mixed precision: `GradScaler.step` skips the optimizer's step when it finds inf or NaN
     gradients. Each iteration is a step all the same (before, a skipped one was lumped into the
@@ -283,6 +287,7 @@ def test_a_step_the_gradscaler_skips_is_still_a_step_and_is_named(tmp_path, capf
     assert "2 of them (5% of the steps) came after the start of the run" in report
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("style", ["neither", "eval-grad", "eval-no-grad", "per-batch"])
 def test_a_validation_pass_after_each_epoch_is_an_evaluation_in_no_step(tmp_path, capfd, style):
     """Each validation pass is one eval phase, and no step's interval holds any of it: with
@@ -321,6 +326,7 @@ def test_a_validation_pass_after_each_epoch_is_an_evaluation_in_no_step(tmp_path
     assert ("in evaluations ran with grad on" in report) == (style == "eval-grad")
 
 
+@pytest.mark.timing
 def test_a_pass_that_starts_its_workers_waits_in_data_not_other(tmp_path, capfd):
     """A DataLoader whose workers are not persistent starts them at each iter(): the loop's wait
     for its input, in the data of the pass's first step (before, its "other": the HF Trainer's
@@ -334,6 +340,7 @@ def test_a_pass_that_starts_its_workers_waits_in_data_not_other(tmp_path, capfd)
     check_anatomy(sections)
 
 
+@pytest.mark.timing
 def test_an_agent_acting_in_eval_mode_at_every_update_is_named_and_stays_bounded(tmp_path, capfd):
     """stable-baselines3's DQN shape: an eval phase at every update, the agent acting. Past the
     records a process keeps of a phase name, its phases are counted, not written: the records and

@@ -13,6 +13,8 @@ import pytest
 
 from dlscope.report.sections import anatomy as anatomy_words
 
+pytestmark = pytest.mark.timing  # each share within TOLERANCE_PP of the script's own clocks
+
 SCRIPT = Path(__file__).parent / "scripts" / "known_truth.py"
 TOLERANCE_PP = 3.0
 OWN_CALLS_PP = 5.0  # "other" over the truth: dlscope's own calls, which the script's clocks hold

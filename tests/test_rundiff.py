@@ -23,6 +23,8 @@ from dlscope.rundir import load_results
 from dlscope.stages import rundiff
 from dlscope.stages.rundiff import compare
 
+pytestmark = pytest.mark.timing  # runs compared with each other; the module's runs made once, in one worker
+
 SCRIPTS = Path(__file__).parent / "scripts"
 PROFILE = ["--profile-steps", "2", "--wait", "1", "--warmup", "1"]
 
