@@ -102,24 +102,18 @@ def test_a_compute_bound_script_gets_no_loader_prescription_and_is_at_its_best(d
     assert findings[0]["key"] == "doctor.at_best"
 
 
-def test_an_absolute_output_path_is_refused_not_clobbered(doctor, tmp_path):
-    outside = tmp_path / "elsewhere.log"
-    outside.write_text("written by the user's last real run\n")
-    section = doctor("--decode-ms", "0", "--forward-ms", "1", "--log", str(outside), budget=90)  # ends at once
-    assert outside.read_text() == "written by the user's last real run\n"
-    assert section["verdict"]["key"] == "baseline_failed" and section["refused"] == [str(outside)]
-    assert section["exit_code"] != 0
-    assert any(f["key"] == "doctor.refused" for f in doctor_words.findings(section))
-
-
-def test_a_directory_made_again_outside_is_no_write(doctor, tmp_path):
+def test_an_absolute_output_path_is_refused_not_clobbered_and_a_directory_made_again_is_no_write(doctor, tmp_path):
     # matplotlib makes ~/.config/matplotlib with os.makedirs(exist_ok=True) at every import: where
     # it exists nothing is written (karpathy/makemore's trials were refused for it). A directory
     # outside the system's temporary one and ~/.cache: the script's own; the log outside ends it
     outside = tmp_path / "elsewhere.log"
     outside.write_text("written by the user's last real run\n")
-    section = doctor("--makedirs", str(SCRIPT.parent), "--log", str(outside), budget=90)
-    assert section["refused"] == [str(outside)]
+    ends_at_once = ["--makedirs", str(SCRIPT.parent), "--log", str(outside)]
+    section = doctor("--decode-ms", "0", "--forward-ms", "1", *ends_at_once, budget=90)
+    assert outside.read_text() == "written by the user's last real run\n"
+    assert section["verdict"]["key"] == "baseline_failed" and section["refused"] == [str(outside)]
+    assert section["exit_code"] != 0
+    assert any(f["key"] == "doctor.refused" for f in doctor_words.findings(section))
 
 
 @pytest.mark.timing
