@@ -14,7 +14,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dlscope.contract.records import RECORDS_SUFFIX, STEPS_MAGIC, STEPS_SUFFIX, STEPS_WINDOW, per_process
+from dlscope.contract.records import (
+    COLLECTIVES_MAGIC,
+    COLLECTIVES_SUFFIX,
+    RECORDS_SUFFIX,
+    STEPS_MAGIC,
+    STEPS_SUFFIX,
+    STEPS_WINDOW,
+    per_process,
+)
+
+
+def _read_header(path: Path, magic: bytes, what: str) -> tuple[dict[str, Any], int]:
+    """A record file's JSON description and where its rows start."""
+    with open(path, "rb") as f:
+        head = f.read(len(magic) + 4)
+        if len(head) < len(magic) + 4 or head[: len(magic)] != magic:
+            raise ValueError(f"{path}: not a dlscope {what} file")
+        (length,) = struct.unpack("<I", head[len(magic) :])
+        return json.loads(f.read(length)), len(magic) + 4 + length
 
 
 class StepFile:
@@ -26,13 +44,7 @@ class StepFile:
         import numpy as np
 
         self.path = Path(path)
-        with open(self.path, "rb") as f:
-            head = f.read(len(STEPS_MAGIC) + 4)
-            if len(head) < len(STEPS_MAGIC) + 4 or head[: len(STEPS_MAGIC)] != STEPS_MAGIC:
-                raise ValueError(f"{self.path}: not a dlscope step file")
-            (length,) = struct.unpack("<I", head[len(STEPS_MAGIC) :])
-            self.description = json.loads(f.read(length))
-        self.offset = len(STEPS_MAGIC) + 4 + length
+        self.description, self.offset = _read_header(self.path, STEPS_MAGIC, "step")
         self.dtype = np.dtype([(name, dtype) for name, dtype in self.description["fields"]])
         self.codes: dict[str, list[str | None]] = self.description["codes"]
         whole = max(self.path.stat().st_size - self.offset, 0) // self.dtype.itemsize
@@ -67,6 +79,50 @@ def _rows_written(path: Path, offset: int, dtype: Any, rows: int) -> int:
     starts = np.fromfile(path, dtype, tail, offset=offset + (rows - tail) * dtype.itemsize)["start"]
     written = np.flatnonzero(starts != 0.0)
     return rows - tail + (int(written[-1]) + 1 if len(written) else 0)
+
+
+class CollectiveFile:
+    """A `<pid>.collectives` file read back: one row per collective launched, its completion
+    joined on (NaN: it never completed here — the rank was stopped inside it)."""
+
+    def __init__(self, path: Path) -> None:
+        import numpy as np
+
+        self.path = Path(path)
+        self.description, self.offset = _read_header(self.path, COLLECTIVES_MAGIC, "collectives")
+        self.dtype = np.dtype([(name, dtype) for name, dtype in self.description["fields"]])
+        self.ops: list[str] = self.description["codes"]["op"]
+        self.count = max(self.path.stat().st_size - self.offset, 0) // self.dtype.itemsize
+
+    def read(self) -> Any:
+        """seq, step, op (code into `ops`), launch, done (float64 s; NaN: not done), in launch order."""
+        import numpy as np
+
+        rows = np.fromfile(self.path, self.dtype, self.count, offset=self.offset)
+        launch_code = self.description["codes"]["event"].index("launch")
+        launches, dones = rows[rows["event"] == launch_code], rows[rows["event"] != launch_code]
+        launches = launches[np.argsort(launches["seq"], kind="stable")]
+        done = np.full(len(launches), np.nan)
+        if len(launches):
+            where = np.searchsorted(launches["seq"], dones["seq"])
+            known = (where < len(launches)) & (launches["seq"][np.minimum(where, len(launches) - 1)] == dones["seq"])
+            done[where[known]] = dones["t"][known]
+        out = np.empty(
+            len(launches), [("seq", "<u4"), ("step", "<u4"), ("op", "u1"), ("launch", "<f8"), ("done", "<f8")]
+        )
+        out["seq"], out["step"], out["op"], out["launch"], out["done"] = (
+            launches["seq"],
+            launches["step"],
+            launches["op"],
+            launches["t"],
+            done,
+        )
+        return out
+
+
+def collective_files(directory: Path) -> dict[int, CollectiveFile]:
+    """pid → its collectives file, for the processes that launched a collective."""
+    return {pid: CollectiveFile(path) for pid, path in per_process(directory, COLLECTIVES_SUFFIX).items()}
 
 
 def read_records(directory: Path) -> dict[int, list[dict[str, Any]]]:

@@ -40,6 +40,7 @@ SIZE = 136
 PREFIX = "live-"
 _HEAD = struct.Struct("<8siiii")  # magic, pid, rank, state, role
 _STEP = struct.Struct("<qd")  # at 24
+_STEP_COUNT = struct.Struct("<q")  # at 24
 _PHASE = struct.Struct("<d24s")  # at 40
 _ENTER = struct.Struct("<qqd24s")  # at 72: entered, finished, entered at, name
 _FINISH = struct.Struct("<q")  # at 80
@@ -88,6 +89,10 @@ class LiveStatus:
 
     # the step machine's C path packs the same into `map` there itself (injob/_fastpath.c)
     step_ended.packs_step_at = 24  # type: ignore[attr-defined]
+
+    def steps(self) -> int:
+        """Steps ended so far: the index of the step now running."""
+        return _STEP_COUNT.unpack_from(self.map, 24)[0]
 
     def phase(self, name: str) -> None:
         _PHASE.pack_into(self.map, 40, time.time(), name.encode()[:24])

@@ -28,8 +28,21 @@ rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code to decode it:
     from dlscope.analysis.stepfile import StepFile
     frame = pd.DataFrame(StepFile("runs/run-x/processes/1234.steps").read())
 
+`<run dir>/<pid>.collectives`: every collective the process launched through torch.distributed's
+Python API (DDP's bucket all-reduces included: dlscope.injob.hangagent), as two 24-byte rows, one
+when it is launched and one when it completes on this rank, appended with one write each (a
+SIGKILL loses nothing written). A header as the step file's (b"DLSCOLLS", its JSON describes the
+rows), then:
+
+    fields  seq uint32 (the process's n-th collective, from 1), step uint32 (steps ended before
+            it was launched: the index of the step it belongs to), t float64 (CLOCK_REALTIME s),
+            event uint8 (launch|done), op uint8 (all_reduce, broadcast, ...: codes["op"]),
+            flags uint16, reserved uint32 (0)
+
 `<run dir>/<pid>.jsonl`: everything else, one JSON line per record (a handful per process):
-    process   pid, ppid, argv, rank, world_size, clocks (start)
+    process   pid, ppid, argv, rank, world_size, clocks (start), host (the machine's name),
+              launcher (torchrun's view of the process, from its environment: run_id, node,
+              local_rank, master, restart; null outside torchrun)
     B / E     a phase begins / ends: name, ts, file (checkpoints)
     E         of a checkpoint phase: files (every file written inside it)
     profile   trace, ops (key_averages rows), export_seconds
@@ -56,6 +69,7 @@ from pathlib import Path
 # --- the files under <run dir>/processes/, one of each per observed process -------------------------
 RECORDS_SUFFIX = ".jsonl"  # <pid>.jsonl: the JSON records
 STEPS_SUFFIX = ".steps"  # <pid>.steps: the step rows
+COLLECTIVES_SUFFIX = ".collectives"  # <pid>.collectives: launch and completion of each collective
 BATCHES_SUFFIX = ".batches"  # <pid>.batches: the batch x-ray (dlscope.contract.batchfile)
 PROFILE_PREFIX = "profile-"  # profile-<pid>.json: a profiler window's Chrome trace
 STACKS_PREFIX = "stacks-"  # stacks-<pid>.txt: every thread's stack, dumped on the hang agent's signal
@@ -85,6 +99,10 @@ def profile_trace_path(directory: str | Path, pid: int, delivered: int) -> str:
     return os.path.join(
         directory, f"{PROFILE_PREFIX}{pid}.json" if not delivered else f"{PROFILE_PREFIX}{pid}-{delivered + 1}.json"
     )
+
+
+def collectives_path(directory: str | Path, pid: int) -> str:
+    return os.path.join(directory, f"{pid}{COLLECTIVES_SUFFIX}")
 
 
 def stacks_path(directory: str | Path, pid: int) -> str:
@@ -149,6 +167,54 @@ def steps_header() -> bytes:
         "codes": CODES,
         "none_u4": NONE_U4,
     }
+    return _header(STEPS_MAGIC, description)
+
+
+def _header(magic: bytes, description: dict) -> bytes:
     text = json.dumps(description).encode()
-    text += b" " * (-(len(STEPS_MAGIC) + 4 + len(text)) % 8)  # rows start 8-byte aligned
-    return STEPS_MAGIC + struct.pack("<I", len(text)) + text
+    text += b" " * (-(len(magic) + 4 + len(text)) % 8)  # rows start 8-byte aligned
+    return magic + struct.pack("<I", len(text)) + text
+
+
+COLLECTIVES_MAGIC = b"DLSCOLLS"
+COLLECTIVES_VERSION = 1
+# the collectives of torch.distributed's Python API that the hang agent wraps; a row's op is the
+# index of its name here (append only: a file keeps the list it was written with in its header)
+COLLECTIVE_OPS = (
+    "all_reduce",
+    "broadcast",
+    "barrier",
+    "monitored_barrier",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "send",
+    "recv",
+)
+COLLECTIVE_EVENTS = ("launch", "done")
+COLLECTIVE_ROW = (
+    ("seq", "I", "<u4"),
+    ("step", "I", "<u4"),
+    ("t", "d", "<f8"),
+    ("event", "B", "u1"),
+    ("op", "B", "u1"),
+    ("flags", "H", "<u2"),
+    ("reserved", "I", "<u4"),
+)
+COLLECTIVE_STRUCT = struct.Struct("<" + "".join(code for _, code, _ in COLLECTIVE_ROW))
+
+
+def collectives_header() -> bytes:
+    description = {
+        "version": COLLECTIVES_VERSION,
+        "row_bytes": COLLECTIVE_STRUCT.size,
+        "fields": [[name, dtype] for name, _, dtype in COLLECTIVE_ROW],
+        "codes": {"event": COLLECTIVE_EVENTS, "op": COLLECTIVE_OPS},
+    }
+    return _header(COLLECTIVES_MAGIC, description)

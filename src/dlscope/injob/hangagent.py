@@ -25,7 +25,9 @@ own gets torch's `allreduce_hook` (the same averaging as the built-in one) at it
 and that hook calls the wrapped `dist.all_reduce`. A hook the user registers (before or after)
 is left alone and counted when it calls the Python API. torch 2.13's Flight Recorder does record
 gloo (TORCH_FR_BUFFER_SIZE; `_dump_fr_trace`), but only in the process itself and with every
-entry left "scheduled", so it cannot say what finished: not used.
+entry left "scheduled", so it cannot say what finished: not used. Each collective's launch and
+completion are also kept as rows of `<pid>.collectives` (injob/recorder.CollectiveFile), with
+the step it was launched in: what `dlscope merge` lines the ranks and hosts up by.
 """
 
 from __future__ import annotations
@@ -42,28 +44,15 @@ from typing import Any
 
 from dlscope.contract.env import STACK_SIGNAL, STACK_SIGNAL_IN_C
 from dlscope.contract.live import LiveStatus
-from dlscope.contract.records import stacks_path
+from dlscope.contract.records import COLLECTIVE_EVENTS, COLLECTIVE_OPS, stacks_path
+from dlscope.injob.recorder import CollectiveFile
 
 MAX_FRAMES = 100  # per thread, as faulthandler's dump
-COLLECTIVES = (
-    "all_reduce",
-    "broadcast",
-    "barrier",
-    "monitored_barrier",
-    "all_gather",
-    "all_gather_into_tensor",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "reduce",
-    "gather",
-    "scatter",
-    "all_to_all",
-    "all_to_all_single",
-    "send",
-    "recv",
-)
+
+_LAUNCH, _DONE = COLLECTIVE_EVENTS.index("launch"), COLLECTIVE_EVENTS.index("done")
 
 _live: LiveStatus | None = None
+_rows: CollectiveFile | None = None  # each collective's launch and completion (<pid>.collectives)
 _stacks_fd: int | None = None
 _dumping = False  # STACK_SIGNAL's handler is writing a dump
 _hooked = False  # the process-wide hooks (fork, exit, imports) are set once, whatever the installs
@@ -82,9 +71,10 @@ def install(directory: str, follow_markers: bool = False) -> None:
     innermost open `dlscope.phases` marker (the built-in job, whose code marks its phases; `dlscope
     run`'s come from the step machine, injob/hooks.py). Installing again (a process that runs
     several jobs one after the other, as a test does) moves both to the new directory."""
-    global _live, step_ended, phase, _hooked
+    global _live, _rows, step_ended, phase, _hooked
     rank = os.environ.get("RANK", "")
     _live = LiveStatus(directory, int(rank) if rank.isdigit() else None)
+    _rows = CollectiveFile(directory)
     step_ended, phase = _live.step_ended, _live.phase
     _register_stacks(directory)
     if follow_markers:
@@ -112,12 +102,12 @@ def install(directory: str, follow_markers: bool = False) -> None:
 def uninstall() -> None:
     """Stop keeping the live file and answering the stack signal (the built-in job's own process
     after its training: what follows takes no steps)."""
-    global _live, step_ended, phase
+    global _live, _rows, step_ended, phase
     from dlscope import phases
 
     phases.listen(None)
     _ignore_stack_signals()
-    _live, step_ended, phase = None, _noop, _noop
+    _live, _rows, step_ended, phase = None, None, _noop, _noop
 
 
 def _marker_listener(stack: list[str]) -> Any:
@@ -230,36 +220,41 @@ def attach_loader_worker(worker: Any) -> None:
 # collectives ---------------------------------------------------------------------------------
 def attach_c10d(c10d: Any) -> None:
     """Wrap the collectives of `torch.distributed.distributed_c10d` (before the package copies them)."""
-    for name in COLLECTIVES:
+    for op, name in enumerate(COLLECTIVE_OPS):
         original = getattr(c10d, name, None)
         if original is not None:
-            setattr(c10d, name, _counted(name, original))
+            setattr(c10d, name, _counted(name, op, original))
 
 
-def _counted(name: str, original: Any) -> Any:
+def _counted(name: str, op: int, original: Any) -> Any:
     @functools.wraps(original)
     def collective(*args: Any, **kwargs: Any) -> Any:
-        live = _live
-        if live is None:
+        live, rows = _live, _rows
+        if live is None or rows is None:
             return original(*args, **kwargs)
-        live.collective_entered(name)
+        seq, step = live.collective_entered(name), live.steps()
+        rows.write(seq, step, _LAUNCH, op)
         try:
             work = original(*args, **kwargs)
         except BaseException:
             live.collective_finished()  # it returned: it no longer waits
             raise
         if work is not None and hasattr(work, "get_future"):
-            work.get_future().then(_finished_future)
+            work.get_future().then(functools.partial(_finished_future, seq, step, op))
         else:
             live.collective_finished()
+            rows.write(seq, step, _DONE, op)
         return work
 
     return collective
 
 
-def _finished_future(future: Any) -> None:
-    if _live is not None:
-        _live.collective_finished()
+def _finished_future(seq: int, step: int, op: int, future: Any) -> None:
+    """Run by the thread the collective completes on (gloo's, NCCL's watchdog's)."""
+    live, rows = _live, _rows
+    if live is not None and rows is not None:
+        live.collective_finished()
+        rows.write(seq, step, _DONE, op)
 
 
 def attach_ddp(module: Any) -> None:

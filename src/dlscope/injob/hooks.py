@@ -28,6 +28,7 @@ import contextlib
 import functools
 import inspect
 import os
+import socket
 import sys
 import time
 import warnings
@@ -272,6 +273,8 @@ class TorchHooks:
                 "rank": None if worker else _env_int("RANK"),
                 "world_size": None if worker else _env_int("WORLD_SIZE"),
                 "clocks": clocks(),
+                "host": socket.gethostname(),
+                "launcher": None if worker else launcher_env(),
                 "forked": forked,
                 "profile": list(self.profile_settings),  # start_after, wait, warmup, active
             }
@@ -1026,6 +1029,23 @@ def _distributed(torch: Any) -> bool:
     dist = torch.distributed
     joined = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     return joined or (_env_int("WORLD_SIZE") or 1) > 1
+
+
+def launcher_env() -> dict[str, Any] | None:
+    """torchrun's view of this process (its environment), what tells one job's ranks on several
+    machines from another job's: None outside torchrun."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return None
+    master = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return {
+        "run_id": run_id,
+        "node": _env_int("GROUP_RANK"),
+        "nodes": _env_int("GROUP_WORLD_SIZE"),
+        "local_rank": _env_int("LOCAL_RANK"),
+        "master": f"{master[0]}:{master[1]}" if all(master) else None,
+        "restart": _env_int("TORCHELASTIC_RESTART_COUNT"),
+    }
 
 
 def _env_int(name: str) -> int | None:

@@ -1,6 +1,7 @@
 """The writer of an observed process's record files (their layout: dlscope.contract.records):
 `<pid>.jsonl`, one JSON line per record, and `<pid>.steps`, one packed row per finished step, into
-a small shared memory map of the file's end. Stdlib only; a forked child calls `reopen()`."""
+a small shared memory map of the file's end; `<pid>.collectives`, two rows per collective. Stdlib
+only; a forked child calls `reopen()`."""
 
 from __future__ import annotations
 
@@ -9,22 +10,27 @@ import mmap
 import os
 import struct
 import threading
+import time
 from typing import Any
 
 from dlscope.contract.env import STRICT_ENV
 from dlscope.contract.records import (
     CODES,
+    COLLECTIVE_STRUCT,
     NONE_U4,
     ROW_BYTES,
     STEP_STRUCT,
     STEPS_MAGIC,
     STEPS_WINDOW,
+    collectives_header,
+    collectives_path,
     records_path,
     steps_header,
     steps_path,
 )
 
 _pack_step = STEP_STRUCT.pack_into  # bound once: the hot path's row
+_pack_collective = COLLECTIVE_STRUCT.pack
 _CODE_OF = {name: {value: n for n, value in enumerate(values)} for name, values in CODES.items()}
 _SRC, _DATA_SOURCE, _PROFILED = _CODE_OF["src"], _CODE_OF["data_source"], _CODE_OF["profiled"]
 
@@ -163,3 +169,27 @@ def _written_end(fd: int) -> int:
     while rows and os.pread(fd, 8, offset + (rows - 1) * STEP_STRUCT.size + 8) == bytes(8):
         rows -= 1
     return offset + rows * STEP_STRUCT.size
+
+
+class CollectiveFile:
+    """This process's `<pid>.collectives`: a row when a collective is launched, one when it
+    completes here (from the thread its Work's future completes on), each one `os.write` of an
+    O_APPEND file — whole rows, in any thread's order. Opened at the first collective (most
+    processes launch none); a forked child opens its own."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.pid = -1
+        self.fd = -1
+
+    def _open(self) -> int:
+        self.pid = os.getpid()
+        path = collectives_path(self.directory, self.pid)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        if os.fstat(self.fd).st_size == 0:
+            os.write(self.fd, collectives_header())
+        return self.fd
+
+    def write(self, seq: int, step: int, event: int, op: int) -> None:
+        fd = self.fd if self.pid == os.getpid() else self._open()
+        os.write(fd, _pack_collective(seq, step, time.time(), event, op, 0, 0))
