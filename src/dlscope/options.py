@@ -399,6 +399,21 @@ class StepOptions:
     ops: OpsOptions | None = None  # None: the lab's short defaults
     script: ScriptOptions | None = None  # `dlscope run`'s command and how to observe it
     doctor: DoctorOptions | None = None  # `dlscope doctor`'s command and budget
+    merge: MergeOptions | None = None  # `dlscope merge`'s run directories
+
+
+@dataclass
+class MergeOptions:
+    """`dlscope merge RUN_DIR...`: the run directories of one job's launchers (or earlier merges)."""
+
+    runs: list[str]
+    threads: int | None = None  # DuckDB's (None: every core)
+
+    def __post_init__(self) -> None:
+        require(
+            (bool(self.runs), "merge needs at least one run directory"),
+            (self.threads is None or self.threads >= 1, "--threads must be ≥ 1"),
+        )
 
 
 @dataclass

@@ -119,15 +119,18 @@ class RunDir:
         cls, out: str | Path | None, command: str, root: str | Path = "runs", argv: list[str] | None = None
     ) -> RunDir:
         """`out` as given, else runs/<command>-<timestamp> (never reusing an existing one)."""
-        if out is not None:
-            return cls(out, command, argv)
+        return cls(out if out is not None else cls.fresh_path(command, root), command, argv)
+
+    @staticmethod
+    def fresh_path(command: str, root: str | Path = "runs") -> Path:
+        """runs/<command>-<timestamp>, a name no directory has yet."""
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         path = Path(root) / f"{command}-{stamp}"
         n = 1
         while path.exists():
             n += 1
             path = Path(root) / f"{command}-{stamp}-{n}"
-        return cls(path, command, argv)
+        return path
 
     def sub(self, name: str) -> Path:
         return make_dirs(self.path / name)
@@ -256,3 +259,31 @@ def rank_files(run: Path, name: str) -> dict[int, Path]:
 def last_checkpoint(run: Path, ckpt_format: str) -> Path:
     """Where the ranks' per-epoch checkpoint is: the one a failed job keeps and a restart resumes."""
     return run / "checkpoints" / ("last.dcp" if ckpt_format == "dcp" else "last.pt")
+
+
+# --- a job on several machines: `dlscope run` of one node's launcher, `dlscope merge` of them -----
+# A launcher of a several-node job (torchrun --nnodes N, N > 1) writes its run under
+# <out>/hosts/<hostname>-<pid>/ (a whole run directory), so that launchers sharing one --out
+# (network storage) never write into each other's; <out> itself is the job's: the merged
+# results.json and report once every node's part is in, and its columnar records under parquet/.
+
+NODE_PARTS = "hosts"
+PARQUET = "parquet"
+MERGE_LOCK = ".dlscope-merging"  # flock'd by the launcher that checks whether the job is whole
+
+
+def node_parts_dir(job: Path) -> Path:
+    return job / NODE_PARTS
+
+
+def node_part(job: Path, hostname: str, pid: int) -> Path:
+    return job / NODE_PARTS / f"{hostname}-{pid}"
+
+
+def node_parts(job: Path) -> list[Path]:
+    """The node parts under a job directory, each a run directory."""
+    return sorted(p for p in (job / NODE_PARTS).glob("*") if (p / RESULTS).is_file())
+
+
+def parquet_dir(run: Path) -> Path:
+    return run / PARQUET

@@ -31,6 +31,7 @@ from dlscope.errors import (
     interrupt_signal,
     os_faults_named,
 )
+from dlscope.options import RunOptions
 from dlscope.phases import phase
 from dlscope.plan import Plan, plan_from_json, plan_to_json
 from dlscope.rundir import results_path
@@ -67,6 +68,10 @@ def check_plan(plan: Plan) -> None:
         from dlscope.stages.sweep import grid
 
         grid(plan.step_options.sweep)
+    if "merge" in plan.steps and plan.step_options.merge is not None:
+        from dlscope.stages.merge import check
+
+        check(plan.step_options.merge)  # two jobs, no run, a damaged Parquet file: one line, nothing created
     check_inputs(plan)
 
 
@@ -78,7 +83,7 @@ def check_inputs(plan: Plan) -> None:
         raise DatasetError("data directory does not exist", data_dir)
     if resume is not None and "train" in plan.steps and not Path(resume).exists():
         raise CheckpointError("checkpoint to resume from not found", resume)
-    if not set(plan.steps) - {"environment", "iotrace", "run", "doctor"}:
+    if not set(plan.steps) - {"environment", "iotrace", "run", "doctor", "merge"}:
         return  # nothing runs on a device here: no torch needed
     from dlscope.train import resolve_device
 
@@ -112,6 +117,45 @@ def run_command(plan: Plan, render: bool = True) -> dict[str, Any]:
             finish_report(run, plan.options.terminal)
         run.release()
     return run.results
+
+
+def observe(plan: Plan) -> int:
+    """`dlscope run`: the command observed into its run directory; its exit status. A launcher of a
+    job on several machines (torchrun --nnodes N > 1) writes its run as its node's part of the
+    job directory --out (<out>/hosts/<host>-<pid>: launchers sharing one --out never write into
+    each other's) and, the last of the job's nodes to finish, merges them all into --out."""
+    import socket
+
+    from dlscope.rundir import MERGE_LOCK, RunDir, node_part
+    from dlscope.supervise.launcher import nodes_of
+
+    script = plan.step_options.script
+    if script is None or nodes_of(script.command) <= 1:
+        return run_command(plan)["sections"]["run"]["exit_code"]
+    job = Path(plan.options.out) if plan.options.out else RunDir.fresh_path(plan.command)
+    part = node_part(job, socket.gethostname(), os.getpid())
+    results = run_command(dataclasses.replace(plan, options=dataclasses.replace(plan.options, out=str(part))))
+    merge_when_whole(job, job / MERGE_LOCK)
+    return results["sections"]["run"]["exit_code"]
+
+
+def merge_when_whole(job: Path, lock: Path) -> None:
+    """Merge the job directory's node parts into it when this launcher finds the job whole. The
+    check and the merge hold `lock` (flock, blocking): a launcher that finishes meanwhile checks
+    after, and finds the merge done or its own part the last one in."""
+    import fcntl
+
+    from dlscope.options import MergeOptions, StepOptions
+    from dlscope.stages.merge import whole_job
+
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        parts, why = whole_job(job)
+        if parts is None:
+            say(f"dlscope: {why}")
+            return
+        merge = MergeOptions([str(p) for p in parts])
+        run_command(Plan("merge", ["merge"], options=RunOptions(out=str(job)), step_options=StepOptions(merge=merge)))
 
 
 # Steps that observe a command in a child process: their own process waits while it runs

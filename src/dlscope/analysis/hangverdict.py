@@ -142,3 +142,44 @@ def verdict(processes: list[dict[str, Any]], idle_seconds: float | None) -> dict
         ],
         "processes": described,
     }
+
+
+def across_hosts(captures: list[tuple[str, dict[str, Any]]], world_size: int | None) -> dict[str, Any] | None:
+    """One verdict from each host's own (host, its last capture's verdict): which collective the
+    job stopped in, which ranks wait in it, which never arrived (where each is, or that it died),
+    and the ranks of the world no host captured. None when no host captured a hang."""
+    if not captures:
+        return None
+    ranks = [
+        {**d, "host": host, "died": False}
+        for host, found in captures
+        for d in found["processes"]
+        if d["rank"] is not None and d["role"] == "process"
+    ]
+    ranks += [{**d, "host": host, "died": True, "where": None} for host, found in captures for d in found["died"]]
+    furthest = max((r["collectives_entered"] for r in ranks), default=0)
+    waiting = [r for r in ranks if not r["died"] and r["collectives_entered"] > r.get("collectives_finished", 0)]
+    at = [r for r in waiting if r["collectives_entered"] == furthest]
+    never = [r for r in ranks if r["collectives_entered"] < furthest]
+    seen = {r["rank"] for r in ranks}
+    return {
+        "seq": furthest,
+        "op": at[0]["last_collective"] if at else None,
+        "waiting": sorted({r["rank"] for r in at}),
+        "never_arrived": [
+            {
+                "rank": r["rank"],
+                "host": r["host"],
+                "pid": r["pid"],
+                "entered": r["collectives_entered"],
+                "died": r["died"],
+                "exit": r.get("exit"),
+                "phase": r.get("phase"),
+                "steps": r.get("steps"),
+                "where": r.get("where"),
+            }
+            for r in sorted(never, key=lambda r: r["rank"])
+        ],
+        "not_captured": sorted(set(range(world_size)) - seen) if world_size else [],
+        "hosts": [{"host": host, "idle_seconds": found.get("idle_seconds")} for host, found in captures],
+    }

@@ -43,6 +43,7 @@ class Collective:
     start: float
     end: float
     bytes: int | None
+    done: float | None = None  # when its work completed on this rank: gloo's work item, NCCL's kernel
 
 
 @dataclass
@@ -139,7 +140,22 @@ def read_rank(path: Path, rank: int, recorded: list[list[Any]] | None = None) ->
     )
     trace.grad_bytes, grad_element = _grad_bytes(cpu, steps[0])
     trace.collectives = _collectives(comm_ops, _work_item_bytes(comm_ops), grad_element, steps)
+    work = [e for e in comm_ops if e["name"].startswith("gloo:")] + [e for e in gpu if is_comm(e["name"])]
+    _completed(trace.collectives, sorted((e["ts"], e["end"]) for e in work))
     return trace
+
+
+def _completed(collectives: list[Collective], work: list[tuple[float, float]]) -> None:
+    """Each launch's work (gloo's work item on its own thread, or the NCCL kernel): the first not yet
+    taken that starts after it — a rank runs its collectives in the order it launches them."""
+    k = 0
+    for c in collectives:
+        while k < len(work) and work[k][0] < c.start:
+            k += 1
+        if k == len(work):
+            return
+        c.done = work[k][1]
+        k += 1
 
 
 def _work_item_bytes(comm_ops: list[dict[str, Any]]) -> dict[int, int]:

@@ -10,11 +10,11 @@ import threading
 from collections.abc import Sequence
 
 from dlscope import __version__
-from dlscope.cli import attach, ckpt, diff, doctor, lab, pipeline, run, stacks, tools, trace, watch
+from dlscope.cli import attach, ckpt, diff, doctor, lab, merge, pipeline, run, stacks, tools, trace, watch
 from dlscope.cli.common import Parser
 from dlscope.errors import DlscopeError, from_os_error, interrupt_signal, interrupts_delivered, os_error_in
 
-COMMANDS = [lab, run, doctor, diff, stacks, attach, watch, trace, tools, ckpt, pipeline]
+COMMANDS = [lab, run, merge, doctor, diff, stacks, attach, watch, trace, tools, ckpt, pipeline]
 
 
 def build_parser() -> Parser:

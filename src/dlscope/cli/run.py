@@ -10,12 +10,12 @@ from dlscope.options import OP_SORT_KEYS, TRACE_BACKENDS
 
 def cmd_run(args: argparse.Namespace) -> int:
     from dlscope.options import HangOptions, RunOptions, ScriptOptions, StepOptions
-    from dlscope.runner import Plan, run_command
+    from dlscope.runner import Plan, observe
 
     script = from_flags(ScriptOptions, args, command=command_of(args), hang=from_flags(HangOptions, args))
     options = RunOptions(out=args.out, terminal="full" if args.verbose else "summary")
     plan = Plan("run", ["run"], options=options, step_options=StepOptions(script=script))
-    return run_command(plan)["sections"]["run"]["exit_code"]
+    return observe(plan)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

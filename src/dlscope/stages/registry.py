@@ -31,6 +31,7 @@ STEP_MODULES = {
     "iotrace": "iotrace",
     "run": "script",
     "doctor": "doctor",
+    "merge": "merge",
 }
 
 

@@ -18,6 +18,7 @@ from dlscope.report.sections import (
     graph,
     hang,
     iotrace,
+    merge,
     model,
     ops,
     phases,
@@ -59,6 +60,7 @@ SECTIONS: dict[str, ModuleType] = {
         scaling,
         iotrace,
         hang,
+        merge,
         doctor,
         rundiff,
     )
