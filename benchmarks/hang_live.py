@@ -9,6 +9,11 @@ The built-in job (`dlscope train`/`lab`) heartbeats through a Trainer observer i
 (stages/train.Heartbeat: the observer call, `time.time()`, the same `step_ended`); it is timed beside
 an observer that does nothing, which is what one more observer costs the Trainer's dispatch.
 
+Each collective the job launches through torch.distributed (DDP's all-reduces included) passes the
+agent's wrapper, which counts it in the live file and writes its launch and completion rows to
+`<pid>.collectives` (two `os.write`s): timed on a stand-in collective that completes at once,
+with the rows written and with a writer that does nothing.
+
     python benchmarks/hang_live.py [--calls 200000] [--rounds 7]
 """
 
@@ -29,6 +34,41 @@ def per_call_ns(fn: object, calls: int) -> float:
     for i in range(calls):
         fn(i, 1.0)  # type: ignore[operator]
     return (time.perf_counter_ns() - start) / calls
+
+
+class _Done:
+    """A collective's Work whose future has completed: `then` runs the callback at once."""
+
+    def get_future(self) -> _Done:
+        return self
+
+    def then(self, callback: object) -> None:
+        callback(self)  # type: ignore[operator]
+
+
+class _NoRows:
+    def write(self, *args: object) -> None:
+        return None
+
+
+def collective_ns(agent: object, calls: int, rounds: int) -> dict[str, float]:
+    """A stand-in all_reduce wrapped by the agent, per call: with its rows, and with a writer that
+    writes nothing (interleaved rounds, medians)."""
+    from types import SimpleNamespace
+
+    c10d = SimpleNamespace(all_reduce=lambda *args, **kwargs: _Done())
+    agent.attach_c10d(c10d)  # type: ignore[attr-defined]
+    writer = agent._rows  # type: ignore[attr-defined]
+    times: dict[str, list[float]] = {"rows": [], "no rows": []}
+    for _ in range(rounds):
+        for name, rows in (("rows", writer), ("no rows", _NoRows())):
+            agent._rows = rows  # type: ignore[attr-defined]
+            start = time.perf_counter_ns()
+            for _ in range(calls):
+                c10d.all_reduce(None)
+            times[name].append((time.perf_counter_ns() - start) / calls)
+    agent._rows = writer  # type: ignore[attr-defined]
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:
@@ -69,9 +109,14 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, loop in loops.items():
                 times[name].append(per_call_ns(loop, args.calls))
+        rows = collective_ns(agent, args.calls // 10, args.rounds)
     ns = {name: statistics.median(values) for name, values in times.items()}
     live, base = ns["live file"], ns["empty call"]
     print(f"live file step_ended: {live:.0f} ns per step; empty call: {base:.0f} ns; difference {live - base:.0f} ns")
+    print(
+        f"a collective through the agent: {rows['rows']:.0f} ns with its two rows written; "
+        f"{rows['no rows']:.0f} ns without; the rows cost {rows['rows'] - rows['no rows']:.0f} ns a collective"
+    )
     beat, idle_ns = ns["Heartbeat"], ns["idle observer"]
     print(
         f"built-in job Heartbeat observer: {beat:.0f} ns per step; idle observer: {idle_ns:.0f} ns; "

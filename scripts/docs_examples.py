@@ -108,6 +108,11 @@ for call in ("get_comm_comp_overlap(visualize=False)", "get_temporal_breakdown(v
         print(f"{type(error).__name__}: {error}")
 '''
 DIST = "--train-subset 2048 --test-subset 1000 --epochs 2"
+NODES_SETUP = r"""PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+T="torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$PORT --rdzv-id nodes"
+OMP_NUM_THREADS=1 dlscope run --out runs/nodes/a -- $T ddp_nodes.py >/dev/null 2>&1 &
+OMP_NUM_THREADS=1 dlscope run --out runs/nodes/b -- $T ddp_nodes.py --slow-local-rank 1 --slow-ms 60 >/dev/null 2>&1
+wait"""
 
 # Cheap ones first: a run of some of them (`make-docs-examples help- env`) takes seconds.
 EXAMPLES_TO_MAKE: list[Example] = [
@@ -317,6 +322,13 @@ EXAMPLES_TO_MAKE: list[Example] = [
         ),
         setup=f"rm -rf runs/ddp; cp {ROOT}/tests/scripts/ddp_mnist.py .",
         views={"distributed": ("Summary", "Distributed")},
+    ),
+    Example(
+        # two launchers of one job on this machine (c10d on 127.0.0.1), each under its own dlscope run;
+        # the second one's local rank 1 sleeps 60 ms before each backward
+        "merge-nodes",
+        ("dlscope merge runs/nodes/a runs/nodes/b --out runs/nodes/merged",),
+        setup=f"rm -rf runs/nodes; cp {ROOT}/tests/scripts/ddp_nodes.py .\n" + NODES_SETUP,
     ),
     Example(
         "ckpt-dcp",

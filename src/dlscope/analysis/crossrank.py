@@ -92,27 +92,35 @@ def rows(con: duckdb.DuckDBPyConnection, query: str, params: list[Any] | None = 
 def per_rank(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Each rank's steps: count, and over its steady steps (all of them where none is steady: a
     run too short) the mean step, its median, 95th percentile and anatomy, ms."""
-    parts = ", ".join(f"1e3 * avg({p}) FILTER (steady) AS {p}_ms, 1e3 * avg({p}) AS all_{p}_ms" for p in PARTS)
-    found = rows(
-        con,
-        f"""SELECT "rank", host, count(*) AS steps, count(*) FILTER (steady) AS steady,
-               1e3 * avg(seconds) FILTER (steady) AS step_ms, 1e3 * avg(seconds) AS all_step_ms,
-               1e3 * median(seconds) FILTER (steady) AS p50_ms, 1e3 * median(seconds) AS all_p50_ms,
-               1e3 * quantile_cont(seconds, 0.95) FILTER (steady) AS p95_ms,
-               1e3 * quantile_cont(seconds, 0.95) AS all_p95_ms,
-               1e3 * max(seconds) AS max_ms, {parts}
-            FROM steps GROUP BY "rank", host ORDER BY "rank\"""",
-    )
+    found = {r["rank"]: r for r in _rank_steps(con, "steady")}
+    short = [rank for rank, r in found.items() if not r["steady"]]
+    if short:  # one holistic aggregate a rank at a time is what memory allows: only where needed
+        found.update({r["rank"]: r for r in _rank_steps(con, "true", short)})
     out = []
-    for r in found:
-        counted = "" if r["steady"] else "all_"
-        row = {"rank": r["rank"], "host": r["host"], "steps": r["steps"], "steady": r["steady"]}
-        for key in ("step_ms", "p50_ms", "p95_ms", *(f"{p}_ms" for p in PARTS)):
-            row[key] = _ms(r[counted + key])
-        row["max_ms"] = _ms(r["max_ms"])
+    for rank in sorted(found):
+        r = found[rank]
+        row = {key: r[key] for key in ("rank", "host", "steps", "steady")}
+        for key in ("step_ms", "p50_ms", "p95_ms", "max_ms", *(f"{p}_ms" for p in PARTS)):
+            row[key] = _ms(r[key])
         row["data_pct"] = round(100.0 * row["data_ms"] / row["step_ms"], 1) if row["step_ms"] else None
         out.append(row)
     return out
+
+
+def _rank_steps(con: duckdb.DuckDBPyConnection, counted: str, only: list[int] | None = None) -> list[dict[str, Any]]:
+    parts = ", ".join(f"1e3 * avg({p}) FILTER ({counted}) AS {p}_ms" for p in PARTS)
+    where = f'WHERE "rank" IN ({", ".join(str(int(r)) for r in only)})' if only else ""
+    found = rows(
+        con,
+        f"""SELECT "rank", host, count(*) AS steps, count(*) FILTER (steady) AS steady,
+               1e3 * avg(seconds) FILTER ({counted}) AS step_ms,
+               quantile_cont(seconds, [0.5, 0.95]) FILTER ({counted}) AS q, 1e3 * max(seconds) AS max_ms, {parts}
+            FROM steps {where} GROUP BY "rank", host""",
+    )
+    for r in found:
+        q = r.pop("q") or [None, None]
+        r["p50_ms"], r["p95_ms"] = (None if v is None else 1e3 * v for v in q)
+    return found
 
 
 def _ms(value: float | None) -> float | None:
@@ -158,24 +166,25 @@ def slowest_steps(con: duckdb.DuckDBPyConnection, limit: int = SLOWEST) -> list[
 
 def clock_offsets(con: duckdb.DuckDBPyConnection, reference: str) -> dict[str, dict[str, Any]]:
     """Each host's clock minus the reference host's (ms), with the quartiles of the per-collective
-    gaps (their spread is the estimate's noise) and how many collectives it rests on."""
+    gaps (their spread is the estimate's noise) and how many collectives it rests on. A host's time
+    for a collective is its first rank's completion: what delays a completion (a descheduled
+    thread, a later hop) only ever adds, so the earliest is the least delayed."""
     ops = ", ".join(f"'{op}'" for op in ALL_WAIT)
     found = rows(
         con,
         f"""WITH ends AS (
-                SELECT host, step, "index", median(done) AS done FROM collectives
+                SELECT host, step, "index", min(done) AS done FROM collectives
                 WHERE done IS NOT NULL AND CAST(op AS VARCHAR) IN ({ops}) GROUP BY host, step, "index"),
             ref AS (SELECT step, "index", done AS ref FROM ends WHERE host = ?)
-            SELECT host, count(*) AS collectives, 1e3 * median(done - ref) AS ms,
-                   1e3 * quantile_cont(done - ref, 0.25) AS q1_ms, 1e3 * quantile_cont(done - ref, 0.75) AS q3_ms
+            SELECT host, count(*) AS collectives, quantile_cont(done - ref, [0.5, 0.25, 0.75]) AS q
             FROM ends JOIN ref USING (step, "index") GROUP BY host""",
         [reference],
     )
     return {
         r["host"]: {
-            "ms": round(r["ms"], 3),
-            "q1_ms": round(r["q1_ms"], 3),
-            "q3_ms": round(r["q3_ms"], 3),
+            "ms": round(1e3 * r["q"][0], 3),
+            "q1_ms": round(1e3 * r["q"][1], 3),
+            "q3_ms": round(1e3 * r["q"][2], 3),
             "collectives": r["collectives"],
         }
         for r in found
@@ -197,18 +206,23 @@ def _corrected(con: duckdb.DuckDBPyConnection, offsets: dict[str, dict[str, Any]
 def straggler(
     con: duckdb.DuckDBPyConnection, offsets: dict[str, dict[str, Any]], by_rank: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """Who launches each collective last, on clocks set right; the straggler and its cost a step."""
+    """Who launches each collective last, on clocks set right; the straggler and its cost a step.
+    Medians of the others are taken by position in a sorted window (row_number), which DuckDB
+    spills to disk, not by a holistic aggregate per collective, which it keeps in memory."""
     _corrected(con, offsets)
     ranks = con.execute('SELECT count(DISTINCT "rank") FROM collectives').fetchone()[0]
     if ranks < 2:
         return {"ranks": ranks, "matched": 0, "last_by_rank": [], "straggler": None}
+    # each collective's launches in order: the last rank's, against the median of the others'
     con.execute(
-        """CREATE OR REPLACE TEMP TABLE matched AS
-           WITH g AS (SELECT step, "index", count(*) AS n, arg_max("rank", t) AS last_rank, max(t) AS last,
-                             list(t ORDER BY t) AS ts
-                      FROM launches GROUP BY step, "index")
-           SELECT step, "index", last_rank, last - list_median(ts[1:n - 1]) AS late FROM g WHERE n = ?""",
-        [ranks],
+        f"""CREATE OR REPLACE TEMP TABLE matched AS
+            WITH o AS (SELECT step, "index", "rank", t,
+                              row_number() OVER (PARTITION BY step, "index" ORDER BY t) - 1 AS pos,
+                              count(*) OVER (PARTITION BY step, "index") AS n
+                       FROM launches)
+            SELECT step, "index", arg_max("rank", t) AS last_rank,
+                   max(t) - avg(t) FILTER ({_MEDIAN_OF_OTHERS}) AS late
+            FROM o WHERE n = {int(ranks)} GROUP BY ALL"""
     )
     matched = con.execute("SELECT count(*) FROM matched").fetchone()[0]
     last = rows(
@@ -225,12 +239,16 @@ def straggler(
     if not last or not matched:
         return section
     top = last[0]
+    # its cost a step: at each step's last collective, its launch against the median of the others'
     cost = con.execute(
-        """WITH final AS (SELECT step, max("index") AS "index" FROM launches GROUP BY step),
-           g AS (SELECT step, count(*) AS n, max(t) FILTER ("rank" = $1) AS mine,
-                        median(t) FILTER ("rank" <> $1) AS others
-                 FROM launches JOIN final USING (step, "index") GROUP BY step)
-           SELECT 1e3 * median(mine - others), count(*) FROM g WHERE n = $2 AND mine IS NOT NULL""",
+        f"""WITH final AS (SELECT step, max("index") AS "index" FROM launches GROUP BY step),
+            o AS (SELECT step, "rank", t,
+                         row_number() OVER (PARTITION BY step ORDER BY ("rank" = $1), t) - 1 AS pos,
+                         count(*) OVER (PARTITION BY step) AS n
+                  FROM launches JOIN final USING (step, "index")),
+            g AS (SELECT step, max(t) FILTER ("rank" = $1) - avg(t) FILTER ({_MEDIAN_OF_OTHERS}) AS late
+                  FROM o WHERE n = $2 GROUP BY step)
+            SELECT 1e3 * median(late), count(late) FROM g""",
         [top["rank"], ranks],
     ).fetchone()
     others = [r["step_ms"] for r in by_rank if r["rank"] != top["rank"] and r["step_ms"] is not None]
@@ -254,6 +272,11 @@ def straggler(
     if candidate["share"] >= STRAGGLER_SHARE and late_enough and (candidate["step_pct"] or 0) >= STRAGGLER_STEP_PCT:
         section["straggler"] = candidate
     return section
+
+
+# the others are positions 0 … n-2 of the sorted launches (the one left out sorts last): their median
+# is the row at (n-2)//2, averaged with the row at (n-1)//2 when there are evenly many
+_MEDIAN_OF_OTHERS = "pos = (n - 2) // 2 OR pos = (n - 1) // 2"
 
 
 def analyse(root: Path, spill: Path, threads: int | None = None) -> dict[str, Any]:

@@ -145,9 +145,12 @@ def verdict(processes: list[dict[str, Any]], idle_seconds: float | None) -> dict
 
 
 def across_hosts(captures: list[tuple[str, dict[str, Any]]], world_size: int | None) -> dict[str, Any] | None:
-    """One verdict from each host's own (host, its last capture's verdict): which collective the
-    job stopped in, which ranks wait in it, which never arrived (where each is, or that it died),
-    and the ranks of the world no host captured. None when no host captured a hang."""
+    """One verdict from each host's own (host, its last capture's verdict): the furthest collective
+    any rank entered, which ranks reached it, which never did (where each is, or that it died), and
+    the ranks of the world no host captured. None when no host captured a hang. A rank that reached
+    that collective counts whether or not it still waits there: no collective a rank never entered
+    completes, so one that ended there ended with an error (its peers were ended meanwhile: hosts
+    capture one after another, and one may end its part of the job before another captures)."""
     if not captures:
         return None
     ranks = [
@@ -158,14 +161,13 @@ def across_hosts(captures: list[tuple[str, dict[str, Any]]], world_size: int | N
     ]
     ranks += [{**d, "host": host, "died": True, "where": None} for host, found in captures for d in found["died"]]
     furthest = max((r["collectives_entered"] for r in ranks), default=0)
-    waiting = [r for r in ranks if not r["died"] and r["collectives_entered"] > r.get("collectives_finished", 0)]
-    at = [r for r in waiting if r["collectives_entered"] == furthest]
+    reached = [r for r in ranks if r["collectives_entered"] == furthest]
     never = [r for r in ranks if r["collectives_entered"] < furthest]
     seen = {r["rank"] for r in ranks}
     return {
         "seq": furthest,
-        "op": at[0]["last_collective"] if at else None,
-        "waiting": sorted({r["rank"] for r in at}),
+        "op": next((r["last_collective"] for r in reached if r.get("last_collective")), None),
+        "reached": sorted({r["rank"] for r in reached}),
         "never_arrived": [
             {
                 "rank": r["rank"],

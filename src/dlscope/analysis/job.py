@@ -85,6 +85,12 @@ def read_job(paths: list[Path]) -> Job:
     if not paths:
         raise RunDirError("no run directory to merge")
     parts = [part for path in paths for part in read_input(Path(path))]
+    first = parts[0]
+    ids = {part.path: _job_of(part) for part in parts}
+    for part in parts[1:]:
+        if not same_job(ids[part.path], ids[first.path]):
+            theirs, ours = ids[part.path].describe(), ids[first.path].describe()
+            raise RunDirError(f"ranks of another job ({theirs}) than {first.path}'s ({ours})", part.path)
     seen: dict[int, Part] = {}
     for part in parts:
         for r in part.ranks:
@@ -92,12 +98,6 @@ def read_job(paths: list[Path]) -> Job:
                 other = seen[r.rank].path
                 raise RunDirError(f"rank {r.rank} is in {other} too: two runs of one node, or of two jobs", part.path)
             seen[r.rank] = part
-    first = parts[0]
-    ids = {part.path: _job_of(part) for part in parts}
-    for part in parts[1:]:
-        if not same_job(ids[part.path], ids[first.path]):
-            theirs, ours = ids[part.path].describe(), ids[first.path].describe()
-            raise RunDirError(f"ranks of another job ({theirs}) than {first.path}'s ({ours})", part.path)
     ranks = sorted((r for part in parts for r in part.ranks), key=lambda r: r.rank)
     world = max((r.world_size for r in ranks if r.world_size), default=None)
     hosts_named(ranks)

@@ -99,6 +99,7 @@ class CollectiveFile:
         import numpy as np
 
         rows = np.fromfile(self.path, self.dtype, self.count, offset=self.offset)
+        rows = rows[rows["seq"] != 0]  # room not written yet (a process killed before its exit)
         launch_code = self.description["codes"]["event"].index("launch")
         launches, dones = rows[rows["event"] == launch_code], rows[rows["event"] != launch_code]
         launches = launches[np.argsort(launches["seq"], kind="stable")]

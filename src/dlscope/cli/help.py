@@ -62,6 +62,10 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("dlscope run --verbose --trace-io --out runs/mine -- python train.py", "every table, and the file I/O"),
         ("dlscope run -- torchrun --nproc-per-node 2 train.py", "every rank: comm, overlap, stragglers"),
     ],
+    "merge": [
+        ("dlscope merge host-a/runs/job host-b/runs/job --out runs/job", "one job's machines as one analysis"),
+        ("dlscope merge runs/rack1 runs/rack2 --out runs/all", "earlier merges merged again"),
+    ],
     "doctor": [
         ("dlscope doctor -- python train.py", "what to change, predicted then measured (2 minutes)"),
         ("dlscope doctor --budget 300 --out runs/doc -- python train.py", "more rounds, a tighter noise band"),

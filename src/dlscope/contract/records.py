@@ -30,9 +30,10 @@ rows, so any reader (numpy, pandas, pyarrow) needs no dlscope code to decode it:
 
 `<run dir>/<pid>.collectives`: every collective the process launched through torch.distributed's
 Python API (DDP's bucket all-reduces included: dlscope.injob.hangagent), as two 24-byte rows, one
-when it is launched and one when it completes on this rank, appended with one write each (a
-SIGKILL loses nothing written). A header as the step file's (b"DLSCOLLS", its JSON describes the
-rows), then:
+when it is launched and one when it completes on this rank, packed into a memory map of the file's
+end as the step rows are (a SIGKILL loses nothing written; until the process exits the file ends
+with zero rows, seq 0, which a reader skips). A header as the step file's (b"DLSCOLLS", its JSON
+describes the rows), then:
 
     fields  seq uint32 (the process's n-th collective, from 1), step uint32 (steps ended before
             it was launched: the index of the step it belongs to), t float64 (CLOCK_REALTIME s),

@@ -39,6 +39,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -125,6 +126,8 @@ def _exited() -> None:
     _ignore_stack_signals()
     if _live is not None:
         _live.exited()
+    if _rows is not None:
+        _rows.close()
 
 
 def _attach_failed(where: str, error: Exception) -> None:
@@ -134,6 +137,8 @@ def _attach_failed(where: str, error: Exception) -> None:
 
 
 def _after_fork() -> None:
+    if _rows is not None:
+        _rows.after_fork()
     if _live is not None:
         _live.reopen()
         _register_stacks(_live.directory)
@@ -233,7 +238,7 @@ def _counted(name: str, op: int, original: Any) -> Any:
         if live is None or rows is None:
             return original(*args, **kwargs)
         seq, step = live.collective_entered(name), live.steps()
-        rows.write(seq, step, _LAUNCH, op)
+        rows.write(seq, step, _LAUNCH, op, time.time())
         try:
             work = original(*args, **kwargs)
         except BaseException:
@@ -243,7 +248,7 @@ def _counted(name: str, op: int, original: Any) -> Any:
             work.get_future().then(functools.partial(_finished_future, seq, step, op))
         else:
             live.collective_finished()
-            rows.write(seq, step, _DONE, op)
+            rows.write(seq, step, _DONE, op, time.time())
         return work
 
     return collective
@@ -254,7 +259,7 @@ def _finished_future(seq: int, step: int, op: int, future: Any) -> None:
     live, rows = _live, _rows
     if live is not None and rows is not None:
         live.collective_finished()
-        rows.write(seq, step, _DONE, op)
+        rows.write(seq, step, _DONE, op, time.time())
 
 
 def attach_ddp(module: Any) -> None:

@@ -10,7 +10,6 @@ import mmap
 import os
 import struct
 import threading
-import time
 from typing import Any
 
 from dlscope.contract.env import STRICT_ENV
@@ -30,7 +29,9 @@ from dlscope.contract.records import (
 )
 
 _pack_step = STEP_STRUCT.pack_into  # bound once: the hot path's row
-_pack_collective = COLLECTIVE_STRUCT.pack
+_pack_collective_into = COLLECTIVE_STRUCT.pack_into
+_COLLECTIVE_BYTES = COLLECTIVE_STRUCT.size
+_LAST_ROW_AT = STEPS_WINDOW - COLLECTIVE_STRUCT.size  # a row placed past it would not fit the window
 _CODE_OF = {name: {value: n for n, value in enumerate(values)} for name, values in CODES.items()}
 _SRC, _DATA_SOURCE, _PROFILED = _CODE_OF["src"], _CODE_OF["data_source"], _CODE_OF["profiled"]
 
@@ -173,23 +174,52 @@ def _written_end(fd: int) -> int:
 
 class CollectiveFile:
     """This process's `<pid>.collectives`: a row when a collective is launched, one when it
-    completes here (from the thread its Work's future completes on), each one `os.write` of an
-    O_APPEND file — whole rows, in any thread's order. Opened at the first collective (most
-    processes launch none); a forked child opens its own."""
+    completes here (from the thread its Work's future completes on), packed under a lock into a
+    small shared memory map of the file's end, as the step rows are (no system call a row; a
+    SIGKILL loses nothing written). Room not yet written reads as zero rows (seq 0), which the
+    reader skips. Opened at the first collective (most processes launch none); a forked child
+    calls `after_fork()` and opens its own at its first; `close()` at exit cuts the file to its
+    last row."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        self.pid = -1
+        self.lock = threading.Lock()
         self.fd = -1
+        self.map: mmap.mmap | None = None
+        self.base = self.pos = 0  # the map's offset in the file; the next row's place in the map
 
-    def _open(self) -> int:
-        self.pid = os.getpid()
-        path = collectives_path(self.directory, self.pid)
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        if os.fstat(self.fd).st_size == 0:
+    def write(self, seq: int, step: int, event: int, op: int, t: float) -> None:
+        """A row: the collective `seq` of step `step`, launched or done (`event`) at `t` (time.time())."""
+        with self.lock:
+            if self.map is None or self.pos > _LAST_ROW_AT:
+                self._next_window()
+            _pack_collective_into(self.map, self.pos, seq, step, t, event, op, 0, 0)
+            self.pos += _COLLECTIVE_BYTES
+
+    def _next_window(self) -> None:
+        if self.fd < 0:  # the first row of this process
+            path = collectives_path(self.directory, os.getpid())
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             os.write(self.fd, collectives_header())
-        return self.fd
+            end = os.fstat(self.fd).st_size
+        else:
+            end = self.base + self.pos
+            self.map.close()  # type: ignore[union-attr]
+        self.base = end - end % mmap.ALLOCATIONGRANULARITY
+        os.ftruncate(self.fd, self.base + STEPS_WINDOW)
+        self.map = mmap.mmap(self.fd, STEPS_WINDOW, offset=self.base)
+        self.pos = end - self.base
 
-    def write(self, seq: int, step: int, event: int, op: int) -> None:
-        fd = self.fd if self.pid == os.getpid() else self._open()
-        os.write(fd, _pack_collective(seq, step, time.time(), event, op, 0, 0))
+    def after_fork(self) -> None:
+        """In a forked child: its rows go to a file of its own (the parent's map is left alone)."""
+        self.lock = threading.Lock()
+        self.fd, self.map, self.base, self.pos = -1, None, 0, 0
+
+    def close(self) -> None:
+        """At exit: the file cut to its last row."""
+        with self.lock:
+            if self.map is not None:
+                self.map.close()
+                os.ftruncate(self.fd, self.base + self.pos)
+                os.close(self.fd)
+            self.fd, self.map = -1, None

@@ -152,7 +152,7 @@ def findings(section: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(Finding("merge.missing_ranks", "warn", {"ranks": section["missing_ranks"]}))
     hang = section["hang"]
     if hang is not None:
-        values = {k: hang[k] for k in ("seq", "op", "waiting", "not_captured")}
+        values = {k: hang[k] for k in ("seq", "op", "reached", "not_captured")}
         values["never_arrived"] = [{k: r[k] for k in ("rank", "host", "died", "where")} for r in hang["never_arrived"]]
         out.append(Finding("merge.hang", "bad", values))
     found = section["collectives"]

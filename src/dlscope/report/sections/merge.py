@@ -48,7 +48,11 @@ def _hang(v: dict[str, Any]) -> str:
     for r in never:
         how = "died" if r["died"] else f"is at {line_of(r['where'])}"
         names.append(f"rank {r['rank']} on {r['host']} never arrived: it {how}")
-    waiting = f"ranks {_ranks(v['waiting'])} wait in {v['op']} #{v['seq']}" if v["waiting"] else "no rank waits"
+    waiting = (
+        f"ranks {_ranks(v['reached'])} reached {v['op']} #{v['seq']}"
+        if v["reached"]
+        else "no rank entered a collective"
+    )
     text = f"Hung across hosts: {waiting}; " + ("; ".join(names) if names else "every captured rank entered it")
     if v["not_captured"]:
         text += f"; no host captured ranks {_ranks(v['not_captured'])}"
@@ -92,16 +96,15 @@ def host_table(section: dict[str, Any]) -> Table:
                 f"{offset['q3_ms'] - offset['q1_ms']:.3f}" if offset else "",
                 _ms(h["step_ms"]),
                 _ms(h["data_ms"]),
-                h["slowest_rank"] if h["slowest_rank"] is not None else "",
             ]
         )
     return Table(
-        ["host", "ranks", "clock ms", "± ms", "step ms", "data ms", "slowest"],
+        ["host", "ranks", "clock ms", "± ms", "step ms", "data ms"],
         rows,
         "Per host",
         legend="clock: the host's clock minus the reference host's, the median over the collectives every rank "
         "waits for of the gap between the two hosts' completions; ±: the spread of those gaps (interquartile); "
-        "step, data: mean steady step and its data wait over the host's ranks; slowest: its slowest rank.",
+        "step, data: mean steady step and its data wait over the host's ranks.",
         optional=("± ms", "data ms"),
     )
 
