@@ -150,11 +150,19 @@ def merge_when_whole(job: Path, lock: Path) -> None:
 
     with open(lock, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        parts, why = whole_job(job)
-        if parts is None:
-            say(f"dlscope: {why}")
+        whole = whole_job(job)
+        if whole.error is not None:
+            say(f"dlscope: the job's runs in {job} are not merged: {whole.error}")
+        elif whole.merged_already:
+            say(f"dlscope: merged already into {job}")
+        elif whole.parts is None:
+            say(
+                f"dlscope: {whole.ranks} of {whole.world_size or '?'} ranks in {job}: the report of the whole job "
+                "comes once the other nodes' runs are in (launchers sharing this --out), or from `dlscope merge`"
+            )
+        if whole.parts is None:
             return
-        merge = MergeOptions([str(p) for p in parts])
+        merge = MergeOptions([str(p) for p in whole.parts])
         run_command(Plan("merge", ["merge"], options=RunOptions(out=str(job)), step_options=StepOptions(merge=merge)))
 
 

@@ -156,12 +156,11 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
 
 
 def slowest_steps(con: duckdb.DuckDBPyConnection, limit: int = SLOWEST) -> list[dict[str, Any]]:
-    parts = ", ".join(f"round(1e3 * {p}, 3) AS {p}_ms" for p in PARTS)
-    return rows(
-        con,
-        f"""SELECT "rank", host, step, round(1e3 * seconds, 3) AS ms, {parts}
-            FROM steps WHERE steady ORDER BY seconds DESC LIMIT {int(limit)}""",
+    columns = ", ".join(f"round(1e3*{p}, 3) AS {p}_ms" for p in ("seconds", *PARTS))
+    found = rows(
+        con, f"SELECT rank, host, step, {columns} FROM steps WHERE steady ORDER BY seconds DESC LIMIT {limit:d}"
     )
+    return [{**r, "ms": r.pop("seconds_ms")} for r in found]
 
 
 def clock_offsets(con: duckdb.DuckDBPyConnection, reference: str) -> dict[str, dict[str, Any]]:

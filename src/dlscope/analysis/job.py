@@ -35,7 +35,7 @@ class JobId:
         said = [f"run id {self.run_id!r}"] if self.run_id is not None else []
         said += [f"master {self.master}"] if self.master else []
         said += [f"{self.world_size} ranks"] if self.world_size else []
-        return ", ".join(said) or "no torchrun job named"
+        return ", ".join(said) or "no launcher"
 
 
 @dataclass

@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from dlscope.analysis.job import Job, Rank, read_job
 from dlscope.errors import ConfigError, DlscopeError
 from dlscope.findings import Finding
 from dlscope.options import MergeOptions
-from dlscope.rundir import load_results, node_parts, parquet_dir
+from dlscope.rundir import load_results, node_parts, parquet_dir, results_path
 from dlscope.stages.base import Context, Step
 
 
@@ -122,27 +123,32 @@ def hang_captures(job: Job) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def whole_job(job: Path) -> tuple[list[Path] | None, str]:
-    """The node parts to merge into the job directory `job` once every rank of the job is in one
-    whose launcher has finished (None while one is missing or still running), and why not."""
+@dataclass
+class Whole:
+    """What a launcher finds in its job directory when its own run is done: the node parts to merge
+    (none while a rank is missing or a launcher still runs, or when they are merged already)."""
+
+    parts: list[Path] | None
+    ranks: int = 0
+    world_size: int | None = None
+    merged_already: bool = False
+    error: str | None = None  # the parts cannot be merged (two jobs in one --out)
+
+
+def whole_job(job: Path) -> Whole:
     parts = node_parts(job)
     try:
         found = read_job(parts)
     except DlscopeError as e:
-        return None, f"not merged: {e}"
+        return Whole(None, error=str(e))
     running = [p for p in found.parts if p.results["run"].get("status") == "running"]
     if found.missing or running:
-        held = len(found.ranks)
-        return None, (
-            f"{held} of {found.world_size or '?'} ranks in {job}: the report of the whole job comes once the other "
-            "nodes' runs are in (launchers sharing this --out), or from `dlscope merge`"
-        )
-    merged = job / "results.json"
-    if merged.is_file():
+        return Whole(None, len(found.ranks), found.world_size)
+    if results_path(job).is_file():
         done = load_results(job)["sections"].get("merge") or {}
         if sorted(i["path"] for i in done.get("inputs", [])) == sorted(str(p) for p in parts):
-            return None, f"merged already into {job}"
-    return parts, ""
+            return Whole(None, len(found.ranks), found.world_size, merged_already=True)
+    return Whole(parts, len(found.ranks), found.world_size)
 
 
 def findings(section: dict[str, Any]) -> list[dict[str, Any]]:
