@@ -63,8 +63,11 @@ def write_rank(
     late: float,
     straggler: bool,
     seed: int,
+    traced: bool = False,
 ) -> None:
-    """This process (a fork: its own pid) writes one rank's records as the job's rank would."""
+    """This process (a fork: its own pid) writes one rank's records as the job's rank would.
+    `traced`: its collectives in a profiler trace of every step instead of its collectives file
+    (as a rank of an older dlscope, which merge reads the trace of)."""
     rng = np.random.default_rng(seed + rank)
     host = rank // per_host
     records = RecordFile(str(directory))
@@ -80,13 +83,20 @@ def write_rank(
     done = starts[:, None] + LAUNCH_S[1] + late + DONE_S + rng.normal(0, DONE_NOISE_S, (steps, 2))
     write_step = records.write_step
     backward = 0.045 + late - lateness  # the others wait for the straggler inside backward
+    profiled = "active" if traced else None
     for i in range(steps):
         start = float(starts[i])
         end = start + STEP_S - 0.002 + late
+        profiler_step = i if traced else None
         write_step(
-            i, "optimizer", start, end, 0.004, "loader", 0.03, backward, 0.01, 1, 1, None, None, None, None, 0.0, 1
+            i, "optimizer", start, end, 0.004, "loader", 0.03, backward, 0.01, 1, 1, None, None, profiled, profiler_step
         )
     records.close_steps()
+    if traced:
+        trace = directory / f"profile-{os.getpid()}.json"
+        kineto(trace, rank, ranks, steps, late, straggler, offset)
+        records.write({"k": "profile", "trace": str(trace), "ops": []})
+        return
     collectives = CollectiveFile(str(directory))
     all_reduce, launched, finished = (
         COLLECTIVE_OPS.index("all_reduce"),
@@ -97,11 +107,13 @@ def write_rank(
             seq = 2 * i + k + 1
             collectives.write(seq, i, launched, all_reduce, float(launch[i, k]))
             collectives.write(seq, i, finished, all_reduce, float(done[i, k]))
+    collectives.close()
 
 
 def write_job(
-    root: Path, ranks: int, per_host: int, steps: int, late: float, seed: int
+    root: Path, ranks: int, per_host: int, steps: int, late: float, seed: int, traced: bool = False
 ) -> tuple[list[Path], list[float], int]:
+    """Each host's run directory of the planted job; the planted offsets and straggler."""
     offsets, straggler = plan(ranks, per_host, seed)
     hosts = []
     for host, offset in enumerate(offsets):
@@ -112,7 +124,8 @@ def write_job(
             pid = os.fork()
             if pid == 0:
                 try:
-                    write_rank(directory, rank, ranks, per_host, steps, offset, late, rank == straggler, seed)
+                    straggling = rank == straggler
+                    write_rank(directory, rank, ranks, per_host, steps, offset, late, straggling, seed, traced)
                 finally:
                     os._exit(0)
             os.waitpid(pid, 0)

@@ -108,7 +108,7 @@ for call in ("get_comm_comp_overlap(visualize=False)", "get_temporal_breakdown(v
         print(f"{type(error).__name__}: {error}")
 '''
 DIST = "--train-subset 2048 --test-subset 1000 --epochs 2"
-NODES_SETUP = r"""PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+NODES_SETUP = r"""PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
 T="torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$PORT --rdzv-id nodes"
 OMP_NUM_THREADS=1 dlscope run --out runs/nodes/a -- $T ddp_nodes.py >/dev/null 2>&1 &
 OMP_NUM_THREADS=1 dlscope run --out runs/nodes/b -- $T ddp_nodes.py --slow-local-rank 1 --slow-ms 60 >/dev/null 2>&1

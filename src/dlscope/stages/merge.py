@@ -28,10 +28,15 @@ from dlscope.options import MergeOptions
 from dlscope.rundir import load_results, node_parts, parquet_dir, results_path
 from dlscope.stages.base import Context, Step
 
+_checked: dict[tuple[str, ...], Job] = {}  # what check() read, for the run that follows it
+
 
 def check(options: MergeOptions) -> Job:
-    """Every input read and checked: a bad one raises one line before anything is created."""
-    return read_job([Path(p) for p in options.runs])
+    """Every input read and checked: a bad one raises one line before anything is created. The
+    records read are kept for the step (read once, not once to check and once to merge)."""
+    job = read_job([Path(p) for p in options.runs])
+    _checked[tuple(options.runs)] = job
+    return job
 
 
 def run(ctx: Context) -> dict[str, Any]:
@@ -39,7 +44,7 @@ def run(ctx: Context) -> dict[str, Any]:
     if options is None:
         raise ConfigError("the merge step needs run directories")
     started = time.perf_counter()
-    job = check(options)
+    job = _checked.pop(tuple(options.runs), None) or check(options)
     root = parquet_dir(ctx.run.path)
     building = ctx.run.path / f".{root.name}-{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)

@@ -12,6 +12,7 @@ from dlscope.report.sections.hang import line_of
 from dlscope.report.wording import worded
 
 TITLE = "One job across machines: ranks, hosts, stragglers"
+SHOWN = 12  # hosts and ranks in a table: past it, the slowest (every one is in results.json and parquet/)
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -84,9 +85,23 @@ def _ms(value: float | None) -> str | float:
     return "" if value is None else round(value, 1)
 
 
+def _slowest(rows: list[dict[str, Any]], keep: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """All the rows when few; else the SHOWN slowest (mean step), in their order, and `keep`."""
+    if len(rows) <= SHOWN:
+        return rows
+    slow = sorted(rows, key=lambda r: -(r["step_ms"] or 0))[:SHOWN]
+    chosen = {id(r) for r in slow} | ({id(keep)} if keep is not None else set())
+    return [r for r in rows if id(r) in chosen]
+
+
+def _of(shown: list[dict[str, Any]], every: list[dict[str, Any]], what: str) -> str:
+    return "" if len(shown) == len(every) else f" ({len(shown)} of {len(every)} {what}: the slowest)"
+
+
 def host_table(section: dict[str, Any]) -> Table:
     rows = []
-    for h in section["hosts"]:
+    shown = _slowest(section["hosts"])
+    for h in shown:
         offset = h["offset"]
         rows.append(
             [
@@ -101,7 +116,7 @@ def host_table(section: dict[str, Any]) -> Table:
     return Table(
         ["host", "ranks", "clock ms", "± ms", "step ms", "data ms"],
         rows,
-        "Per host",
+        "Per host" + _of(shown, section["hosts"], "hosts"),
         legend="clock: the host's clock minus the reference host's, the median over the collectives every rank "
         "waits for of the gap between the two hosts' completions; ±: the spread of those gaps (interquartile); "
         "step, data: mean steady step and its data wait over the host's ranks.",
@@ -112,6 +127,9 @@ def host_table(section: dict[str, Any]) -> Table:
 def rank_table(section: dict[str, Any]) -> Table:
     last = {r["rank"]: r for r in section["collectives"]["last_by_rank"]}
     matched = section["collectives"]["matched"]
+    straggler = section["collectives"]["straggler"]
+    keep = next((r for r in section["ranks"] if straggler and r["rank"] == straggler["rank"]), None)
+    shown = _slowest(section["ranks"], keep)
     rows = [
         [
             r["rank"],
@@ -126,12 +144,12 @@ def rank_table(section: dict[str, Any]) -> Table:
             _ms(r["other_ms"]),
             f"{last[r['rank']]['last']}/{matched}" if r["rank"] in last else (f"0/{matched}" if matched else ""),
         ]
-        for r in section["ranks"]
+        for r in shown
     ]
     return Table(
         ["rank", "host", "steps", "step ms", "p95 ms", "data", "fwd", "bwd", "opt", "other", "last"],
         rows,
-        "Per rank (steady steps: not the first, not profiled)",
+        "Per rank (steady steps: not the first, not profiled)" + _of(shown, section["ranks"], "ranks"),
         legend="step, p95: mean and 95th percentile; data … other: the step's anatomy, mean ms; last: the "
         "collectives it launched last of those every rank launched.",
         optional=("p95 ms", "steps", "other"),
