@@ -32,7 +32,7 @@ def _ranks(ranks: list[int]) -> str:
 
 def _straggler(v: dict[str, Any]) -> str:
     return (
-        f"Straggler: rank {v['rank']} on {v['host']} launches {v['last']} of {v['of']} collectives last; each "
+        f"Straggler: rank {v['rank']} on {v['host']} launches {v['last']:,} of {v['of']:,} collectives last; each "
         f"step the other {v['others']} ranks wait {v['cost_ms']:.1f} ms for it at the step's last collective "
         f"({v['step_pct']:.0f}% of their {v['others_step_ms']:.1f} ms step)."
     )
@@ -40,7 +40,7 @@ def _straggler(v: dict[str, Any]) -> str:
 
 def _no_straggler(v: dict[str, Any]) -> str:
     counts = ", ".join(f"rank {r['rank']} {r['last']}" for r in v["last_by_rank"])
-    return f"No straggler: the last rank to launch varies ({counts} of {v['matched']} collectives)."
+    return f"No straggler: the last rank to launch varies ({counts} of {v['matched']:,} collectives)."
 
 
 def _hang(v: dict[str, Any]) -> str:
@@ -100,7 +100,9 @@ def _of(shown: list[dict[str, Any]], every: list[dict[str, Any]], what: str) -> 
 
 def host_table(section: dict[str, Any]) -> Table:
     rows = []
-    shown = _slowest(section["hosts"])
+    straggler = section["collectives"]["straggler"]
+    keep = next((h for h in section["hosts"] if straggler and h["host"] == straggler["host"]), None)
+    shown = _slowest(section["hosts"], keep)
     for h in shown:
         offset = h["offset"]
         rows.append(
@@ -132,7 +134,7 @@ def rank_table(section: dict[str, Any]) -> Table:
     shown = _slowest(section["ranks"], keep)
     rows = [
         [
-            r["rank"],
+            str(r["rank"]),  # a name, not a quantity: no thousands separator
             r["host"],
             r["steps"],
             _ms(r["step_ms"]),
@@ -158,7 +160,7 @@ def rank_table(section: dict[str, Any]) -> Table:
 
 def slowest_table(slowest: list[dict[str, Any]]) -> Table:
     rows = [
-        [s["rank"], s["host"], s["step"], s["ms"], s["data_ms"], s["forward_ms"], s["backward_ms"], s["other_ms"]]
+        [str(s["rank"]), s["host"], s["step"], s["ms"], s["data_ms"], s["forward_ms"], s["backward_ms"], s["other_ms"]]
         for s in slowest
     ]
     return Table(
