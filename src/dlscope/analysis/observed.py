@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 
 from dlscope.analysis import gpu as gpuanalysis
-from dlscope.analysis import sharing, steptable
+from dlscope.analysis import machine, sharing, steptable
 from dlscope.analysis.kineto import recorded_spans
 from dlscope.analysis.stepfile import StepFile, read_records, step_files
 from dlscope.contract.ioevents import read_events
 from dlscope.contract.records import PHASE_RECORDS
+from dlscope.findings import Finding
 
 # TensorFlow's input-pipeline analyser: a step is input-bound when ≥ 20% of it waits for input,
 # moderately between 5% and 20%.
@@ -40,13 +41,15 @@ class Observed:
     events: Path | None = None  # a --trace-io run's events.jsonl
     _syscalls: list[dict[str, Any]] | None = None
     _main: tuple[int | None] | None = None
+    machine: dict[str, Any] | None = None  # what the supervising process read of the machine (MACHINE_FILE)
 
     @classmethod
     def read(cls, directory: Path, events: Path | None = None) -> Observed:
         records, steps = read_records(directory), step_files(directory)
         for pid in steps:
             records.setdefault(pid, [])
-        return cls(records, steps, directory=directory, events=events)
+        machine_read = machine.read_machine(directory)
+        return cls(records, steps, directory=directory, events=events, machine=machine_read)
 
     def syscalls(self) -> list[dict[str, Any]] | None:
         """The --trace-io events, decoded once (the timeline and the batch x-ray both read them)."""
@@ -144,6 +147,24 @@ def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] 
     if censuses:
         section["subnormals"] = censuses
     return section
+
+
+def steps_span(observed: Observed) -> tuple[float, float] | None:
+    """From the first step's start to the last one's end, over every process that stepped."""
+    tables = [t for t in (observed.stream(pid)[1] for pid in observed.records) if len(t)]
+    if not tables:
+        return None
+    return min(float(t["start"][0]) for t in tables), max(float(t["start"][-1] + t["seconds"][-1]) for t in tables)
+
+
+def machine_of(observed: Observed, main: int | None, beside: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The machine's share over the steps (analysis/machine.py), against the intra-op threads of the
+    processes that trained at once (`beside`: sharing_of's), else of the training process."""
+    threads = beside["threads_total"] if beside else None
+    if threads is None and main is not None:
+        counted = sharing.threads_of(main, *torch_threads(observed))
+        threads = counted["threads"] if counted else None
+    return machine.machine_share(observed.machine, steps_span(observed), threads)
 
 
 def sharing_of(observed: Observed, main: int) -> dict[str, Any] | None:
@@ -558,4 +579,11 @@ def sections(observed: Observed, origin: float, sort_by: str = "self_cpu") -> di
     }
     if gpu is not None:
         found["gpu"] = gpu
+    share = machine_of(observed, main, steps.get("sharing"))
+    if share is not None:
+        found["run"]["machine"] = share
+    shared = machine.qualifier(share)
+    if shared is not None:  # every verdict that rests on the steps' times says on what machine they ran
+        found["run"]["findings"] = [Finding("machine.shared", "warn", share).to_json()]
+        steps["machine_shared"] = found["anatomy"]["machine_shared"] = shared
     return found

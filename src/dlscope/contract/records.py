@@ -80,6 +80,12 @@ SCRATCH_PREFIX = "dlscope-calibrate-"
 # begin/end records written per phase name: past them a phase is counted, not written (one that
 # recurs every step, as an RL agent's rollouts in eval mode do, stays bounded at any length)
 PHASE_RECORDS = 500
+# --- written beside them by the supervising process (supervise/cpushare.py), read by analysis/machine.py ---
+MACHINE_FILE = "machine.json"  # {"cores": [...], "columns": MACHINE_COLUMNS, "rows": [...]}: one row a poll
+# a row: its end (CLOCK_REALTIME s) and length, the CPU seconds the job's cores were busy, the job's
+# processes ran, dlscope's own ran, the job's threads ran and waited for a core (run-queue delay),
+# and how many of the job's threads ran at all
+MACHINE_COLUMNS = ("end", "seconds", "busy_s", "job_s", "dlscope_s", "ran_s", "waited_s", "threads_ran")
 
 
 def records_path(directory: str | Path, pid: int) -> str:

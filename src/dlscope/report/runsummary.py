@@ -131,7 +131,17 @@ def headline(sections: dict[str, Any]) -> str:
 
 def verdict(sections: dict[str, Any], offered: list[tuple[ModuleType, Finding]]) -> tuple[str, str, Any] | None:
     """What bounds the step, with its share: (level, sentence, the finding it rests on if one was
-    offered, so it is not said again as a warning)."""
+    offered, so it is not said again as a warning); measured on a shared machine, it says so."""
+    found = bound(sections, offered)
+    shared = (sections.get("anatomy") or {}).get("machine_shared")
+    if found is None or not shared:
+        return found
+    said = f" (Measured on a shared machine: other processes took {shared['others_pct']:.0f}% of the cores.)"
+    return found[0], found[1] + said, found[2]
+
+
+def bound(sections: dict[str, Any], offered: list[tuple[ModuleType, Finding]]) -> tuple[str, str, Any] | None:
+    """What bounds the step, with its share (verdict's)."""
     anatomy = sections.get("anatomy") or {}
     if not anatomy.get("steps_used"):
         return None

@@ -29,6 +29,7 @@ from dlscope.errors import HANG_EXIT_CODE, ConfigError, DlscopeError
 from dlscope.options import ScriptOptions
 from dlscope.rundir import PROCESSES, RunDir, processes_dir
 from dlscope.supervise.bootstrap_env import with_bootstrap
+from dlscope.supervise.cpushare import MachineShare
 from dlscope.supervise.iotrace.gate import signal_group
 from dlscope.supervise.iotrace.tracer import (
     exit_code,
@@ -75,7 +76,7 @@ def observe_command(run: RunDir, options: ScriptOptions, say: Callable[[str], No
     started = clocks()
     iotrace: dict[str, Any] | None = None
     code, interrupted = 1, None
-    watchdog = Watchdog(records_dir, run.path, options.hang, say)
+    watchdog = Watchdog(records_dir, run.path, options.hang, say, MachineShare())
     try:
         if options.trace_io:
             watchdog.start(None)  # no root pid here: the live files name the processes
@@ -154,6 +155,9 @@ def record_sections(
         if verdict.get("key") == "input_bound" and batches["keeping_ahead"]:
             # the wait for batches the workers had built already is not their building
             verdict["batches_ready_pct"] = batches["keeping_ahead"]["ready_pct"]
+    # first in the report, as in the terminal: its warnings (a shared machine) come first;
+    # the runner records it whole, in this place, once the command's exit status is known
+    run.record("run", found["run"])
     for name in ("steps", "anatomy", "top10", "phases", "gpu"):
         if name in found:
             run.record(name, found[name])
@@ -161,7 +165,10 @@ def record_sections(
     if ranked:
         recorded = {rank: r["recorded"] for rank, r in ranked.items()}
         traces = {rank: Path(r["trace"]) for rank, r in ranked.items()}
-        run.record("distributed", distributed_section(traces, run, recorded))
+        distributed = distributed_section(traces, run, recorded)
+        if found["steps"].get("machine_shared"):
+            distributed["machine_shared"] = found["steps"]["machine_shared"]
+        run.record("distributed", distributed)
     if iotrace is not None:
         run.record("iotrace", iotrace)
     if batches is not None:

@@ -13,6 +13,9 @@ measure against. A step that runs long on a core is no hang: while a process tha
 keeps its main thread computing and no rank waits in a collective, the clock is not running.
 A job whose steps resume after a capture re-arms it. The median step is measured from outside:
 between two reads, the time the newest step end moved over the number of steps that ended.
+
+Given a `MachineShare` (supervise/cpushare.py), each poll also reads what the job's processes and
+the machine's others got of the cores — with the hang watch off too (`dlscope doctor`'s trials).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dlscope.analysis.hangverdict import verdict
 from dlscope.contract.live import LiveView, read_all
 from dlscope.options import HangOptions
 from dlscope.supervise.capture import alive, capture, descendants, main_thread_cpu_s
+from dlscope.supervise.cpushare import MachineShare
 
 POLL_S = 1.0
 # a process whose main thread ran at least this share of a poll's wall time is computing
@@ -74,8 +78,16 @@ def end_job(pids: list[int], grace: float = GRACE_S) -> list[int]:
 
 
 class Watchdog:
-    def __init__(self, directory: Path, run_dir: Path, options: HangOptions, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        run_dir: Path,
+        options: HangOptions,
+        say: Callable[[str], None],
+        machine: MachineShare | None = None,
+    ) -> None:
         self.directory, self.run_dir, self.options, self.say = directory, run_dir, options, say
+        self.machine = machine
         self.root: int | None = None
         self.steps = deque(maxlen=512)  # measured step seconds, newest last
         self.seen: dict[int, tuple[int, float]] = {}  # pid -> (steps, last step end) at the last read
@@ -92,13 +104,19 @@ class Watchdog:
     def start(self, root: int | None) -> None:
         """Watch the job whose first process is `root` (None: the live files alone)."""
         self.root = root
-        if self.options.hang_after is not None:
+        if self.machine is not None:
+            self.machine.sample(root, [])  # the first read: the job's first process just started
+        if self.options.hang_after is not None or self.machine is not None:
             self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        if self.machine is not None:  # the last interval: the job's first process reaped by now
+            self.machine.sample(self.root, [])
+            with contextlib.suppress(OSError):  # a disk full loses this reading, never the run's sections
+                self.machine.write(self.directory)
 
     def threshold(self) -> float:
         median = statistics.median(self.steps) if self.steps else 0.0
@@ -140,6 +158,10 @@ class Watchdog:
     def _loop(self) -> None:
         while not self._stop.wait(POLL_S):
             views = read_all(self.directory)
+            if self.machine is not None:
+                self.machine.sample(self.root, [v.pid for v in views if not v.exited])
+            if self.options.hang_after is None:
+                continue
             newest = self.observe(views)
             if self.computing(views):
                 self.computed_at = time.time()

@@ -9,7 +9,7 @@ from typing import Any
 from dlscope.findings import Finding
 from dlscope.report.blocks import Block, Findings, Method, Para, Table
 from dlscope.report.sections.batches import READY_PCT
-from dlscope.report.sections.steps import PARTS, mebibytes
+from dlscope.report.sections.steps import PARTS, mebibytes, on_shared_machine
 
 TITLE = "Step anatomy"
 LEVEL_STYLE = {"highly": "bad", "moderately": "warn", "not": "good"}
@@ -23,8 +23,14 @@ PART_NAMES = {
 }
 
 
-def verdict(v: dict[str, Any]) -> tuple[str, str]:
-    """The finding for the analysis's verdict facts: its level and its sentence, numbers shown."""
+def verdict(v: dict[str, Any], shared: dict[str, Any] | None = None) -> tuple[str, str]:
+    """The finding for the analysis's verdict facts: its level and its sentence, numbers shown
+    (`shared`: the machine was shared while the steps ran, analysis/machine.py)."""
+    level, text = _verdict(v)
+    return level, text + on_shared_machine(shared)
+
+
+def _verdict(v: dict[str, Any]) -> tuple[str, str]:
     if v.get("clock") == "gpu":
         over = f"{v['step_ms']:.3g} ms mean step over {v['steps']} steps, on the GPU's clock"
     else:
@@ -108,12 +114,12 @@ def render(section: dict[str, Any]) -> list[Block]:
             "lands wherever the script next waits for the GPU (a .item(), a copy, a full launch queue). See GPU."
         )
         return [
-            Findings([verdict(section["verdict"])]),
+            Findings([verdict(section["verdict"], section.get("machine_shared"))]),
             Table(["part", "GPU ms", "% of step", "host %"], rows, f"Mean step anatomy over {used}"),
             Para(f"{clocks} {memory}"),
         ]
     return [
-        Findings([verdict(section["verdict"])]),
+        Findings([verdict(section["verdict"], section.get("machine_shared"))]),
         Table(["part", "mean ms", "% of step"], rows, f"Mean step anatomy over {used}"),
         Para(memory),
         Method(cost),

@@ -7,7 +7,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from dlscope.report.blocks import Block, Figure, Para, Table
+from dlscope.report.blocks import Block, Figure, Findings, Para, Table
+from dlscope.report.sections.steps import on_shared_machine
 from dlscope.report.wording import worded
 
 TITLE = "Distributed: ranks, communication, stragglers"
@@ -170,6 +171,20 @@ CHANGES = {  # the summary's words for the change this finding suggests
 }
 
 
+TIMED = ("distributed.straggler", "distributed.no_straggler", "distributed.exposed_comm")  # rest on the step times
+
+
+def timed_findings(section: dict[str, Any]) -> Findings:
+    """The section's findings; those that rest on the ranks' times say so when the machine was shared."""
+    shared = on_shared_machine(section.get("machine_shared"))
+    return Findings(
+        [
+            (level, text + shared if f["key"] in TIMED else text)
+            for f, (level, text) in zip(section["findings"], worded(section["findings"], WORDS).items, strict=True)
+        ]
+    )
+
+
 def render(section: dict[str, Any]) -> list[Block]:
     if "ranks" not in section:
         return [Para(section["note"])]
@@ -182,7 +197,7 @@ def render(section: dict[str, Any]) -> list[Block]:
             f"({', '.join(section['traces'].values())}). Gradients: "
             f"{'—' if grad is None else f'{grad:,} B'} ({section.get('grad_bytes_source') or 'unknown'})."
         ),
-        worded(section["findings"], WORDS),
+        timed_findings(section),
         *left_out_note(section.get("left_out_steps", [])),
         rank_table(ranks),
         Figure("distributed_anatomy", partial(anatomy_chart, ranks), "Mean profiled step per rank"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlscope.findings import Finding
-from dlscope.report.blocks import Block, Para, Table
+from dlscope.report.blocks import Block, Para, Table, fmt
 from dlscope.report.wording import worded
 
 TITLE = "The observed command"
@@ -22,6 +22,32 @@ NOT_OBSERVED = {  # no training step was seen: why, from the processes' own reco
 }
 
 
+def machine_shared(v: dict[str, Any]) -> str:
+    """Other processes took a material share of the job's cores while its steps ran (analysis/machine.py)."""
+    cores = v["cores"]
+    text = (
+        f"The machine was shared: while the steps ran ({fmt(v['seconds'])} s), other processes took "
+        f"{fmt(v['others_cores'])} of the job's {cores} cores ({v['others_pct']:.0f}% of their time), leaving it "
+        f"{fmt(v['free_cores'])}; the job's processes used {fmt(v['job_cores'])}"
+    )
+    if v.get("waited_pct") is not None:
+        text += f", and its threads waited for a core {v['waited_pct']:.0f}% of the time they were ready to run"
+    text += "."
+    if v["threads_outnumber"]:
+        text += (
+            f" Its training processes ran {v['threads']} intra-op thread{'s' if v['threads'] != 1 else ''} "
+            f"(torch.get_num_threads) on the {fmt(v['free_cores'])} cores left to them: a thread that waits for a "
+            "core stalls its whole "
+            "parallel region, and the others spin meanwhile (their CPU time grows with the machine's load, not "
+            "with the script's work)."
+        )
+    return text + (
+        " Every time below is this machine's at that load, not the script's alone — the step anatomy's shares, "
+        "the step times and their changes, a subnormal census's CPU time: measure again on a quiet machine, or "
+        "on cores of its own (taskset), before acting on them."
+    )
+
+
 def process_kind(process: dict[str, Any]) -> str:
     """python: started with its own command line; forked: a fork of another (a DataLoader worker,
     or a process that trains: hogwild, A3C)."""
@@ -31,8 +57,9 @@ def process_kind(process: dict[str, Any]) -> str:
 
 
 def summary_findings(section: dict[str, Any], sections: dict[str, Any] | None = None) -> list[Finding]:
-    """How the command ended and what dlscope could see of it, as facts."""
-    found = []
+    """How the command ended and what dlscope could see of it, as facts: first what the analysis
+    found of how it ran (a shared machine), which every other finding is read in the light of."""
+    found = [Finding.from_json(f) for f in section.get("findings", [])]
     if section.get("interrupted"):
         found.append(Finding("run.interrupted", "warn"))
     code = section.get("exit_code")
@@ -48,6 +75,7 @@ def summary_findings(section: dict[str, Any], sections: dict[str, Any] | None = 
 
 
 WORDS = {
+    "machine.shared": machine_shared,
     "run.interrupted": lambda v: "Interrupted (Ctrl-C): the sections show what was recorded until then.",
     "run.exit_status": lambda v: f"The command exited with status {v['code']}; the report covers its run.",
     "run.no_steps": lambda v: NOT_OBSERVED[v["torch_attached"]],
@@ -58,6 +86,10 @@ WORDS = {
     ),
 }
 HEADLINES = {  # the summary's words for the findings it shows (its first line says the exit status)
+    "machine.shared": lambda v: (
+        f"The machine was shared: other processes took {fmt(v['others_cores'])} of the job's {v['cores']} cores "
+        f"({v['others_pct']:.0f}%) while the steps ran; every time here is that load's, not the script's alone."
+    ),
     "run.interrupted": lambda v: "Interrupted (Ctrl-C): the report shows what was recorded until then.",
     "run.no_steps": lambda v: NOT_OBSERVED[v["torch_attached"]].split(" The run is marked")[0],
     "run.hook_error": lambda v: f"An observer could not attach: {v['error']}.",

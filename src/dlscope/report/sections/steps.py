@@ -42,6 +42,16 @@ FASTER_WORDS = {
 SHORT = {"data": "data", "gap": "gap", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
 
 
+def on_shared_machine(shared: dict[str, Any] | None) -> str:
+    """What a verdict that rests on the steps' times adds when the machine was shared (analysis/machine.py)."""
+    if not shared:
+        return ""
+    return (
+        f" Measured on a shared machine: other processes took {shared['others_pct']:.0f}% of the job's "
+        f"{shared['cores']} cores while the steps ran (The observed command says more)."
+    )
+
+
 def mebibytes(value: int | None) -> float | None:
     return None if value is None else round(value / 2**20, 1)
 
@@ -181,25 +191,36 @@ def step_ranges(steps: list[int]) -> str:
     return ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in runs)
 
 
-def subnormal_finding(census: dict[str, Any]) -> tuple[str, str]:
+def subnormal_finding(census: dict[str, Any], shared: dict[str, Any] | None = None) -> tuple[str, str]:
     """A census of a step run after the steps' CPU time grew (subnormals.py): whether subnormal
-    floats are why, from what it counted, and what to change."""
+    floats are why, from what it counted, and what to change. `shared`: the machine was shared
+    (analysis/machine.py), which grows a step's CPU time too."""
     sampled, subnormal = census["sampled"], census["subnormal"]
     pct = 100 * subnormal / sampled if sampled else 0.0
     slowed = (
         f"The steps' CPU time grew from {fmt(census['lowest_cpu_ms'])} ms to {fmt(census['slowed_cpu_ms'])} ms a "
         f"step (rolling medians, all the process's threads; wall time {fmt(census['lowest_ms'])} → "
-        f"{fmt(census['slowed_ms'])} ms). Step {census['step']} ran under a census of the float values its "
+        f"{fmt(census['slowed_ms'])} ms)"
+    )
+    if shared:
+        slowed += (
+            f" — on a shared machine (other processes took {shared['others_pct']:.0f}% of the job's "
+            f"{shared['cores']} cores while the steps ran), where an intra-op thread that waits for a core keeps "
+            "the others spinning: CPU time that grows with the machine's load, not with the script's work"
+        )
+    slowed += (
+        f". Step {census['step']} ran under a census of the float values its "
         f"operators made (slower for it: left out of the anatomy, marked in the step tables): "
     )
     if census.get("error"):
         why = "another dispatch mode was entered above it" if census["error"] == "mode_above" else census["error"]
         return "info", slowed + f"it stopped counting ({why})."
     counted = f"{sampled:,} values" + (f" sampled of {census['values']:,}" if sampled < census["values"] else "")
+    load = " The machine's load is the likelier cause." if shared else ""
     if not subnormal:
-        return "info", slowed + f"none of {counted} was subnormal: not subnormal floats."
+        return "info", slowed + f"none of {counted} was subnormal: not subnormal floats.{load}"
     if pct < SUBNORMAL_PCT:
-        return "info", slowed + f"{subnormal:,} of {counted} were subnormal ({pct:.3g}%), too few to be why."
+        return "info", slowed + f"{subnormal:,} of {counted} were subnormal ({pct:.3g}%), too few to be why.{load}"
     makers = [o for o in census["ops"] if o["subnormal"]]
     named = ", ".join(
         f"{o['op']} ({100 * o['subnormal'] / o['sampled']:.3g}% of its {o['values']:,} values, "
@@ -223,9 +244,9 @@ def oversubscribed(beside: dict[str, Any] | None) -> bool:
     return beside["threads_total"] > beside["cores"]
 
 
-def sharing_finding(beside: dict[str, Any], main: int) -> tuple[str, str]:
+def sharing_finding(beside: dict[str, Any], main: int, machine_shared: dict[str, Any] | None = None) -> tuple[str, str]:
     """Processes that trained at once: their threads against the cores, and this process's step
-    beside them and alone where both were seen."""
+    beside them and alone where both were seen (`machine_shared`: on a machine others shared too)."""
     pids, cores, total = beside["pids"], beside["cores"], beside["threads_total"]
     others = ", ".join(str(p) for p in pids[1:])
     text = f"{len(pids)} processes trained at once on this machine (pid {main} and {others})"
@@ -257,7 +278,7 @@ def sharing_finding(beside: dict[str, Any], main: int) -> tuple[str, str]:
             f" Give each process its share of the cores: torch.set_num_threads({share}) in each, before it "
             "trains (or OMP_NUM_THREADS, as torchrun sets it); `dlscope doctor` tries it and measures the gain."
         )
-    return ("warn" if over or slower else "info"), text
+    return ("warn" if over or slower else "info"), text + on_shared_machine(machine_shared)
 
 
 def change_findings(section: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
@@ -276,7 +297,7 @@ def change_findings(section: dict[str, Any]) -> list[tuple[str, str, dict[str, A
             changes.append(("info", f"{text}: where optimizer {over[0] + 1} ({over[1]}) takes over.", c))
         else:
             level = "info" if more_work else "warn" if c["after_ms"] > c["before_ms"] else "good"
-            said = f"{text}: {where}." if where else f"{text}."
+            said = (f"{text}: {where}." if where else f"{text}.") + on_shared_machine(section.get("machine_shared"))
             if oversubscribed(section.get("sharing")):  # the likelier cause, said above
                 said += " Other processes trained at once on too few cores (above): their contention comes and goes."
             changes.append((level, said, c))
@@ -401,6 +422,7 @@ def render(section: dict[str, Any]) -> list[Block]:
     header = ["step", "ms", *(SHORT[p] for p in parts), "MB", "profiler"]
     q = section["percentiles_ms"]
     changes = [(level, text) for level, text, _ in change_findings(section)]
+    shared = section.get("machine_shared")
     blocks: list[Block] = [
         Para(
             f"{section['count']} steps in the training process (pid {section['main_pid']}), counted from "
@@ -415,9 +437,9 @@ def render(section: dict[str, Any]) -> list[Block]:
         Findings(changes or [("good", "The step time did not change for good at any point of the run.")]),
     ]
     if section.get("sharing"):
-        blocks.insert(1, Findings([sharing_finding(section["sharing"], section["main_pid"])]))
+        blocks.insert(1, Findings([sharing_finding(section["sharing"], section["main_pid"], shared)]))
     if section.get("subnormals"):
-        blocks.append(Findings([subnormal_finding(c) for c in section["subnormals"]]))
+        blocks.append(Findings([subnormal_finding(c, shared) for c in section["subnormals"]]))
     in_turn = section.get("optimizers_in_turn")
     if in_turn:
         names = ", ".join(f"{o['class']} ({o['steps']} steps)" for o in in_turn)
