@@ -252,6 +252,45 @@ def test_a_gain_counts_only_beyond_its_noise():
     assert prescribe.measured([(steady, [s * 2 for s in steady])])["verdict"] == "slower"
 
 
+def test_a_load_that_moved_between_a_trial_and_its_baseline_widens_the_band():
+    steady = [0.010 + 0.0001 * (i % 3) for i in range(20)]
+    faster = [s / 1.2 for s in steady]
+    assert prescribe.measured([(steady, faster)])["verdict"] == "faster"
+    # on a shared machine the change's trial had 1.5 cores left where its baseline had 1.2: 20% of the gain
+    quiet, busy = {"shared": False, "free_cores": 1.95}, {"shared": True, "free_cores": 1.2}
+    moved = doctor_step.load_moved(busy, {"shared": True, "free_cores": 1.5})
+    assert moved == pytest.approx(0.2)
+    widened = prescribe.measured([(steady, faster)], [moved])
+    assert (widened["verdict"], widened["noise_pct"], widened["load_moved_pct"]) == ("same", 20.0, 20.0)
+    # on a quiet machine the cores left move too (dlscope's own poll, a daemon): no widening
+    assert doctor_step.load_moved(quiet, {"shared": False, "free_cores": 1.8}) == 0.0
+    assert doctor_step.load_moved(None, busy) == 0.0  # a trial by an older dlscope: nothing read
+
+
+@pytest.mark.slow
+def test_a_baseline_on_a_shared_machine_has_its_predictions_withheld(doctor):
+    """Beside two busy loops the first run's times are the loaded machine's: the prediction made
+    from them is withheld (each change measured whatever it predicted), and the report says first
+    that the machine was shared."""
+    from test_machine_share import Loops
+
+    loops = Loops()
+    try:
+        section = doctor("--decode", "sleep", "--decode-ms", "10", "--forward-ms", "2", "--workers", "0", budget=90)
+    finally:
+        loops.stop()
+    machine = section["machine"]
+    assert machine["baseline_shared"] and "baseline-1" in machine["shared"], machine
+    assert section["candidates"] and all(c["withheld"] for c in section["candidates"])
+    assert not any(s["reason"] == "no_gain" for s in section["not_tried"])
+    shared = next(f for f in doctor_words.findings(section) if f["key"] == "doctor.shared")
+    said = doctor_words.WORDS["doctor.shared"](shared["values"])
+    assert f"took up to {machine['others_pct_max']:.0f}% of the 2 cores" in said and "withheld" in said
+    rows = doctor_words.render(section)
+    table = next(b for b in rows if getattr(b, "columns", None) and "predicted ×" in b.columns)
+    assert all(row[1] is None for row in table.rows)  # no predicted figure shown
+
+
 def test_numerics_compare_the_first_losses():
     assert prescribe.numerics([[1.0, 0.9, 0.8]], [1.0, 0.9, 0.8])["key"] == "same"
     assert prescribe.numerics([[1.0, 0.9, 0.8]], [1.0, 0.95, 0.8])["key"] == "differs"

@@ -248,9 +248,12 @@ def median_notch(seconds: list[float]) -> tuple[float, float]:
     return median, NOTCH * iqr / math.sqrt(len(seconds)) / median if median > 0 else 0.0
 
 
-def measured(pairs: list[tuple[list[float], list[float]]]) -> dict[str, Any]:
+def measured(pairs: list[tuple[list[float], list[float]]], load_moves: list[float] | None = None) -> dict[str, Any]:
     """A candidate's gain from its (baseline, candidate) step-time pairs, one per round: the median
-    of the rounds' ratios of medians, its noise band, and the verdict beyond that band."""
+    of the rounds' ratios of medians, its noise band, and the verdict beyond that band.
+    `load_moves`: per round, how much the cores other processes left the job moved between the two
+    trials on a shared machine (stages/doctor.py, load_moved): the band is widened to the largest,
+    since a step that had that much more or less of the cores can be that much faster or slower."""
     ratios, notches = [], []
     for base, trial in pairs:
         (b, nb), (t, nt) = median_notch(base), median_notch(trial)
@@ -258,13 +261,15 @@ def measured(pairs: list[tuple[list[float], list[float]]]) -> dict[str, Any]:
         notches.append(math.hypot(nb, nt))
     gain = percentile(ratios, 50)
     spread = (max(ratios) - min(ratios)) / 2 / gain  # the rounds disagree: the machine's load moved
-    noise = max(percentile(notches, 50), spread)
+    load = max(load_moves or [0.0])
+    noise = max(percentile(notches, 50), spread, load)
     verdict = "faster" if gain - 1 > noise else "slower" if 1 - gain > noise else "same"
     return {
         "gain": round(gain, 3),
         "noise_pct": round(100 * noise, 2),
         "rounds": [round(r, 3) for r in ratios],
         "verdict": verdict,
+        **({"load_moved_pct": round(100 * load, 2)} if load else {}),
     }
 
 

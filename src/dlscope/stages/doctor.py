@@ -88,9 +88,19 @@ def run(ctx: Context) -> dict[str, Any]:
             continue
         candidate["basis"]["matmul_speedup"] = scaling
         candidate["predicted"] = prescribe.scaled_prediction(candidate, scaling)
-    hopeless = [{"key": c["key"], "reason": "no_gain", "predicted": p} for c in tried if (p := c["predicted"]) <= 1]
+    shared = baseline.machine if baseline.machine and baseline.machine["shared"] else None
+    if shared is not None:
+        # predictions rest on the baseline's times and on calibrations made at that load: withheld, and
+        # no candidate is left out for one (measured, each trial beside its round's baseline, they decide)
+        for candidate in tried:
+            candidate["withheld"] = True
+    hopeless = [
+        {"key": c["key"], "reason": "no_gain", "predicted": p}
+        for c in tried
+        if (p := c["predicted"]) <= 1 and not c.get("withheld")
+    ]
     skipped = hopeless + skipped
-    tried = [c for c in tried if c["predicted"] > 1]
+    tried = [c for c in tried if c["predicted"] > 1 or c.get("withheld")]
     tried.sort(key=lambda c: (bool(c.get("ceiling")), -c["predicted"]))  # the ceiling only if room is left
     plan = fit(tried, baseline, left(), options.rounds)
     count = plan[1] if plan else 0
@@ -163,7 +173,8 @@ def judge(candidate: dict[str, Any], trials: list[TrialResult]) -> dict[str, Any
     """The candidate's trials against the baseline of the same round: gain, noise, numerics."""
     baselines = {trial_round(t.name)[1]: t for t in trials if t.ok and t.name.startswith("baseline-")}
     own = [t for t in trials if trial_round(t.name)[0] == candidate["key"]]
-    pairs = [(baselines[r].seconds, t.seconds) for t in own if t.ok and (r := trial_round(t.name)[1]) in baselines]
+    paired = [(baselines[r], t) for t in own if t.ok and (r := trial_round(t.name)[1]) in baselines]
+    pairs = [(b.seconds, t.seconds) for b, t in paired]
     out = {k: v for k, v in candidate.items() if k != "compute_share"}
     out["trials"] = [t.name for t in own]
     failed = [t for t in own if not t.ok]
@@ -172,11 +183,21 @@ def judge(candidate: dict[str, Any], trials: list[TrialResult]) -> dict[str, Any
     if not pairs:
         out["measured"] = None
         return out
-    out["measured"] = prescribe.measured(pairs)
-    out["prediction_error_pct"] = round(100 * (candidate["predicted"] / out["measured"]["gain"] - 1), 1)
+    out["measured"] = prescribe.measured(pairs, [load_moved(b.machine, t.machine) for b, t in paired])
+    if not candidate.get("withheld"):
+        out["prediction_error_pct"] = round(100 * (candidate["predicted"] / out["measured"]["gain"] - 1), 1)
     losses = [b.facts["losses"] for b in baselines.values()]
     out["numerics"] = prescribe.numerics(losses, next(t.facts["losses"] for t in own if t.ok))
     return out
+
+
+def load_moved(baseline: dict[str, Any] | None, trial: dict[str, Any] | None) -> float:
+    """How much the cores other processes left the job moved between a trial and its round's
+    baseline (a share of the larger), where the machine was shared in either; 0 on a quiet machine."""
+    if not baseline or not trial or not (baseline["shared"] or trial["shared"]):
+        return 0.0
+    free = (max(baseline["free_cores"], 0.0), max(trial["free_cores"], 0.0))
+    return abs(free[0] - free[1]) / max(*free, 1e-9)
 
 
 def verdict(judged: list[dict[str, Any]]) -> dict[str, Any]:
@@ -193,6 +214,7 @@ def finish(
     ctx: Context, section: dict[str, Any], trials: list[TrialResult], began: float, hashes: dict, found: dict
 ) -> dict[str, Any]:
     section["trials"] = [t.to_json(ctx.run.path) for t in trials]
+    section["machine"] = machine_summary(trials)
     section["verdict"] = found
     section["elapsed_s"] = round(time.monotonic() - began, 3)
     section["load"].append(round(os.getloadavg()[0], 2))
@@ -202,6 +224,19 @@ def finish(
     ok = found["key"] != "baseline_failed"
     section.update(run_status="ok" if ok else "failed", exit_code=0 if ok else 1)
     return section
+
+
+def machine_summary(trials: list[TrialResult]) -> dict[str, Any]:
+    """What other processes took of the cores across the trials (analysis/machine.py's facts)."""
+    seen = {t.name: t.machine for t in trials if t.machine}
+    first = trials[0].machine if trials else None
+    return {
+        "trials": len(seen),
+        "shared": [name for name, m in seen.items() if m["shared"]],
+        "others_pct_max": max((m["others_pct"] for m in seen.values()), default=None),
+        "baseline_others_pct": first["others_pct"] if first else None,
+        "baseline_shared": bool(first and first["shared"]),
+    }
 
 
 def baseline_facts(baseline: TrialResult) -> dict[str, Any]:

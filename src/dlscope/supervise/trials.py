@@ -52,6 +52,7 @@ class TrialResult:
     anatomy: dict[str, Any]
     top10: dict[str, Any]
     facts: dict[str, Any] = field(default_factory=dict)  # sites, threads, losses, zero_grad, refused, wrote
+    machine: dict[str, Any] | None = None  # the machine's share over its steps (analysis/machine.py)
     cost_s: float = 0.0  # wall time in the doctor: start-up, steps, and the reading of its records
 
     @property
@@ -85,7 +86,14 @@ class TrialResult:
             "wrote": self.facts["wrote"],
             "output": str((self.run / "output.txt").relative_to(parent)),
             "output_tail": self.facts.get("output_tail", []),
+            "machine": brief_machine(self.machine),
         }
+
+
+def brief_machine(facts: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A trial's machine share, as the doctor's section keeps it."""
+    keys = ("others_pct", "others_cores", "free_cores", "cores", "shared")
+    return {k: facts[k] for k in keys} if facts else None
 
 
 def absolute_command(command: list[str], cwd: Path) -> list[str]:
@@ -176,6 +184,7 @@ def run_trial(
         anatomy=run.results["sections"].get("anatomy", {}),
         top10=run.results["sections"].get("top10", {}),
         facts=facts,
+        machine=section.get("machine"),
     )
 
 

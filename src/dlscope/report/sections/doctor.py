@@ -57,7 +57,26 @@ LIBRARY_SETTINGS = {"num_workers": {"transformers": "TrainingArguments(dataloade
 
 
 def _gain(v: Mapping[str, Any]) -> str:
-    return f"{v['gain']:.2f}× measured (predicted {v['predicted']:.2f}×, noise ±{v['noise_pct']:.1f}%)"
+    predicted = "prediction withheld: shared machine" if v.get("withheld") else f"predicted {v['predicted']:.2f}×"
+    return f"{v['gain']:.2f}× measured ({predicted}, noise ±{v['noise_pct']:.1f}%)"
+
+
+def _shared(v: Mapping[str, Any]) -> str:
+    """Other processes took a material share of the cores during the trials (analysis/machine.py)."""
+    text = (
+        f"The machine was shared while doctor measured: other processes took up to {v['others_pct_max']:.0f}% of "
+        f"the {v['cores']} cores, a material share in {len(v['shared'])} of its {v['trials']} trials."
+    )
+    if v["baseline_shared"]:
+        text += (
+            f" Its first run among them (others took {v['baseline_others_pct']:.0f}%): the predictions, which rest "
+            "on that run's times and on calibrations made at that load, are withheld, and every change was "
+            "measured whatever it predicted."
+        )
+    return text + (
+        " A gain's noise band is widened by how much the cores left to the script moved between a change's trial "
+        "and its round's baseline; measure again on a quiet machine before relying on a small one."
+    )
 
 
 WORDS: Words = {
@@ -98,6 +117,7 @@ WORDS: Words = {
         "(a trial never overwrites your files); make the path relative or configurable to let doctor measure it."
     ),
     "doctor.changed": lambda v: f"The script file {v['file']} changed while doctor ran.",
+    "doctor.shared": _shared,
     "doctor.busy": lambda v: (
         f"The machine was busy (load {v['load']:.1f} on {v['cores']} cores): other jobs "
         "took cores the trials shared. The workers prediction counts the cores our processes got when it was made, "
@@ -116,7 +136,8 @@ def findings(section: dict[str, Any]) -> list[dict[str, Any]]:
     elif verdict["key"] == "prescribe":
         for i, key in enumerate(verdict["order"]):
             c = judged[key]
-            values = {"name": CHANGE_NAMES[key], "predicted": c["predicted"], **c["measured"]}
+            values = {"name": CHANGE_NAMES[key], "predicted": c["predicted"], "withheld": c.get("withheld")}
+            values.update(c["measured"])
             found.append({"key": "doctor.also" if i else "doctor.prescribe", "level": "good", "values": values})
     else:
         ceiling = next((c for c in judged.values() if c.get("ceiling") and c.get("measured")), None)
@@ -134,7 +155,7 @@ def findings(section: dict[str, Any]) -> list[dict[str, Any]]:
             found.append({"key": "doctor.at_best", "level": "good", "values": {"tried": len(verdict["tried"])}})
     for c in judged.values():
         if c.get("ceiling") and c.get("measured"):
-            values = {"predicted": c["predicted"], **c["measured"]}
+            values = {"predicted": c["predicted"], "withheld": c.get("withheld"), **c["measured"]}
             found.append({"key": "doctor.ceiling", "level": "info", "values": values})
         if (c.get("numerics") or {}).get("key") == "differs" and not c.get("ceiling"):
             found.append(
@@ -144,8 +165,11 @@ def findings(section: dict[str, Any]) -> list[dict[str, Any]]:
             found.append({"key": "doctor.failed", "level": "warn", "values": c["failed"]})
     if section.get("refused"):
         found.append({"key": "doctor.refused", "level": "warn", "values": {"paths": section["refused"]}})
-    busiest = max(section.get("load") or [0.0])
-    if busiest > section.get("cores", 1):
+    machine = section.get("machine")
+    if machine is not None:  # measured (a run by an older dlscope has the load average alone)
+        if machine["shared"]:
+            found.append({"key": "doctor.shared", "level": "warn", "values": {**machine, "cores": section["cores"]}})
+    elif (busiest := max(section.get("load") or [0.0])) > section.get("cores", 1):
         found.append({"key": "doctor.busy", "level": "warn", "values": {"load": busiest, "cores": section["cores"]}})
     for f in section.get("script_files", []):
         if not f["unchanged"]:
@@ -243,7 +267,7 @@ def render(section: dict[str, Any]) -> list[Block]:
         rows = [
             [
                 CHANGE_NAMES[c["key"]],
-                _rounded(c["predicted"], 2),
+                None if c.get("withheld") else _rounded(c["predicted"], 2),
                 _rounded((m := c.get("measured") or {}).get("gain"), 2),
                 _rounded(m.get("noise_pct"), 0),
                 " ".join(f"{r:.2f}" for r in m.get("rounds", [])) or "—",
