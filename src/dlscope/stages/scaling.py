@@ -19,13 +19,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dlscope.analysis.machine import machine_share, qualifier, read_machine
 from dlscope.analysis.ranks import analyze_ranks, scaling_table
 from dlscope.config import TrainConfig
 from dlscope.distributed.launch import LOG, failure_line, run_torchrun, threads_per_rank
 from dlscope.errors import DlscopeError
-from dlscope.options import DistOptions, RunOptions, StepOptions
+from dlscope.options import DistOptions, HangOptions, RunOptions, StepOptions
 from dlscope.rundir import rank_files, ranks_dir, ranks_section
 from dlscope.stages.base import Context, Step
+from dlscope.supervise.cpushare import MachineShare
+from dlscope.supervise.watchdog import Watchdog
 
 MNIST_TRAIN = 60_000
 GEMM_N = 1024  # a few tens of ms per product on one core
@@ -73,9 +76,15 @@ def measure(config: TrainConfig, options: RunOptions, dist: DistOptions, directo
     local = dataclasses.replace(dist, nnodes=1, node_rank=0, rdzv_endpoint=None, max_restarts=0, ckpt_format="torch")
     quiet = dataclasses.replace(options, out=str(directory), tensorboard=False, progress=False)
     plan = Plan("scaling", ["train"], config, quiet, StepOptions(dist=local), argv=[])
-    start = time.perf_counter()
-    status = run_torchrun(plan, directory, echo=False)
+    # the machine's share while it ran (supervise/cpushare.py): samples/s on cores others took is theirs too
+    watchdog = Watchdog(directory, directory, HangOptions(hang_after=None), lambda text: None, MachineShare())
+    start, began = time.perf_counter(), time.time()
+    try:
+        status = run_torchrun(plan, directory, echo=False, started=watchdog.start)
+    finally:
+        watchdog.stop()
     wall = time.perf_counter() - start
+    share = machine_share(read_machine(directory), (began, time.time()), local.nproc_per_node * config.threads)
     log = ranks_dir(directory) / LOG
     if status != 0:
         cause = failure_line(log.read_text(errors="replace"), status)
@@ -83,6 +92,7 @@ def measure(config: TrainConfig, options: RunOptions, dist: DistOptions, directo
         raise DlscopeError(f"the scaling run of {what} failed: {cause} (log: {log})", directory)
     train = json.loads(ranks_section(directory).read_text())
     measured = {"samples_per_s": train["samples_per_s"], "train_seconds": train["train_seconds"], "wall_seconds": wall}
+    measured["machine"] = qualifier(share) if share is not None else None
     if local.nproc_per_node > 1:
         measured |= communication(directory)
     shutil.rmtree(directory)
@@ -127,6 +137,7 @@ def run(ctx: Context) -> dict[str, Any]:
             for n in gemm:
                 gemm[n].append(gemm_gflops(n))
     workdir.rmdir()
+    shared = [r["machine"] for r in runs if r["machine"]]
     gemm_efficiency = 100 * max(gemm[world * threads]) / (world * max(gemm[threads]))
     medians = []
     for ranks, per_rank in configs:
@@ -152,6 +163,14 @@ def run(ctx: Context) -> dict[str, Any]:
             "gflops": [{"threads": n, "per_round": g} for n, g in gemm.items()],
             "efficiency_pct": gemm_efficiency,
         },
+        # runs during which other processes took a material share of the cores (analysis/machine.py)
+        "machine_shared": {
+            "runs": len(shared),
+            "others_pct_max": max(m["others_pct"] for m in shared),
+            "cores": shared[0]["cores"],
+        }
+        if shared
+        else None,
         "cost": {
             "launches": len(runs),
             "wall_seconds": sum(r["wall_seconds"] for r in runs),
@@ -162,7 +181,7 @@ def run(ctx: Context) -> dict[str, Any]:
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, float]:
     """Each measured quantity's median over the rounds."""
-    keys = [k for k in runs[0] if k not in ("round", "ranks", "threads")]
+    keys = [k for k in runs[0] if k not in ("round", "ranks", "threads", "machine")]
     return {k: statistics.median(r[k] for r in runs) for k in keys}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlscope.report.blocks import Block, Para, Table, fmt
+from dlscope.report.blocks import Block, Findings, Para, Table, fmt
 from dlscope.report.wording import worded
 
 TITLE = "Scaling: ranks against threads on this machine's cores"
@@ -73,6 +73,18 @@ def render(section: dict[str, Any]) -> list[Block]:
             f"{cost['launches']} launches, {cost['train_seconds']:.1f} s of it training steps."
         ),
         scaling_table(section),
-        worded(section["findings"], WORDS),
+        shared_runs(worded(section["findings"], WORDS), section.get("machine_shared")),
         rounds_table(section),
     ]
+
+
+def shared_runs(found: Findings, shared: dict[str, Any] | None) -> Findings:
+    """The findings, each saying it rests on runs during which others took a material share of the cores."""
+    if not shared:
+        return found
+    note = (
+        f" Measured on a shared machine: other processes took up to {shared['others_pct_max']:.0f}% of the "
+        f"{shared['cores']} cores during {shared['runs']} of the runs, so a split's samples/s are partly the "
+        "others' doing."
+    )
+    return Findings([(level, text + note) for level, text in found.items])
