@@ -46,6 +46,8 @@ def test_results_carry_world_size_and_each_rank(slow_rank_1):
     assert sorted(p["rank"] for p in ranked) == [0, 1] and all(p["world_size"] == 2 for p in ranked)
     launcher = [p for p in sections["run"]["processes"] if p["rank"] is None]
     assert launcher and "--nproc-per-node" in launcher[0]["argv"]  # torchrun itself, in Python too
+    # DDP's ranks communicate: no warning that they trained apart (test_ranks_apart.py)
+    assert not any(f["key"] == "distributed.ranks_apart" for f in sections["run"].get("findings", []))
     saves = [r for r in sections["phases"]["rows"] if r["phase"] == "checkpoint_save"]
     rank0 = next(p["pid"] for p in ranked if p["rank"] == 0)
     assert [(r["pid"], Path(r["file"]).name) for r in saves] == [(rank0, "model.pt")]  # rank 0's torch.save only

@@ -199,6 +199,8 @@ def check_ranks(sections: dict, truths: list[dict[str, str]]) -> None:
     assert distributed["world_size"] == 2 and distributed["ranks_traced"] == [0, 1]
     for rank in distributed["ranks"]:  # DDP all-reduces every gradient byte once per step
         assert 0.99 <= rank["bytes_vs_grad"] <= 1.1
+    # ranks that all-reduce are no ranks apart (test_ranks_apart.py)
+    assert not any(f["key"] == "distributed.ranks_apart" for f in sections["run"].get("findings", []))
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from dlscope.analysis import machine, sharing, steptable
 from dlscope.analysis.kineto import recorded_spans
 from dlscope.analysis.stepfile import StepFile, read_records, step_files
 from dlscope.contract.ioevents import read_events
+from dlscope.contract.live import LiveView, read_all
 from dlscope.contract.records import PHASE_RECORDS
 from dlscope.findings import Finding
 
@@ -42,14 +43,15 @@ class Observed:
     _syscalls: list[dict[str, Any]] | None = None
     _main: tuple[int | None] | None = None
     machine: dict[str, Any] | None = None  # what the supervising process read of the machine (MACHINE_FILE)
+    live: dict[int, LiveView] = field(default_factory=dict)  # each process's live file as it left it
 
     @classmethod
     def read(cls, directory: Path, events: Path | None = None) -> Observed:
         records, steps = read_records(directory), step_files(directory)
         for pid in steps:
             records.setdefault(pid, [])
-        machine_read = machine.read_machine(directory)
-        return cls(records, steps, directory=directory, events=events, machine=machine_read)
+        machine_read, live = machine.read_machine(directory), {v.pid: v for v in read_all(directory)}
+        return cls(records, steps, directory=directory, events=events, machine=machine_read, live=live)
 
     def syscalls(self) -> list[dict[str, Any]] | None:
         """The --trace-io events, decoded once (the timeline and the batch x-ray both read them)."""
@@ -147,6 +149,29 @@ def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] 
     if censuses:
         section["subnormals"] = censuses
     return section
+
+
+def rank_processes(observed: Observed) -> list[dict[str, Any]]:
+    """Each process with a rank: its steps, whether it joined a process group, the collectives it
+    entered over the run (its live file's count) and the training frameworks it imported
+    (analysis/ranks.py, ranks_apart)."""
+    out = []
+    for pid, rs in observed.records.items():
+        info = process_info(pid, rs)
+        if info["rank"] is None or info["loader_worker"] is not None:
+            continue
+        live = observed.live.get(pid)
+        out.append(
+            {
+                "rank": info["rank"],
+                "world_size": info["world_size"],
+                "steps": len(observed.stream(pid)[1]),
+                "joined": any(r.get("k") == "rank" for r in rs),
+                "collectives": live.collectives_entered if live is not None else 0,
+                "frameworks": sorted({r["name"] for r in rs if r.get("k") == "framework"}),
+            }
+        )
+    return out
 
 
 def steps_span(observed: Observed) -> tuple[float, float] | None:

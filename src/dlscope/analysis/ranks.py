@@ -267,6 +267,10 @@ def findings(section: dict[str, Any]) -> list[dict[str, Any]]:
             waits_for = late if late is not None and late != r["rank"] else None
             values.update(straggler=waits_for, comm_high_pct=COMM_HIGH_PCT)
             out.append(Finding("distributed.exposed_comm", "warn", values))
+    if not any(r["collectives_per_step"] for r in section["ranks"]):
+        # the run section's first finding says why (ranks_apart): no 0 B "against the gradients" here
+        out.append(Finding("distributed.no_collectives", "warn", {"ranks": len(section["ranks"])}))
+        return [f.to_json() for f in out]
     if any(r["collectives_per_step"] and r["comm_bytes_per_step"] is None for r in section["ranks"]):
         out.append(Finding("distributed.comm_bytes_unknown", "info"))
     ratios = [r.get("bytes_vs_grad") for r in section["ranks"] if r.get("bytes_vs_grad") is not None]
@@ -281,6 +285,37 @@ def findings(section: dict[str, Any]) -> list[dict[str, Any]]:
         }
         out.append(Finding("distributed.comm_bytes", "info", values))
     return [f.to_json() for f in out]
+
+
+# the frameworks a script may train through, most specific first: the Trainer imports accelerate
+FRAMEWORKS = ("transformers", "lightning", "accelerate")
+
+
+def ranks_apart(ranks: list[dict[str, Any]], distributed: dict[str, Any] | None) -> Finding | None:
+    """A job started as distributed whose ranks trained without ever communicating: each trained a
+    model of its own (no process group joined, or one joined and no gradient ever all-reduced).
+    `ranks`: each process with a rank — rank, world_size, steps, joined (it called
+    init_process_group), collectives (entered over the whole run, its live file's count), frameworks
+    (those it imported). `distributed`: the section from the ranks' traces, when they left some
+    (a collective there that the count missed — DDP with a hook of its own that is not Python's —
+    is communication all the same). None when the ranks communicated, or fewer than two stepped."""
+    stepped = [r for r in ranks if r["steps"]]
+    sizes = [r["world_size"] for r in stepped if r["world_size"]]
+    if len(stepped) < 2 or max(sizes, default=1) < 2:
+        return None
+    traced = [r["collectives_per_step"] for r in (distributed or {}).get("ranks", [])]
+    if any(r["collectives"] for r in stepped) or any(traced):
+        return None
+    imported = {name for r in stepped for name in r["frameworks"]}
+    values = {
+        "ranks": len(stepped),
+        "world_size": max(sizes),
+        "steps": {str(r["rank"]): r["steps"] for r in stepped},
+        "joined": sum(1 for r in stepped if r["joined"]),
+        "framework": next((name for name in FRAMEWORKS if name in imported), "torch"),
+        "profiled": bool(traced),
+    }
+    return Finding("distributed.ranks_apart", "warn", values)
 
 
 def scaling_table(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -48,6 +48,7 @@ describes the rows), then:
     E         of a checkpoint phase: files (every file written inside it)
     profile   trace, ops (key_averages rows), export_seconds
     rank      rank, world_size (when the process joined a process group: init_process_group)
+    framework name: transformers, lightning or accelerate (when the process imported its trainer)
     observed  torch_attached, optimizer_steps, backward_steps, torch_optimizer, batches_elsewhere
               (batches drawn in a thread other than the steps': a prefetcher's) (at exit)
     optimizers  stepped [{class, steps, first}] per optimizer instance stepped at top level, in the

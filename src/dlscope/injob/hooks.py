@@ -892,9 +892,15 @@ class TorchHooks:
         module.save_file = _wrap(module.save_file, functools.partial(self.checkpoint, "checkpoint_save", 1))
         module.load_file = _wrap(module.load_file, functools.partial(self.checkpoint, "checkpoint_load", 0))
 
+    def framework(self, name: str, module: Any) -> None:
+        """A training framework the process imported: what a rank that never communicated needs
+        to become data-parallel depends on it (analysis/ranks.py, ranks_apart)."""
+        self.records.write({"k": "framework", "name": name})
+
     def attach_transformers(self, module: Any) -> None:
         """`Trainer._save_checkpoint`: one phase per checkpoint, listing the files written in it
         (model.safetensors, optimizer.pt, scheduler.pt, rng_state.pth, ...)."""
+        self.framework("transformers", module)
         trainer = module.Trainer
         save = functools.partial(self.checkpoint, "checkpoint_save", len(("self", "model", "trial")))
         trainer._save_checkpoint = _wrap(trainer._save_checkpoint, save)
@@ -902,6 +908,7 @@ class TorchHooks:
     def attach_lightning(self, module: Any) -> None:
         """Lightning's TorchCheckpointIO (called on the rank that writes): it pickles into memory,
         then writes the file itself; the phase spans both and names the file."""
+        self.framework("lightning", module)
         io = module.TorchCheckpointIO
         io.save_checkpoint = _wrap(io.save_checkpoint, functools.partial(self.checkpoint, "checkpoint_save", 2))
         io.load_checkpoint = _wrap(io.load_checkpoint, functools.partial(self.checkpoint, "checkpoint_load", 1))
@@ -1068,6 +1075,7 @@ def install(directory: str) -> None:
     callbacks = {"torch": hooks.attach_torch, "safetensors.torch": hooks.attach_safetensors}
     callbacks.update(dict.fromkeys(LIGHTNING_CHECKPOINT_IO, hooks.attach_lightning))
     callbacks["transformers.trainer"] = hooks.attach_transformers
+    callbacks["accelerate.accelerator"] = functools.partial(hooks.framework, "accelerate")
     callbacks["torch.distributed.distributed_c10d"] = hooks.attach_c10d
     if hooks.trial is not None:
         callbacks["h5py"] = hooks.trial.attach_h5py

@@ -10,8 +10,10 @@ its report.
 A finding reaches the summary by registration, never by a case written here. A section module
 offers its findings (key, level, values) with `summary_findings(section, sections)`, or they are
 its stored `findings`; its `HEADLINES` table words in one short sentence each finding it promotes
-when the finding's level is warn or bad, and its `CHANGES` table words each change a finding
-suggests (`values["gain"]`: the step's speed-up at most, where measured). The full sentences, the
+when the finding's level is warn or bad (those in its `FIRST` come before what bounds the step,
+with the failures: ranks that trained apart are not the training the launch meant), and its
+`CHANGES` table words each change a finding suggests (`values["gain"]`: the step's speed-up at
+most, where measured). The full sentences, the
 tables and the reasoning stay in the sections; sentences on dlscope's own cost and method go to
 "How this was measured" (blocks.Method)."""
 
@@ -60,7 +62,7 @@ def summary_of(results: dict[str, Any]) -> list[Block]:
     every = promoted([(m, f) for m, f in offered if not any(f is s for s in said)])
     warnings = every[:MAX_WARNINGS]
     blocks: list[Block] = [Para(headline(sections))]
-    failures = [w for w in warnings if w[0] == "bad"]
+    failures = [w[:2] for w in warnings if w[0] == "bad" or w[2]]  # and what every verdict rests on
     if failures:
         blocks.append(Findings(failures))
     if bound is not None:
@@ -68,29 +70,30 @@ def summary_of(results: dict[str, Any]) -> list[Block]:
     if ran:
         blocks += change_blocks(sections, best)
     if len(warnings) > len(failures):
-        blocks.append(Findings(warnings[len(failures) :]))
+        blocks.append(Findings([w[:2] for w in warnings if not (w[0] == "bad" or w[2])]))
     more = len(every) - len(warnings)
     if more:
         blocks.append(Para(f"{more} more warning{'s' * (more != 1)} in the report."))
     return blocks
 
 
-def promoted(offered: list[tuple[ModuleType, Finding]]) -> list[tuple[str, str]]:
-    """The warnings: each registered finding at a promoted level, failures first, in the report's
-    order; of several with one key (ten slow files), the first, said to have more like it."""
-    first: dict[str, tuple[str, str]] = {}
+def promoted(offered: list[tuple[ModuleType, Finding]]) -> list[tuple[str, str, bool]]:
+    """The warnings: each registered finding at a promoted level, as (level, sentence, whether its
+    module says it FIRST): those said first, then failures, in the report's order; of several with
+    one key (ten slow files), the first, said to have more like it."""
+    first: dict[str, tuple[str, str, bool]] = {}
     alike: dict[str, int] = {}
     for module, f in offered:
         if f.level in PROMOTED and f.key in getattr(module, "HEADLINES", {}):
             if f.key in first:
                 alike[f.key] = alike.get(f.key, 0) + 1
             else:
-                first[f.key] = (f.level, module.HEADLINES[f.key](f.values))
+                first[f.key] = (f.level, module.HEADLINES[f.key](f.values), f.key in getattr(module, "FIRST", ()))
     said = [
-        (level, text + (f" ({alike[key]} more like it in the report.)" if key in alike else ""))
-        for key, (level, text) in first.items()
+        (level, text + (f" ({alike[key]} more like it in the report.)" if key in alike else ""), head)
+        for key, (level, text, head) in first.items()
     ]
-    return sorted(said, key=lambda w: PROMOTED.index(w[0]))  # stable: the report's order within a level
+    return sorted(said, key=lambda w: (not w[2], PROMOTED.index(w[0])))  # stable: the report's order within
 
 
 def offered_findings(results: dict[str, Any]) -> Iterator[tuple[ModuleType, Finding]]:

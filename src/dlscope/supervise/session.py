@@ -22,7 +22,7 @@ import numpy as np
 
 from dlscope.analysis import batchflow, steptable, timeline
 from dlscope.analysis import observed as analysis
-from dlscope.analysis.ranks import analyze_ranks
+from dlscope.analysis.ranks import analyze_ranks, ranks_apart
 from dlscope.contract.env import PROFILE_ENV, RUN_DIR_ENV
 from dlscope.contract.records import clocks
 from dlscope.errors import HANG_EXIT_CODE, ConfigError, DlscopeError
@@ -155,13 +155,14 @@ def record_sections(
         if verdict.get("key") == "input_bound" and batches["keeping_ahead"]:
             # the wait for batches the workers had built already is not their building
             verdict["batches_ready_pct"] = batches["keeping_ahead"]["ready_pct"]
-    # first in the report, as in the terminal: its warnings (a shared machine) come first;
+    # first in the report, as in the terminal: its warnings (a shared machine, ranks apart) come first;
     # the runner records it whole, in this place, once the command's exit status is known
     run.record("run", found["run"])
     for name in ("steps", "anatomy", "top10", "phases", "gpu"):
         if name in found:
             run.record(name, found[name])
     ranked = rank_traces(observed.records)
+    distributed = None
     if ranked:
         recorded = {rank: r["recorded"] for rank, r in ranked.items()}
         traces = {rank: Path(r["trace"]) for rank, r in ranked.items()}
@@ -169,6 +170,9 @@ def record_sections(
         if found["steps"].get("machine_shared"):
             distributed["machine_shared"] = found["steps"]["machine_shared"]
         run.record("distributed", distributed)
+    apart = ranks_apart(analysis.rank_processes(observed), distributed)
+    if apart is not None:  # said first, as the machine's share is
+        found["run"]["findings"] = [apart.to_json(), *found["run"].get("findings", [])]
     if iotrace is not None:
         run.record("iotrace", iotrace)
     if batches is not None:

@@ -143,6 +143,11 @@ WORDS = {
         "Collective bytes unknown: the traces record no tensor shapes (profile with record_shapes=True "
         "to compare them with the gradients)."
     ),
+    "distributed.no_collectives": lambda v: (
+        f"None of the {v['ranks']} ranks launched a collective in its profiled steps: they trained apart (the "
+        "first finding of The observed command says what makes them data-parallel); the tables compare their "
+        "compute alone."
+    ),
     "distributed.comm_bytes": lambda v: (
         f"The collectives move {v['comm_bytes_per_step']:,} B per step per rank, {v['bytes_vs_grad']:.2f}× the "
         f"model's {v['grad_bytes']:,} B of gradients ({_kinds(v)} a step)."

@@ -48,6 +48,50 @@ def machine_shared(v: dict[str, Any]) -> str:
     )
 
 
+# what a script needs to make its ranks data-parallel, by the framework it trained through (ranks_apart)
+DATA_PARALLEL = {
+    "torch": "call torch.distributed.init_process_group() (gloo on CPU, nccl on GPUs) before building the "
+    "model, wrap the model in torch.nn.parallel.DistributedDataParallel, and give its DataLoader a "
+    "DistributedSampler so that each rank reads its own share of the data; a script with a switch of its own "
+    "for distributed training (a --distributed flag, its own launcher) wants that switch",
+    "transformers": "the Hugging Face Trainer makes each process a DDP rank itself when torchrun or `accelerate "
+    "launch --num_processes N` starts it, inside Trainer.train(); a loop of the script's own needs "
+    "accelerate's `accelerator.prepare(model, optimizer, dataloader)`, which wraps the model in DDP and "
+    "shards the DataLoader",
+    "accelerate": "pass the model, the optimizer and the DataLoader through `accelerator.prepare(...)` (it "
+    "wraps the model in DDP and shards the DataLoader), and launch with `accelerate launch --num_processes N` "
+    "or torchrun",
+    "lightning": 'Lightning starts and wires its DDP ranks itself: Trainer(devices=N, strategy="ddp"), with '
+    "the script run alone; under torchrun, devices must equal --nproc-per-node (with devices=1 each of "
+    "torchrun's processes trains alone, as rank 0)",
+}
+
+
+DATA_PARALLEL_SHORT = {  # the same, in the summary's one line
+    "torch": "init_process_group, DistributedDataParallel and a DistributedSampler",
+    "transformers": "Trainer.train() under torchrun or `accelerate launch`, or accelerator.prepare(...)",
+    "accelerate": "accelerator.prepare(model, optimizer, dataloader)",
+    "lightning": 'Trainer(devices=N, strategy="ddp") (under torchrun, devices = --nproc-per-node)',
+}
+
+
+def ranks_apart(v: dict[str, Any]) -> str:
+    """A job started as distributed whose ranks never communicated (analysis/ranks.py)."""
+    steps = ", ".join(f"rank {rank}: {n}" for rank, n in v["steps"].items())
+    if not v["joined"]:
+        how = "none of them joined a process group (torch.distributed.init_process_group was never called)"
+    elif v["joined"] < v["ranks"]:
+        how = f"{v['joined']} of them joined a process group, and none entered a collective in the whole run"
+    else:
+        how = "they joined a process group but none entered a collective in the whole run (no all-reduce)"
+    return (
+        f"The job was started as distributed (world size {v['world_size']}), but its {v['ranks']} ranks never "
+        f"communicated: {how}. Each trained a model of its own on batches of its own ({steps} steps): "
+        f"{v['ranks']} separate trainings of the same script, not one data-parallel training. To make it "
+        f"data-parallel, {DATA_PARALLEL[v['framework']]}."
+    )
+
+
 def process_kind(process: dict[str, Any]) -> str:
     """python: started with its own command line; forked: a fork of another (a DataLoader worker,
     or a process that trains: hogwild, A3C)."""
@@ -76,6 +120,7 @@ def summary_findings(section: dict[str, Any], sections: dict[str, Any] | None = 
 
 WORDS = {
     "machine.shared": machine_shared,
+    "distributed.ranks_apart": ranks_apart,
     "run.interrupted": lambda v: "Interrupted (Ctrl-C): the sections show what was recorded until then.",
     "run.exit_status": lambda v: f"The command exited with status {v['code']}; the report covers its run.",
     "run.no_steps": lambda v: NOT_OBSERVED[v["torch_attached"]],
@@ -85,7 +130,14 @@ WORDS = {
         "its last phase is closed at its last record."
     ),
 }
+# said before what bounds the step, in the summary: the training is not what the launch meant
+FIRST = ("distributed.ranks_apart",)
 HEADLINES = {  # the summary's words for the findings it shows (its first line says the exit status)
+    "distributed.ranks_apart": lambda v: (
+        f"The {v['ranks']} ranks never communicated: each trained a model of its own ("
+        + ("no process group joined" if not v["joined"] else "no collective entered")
+        + f"); to make them data-parallel, {DATA_PARALLEL_SHORT[v['framework']]} (the report says more)."
+    ),
     "machine.shared": lambda v: (
         f"The machine was shared: other processes took {fmt(v['others_cores'])} of the job's {v['cores']} cores "
         f"({v['others_pct']:.0f}%) while the steps ran; every time here is that load's, not the script's alone."
