@@ -109,6 +109,7 @@ def test_a_run_beside_two_busy_loops_says_the_machine_was_shared(tmp_path, capfd
     assert sections["anatomy"]["machine_shared"]["others_pct"] == machine["others_pct"]
 
 
+@pytest.mark.alone  # beside another test's job the machine is shared, truly
 def test_a_quiet_run_says_nothing_of_the_machine(tmp_path, capfd):
     sections, truth = observe(tmp_path, capfd, SCRIPT)
     machine = sections["run"]["machine"]

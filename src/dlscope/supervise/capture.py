@@ -56,8 +56,14 @@ def _read(path: str) -> str | None:
         return None
 
 
-def main_thread_cpu_s(pid: int) -> float | None:
-    """CPU seconds the process's main thread (its thread id is the pid) has run, user and system."""
+def main_thread_runnable_s(pid: int) -> float | None:
+    """Seconds the process's main thread (its thread id is the pid) has wanted a core: run on one,
+    and waited in the run queue for one (schedstat). On a machine others share, a thread that
+    computes all along runs only part of the time, and waits the rest. Without schedstat, the time
+    it ran (utime + stime)."""
+    sched = (_read(f"/proc/{pid}/task/{pid}/schedstat") or "").split()
+    if len(sched) >= 2:
+        return (int(sched[0]) + int(sched[1])) / 1e9
     stat = _read(f"/proc/{pid}/task/{pid}/stat")
     if stat is None:
         return None

@@ -36,11 +36,12 @@ from typing import Any
 from dlscope.analysis.hangverdict import verdict
 from dlscope.contract.live import LiveView, read_all
 from dlscope.options import HangOptions
-from dlscope.supervise.capture import alive, capture, descendants, main_thread_cpu_s
+from dlscope.supervise.capture import alive, capture, descendants, main_thread_runnable_s
 from dlscope.supervise.cpushare import MachineShare
 
 POLL_S = 1.0
-# a process whose main thread ran at least this share of a poll's wall time is computing
+# a process whose main thread ran, or waited for a core, at least this share of a poll's wall
+# time is computing
 BUSY_SHARE = 0.5
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when the job is ended
 END_SIGNAL = signal.SIGRTMIN + 7  # to this process's main thread: the job it runs itself is ended
@@ -136,8 +137,9 @@ class Watchdog:
         return newest
 
     def computing(self, views: list[LiveView]) -> bool:
-        """A process that has stepped keeps its main thread on a core (≥ BUSY_SHARE of the time
-        since the last read) while no rank is inside a collective: a step longer than the
+        """A process that has stepped keeps its main thread on a core, or waiting for one (≥ BUSY_SHARE
+        of the time since the last read: on a busy machine a computing thread waits for a core
+        much of the time) while no rank is inside a collective: a step longer than the
         threshold (LBFGS's many closures, a long first step), not a hang. A rank that spins in a
         collective that never ends is inside it: still a hang; so is a loop that never stops."""
         if any(v.collectives_entered > v.collectives_finished for v in views if not v.exited):
@@ -146,7 +148,7 @@ class Watchdog:
         for v in views:
             if v.loader_worker or v.exited or not v.steps:
                 continue
-            cpu = main_thread_cpu_s(v.pid)
+            cpu = main_thread_runnable_s(v.pid)
             if cpu is None:
                 continue
             before = self.cpu.get(v.pid)
