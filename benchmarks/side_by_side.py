@@ -118,7 +118,10 @@ def dlscope_said(work: Path) -> dict[str, Any]:
 
 
 def traceml_said(work: Path) -> dict[str, Any]:
-    summary = json.loads(next((work / "logs").glob("*/final_summary.json")).read_text())
+    written = sorted((work / "logs").glob("*/final_summary.json"))
+    if not written:
+        raise RuntimeError(f"TraceML wrote no final_summary.json under {work / 'logs'}")
+    summary = json.loads(written[0].read_text())
     primary = summary["primary_diagnosis"]
     evidence = primary.get("evidence", {})
     said = primary["kind"]
@@ -174,11 +177,11 @@ def run_once(tool: str, kind: str) -> dict[str, Any]:
             raise RuntimeError(f"{tool} on --kind {kind} exited {done.returncode}:\n{tail}")
         logged = [p.read_text() for p in work.glob("logs/*/nodes/*/training.stdout.log")]
         truth = truth_of([done.stdout, *logged])
-        steps = truth["step_s"][1:]
         said = SAID[tool](work) if tool in SAID else {"said": "", "part": None}
     return {
         "wall_s": wall,
-        "step_s": statistics.mean(steps),
+        "step_s": statistics.mean(truth["step_s"][1:]),
+        "cpu_s": statistics.mean(truth["cpu_s"][1:]),
         "shares": truth["shares"],
         "truth": truth["truth"],
         **said,
@@ -198,22 +201,26 @@ def main() -> None:
     args = parser.parse_args()
     tools = ["bare", *args.tools]
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {(k, t): [] for k in args.kinds for t in tools}
-    began, load_before = time.time(), load()
-    print(f"load before {load_before} (1/5/15 min), {os.cpu_count()} CPUs", flush=True)
+    began, loads = time.time(), [os.getloadavg()[0]]
+    print(f"load {load()} (1/5/15 min), {os.cpu_count()} CPUs", flush=True)
     for r in range(args.rounds):
         order = tools[r % len(tools) :] + tools[: r % len(tools)]
         for kind in args.kinds:
             for tool in order:
                 runs[kind, tool].append(result := run_once(tool, kind))
+                loads.append(os.getloadavg()[0])
                 print(
                     f"round {r + 1} {kind:8} {tool:14} wall {result['wall_s']:6.1f} s  step "
-                    f"{1e3 * result['step_s']:7.2f} ms  said: {result['said']}",
+                    f"{1e3 * result['step_s']:7.2f} ms, CPU {1e3 * result['cpu_s']:6.2f} ms  load {loads[-1]:4.1f}  "
+                    f"said: {result['said']}",
                     flush=True,
                 )
-    load_after = load()
-    print(f"load after {load_after}; {time.time() - began:.0f} s\n")
+    print(f"{time.time() - began:.0f} s\n")
     print(table(runs, args.kinds, tools))
-    print(f"\n{args.rounds} rounds; load {load_before} → {load_after}")
+    print(
+        f"\n{args.rounds} rounds, {time.strftime('%Y-%m-%d')}; 1-minute load over the runs: {min(loads):.1f}–"
+        f"{max(loads):.1f}, median {statistics.median(loads):.1f}"
+    )
     if args.json:
         args.json.write_text(json.dumps({f"{k} {t}": v for (k, t), v in runs.items()}, indent=1))
 
@@ -230,24 +237,26 @@ def table(runs: dict[tuple[str, str], list[dict[str, Any]]], kinds: list[str], t
     """The Markdown table: per script its truth and bare figures, per tool the medians of its
     same-round ratios to bare and what it said (the last round's words; right in n of the rounds)."""
     rows = [
-        "| script: its truth (own clock), bare step, wall | tool | step × bare | wall × bare | what it said | right |",
-        "|---|---|---:|---:|---|---:|",
+        "| script: its truth (own clock); bare step, its CPU, wall | tool | step × bare | step CPU × bare "
+        "| wall × bare | what it said | right |",
+        "|---|---|---:|---:|---:|---|---:|",
     ]
     for kind in kinds:
         bare = runs[kind, "bare"]
         shares = {p: statistics.median(r["shares"][p] for r in bare) for p in ("data", "compute", "other")}
         truth = Counter(r["truth"] for r in bare).most_common(1)[0][0]
-        head = (
-            f"{kind}: {truth} {shares[truth]:.0f}%, {statistics.median(1e3 * r['step_s'] for r in bare):.1f} ms, "
-            f"{statistics.median(r['wall_s'] for r in bare):.1f} s"
-        )
+        step, cpu, wall = (statistics.median(r[key] for r in bare) for key in ("step_s", "cpu_s", "wall_s"))
+        head = f"{kind}: {truth} {shares[truth]:.0f}%; {1e3 * step:.1f} ms, {1e3 * cpu:.1f} ms, {wall:.1f} s"
         for tool in tools[1:]:
             mine = runs[kind, tool]
             step = statistics.median(m["step_s"] / b["step_s"] for m, b in zip(mine, bare, strict=True))
+            cpu = statistics.median(m["cpu_s"] / b["cpu_s"] for m, b in zip(mine, bare, strict=True))
             wall = statistics.median(m["wall_s"] / b["wall_s"] for m, b in zip(mine, bare, strict=True))
             right = sum(m["part"] == m["truth"] for m in mine)
             verdict = f"{right}/{len(mine)}" if any(m["part"] for m in mine) else "—"
-            rows.append(f"| {head} | {NAMES[tool]} | {step:.2f}× | {wall:.2f}× | {mine[-1]['said']} | {verdict} |")
+            rows.append(
+                f"| {head} | {NAMES[tool]} | {step:.2f}× | {cpu:.2f}× | {wall:.2f}× | {mine[-1]['said']} | {verdict} |"
+            )
             head = ""
     return "\n".join(rows)
 

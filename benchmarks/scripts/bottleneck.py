@@ -1,7 +1,9 @@
 """A plain PyTorch training loop with one known bottleneck, for benchmarks/side_by_side.py. It times
 its own steps and prints them, with its truth, as one line at the end:
 
-    BOTTLENECK_TRUTH {"step_s": [...], "shares": {"data": %, "compute": %, "other": %}, "truth": "data"}
+    BOTTLENECK_TRUTH {"step_s": [...], "cpu_s": [...], "shares": {"data": %, ...}, "truth": "data"}
+
+(`cpu_s`: each step's CPU time of the loop's thread, which a machine busy with other jobs leaves as it is).
 
     --kind input    a Dataset whose samples each take --read-ms of sleep (slow storage) and
                     --decode-ms of busy CPU (decoding), 2 DataLoader workers, a tiny MLP: the
@@ -108,10 +110,10 @@ else:
         return contextlib.nullcontext()
 
 
-steps, data, compute = [], [], []
+steps, cpu, data, compute = [], [], [], []
 batches = iter(loader)
 while True:
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.thread_time()
     try:
         x, y = next(batches)
     except StopIteration:
@@ -125,6 +127,7 @@ while True:
         if args.kind == "wait":
             time.sleep(args.wait_ms / 1e3)
     end = time.perf_counter()
+    cpu.append(time.thread_time() - start_cpu)
     steps.append(end - start)
     data.append(got - start)
     compute.append(computed - got)
@@ -134,5 +137,12 @@ shares = {"data": 100 * sum(data[1:]) / total, "compute": 100 * sum(compute[1:])
 shares["other"] = 100 - shares["data"] - shares["compute"]
 print(
     "BOTTLENECK_TRUTH "
-    + json.dumps({"step_s": [round(s, 6) for s in steps], "shares": shares, "truth": max(shares, key=shares.get)})
+    + json.dumps(
+        {
+            "step_s": [round(s, 6) for s in steps],
+            "cpu_s": [round(c, 6) for c in cpu],
+            "shares": shares,
+            "truth": max(shares, key=shares.get),
+        }
+    )
 )
