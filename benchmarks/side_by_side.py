@@ -48,6 +48,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+from dlscope.analysis.stepfile import StepFile  # noqa: E402  (this checkout's reader)
+
 SCRIPT = ROOT / "benchmarks" / "scripts" / "bottleneck.py"
 TRUTH_PREFIX = "BOTTLENECK_TRUTH "
 TOOLS = ("bare", "dlscope", "traceml-watch", "traceml-run", "py-spy")
@@ -105,20 +108,42 @@ def truth_of(texts: list[str]) -> dict[str, Any]:
     raise RuntimeError("the script printed no BOTTLENECK_TRUTH line")
 
 
-def dlscope_said(work: Path) -> dict[str, Any]:
-    anatomy = json.loads((work / "run" / "results.json").read_text())["sections"]["anatomy"]
+def own_shares(truth: dict[str, Any], steps: list[int]) -> dict[str, float]:
+    """The script's own shares (its clock) over the steps given."""
+    total = sum(truth["step_s"][i] for i in steps)
+    shares = {part: 100 * sum(truth[f"{part}_s"][i] for i in steps) / total for part in ("data", "compute")}
+    return {**shares, "other": 100 - shares["data"] - shares["compute"]}
+
+
+def dlscope_said(work: Path, truth: dict[str, Any]) -> dict[str, Any]:
+    """Its verdict and largest part, and beside it the script's own share of that part over the
+    steps dlscope's anatomy used: its steady steps, not the first nor the profiler's warm-up and
+    active steps (the step file's `profiled` column)."""
+    results = json.loads((work / "run" / "results.json").read_text())
+    anatomy = results["sections"]["anatomy"]
     verdict, pct = anatomy["verdict"], anatomy["percent"]
     parts = {
         "data": pct.get("data", 0.0),
         "compute": sum(pct.get(p, 0.0) for p in ("forward", "backward", "optimizer")),
         "other": pct.get("other", 0.0) + pct.get("gap", 0.0),
     }
-    largest = max((p for p in pct if p != "gap" or pct[p]), key=lambda p: pct[p])
+    part = max(parts, key=parts.get)
     words = verdict["key"] + (f" ({verdict['level']})" if "level" in verdict else "")
-    return {"said": f"{words}; largest: {largest} {pct[largest]:.0f}%", "part": max(parts, key=parts.get)}
+    steps = StepFile(work / "run" / results["sections"]["steps"]["file"])
+    profiled = steps.codes["profiled"]
+    steady = [
+        int(row["i"])
+        for row in steps.read()
+        if row["src"] == 0 and row["i"] >= 1 and profiled[row["profiled"]] not in ("warmup", "active")
+    ]
+    said = f"{words}; {part} {parts[part]:.0f}% (own clock {own_shares(truth, steady)[part]:.0f}%)"
+    if part == "compute":
+        largest = max(("forward", "backward", "optimizer"), key=lambda p: pct.get(p, 0.0))
+        said += f", {largest} {pct[largest]:.0f}%"
+    return {"said": said, "part": part}
 
 
-def traceml_said(work: Path) -> dict[str, Any]:
+def traceml_said(work: Path, truth: dict[str, Any]) -> dict[str, Any]:
     written = sorted((work / "logs").glob("*/final_summary.json"))
     if not written:
         raise RuntimeError(f"TraceML wrote no final_summary.json under {work / 'logs'}")
@@ -129,13 +154,14 @@ def traceml_said(work: Path) -> dict[str, Any]:
     part = TRACEML_PART.get(primary["kind"])
     if part and evidence.get(f"{TRACEML_EVIDENCE[part]}_ms") is not None and evidence.get("step_time_ms"):
         said += f" {100 * evidence[f'{TRACEML_EVIDENCE[part]}_ms'] / evidence['step_time_ms']:.0f}%"
+        said += f" (own clock {truth['shares'][part]:.0f}%)"
     system = (summary.get("system") or {}).get("diagnosis") or {}
     if system.get("kind") not in (None, "NORMAL", "NO_DATA"):
         said += f"; system: {system['kind']}"
     return {"said": said, "part": part}
 
 
-def pyspy_said(work: Path) -> dict[str, Any]:
+def pyspy_said(work: Path, truth: dict[str, Any]) -> dict[str, Any]:
     """The training process's samples taken inside the loop, by the loop line they passed through
     (the script's `<module>` frame), and under the widest line its top leaf frame."""
     source = SCRIPT.read_text().splitlines()
@@ -187,7 +213,7 @@ def run_once(tool: str, kind: str) -> dict[str, Any]:
             raise RuntimeError(f"{tool} on --kind {kind} exited {child.returncode}:\n{(stdout + stderr)[-2000:]}")
         logged = [p.read_text() for p in work.glob("logs/*/nodes/*/training.stdout.log")]
         truth = truth_of([stdout, *logged])
-        said = SAID[tool](work) if tool in SAID else {"said": "", "part": None}
+        said = SAID[tool](work, truth) if tool in SAID else {"said": "", "part": None}
     return {
         "wall_s": wall,
         "step_s": statistics.mean(truth["step_s"][1:]),

@@ -1,9 +1,11 @@
 """A plain PyTorch training loop with one known bottleneck, for benchmarks/side_by_side.py. It times
 its own steps and prints them, with its truth, as one line at the end:
 
-    BOTTLENECK_TRUTH {"step_s": [...], "cpu_s": [...], "shares": {"data": %, ...}, "truth": "data"}
+    BOTTLENECK_TRUTH {"step_s": [...], "cpu_s": [...], "data_s": [...], "compute_s": [...],
+                      "shares": {"data": %, "compute": %, "other": %}, "truth": "data"}
 
-(`cpu_s`: each step's CPU time of the loop's thread, which a machine busy with other jobs leaves as it is).
+(per step: its time, its CPU time in the loop's thread, which a machine busy with other jobs leaves
+as it is, and its data and compute parts; the shares over the steps after the first).
 
     --kind input    a Dataset whose samples each take --read-ms of sleep (slow storage) and
                     --decode-ms of busy CPU (decoding), 2 DataLoader workers, a tiny MLP: the
@@ -132,17 +134,9 @@ while True:
     data.append(got - start)
     compute.append(computed - got)
 
+per_step = {"step_s": steps, "cpu_s": cpu, "data_s": data, "compute_s": compute}
 total = sum(steps[1:])
 shares = {"data": 100 * sum(data[1:]) / total, "compute": 100 * sum(compute[1:]) / total}
 shares["other"] = 100 - shares["data"] - shares["compute"]
-print(
-    "BOTTLENECK_TRUTH "
-    + json.dumps(
-        {
-            "step_s": [round(s, 6) for s in steps],
-            "cpu_s": [round(c, 6) for c in cpu],
-            "shares": shares,
-            "truth": max(shares, key=shares.get),
-        }
-    )
-)
+truth = {name: [round(t, 6) for t in times] for name, times in per_step.items()}
+print("BOTTLENECK_TRUTH " + json.dumps({**truth, "shares": shares, "truth": max(shares, key=shares.get)}))
