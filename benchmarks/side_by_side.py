@@ -15,18 +15,22 @@ The tools, each as its documentation says to start it on a plain PyTorch loop:
   py-spy          py-spy record --subprocesses --idle --format raw -- python bottleneck.py
                   (--idle: waits are samples too, so that the samples follow wall time)
 
-Cost: the mean step (the script's own clock, steps after the first) and the command's wall time
-(the whole tool: start-up, analysis, report), each a ratio against the bare run of the same script in
-the same round; medians over rounds. Within a round the order of the tools turns by one each round.
+Cost: the mean step (the script's own clock, steps after the first), the loop thread's CPU time a
+step (mean, and the median step's: a loaded machine stretches a step's wall time, not its CPU time)
+and the command's wall time (the whole tool: start-up, analysis, report), each a ratio against the
+bare run of the same script in the same round; medians over rounds. The tools' order turns by one
+each round. Each run is a session of its own: an interrupted benchmark ends the tool's helpers too.
 
-What each said: dlscope, results.json's anatomy verdict (key, level) and its largest part;
-TraceML, final_summary.json's primary diagnosis (kind, share); py-spy, the loop's line with the most
-samples of the training process (the flame graph's widest frame under the loop) and the top leaf
-frame under it. Each is sorted into data / compute / other and compared with the script's truth.
+What each said: dlscope, results.json's anatomy verdict (key, level) and its largest part (data;
+compute = forward + backward + optimizer; other + gap), beside the script's own share over the
+steps dlscope analysed (its steady steps, from its step file); TraceML, final_summary.json's primary
+diagnosis (kind, its share) beside the script's share; py-spy, the loop's line with the most samples
+of the training process (the flame graph's widest frame under the loop) and the top leaf frame under
+it. Each is sorted into data / compute / other and compared with the script's largest part.
 
 Needs the tools of requirements-bench.txt (traceml-ai, py-spy; not the tests' requirements):
     pip install -r requirements-bench.txt
-    python benchmarks/side_by_side.py [--rounds 3] [--kinds input compute wait] [--tools ...] [--json F]
+    python benchmarks/side_by_side.py [--rounds 5] [--kinds input compute wait] [--tools ...] [--json F]
 """
 
 from __future__ import annotations
