@@ -237,7 +237,7 @@ def load() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--tools", nargs="+", choices=TOOLS[1:], default=list(TOOLS[1:]))
     parser.add_argument("--json", type=Path, help="write every run's figures here")
