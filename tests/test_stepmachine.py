@@ -323,6 +323,19 @@ def test_no_grad_forwards_are_an_evaluation_only_from_enough_in_a_row():
     assert [s for s in r.steps if s["src"] == "optimizer"][-1]["start"] == t + 11  # eval time: no step's
 
 
+def test_the_first_passs_iter_is_step_0s_data():
+    """The first pass's iter() (its DataLoader forks its workers there) starts step 0: its data,
+    not startup's."""
+    m, r = machine()
+    m.optimizer_created()
+    m.loader_waited(1.0, 3.0)
+    end = plain_step(m, 3.0)
+    step = r.steps[-1]
+    assert (step["i"], step["start"], step["end"], step["data"]) == (0, 1.0, end, 3.0)
+    marks = [(rec["k"], rec["name"], rec["ts"]) for rec in r.other if rec["k"] in "BE"]
+    assert marks[:3] == [("B", "startup", 0.0), ("E", "startup", 1.0), ("B", "first_batch", 1.0)]
+
+
 def fed_batches(m: StepMachine, t: float, n: int, source: str) -> float:
     """`n` batches of `source`, each fed to a training forward (no backward): 1 + 2 each."""
     for _ in range(n):

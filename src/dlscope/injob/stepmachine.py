@@ -52,6 +52,10 @@ see it), and the step they were counted in gets back what it had before them. En
 backward() instead (a loss summed over several batches before one backward, the next epoch's
 training on the same dataset object), they stay the step's.
 
+Loader waits. The first pass's `iter()` before any step (where a DataLoader forks its workers)
+starts step 0, as its first batch would: it is that step's wait for its input, so data, and
+startup ends with it.
+
 The common step (a training forward or none, a backward(), an optimizer step, nothing between
 two step ends) is taken in C where the extension is built (_fastpath.c): it finishes such a step
 as end_step would, and replays its events into these methods whenever a step is anything else.
@@ -477,12 +481,18 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         called only while `idle` (the hot path checks the flag first)."""
         self.idle = False
         if self.steps["optimizer"] is None:
-            self.steps = {"optimizer": self._new_step(now), "backward": self._new_step(now)}
-            self.live = list(self.steps.values())  # type: ignore[arg-type]
-            self.unworked = self.attention = True
-            self._switch("startup", "first_batch", now)
+            self._steps_start(now)
         for step in self.live:
             step.fresh = False
+
+    def _steps_start(self, now: float) -> None:
+        """The first step starts: at the training's first work, or at the first pass's `iter()`
+        before it (its wait for its input); startup ends with it (stamped at its marker, once that
+        call has returned: the marker falls inside the phase)."""
+        self.steps = {"optimizer": self._new_step(now), "backward": self._new_step(now)}
+        self.live = list(self.steps.values())  # type: ignore[arg-type]
+        self.unworked = self.attention = True
+        self._switch("startup", "first_batch", now)
 
     def loader_next(self, start: float, end: float, source: Any = None) -> None:
         if self.unsettled:
@@ -518,11 +528,15 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         end, with non-persistent workers their shutdown), an `__iter__` (a pass's workers started:
         tens of ms a worker) — is the loop's wait for its input, so data if the step goes on, but no
         work of the step's: an evaluation or a checkpoint next moves the step's start past it
-        (before, the evaluation after each epoch was inside the next step, as "other")."""
+        (before, the evaluation after each epoch was inside the next step, as "other"). The first
+        pass's, before any step, starts step 0."""
         if self.unsettled:
             self.settle()
-        if not self.in_eval and self.thread_id() == self.step_thread:
-            self._data(start, end)
+        if self.in_eval or self.thread_id() != self.step_thread:
+            return
+        if self.steps["optimizer"] is None:  # the first pass's: step 0 waits here (its workers fork)
+            self._steps_start(start)
+        self._data(start, end)
 
     def _data(self, start: float, end: float) -> None:
         """`start`–`end` inside a data source: data time, and a part open meanwhile paused."""

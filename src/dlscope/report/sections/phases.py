@@ -29,8 +29,8 @@ def render(section: dict[str, Any]) -> list[Block]:
             ["phase", "times", "s", "files"],
             rows,
             "Phases, all processes",
-            legend="startup: until the first batch; first_batch: until the first step ends; then train_steps; eval "
-            "and checkpoint_save/checkpoint_load inside them.",
+            legend="startup: until the first pass's iter() or batch; first_batch: until the first step ends; then "
+            "train_steps; eval and checkpoint_save/checkpoint_load inside them.",
         ),
         *recurring_findings(section),
         *evaluation_findings(section),
