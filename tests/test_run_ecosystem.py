@@ -304,8 +304,9 @@ def test_a_validation_pass_after_each_epoch_is_an_evaluation_in_no_step(tmp_path
     evals = [r["seconds"] * 1e3 for r in sections["phases"]["rows"] if r["phase"] == "eval"]
     passes = [float(ms) for ms in truth["val_ms"].split(",")]
     assert len(evals) == len(passes)
-    # each from its first batch's draw to the next training batch's (the last: to the process's
-    # end), as the script saw those draws begin on the same clock
+    # each from its first batch's draw, or its loader's iter() after model.eval(), to the next
+    # training pass's (the last: to the process's end), as the script saw those begin on the same
+    # clock (naive_validation.py's text)
     for measured, known in zip(evals[:-1], truth["val_span_ms"].split(",")[:-1], strict=True):
         assert abs(measured - float(known)) <= 1.0 + 0.01 * float(known), (evals, truth["val_span_ms"])
     rows = step_rows(sections)
@@ -344,6 +345,29 @@ def test_a_pass_that_starts_its_workers_waits_in_data_not_other(tmp_path, capfd)
         r = rows[int(first)]
         assert r["data_ms"] >= 0.9 * started and r["other_ms"] < 0.5 * started + 1.0, (r, started)
     check_anatomy(sections)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_evaluation_whose_loader_starts_its_workers_is_one_evaluation_with_its_wait(tmp_path, capfd, persistent):
+    """Workers started inside an evaluation's no_grad() run the dataset's transform (a module, as
+    torchvision's are) with no grad: no evaluation of their own (before, each worker opened an
+    eval phase that never closed: 9 evaluations for 3, and 5 with persistent workers). Each
+    evaluation is as long as the script's own clock says: from its loader's iter() (its workers'
+    start and the sampler's shuffle: before, left out, in no phase and no step), the last one to
+    its last batch, not to the process's end (before, the script's 300 ms after it were in it)."""
+    argv = [sys.executable, str(SCRIPTS / "eval_workers.py"), *(["--persistent"] if persistent else [])]
+    sections, truth = observe(tmp_path, capfd, argv)
+    assert sections["steps"]["count"] == int(truth["steps"])
+    phases = sections["phases"]
+    evals = next(t for t in phases["totals"] if t["phase"] == "eval")
+    assert evals["count"] == int(truth["evals"]) == 3
+    rows = [r for r in phases["rows"] if r["phase"] == "eval"]
+    assert all(r["closed"] for r in rows)
+    # the script's clock runs from model.eval() to the pass's end; dlscope's phase from the
+    # loader's iter() to model.train() (the last: to its last batch's wait). A few ms either side
+    for phase, known in zip(rows, truth["eval_ms"].split(","), strict=True):
+        assert abs(1e3 * phase["seconds"] - float(known)) <= 5.0 + 0.05 * float(known), (rows, truth["eval_ms"])
 
 
 @pytest.mark.timing
