@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dlscope.analysis import timeline
 from dlscope.analysis.observed import PHASE_ROWS
 from dlscope.analysis.stepfile import StepFile
 from dlscope.analysis.steptable import open_stream, row
@@ -368,6 +369,30 @@ def test_an_evaluation_whose_loader_starts_its_workers_is_one_evaluation_with_it
     # loader's iter() to model.train() (the last: to its last batch's wait). A few ms either side
     for phase, known in zip(rows, truth["eval_ms"].split(","), strict=True):
         assert abs(1e3 * phase["seconds"] - float(known)) <= 5.0 + 0.05 * float(known), (rows, truth["eval_ms"])
+
+
+@pytest.mark.timing
+def test_a_prediction_with_no_grad_after_each_step_is_an_evaluation_in_no_step(tmp_path, capfd):
+    """A prediction under torch.no_grad() after each optimizer step, the model left in train mode:
+    an evaluation each (before, none: its time was the next step's "other"), as long as the
+    script's own clock says, and its operators on the timeline lie in those phases, not in a step."""
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "predict_each_step.py")])
+    assert sections["steps"]["count"] == int(truth["steps"])
+    evals = next(t for t in sections["phases"]["totals"] if t["phase"] == "eval")
+    predict_ms = float(truth["predict_ms"])
+    assert evals["count"] == int(truth["predictions"])
+    # each from its forward to the next batch's draw: the script's clock stops at the argmax
+    assert predict_ms <= 1e3 * evals["seconds"] <= 1.05 * predict_ms + 2.0 * evals["count"], (evals, predict_ms)
+    other_ms = [r["other_ms"] for r in step_rows(sections)[1:]]  # (step 0's has the start-up)
+    assert sum(other_ms) / len(other_ms) < 0.5 * predict_ms / evals["count"]  # in no step's time
+    check_anatomy(sections)
+    trace = timeline.load(tmp_path / "run" / "timeline.json")
+    (pid,) = {key[0] for key, name in trace.track_names.items() if name == "steps"}
+    steps = trace.tracks_named(pid, "steps")
+    phases = [s for s in trace.tracks_named(pid, "phases") if s.name == "eval"]
+    ops = [s for key, s in trace.all_slices("cpu_op") if key[0] == pid]
+    in_eval = [o for o in ops if timeline.inside(o.start, o.end, phases, 1.0)]
+    assert in_eval and not [o for o in in_eval if timeline.inside(o.start, o.end, steps, 1.0)]
 
 
 @pytest.mark.timing

@@ -299,9 +299,18 @@ def test_a_module_put_in_eval_mode_is_an_evaluation_only_once_it_draws_or_runs_a
     assert evals == [("B", t + 3), ("E", t + 5)]
 
 
+def replay_step(m: StepMachine, t: float) -> float:
+    """A step on a batch from a replay buffer (no DataLoader): forward 2, backward 3, optimizer 1."""
+    forward_backward(m, t, t + 2, t + 5)
+    m.optimizer_begin(t + 5)
+    m.optimizer_end(t + 6)
+    return t + 6
+
+
 def test_no_grad_forwards_are_an_evaluation_only_from_enough_in_a_row():
-    """Under no_grad alone (no eval()): 2 a step (DQN's action and target) are the step's gap; 6
-    in a row between two steps (a validation loop) are one eval phase, from the first."""
+    """Under no_grad alone (no eval()): 2 a step before its training forward (DQN's action and
+    target, its batch from a replay buffer) are the step's gap; 6 in a row between two steps (a
+    validation loop) are one eval phase, from the first."""
     m, r = machine()
     m.optimizer_created()
     t = plain_step(m, 0.0)
@@ -309,11 +318,13 @@ def test_no_grad_forwards_are_an_evaluation_only_from_enough_in_a_row():
         for k in range(2):
             m.forward_begin(t + k, training=False)
             m.forward_end(t + k + 0.5)
-        t = plain_step(m, t + 2)
+        t = replay_step(m, t + 2)
     assert not [p for p in r.phases() if p[1] == "eval"]
     opt = [s for s in r.steps if s["src"] == "optimizer"]
     # their time is the step's (in its interval), not forward: none of its work had started
-    assert [(s["end"] - s["start"], s["data"], s["forward"]) for s in opt[1:]] == [(9.0, 1.0, 2.0)] * 3
+    assert [(s["end"] - s["start"], s["data"], s["data_source"], s["forward"]) for s in opt[1:]] == [
+        (8.0, 2.0, "gap", 2.0)
+    ] * 3
     for k in range(6):
         m.forward_begin(t + k, training=False)
         m.forward_end(t + k + 0.5)
@@ -321,6 +332,54 @@ def test_no_grad_forwards_are_an_evaluation_only_from_enough_in_a_row():
     evals = [rec for rec in r.other if rec["k"] in "BE" and rec["name"] == "eval"]
     assert [(rec["k"], rec["ts"]) for rec in evals] == [("B", t), ("E", t + 11)]
     assert [s for s in r.steps if s["src"] == "optimizer"][-1]["start"] == t + 11  # eval time: no step's
+
+
+def test_a_prediction_with_no_grad_between_two_steps_is_an_evaluation_whatever_the_modes():
+    """One forward with no grad after each optimizer step, the model left in train mode (no
+    eval()): ended by the next step's batch drawn, it was an evaluation from its start, in no
+    step; so when a checkpoint, the epoch's end or train(False) ends it (the last one joins the
+    evaluation that train(False) starts). A forward with no grad right after the batch is drawn
+    (a frozen teacher's) stays the step's forward."""
+    m, r = machine()
+    m.optimizer_created()
+    t = plain_step(m, 0.0)
+    spans = []
+    for _ in range(3):
+        m.forward_begin(t + 1, training=False)
+        m.forward_end(t + 3)
+        spans.append((t + 1, t + 4))
+        end = plain_step(m, t + 4)
+        step = r.steps[-1]
+        assert (step["start"], step["end"], step["data"], step["forward"], step["forwards"]) == (t + 4, end, 1, 2, 1)
+        t = end
+    assert eval_spans(r) == spans
+    m.forward_begin(t + 1, training=False)
+    m.forward_end(t + 2)
+    assert m.checkpoint_begin(t + 3, "checkpoint_save", "model.pt")
+    m.checkpoint_end(t + 4, "checkpoint_save")
+    assert eval_spans(r)[-1] == (t + 1, t + 3)
+    t = plain_step(m, t + 4)
+    m.forward_begin(t + 1, training=False)
+    m.forward_end(t + 2)
+    m.loader_waited(t + 3, t + 5, "train")  # the epoch's end
+    assert eval_spans(r)[-1] == (t + 1, t + 3)
+    t = plain_step(m, t + 5)
+    m.forward_begin(t + 1, training=False)
+    m.forward_end(t + 2)
+    m.train_mode(t + 3, False)
+    m.loader_next(t + 4, t + 5, "val")
+    m.forward_begin(t + 5, training=False)
+    m.forward_end(t + 6)
+    m.train_mode(t + 7, True)
+    assert eval_spans(r)[-1] == (t + 1, t + 7)
+    t = plain_step(m, t + 7)
+    m.loader_next(t, t + 1)
+    m.forward_begin(t + 1, training=False)  # the teacher's, on the batch just drawn
+    m.forward_end(t + 2)
+    forward_backward(m, t + 2, t + 4, t + 7)
+    m.optimizer_begin(t + 7)
+    m.optimizer_end(t + 8)
+    assert len(eval_spans(r)) == 6 and r.steps[-1]["forward"] == 3
 
 
 def test_the_first_passs_iter_is_step_0s_data():

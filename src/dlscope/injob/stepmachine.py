@@ -42,11 +42,16 @@ with grad). One that does neither (a BatchNorm frozen by `bn.eval()` at each ste
 evaluation, and the step's training forward ends it. One still open when the process ends
 ended with its last work (a forward's end, a batch drawn, its loader's wait), not at the exit.
 
-A forward with no grad outside one is an evaluation only from IMPLICIT_EVAL_FORWARDS in a row (a
+A forward with no grad outside one is an evaluation from IMPLICIT_EVAL_FORWARDS in a row (a
 validation loop under `torch.no_grad()` alone; the batches drawn for them since the step end are
-its own); fewer, between two backward() calls or step ends, are the step's: a frozen teacher's
-in distillation, a target network's and the action chosen in DQN — timed as forward once the
-step's work has started (a batch drawn), in its gap before.
+its own). Fewer, run between two steps (after a step end, before the next step's work), are one
+too when something other than that work ends them — the next step's batch drawn or its loader's
+wait, a checkpoint, `train(False)` (whose evaluation they start), the process's end: a
+prediction after each optimizer step, whatever the module's mode (known then, so written then,
+as below). Ended by the step's own work instead (a forward with grad, a backward()), they are
+the step's, in its gap, as any is once its work has started (a batch drawn), timed as forward: a
+frozen teacher's in distillation, a target network's and the action chosen in DQN (whose batches
+come from a replay buffer, not a DataLoader).
 
 A validation loop with neither `eval()` nor `no_grad()` (a student's) runs training forwards: it
 is known afterwards, when IMPLICIT_EVAL_BATCHES batches or more drawn from one dataset right
@@ -548,6 +553,8 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         if self.thread_id() != self.step_thread:
             self.batches_elsewhere += 1
             return
+        if self.quiet_forwards and self.idle:
+            self.quiet_ends(start)
         totals = self.totals
         if source is None:  # not known: no row
             pass
@@ -582,6 +589,8 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
             return
         if self.thread_id() != self.step_thread:
             return
+        if self.quiet_forwards and self.idle:
+            self.quiet_ends(start)
         if self.steps["optimizer"] is None:  # the first pass's: step 0 waits here (its workers fork)
             self._steps_start(start)
         self._data(start, end)
@@ -604,13 +613,24 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         if rows < IMPLICIT_EVAL_BATCHES or self.row_fed < rows - 1 or not self.row_fresh or self.part is not None:
             return
         self._give_back_row()
-        # its records alone, no markers: the phase is over (from `now` the next step's batch is drawn)
-        since, tid = max(self.row_since, self.last_end), self.thread_id()
+        self._past_eval(self.row_since, now, {"train_mode": True})
+
+    def quiet_ends(self, now: float) -> None:
+        """Forwards with no grad run between two steps (after a step end, before the next step's
+        work) end with something other than that work: an evaluation from the first to `now`."""
+        if self.quiet_forwards and self.idle and self.live:
+            self._past_eval(self.quiet_since, now, {})
+
+    def _past_eval(self, since: float, now: float, facts: dict[str, Any]) -> None:
+        """An evaluation known once it is over, from `since` to `now`: its records alone, no
+        markers (from `now` the next step's work runs); the steps start again at `now`."""
+        since, tid = max(since, self.last_end), self.thread_id()
         if self._written("eval"):
             self.sink.write({"k": "B", "name": "eval", "ts": since, "tid": tid})
-            self.sink.write({"k": "E", "name": "eval", "ts": now, "tid": tid, "train_mode": True})
+            self.sink.write({"k": "E", "name": "eval", "ts": now, "tid": tid, **facts})
         else:
-            self._fold("eval", now - since, {"train_mode": True})
+            self._fold("eval", now - since, facts)
+        self.quiet_forwards = 0
         self.last_end = now
         self._restart_fresh(now)
 
@@ -739,6 +759,8 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         else:
             if not self.in_eval:  # (skorch puts the module and the loss module in eval mode, one after the other)
                 self.eval_row = held
+                if self.quiet_forwards and self.idle and self.live:  # a prediction before it: its start
+                    self.eval_begin(self.quiet_since)
             self.eval_begin(now, forwarded=False)
 
     # checkpoints -----------------------------------------------------------------------------
@@ -754,6 +776,7 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
                 self.checkpoint_files.append(file)
             return False
         self.row_ends(now)
+        self.quiet_ends(now)
         self.eval_end(now)
         self.begin(name, now, file)
         self.checkpoint_files = [file] if file is not None else []
@@ -852,6 +875,7 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
             self.settle()
         try:
             self.row_ends(now)
+            self.quiet_ends(now)
             self.profiler.stop()
         finally:
             if self.in_eval and "eval" in self.stack:  # open at the end: it ended with its last work
