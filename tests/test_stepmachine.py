@@ -338,8 +338,9 @@ def test_a_prediction_with_no_grad_between_two_steps_is_an_evaluation_whatever_t
     """One forward with no grad after each optimizer step, the model left in train mode (no
     eval()): ended by the next step's batch drawn, it was an evaluation from its start, in no
     step; so when a checkpoint, the epoch's end or train(False) ends it (the last one joins the
-    evaluation that train(False) starts). A forward with no grad right after the batch is drawn
-    (a frozen teacher's) stays the step's forward."""
+    evaluation that train(False) starts), or the process's end (it ended with its forward). A
+    forward with no grad right after the batch is drawn (a frozen teacher's) stays the step's
+    forward."""
     m, r = machine()
     m.optimizer_created()
     t = plain_step(m, 0.0)
@@ -380,6 +381,10 @@ def test_a_prediction_with_no_grad_between_two_steps_is_an_evaluation_whatever_t
     m.optimizer_begin(t + 7)
     m.optimizer_end(t + 8)
     assert len(eval_spans(r)) == 6 and r.steps[-1]["forward"] == 3
+    m.forward_begin(t + 9, training=False)  # a last prediction, then the script's own end
+    m.forward_end(t + 10)
+    m.finish(t + 15, torch_attached=True)
+    assert eval_spans(r)[-1] == (t + 9, t + 10)
 
 
 def test_the_first_passs_iter_is_step_0s_data():

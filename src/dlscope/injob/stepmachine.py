@@ -46,12 +46,12 @@ A forward with no grad outside one is an evaluation from IMPLICIT_EVAL_FORWARDS 
 validation loop under `torch.no_grad()` alone; the batches drawn for them since the step end are
 its own). Fewer, run between two steps (after a step end, before the next step's work), are one
 too when something other than that work ends them — the next step's batch drawn or its loader's
-wait, a checkpoint, `train(False)` (whose evaluation they start), the process's end: a
-prediction after each optimizer step, whatever the module's mode (known then, so written then,
-as below). Ended by the step's own work instead (a forward with grad, a backward()), they are
-the step's, in its gap, as any is once its work has started (a batch drawn), timed as forward: a
-frozen teacher's in distillation, a target network's and the action chosen in DQN (whose batches
-come from a replay buffer, not a DataLoader).
+wait, a checkpoint, `train(False)` (whose evaluation they start), the process's end (then at
+their last forward's end): a prediction after each optimizer step, whatever the module's mode
+(known then, so written then, as below). Ended by the step's own work instead (a forward with
+grad, a backward()), they are the step's, in its gap, as any is once its work has started (a
+batch drawn), timed as forward: a frozen teacher's in distillation, a target network's and the
+action chosen in DQN (whose batches come from a replay buffer, not a DataLoader).
 
 A validation loop with neither `eval()` nor `no_grad()` (a student's) runs training forwards: it
 is known afterwards, when IMPLICIT_EVAL_BATCHES batches or more drawn from one dataset right
@@ -287,7 +287,9 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         # the last loader wait in the evaluation since its last forward (start, end, source): its
         # own, or the next step's if the batch drawn right after it is (see eval_end)
         self.eval_waited: tuple[float, float, Any] | None = None
-        self.eval_last = 0.0  # the end of the evaluation's last work (a forward, a batch, a loader's wait)
+        # the end of the last work outside the steps: an evaluation's (a forward, a batch, a loader's
+        # wait), a forward with no grad between two steps
+        self.eval_last = 0.0
         self.data_worker_process = False  # a DataLoader worker's: no step or phase starts (data_worker)
         # forwards with no grad (or in eval mode) since the last backward() or step end, the first's time
         self.quiet_forwards = 0
@@ -679,7 +681,7 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
             self.part = None
         elif self.part == FORWARD or FORWARD in self.outer:
             self._close(FORWARD, now)
-        elif self.in_eval:  # (none open: an evaluation forward's end)
+        else:  # (none open: an evaluation's forward, or one with no grad between two steps)
             self.eval_last = now
 
     def backward_begin(self, now: float) -> None:
@@ -875,7 +877,7 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
             self.settle()
         try:
             self.row_ends(now)
-            self.quiet_ends(now)
+            self.quiet_ends(max(self.eval_last, self.quiet_since))  # (ended with its last forward)
             self.profiler.stop()
         finally:
             if self.in_eval and "eval" in self.stack:  # open at the end: it ended with its last work
