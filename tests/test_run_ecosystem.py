@@ -381,8 +381,10 @@ def test_a_prediction_with_no_grad_after_each_step_is_an_evaluation_in_no_step(t
     evals = next(t for t in sections["phases"]["totals"] if t["phase"] == "eval")
     predict_ms = float(truth["predict_ms"])
     assert evals["count"] == int(truth["predictions"])
-    # each from its forward to the next batch's draw: the script's clock stops at the argmax
-    assert predict_ms <= 1e3 * evals["seconds"] <= 1.05 * predict_ms + 2.0 * evals["count"], (evals, predict_ms)
+    # each from its forward to the next batch's draw (the last: to its forward's end), the
+    # script's clock from before no_grad() to after the argmax
+    seconds = 1e3 * evals["seconds"]
+    assert 0.95 * predict_ms - 2.0 <= seconds <= 1.05 * predict_ms + 2.0 * evals["count"], (evals, predict_ms)
     other_ms = [r["other_ms"] for r in step_rows(sections)[1:]]  # (step 0's has the start-up)
     assert sum(other_ms) / len(other_ms) < 0.5 * predict_ms / evals["count"]  # in no step's time
     check_anatomy(sections)
