@@ -105,7 +105,7 @@ EVENTS = st.one_of(
     st.just(("step",)),
     st.just(("no_forward_step",)),  # a loss computed without a module: backward and optimizer only
     st.tuples(st.just("loader_next"), st.sampled_from(["a", "b", None])),
-    st.just(("loader_waited",)),
+    st.tuples(st.just("loader_waited"), st.sampled_from(["a", "b", None])),
     st.tuples(st.just("forward_begin"), st.booleans(), st.booleans()),  # training, by keyword
     st.just(("forward_end",)),
     st.just(("backward_begin",)),
@@ -145,7 +145,7 @@ def play(run: Run, events: list[tuple], dt: float) -> None:
             m.loader_next(start, tick(), SOURCES[event[1]])
         elif kind == "loader_waited":
             start = tick()
-            m.loader_waited(start, tick())
+            m.loader_waited(start, tick(), SOURCES[event[1]])
         elif kind == "forward_begin":
             if event[2]:
                 m.forward_begin(tick(), training=event[1])

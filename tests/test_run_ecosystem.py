@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dlscope.analysis import timeline
 from dlscope.analysis.observed import PHASE_ROWS
 from dlscope.analysis.stepfile import StepFile
 from dlscope.analysis.steptable import open_stream, row
@@ -306,8 +307,9 @@ def test_a_validation_pass_after_each_epoch_is_an_evaluation_in_no_step(tmp_path
     evals = [r["seconds"] * 1e3 for r in sections["phases"]["rows"] if r["phase"] == "eval"]
     passes = [float(ms) for ms in truth["val_ms"].split(",")]
     assert len(evals) == len(passes)
-    # each from its first batch's draw to the next training batch's (the last: to the process's
-    # end), as the script saw those draws begin on the same clock
+    # each from its first batch's draw, or its loader's iter() after model.eval(), to the next
+    # training pass's (the last: to the process's end), as the script saw those begin on the same
+    # clock (naive_validation.py's text)
     for measured, known in zip(evals[:-1], truth["val_span_ms"].split(",")[:-1], strict=True):
         assert abs(measured - float(known)) <= 1.0 + 0.01 * float(known), (evals, truth["val_span_ms"])
     rows = step_rows(sections)
@@ -332,14 +334,69 @@ def test_a_validation_pass_after_each_epoch_is_an_evaluation_in_no_step(tmp_path
 def test_a_pass_that_starts_its_workers_waits_in_data_not_other(tmp_path, capfd):
     """A DataLoader whose workers are not persistent starts them at each iter(): the loop's wait
     for its input, in the data of the pass's first step (before, its "other": the HF Trainer's
-    first step of an epoch with 2 workers read 60 ms of other)."""
+    first step of an epoch with 2 workers read 60 ms of other), the first pass's too (before,
+    step 0's data began at its first batch, the iter() before it left to startup: 16 ms of data
+    against the script's own 198 ms)."""
     sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "epoch_workers.py")])
     rows = {r["step"]: r for r in step_rows(sections)}
     iter_ms = [float(t) for t in truth["iter_ms"].split(",")]
+    # step 0: from the first iter() to its first batch in hand, as the script clocked it around
+    # both (dlscope's clocks run inside the script's: never more, less by the loop's own calls)
+    waited = float(truth["first_ms"].split(",")[0])
+    assert 0.9 * waited - 2.0 <= rows[0]["data_ms"] <= waited + 0.5, (rows[0], waited)
     for first, started in zip(truth["firsts"].split(",")[1:], iter_ms[1:], strict=True):
         r = rows[int(first)]
         assert r["data_ms"] >= 0.9 * started and r["other_ms"] < 0.5 * started + 1.0, (r, started)
     check_anatomy(sections)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_evaluation_whose_loader_starts_its_workers_is_one_evaluation_with_its_wait(tmp_path, capfd, persistent):
+    """Workers started inside an evaluation's no_grad() run the dataset's transform (a module, as
+    torchvision's are) with no grad: no evaluation of their own (before, each worker opened an
+    eval phase that never closed: 9 evaluations for 3, and 5 with persistent workers). Each
+    evaluation is as long as the script's own clock says: from its loader's iter() (its workers'
+    start and the sampler's shuffle: before, left out, in no phase and no step), the last one to
+    its last batch, not to the process's end (before, the script's 300 ms after it were in it)."""
+    argv = [sys.executable, str(SCRIPTS / "eval_workers.py"), *(["--persistent"] if persistent else [])]
+    sections, truth = observe(tmp_path, capfd, argv)
+    assert sections["steps"]["count"] == int(truth["steps"])
+    phases = sections["phases"]
+    evals = next(t for t in phases["totals"] if t["phase"] == "eval")
+    assert evals["count"] == int(truth["evals"]) == 3
+    rows = [r for r in phases["rows"] if r["phase"] == "eval"]
+    assert all(r["closed"] for r in rows)
+    # the script's clock runs from model.eval() to the pass's end; dlscope's phase from the
+    # loader's iter() to model.train() (the last: to its last batch's wait). A few ms either side
+    for phase, known in zip(rows, truth["eval_ms"].split(","), strict=True):
+        assert abs(1e3 * phase["seconds"] - float(known)) <= 5.0 + 0.05 * float(known), (rows, truth["eval_ms"])
+
+
+@pytest.mark.timing
+def test_a_prediction_with_no_grad_after_each_step_is_an_evaluation_in_no_step(tmp_path, capfd):
+    """A prediction under torch.no_grad() after each optimizer step, the model left in train mode:
+    an evaluation each (before, none: its time was the next step's "other"), as long as the
+    script's own clock says, and its operators on the timeline lie in those phases, not in a step."""
+    sections, truth = observe(tmp_path, capfd, [sys.executable, str(SCRIPTS / "predict_each_step.py")])
+    assert sections["steps"]["count"] == int(truth["steps"])
+    evals = next(t for t in sections["phases"]["totals"] if t["phase"] == "eval")
+    predict_ms = float(truth["predict_ms"])
+    assert evals["count"] == int(truth["predictions"])
+    # each from its forward to the next batch's draw (the last: to its forward's end), the
+    # script's clock from before no_grad() to after the argmax
+    seconds = 1e3 * evals["seconds"]
+    assert 0.95 * predict_ms - 2.0 <= seconds <= 1.05 * predict_ms + 2.0 * evals["count"], (evals, predict_ms)
+    other_ms = [r["other_ms"] for r in step_rows(sections)[1:]]  # (step 0's has the start-up)
+    assert sum(other_ms) / len(other_ms) < 0.5 * predict_ms / evals["count"]  # in no step's time
+    check_anatomy(sections)
+    trace = timeline.load(tmp_path / "run" / "timeline.json")
+    (pid,) = {key[0] for key, name in trace.track_names.items() if name == "steps"}
+    steps = trace.tracks_named(pid, "steps")
+    phases = [s for s in trace.tracks_named(pid, "phases") if s.name == "eval"]
+    ops = [s for key, s in trace.all_slices("cpu_op") if key[0] == pid]
+    in_eval = [o for o in ops if timeline.inside(o.start, o.end, phases, 1.0)]
+    assert in_eval and not [o for o in in_eval if timeline.inside(o.start, o.end, steps, 1.0)]
 
 
 @pytest.mark.timing

@@ -299,9 +299,18 @@ def test_a_module_put_in_eval_mode_is_an_evaluation_only_once_it_draws_or_runs_a
     assert evals == [("B", t + 3), ("E", t + 5)]
 
 
+def replay_step(m: StepMachine, t: float) -> float:
+    """A step on a batch from a replay buffer (no DataLoader): forward 2, backward 3, optimizer 1."""
+    forward_backward(m, t, t + 2, t + 5)
+    m.optimizer_begin(t + 5)
+    m.optimizer_end(t + 6)
+    return t + 6
+
+
 def test_no_grad_forwards_are_an_evaluation_only_from_enough_in_a_row():
-    """Under no_grad alone (no eval()): 2 a step (DQN's action and target) are the step's gap; 6
-    in a row between two steps (a validation loop) are one eval phase, from the first."""
+    """Under no_grad alone (no eval()): 2 a step before its training forward (DQN's action and
+    target, its batch from a replay buffer) are the step's gap; 6 in a row between two steps (a
+    validation loop) are one eval phase, from the first."""
     m, r = machine()
     m.optimizer_created()
     t = plain_step(m, 0.0)
@@ -309,11 +318,13 @@ def test_no_grad_forwards_are_an_evaluation_only_from_enough_in_a_row():
         for k in range(2):
             m.forward_begin(t + k, training=False)
             m.forward_end(t + k + 0.5)
-        t = plain_step(m, t + 2)
+        t = replay_step(m, t + 2)
     assert not [p for p in r.phases() if p[1] == "eval"]
     opt = [s for s in r.steps if s["src"] == "optimizer"]
     # their time is the step's (in its interval), not forward: none of its work had started
-    assert [(s["end"] - s["start"], s["data"], s["forward"]) for s in opt[1:]] == [(9.0, 1.0, 2.0)] * 3
+    assert [(s["end"] - s["start"], s["data"], s["data_source"], s["forward"]) for s in opt[1:]] == [
+        (8.0, 2.0, "gap", 2.0)
+    ] * 3
     for k in range(6):
         m.forward_begin(t + k, training=False)
         m.forward_end(t + k + 0.5)
@@ -321,6 +332,135 @@ def test_no_grad_forwards_are_an_evaluation_only_from_enough_in_a_row():
     evals = [rec for rec in r.other if rec["k"] in "BE" and rec["name"] == "eval"]
     assert [(rec["k"], rec["ts"]) for rec in evals] == [("B", t), ("E", t + 11)]
     assert [s for s in r.steps if s["src"] == "optimizer"][-1]["start"] == t + 11  # eval time: no step's
+
+
+def test_a_prediction_with_no_grad_between_two_steps_is_an_evaluation_whatever_the_modes():
+    """One forward with no grad after each optimizer step, the model left in train mode (no
+    eval()): ended by the next step's batch drawn, it was an evaluation from its start, in no
+    step; so when a checkpoint, the epoch's end or train(False) ends it (the last one joins the
+    evaluation that train(False) starts), or the process's end (it ended with its forward). A
+    forward with no grad right after the batch is drawn (a frozen teacher's) stays the step's
+    forward."""
+    m, r = machine()
+    m.optimizer_created()
+    t = plain_step(m, 0.0)
+    spans = []
+    for _ in range(3):
+        m.forward_begin(t + 1, training=False)
+        m.forward_end(t + 3)
+        spans.append((t + 1, t + 4))
+        end = plain_step(m, t + 4)
+        step = r.steps[-1]
+        assert (step["start"], step["end"], step["data"], step["forward"], step["forwards"]) == (t + 4, end, 1, 2, 1)
+        t = end
+    assert eval_spans(r) == spans
+    m.forward_begin(t + 1, training=False)
+    m.forward_end(t + 2)
+    assert m.checkpoint_begin(t + 3, "checkpoint_save", "model.pt")
+    m.checkpoint_end(t + 4, "checkpoint_save")
+    assert eval_spans(r)[-1] == (t + 1, t + 3)
+    t = plain_step(m, t + 4)
+    m.forward_begin(t + 1, training=False)
+    m.forward_end(t + 2)
+    m.loader_waited(t + 3, t + 5, "train")  # the epoch's end
+    assert eval_spans(r)[-1] == (t + 1, t + 3)
+    t = plain_step(m, t + 5)
+    m.forward_begin(t + 1, training=False)
+    m.forward_end(t + 2)
+    m.train_mode(t + 3, False)
+    m.loader_next(t + 4, t + 5, "val")
+    m.forward_begin(t + 5, training=False)
+    m.forward_end(t + 6)
+    m.train_mode(t + 7, True)
+    assert eval_spans(r)[-1] == (t + 1, t + 7)
+    t = plain_step(m, t + 7)
+    m.loader_next(t, t + 1)
+    m.forward_begin(t + 1, training=False)  # the teacher's, on the batch just drawn
+    m.forward_end(t + 2)
+    forward_backward(m, t + 2, t + 4, t + 7)
+    m.optimizer_begin(t + 7)
+    m.optimizer_end(t + 8)
+    assert len(eval_spans(r)) == 6 and r.steps[-1]["forward"] == 3
+    m.forward_begin(t + 9, training=False)  # a last prediction, then the script's own end
+    m.forward_end(t + 10)
+    m.finish(t + 15, torch_attached=True)
+    assert eval_spans(r)[-1] == (t + 9, t + 10)
+
+
+def test_the_first_passs_iter_is_step_0s_data():
+    """The first pass's iter() (its DataLoader forks its workers there) starts step 0: its data,
+    not startup's; an evaluation's iter() is the evaluation's, unless the batch drawn next from
+    that loader is the next step's (its pass started in eval mode); a module put in eval mode
+    around it that does no work leaves it to the step (a BatchNorm frozen). An evaluation open
+    when the process ends ended with its last work."""
+    m, r = machine()
+    m.optimizer_created()
+    m.loader_waited(1.0, 3.0, "train")
+    end = plain_step(m, 3.0)
+    step = r.steps[-1]
+    assert (step["i"], step["start"], step["end"], step["data"]) == (0, 1.0, end, 3.0)
+    marks = [(rec["k"], rec["name"], rec["ts"]) for rec in r.other if rec["k"] in "BE"]
+    assert marks[:3] == [("B", "startup", 0.0), ("E", "startup", 1.0), ("B", "first_batch", 1.0)]
+    t = end + 1
+    m.train_mode(t, False)  # a validation with model.eval() over a loader with workers
+    m.loader_waited(t + 1, t + 3, "val")
+    for k in range(2):
+        m.loader_next(t + 3 + 2 * k, t + 4 + 2 * k, "val")
+        m.forward_begin(t + 4 + 2 * k, training=False)
+        m.forward_end(t + 5 + 2 * k)
+    m.loader_waited(t + 7, t + 8, "val")  # its end: the evaluation's
+    m.train_mode(t + 9, True)
+    assert eval_spans(r)[-1] == (t + 1, t + 9)
+    t = plain_step(m, t + 9)
+    for k in range(4):  # a validation under no_grad alone, then the next epoch with no train() call
+        m.loader_next(t + 2 * k, t + 2 * k + 1, "val")
+        m.forward_begin(t + 2 * k + 1, training=False)
+        m.forward_end(t + 2 * k + 2)
+    m.loader_waited(t + 8, t + 9, "val")
+    m.loader_waited(t + 9, t + 11, "train")  # the next pass's iter()
+    end = train_step(m, t + 11)
+    # one evaluation, from its first batch (drawn for its forwards: before, the step kept those
+    # batches, and they were counted again as an evaluation of their own where the row ended)
+    assert len(eval_spans(r)) == 2 and eval_spans(r)[-1] == (t, t + 9)
+    step = r.steps[-1]
+    assert (step["start"], step["data"], step["forward"]) == (t + 9, 3, 2)
+    t = end
+    m.train_mode(t, False)  # a BatchNorm frozen before the pass: no work of an evaluation's
+    m.loader_waited(t, t + 2, "train")
+    m.train_mode(t + 2, True)
+    t = plain_step(m, t + 2)
+    assert r.steps[-1]["data"] == 3
+    m.train_mode(t + 1, False)  # the last evaluation: open when the process ends, later
+    m.loader_waited(t + 1, t + 2, "val")
+    m.loader_next(t + 2, t + 3, "val")
+    m.forward_begin(t + 3, training=False)
+    m.forward_end(t + 4)
+    m.loader_waited(t + 4, t + 5, "val")
+    m.finish(t + 9, torch_attached=True)
+    assert eval_spans(r)[-1] == (t + 1, t + 5)
+
+
+def test_a_dataloader_workers_process_starts_no_step_and_no_phase():
+    """A worker forked inside no_grad() runs its dataset's transforms (modules) with no grad: no
+    evaluation; nor a torch.load of its samples a checkpoint; nor anything else a step."""
+    m, r = machine()
+    m.end("startup", 0.0)  # (a forked child has none)
+    r.other.clear()
+    m.data_worker()
+    for k in range(8):
+        m.forward_begin(float(k), training=False)
+        m.forward_end(k + 0.5)
+    m.train_mode(9.0, False)
+    m.forward_begin(10.0, training=False)
+    m.forward_end(11.0)
+    assert not m.checkpoint_begin(12.0, "checkpoint_load", "sample.pt")
+    m.optimizer_created()
+    m.loader_next(13.0, 14.0, "x")
+    forward_backward(m, 14.0, 15.0, 16.0)
+    m.optimizer_begin(16.0)
+    m.optimizer_end(17.0)
+    m.finish(18.0, torch_attached=True)
+    assert r.steps == [] and [rec["k"] for rec in r.other] == ["observed"]
 
 
 def fed_batches(m: StepMachine, t: float, n: int, source: str) -> float:

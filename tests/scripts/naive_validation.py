@@ -7,9 +7,13 @@ per-batch     both, set by each batch's step function after the batch is drawn, 
               train mode, the next epoch's first training batch in eval mode)
 then, last, one pass of a loss summed over four batches before a single backward() (and an
 optimizer step), which is training, not an evaluation. Each loader's batches are drawn through
-`drawn`, which notes when each draw began on dlscope's clock (time.time()): a validation pass as
-dlscope bounds it, from its first batch's draw to the next training batch's, is known exactly
-(val_span_ms), whatever the machine's load puts between."""
+`drawn`, which notes when each pass's iter() and first draw began on dlscope's clock
+(time.time()): a validation pass as dlscope bounds it is known exactly (val_span_ms), whatever the
+machine's load puts between — after model.eval(), from its loader's iter() (its pass's start) to
+the next training pass's (model.train() right before it); found from its batches (neither), from
+its first batch's draw to the next training batch's; drawn in train mode (per-batch), from its
+first batch's draw to the next training pass's iter(), which the next epoch's first batch, drawn
+in eval mode, takes with it."""
 
 import argparse
 import contextlib
@@ -22,8 +26,10 @@ from torch.utils.data import DataLoader, TensorDataset
 EPOCHS = 3
 
 
-def drawn(loader, first_draws: list[float]):
-    """The loader's batches; when the draw of the first began, appended to `first_draws`."""
+def drawn(loader, passes: list[tuple[float, float]]):
+    """The loader's batches; when its iter() and the draw of its first batch began, appended to
+    `passes`."""
+    started = time.time()
     it = iter(loader)
     first = True
     while True:
@@ -33,7 +39,7 @@ def drawn(loader, first_draws: list[float]):
         except StopIteration:
             return
         if first:
-            first_draws.append(began)
+            passes.append((started, began))
             first = False
         yield batch
 
@@ -49,7 +55,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     criterion = nn.CrossEntropyLoss()
     forward_s, val_s, steps = 0.0, [], 0  # the training forwards (model and loss), each validation pass
-    train_draws, val_draws = [], []  # when each pass's first batch was drawn
+    train_draws, val_draws = [], []  # when each pass began: its iter(), its first draw
     if style == "per-batch":
         forward_s, val_s, steps = per_batch(train, val, model, optimizer, criterion, train_draws, val_draws)
     for _ in range(EPOCHS if style != "per-batch" else 0):
@@ -85,8 +91,10 @@ def main() -> None:
     optimizer.step()
     steps += 1
     val_ms = ",".join(f"{1e3 * s:.3f}" for s in val_s)
-    # each pass's first draw to the next pass of the training loader's first draw
-    spans = ",".join(f"{1e3 * (t - v):.3f}" for v, t in zip(val_draws, train_draws[1:], strict=True))
+    # each validation pass to the next training pass, as dlscope bounds them (the module's text)
+    begins = [started if style.startswith("eval-") else first for started, first in val_draws]
+    ends = [first if style == "neither" else started for started, first in train_draws[1:]]
+    spans = ",".join(f"{1e3 * (t - v):.3f}" for v, t in zip(begins, ends, strict=True))
     print(
         f"TRUTH steps={steps} forward_ms={1e3 * forward_s:.3f} val_ms={val_ms} val_span_ms={spans}",
         f"val_batches={EPOCHS * len(val)}",

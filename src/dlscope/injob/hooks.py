@@ -310,8 +310,9 @@ class TorchHooks:
 
     def _loader_worker(self, worker_id: int) -> None:
         """This forked child is a DataLoader worker: its records say so (its live file is marked by
-        the hang agent's own wrapper of the worker loop)."""
+        the hang agent's own wrapper of the worker loop), and its step machine starts nothing."""
         self.records.write({"k": "loader_worker", "worker_id": worker_id})
+        self.machine.data_worker()
 
     def finish(self) -> None:
         try:
@@ -351,7 +352,7 @@ class TorchHooks:
             if drawn:
                 self.machine.loader_next(start, end, getattr(iterator, "_dataset", None))
             else:  # the iterator ended (or failed): no batch, though its time is the loop's wait
-                self.machine.loader_waited(start, end)
+                self.machine.loader_waited(start, end, getattr(iterator, "_dataset", None))
             if self.batches is not None:
                 self.batches.delivered(iterator, start, end)
 
@@ -363,7 +364,7 @@ class TorchHooks:
         try:
             return iter_(loader)
         finally:
-            self.machine.loader_waited(start, time.time())
+            self.machine.loader_waited(start, time.time(), getattr(loader, "dataset", None))
 
     def timed_loader_next(self, next_: Callable) -> Callable:
         """A DataLoader iterator's `__next__`, its time the step's data."""

@@ -8,8 +8,9 @@ stamped with CLOCK_REALTIME seconds by the caller:
                                      that ends the steps: one a prefetching thread draws is no wait
                                      of the loop's); `source` its dataset (any object, compared by
                                      identity; None: not known)
-    loader_waited(start, end)        a DataLoader call that drew no batch: its `__next__` at an epoch's
-                                     end, its `__iter__` (which starts the workers of a new pass)
+    loader_waited(start, end, source)  a DataLoader call that drew no batch: its `__next__` at an
+                                     epoch's end, its `__iter__` (which starts the workers of a new
+                                     pass); `source` its dataset, as loader_next's
     forward_begin(now, training)     the outermost module call starts; `training` is False for
     forward_end(now)                 a forward with no grad, or of a module in eval mode: see
                                      IMPLICIT_EVAL_FORWARDS for when those are an evaluation
@@ -21,6 +22,7 @@ stamped with CLOCK_REALTIME seconds by the caller:
     optimizer_created()              a torch optimizer exists in this process
     train_mode(now, mode)            Module.train(mode) on an outermost call
     checkpoint_begin(now, name, file) / checkpoint_end(now)
+    data_worker()                    this process is a DataLoader worker (see below)
 
 Steps. A step ends when an optimizer steps: one step however many closures `optimizer.step(closure)`
 calls (LBFGS) and however many micro-batches it accumulates. A loop with no torch optimizer at all
@@ -37,20 +39,40 @@ step, and from then a forward of a module in train mode with grad (a loss module
 evaluation runs without `no_grad()`) is its work too: a backward(), an optimizer step or
 `train()` ends it (an evaluation found from forwards with no grad, below, ends at a forward
 with grad). One that does neither (a BatchNorm frozen by `bn.eval()` at each step) is no
-evaluation, and the step's training forward ends it.
+evaluation, and the step's training forward ends it. One still open when the process ends
+ended with its last work (a forward's end, a batch drawn, its loader's wait), not at the exit.
 
-A forward with no grad outside one is an evaluation only from IMPLICIT_EVAL_FORWARDS in a row (a
-validation loop under `torch.no_grad()` alone); fewer, between two backward() calls or step
-ends, are the step's: a frozen teacher's in distillation, a target network's and the action
-chosen in DQN — timed as forward once the step's work has started (a batch drawn), in its gap
-before. A validation loop with neither `eval()` nor `no_grad()` (a student's) runs training
-forwards: it is known afterwards, when IMPLICIT_EVAL_BATCHES batches or more drawn from one
-dataset right after a step end, each fed to a forward, with no backward() between, end without
-one — at a batch from another dataset, `train()`, a checkpoint, the process's end. They were an
-evaluation from the first batch to there (written then, so an I/O tracer's phase markers do not
-see it), and the step they were counted in gets back what it had before them. Ended by a
-backward() instead (a loss summed over several batches before one backward, the next epoch's
-training on the same dataset object), they stay the step's.
+A forward with no grad outside one is an evaluation from IMPLICIT_EVAL_FORWARDS in a row (a
+validation loop under `torch.no_grad()` alone; the batches drawn for them since the step end are
+its own). Fewer, run between two steps (after a step end, before the next step's work), are one
+too when something other than that work ends them — the next step's batch drawn or its loader's
+wait, a checkpoint, `train(False)` (whose evaluation they start), the process's end (then at
+their last forward's end): a prediction after each optimizer step, whatever the module's mode
+(known then, so written then, as below). Ended by the step's own work instead (a forward with
+grad, a backward()), they are the step's, in its gap, as any is once its work has started (a
+batch drawn), timed as forward: a frozen teacher's in distillation, a target network's and the
+action chosen in DQN (whose batches come from a replay buffer, not a DataLoader).
+
+A validation loop with neither `eval()` nor `no_grad()` (a student's) runs training forwards: it
+is known afterwards, when IMPLICIT_EVAL_BATCHES batches or more drawn from one dataset right
+after a step end, each fed to a forward, with no backward() between, end without one — at a
+batch from another dataset, `train()`, a checkpoint, the process's end. They were an evaluation
+from the first batch to there (written then, so an I/O tracer's phase markers do not see it),
+and the step they were counted in gets back what it had before them. Ended by a backward()
+instead (a loss summed over several batches before one backward, the next epoch's training on
+the same dataset object), they stay the step's.
+
+Loader waits. The first pass's `iter()` before any step (where a DataLoader forks its workers)
+starts step 0, as its first batch would: it is that step's wait for its input, so data, and
+startup ends with it. In an evaluation, a loader's wait (its pass's `iter()`, its end) is the
+evaluation's, its phase starting there if it had not yet, unless the batch drawn right after it
+from the same dataset goes to the next step (the next epoch's pass, started before train() is
+called): then both are the step's. With no work of the evaluation's after it (a BatchNorm frozen
+by `bn.eval()` around the pass's start) it is the step's.
+
+A DataLoader worker's process runs its dataset's code: a transform that is a module (torchvision's
+are) runs forwards there, with no grad when the worker was forked inside `no_grad()`. From
+`data_worker()` on, no step, evaluation or checkpoint starts in that process.
 
 The common step (a training forward or none, a backward(), an optimizer step, nothing between
 two step ends) is taken in C where the extension is built (_fastpath.c): it finishes such a step
@@ -262,6 +284,13 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         self.eval_row = False
         self.eval_drawn: tuple[float, float, Any] | None = None
         self.eval_fed: Any = None
+        # the last loader wait in the evaluation since its last forward (start, end, source): its
+        # own, or the next step's if the batch drawn right after it is (see eval_end)
+        self.eval_waited: tuple[float, float, Any] | None = None
+        # the end of the last work outside the steps: an evaluation's (a forward, a batch, a loader's
+        # wait), a forward with no grad between two steps
+        self.eval_last = 0.0
+        self.data_worker_process = False  # a DataLoader worker's: no step or phase starts (data_worker)
         # forwards with no grad (or in eval mode) since the last backward() or step end, the first's time
         self.quiet_forwards = 0
         self.quiet_since = 0.0
@@ -363,10 +392,13 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
     def eval_begin(self, now: float, forwarded: bool = True) -> None:
         """An evaluation; its phase from `now` when `forwarded` (it starts with a forward), else (a
         module put in eval mode) from its first batch drawn or forward with no grad (eval_work), if any."""
+        if self.data_worker_process:
+            return
         if not self.in_eval:
             self.in_eval = self.attention = True
             self.eval_explicit = False
-            self.eval_drawn = self.eval_fed = None
+            self.eval_drawn = self.eval_fed = self.eval_waited = None
+            self.eval_last = now
         if forwarded:
             self.eval_work(now)
         else:
@@ -383,10 +415,14 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
                 if source is None or source is self.row_source:
                     now = self.row_since
                     self.eval_drawn = (now, now, self.row_source)  # fed to its first forward
+            if self.eval_waited is not None:  # its loader's pass started there (its workers forked)
+                now = min(now, self.eval_waited[0])
             self.begin("eval", now)
 
     def eval_fed_by(self) -> None:
-        """A forward of the evaluation's: the batch drawn last was drawn for it."""
+        """A forward of the evaluation's: the batch drawn last was drawn for it, and the loader's
+        wait before it was the evaluation's."""
+        self.eval_waited = None
         if self.eval_drawn is not None:
             self.eval_fed, self.eval_drawn = self.eval_drawn[2], None
 
@@ -397,17 +433,26 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         self.quiet_forwards = 0
         self.eval_row = False
         drawn, self.eval_drawn = self.eval_drawn, None
+        waited, self.eval_waited = self.eval_waited, None
         if "eval" in self.stack:
             # a batch drawn after its last forward, from another dataset than the one it was fed
             # (skorch draws the next epoch's first batch, then calls module.train()): the next
-            # step's, and the evaluation ended where it was drawn
+            # step's, with the wait right before it from its loader (the pass's iter()), and the
+            # evaluation ended where they began
             if drawn is None or drawn[2] is None or drawn[2] is self.eval_fed:
                 self.end("eval", now)
                 self._restart_fresh(self.last_end)  # (stamped after the phase marker: the next step starts there)
             else:
-                self.end("eval", drawn[0], known_late=True)
-                self._restart_fresh(drawn[0])
+                if waited is not None and (waited[2] is not drawn[2] or waited[0] > drawn[0]):
+                    waited = None  # another loader's (the evaluation's own end): the evaluation's
+                since = drawn[0] if waited is None else waited[0]
+                self.end("eval", since, known_late=True)
+                self._restart_fresh(since)
+                if waited is not None:
+                    self.loader_waited(*waited)
                 self.loader_next(*drawn)
+        elif waited is not None:  # no work of its own after it (a BatchNorm frozen): the loop's wait
+            self.loader_waited(*waited)
 
     def _restart_fresh(self, now: float) -> None:
         """Time spent in eval or a checkpoint between two steps belongs to neither."""
@@ -477,12 +522,27 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         called only while `idle` (the hot path checks the flag first)."""
         self.idle = False
         if self.steps["optimizer"] is None:
-            self.steps = {"optimizer": self._new_step(now), "backward": self._new_step(now)}
-            self.live = list(self.steps.values())  # type: ignore[arg-type]
-            self.unworked = self.attention = True
-            self._switch("startup", "first_batch", now)
+            self._steps_start(now)
         for step in self.live:
             step.fresh = False
+
+    def _steps_start(self, now: float) -> None:
+        """The first step starts: at the training's first work, or at the first pass's `iter()`
+        before it (its wait for its input); startup ends with it (stamped at its marker, once that
+        call has returned: the marker falls inside the phase). Never in a DataLoader worker."""
+        if self.data_worker_process:
+            return
+        self.steps = {"optimizer": self._new_step(now), "backward": self._new_step(now)}
+        self.live = list(self.steps.values())  # type: ignore[arg-type]
+        self.unworked = self.attention = True
+        self._switch("startup", "first_batch", now)
+
+    def data_worker(self) -> None:
+        """This process is a DataLoader worker: from now on no step, evaluation or checkpoint
+        starts in it (see the module's text)."""
+        if self.unsettled:
+            self.settle()
+        self.data_worker_process = True
 
     def loader_next(self, start: float, end: float, source: Any = None) -> None:
         if self.unsettled:
@@ -490,10 +550,13 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         if self.in_eval:
             self.eval_work(start, source)
             self.eval_drawn = (start, end, source)
+            self.eval_last = end
             return
         if self.thread_id() != self.step_thread:
             self.batches_elsewhere += 1
             return
+        if self.quiet_forwards and self.idle:
+            self.quiet_ends(start)
         totals = self.totals
         if source is None:  # not known: no row
             pass
@@ -513,16 +576,26 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         self._data(start, end)
         self.batches += 1
 
-    def loader_waited(self, start: float, end: float) -> None:
+    def loader_waited(self, start: float, end: float, source: Any = None) -> None:
         """A DataLoader call that drew no batch — a `__next__` at the iterator's end (an epoch's
         end, with non-persistent workers their shutdown), an `__iter__` (a pass's workers started:
         tens of ms a worker) — is the loop's wait for its input, so data if the step goes on, but no
         work of the step's: an evaluation or a checkpoint next moves the step's start past it
-        (before, the evaluation after each epoch was inside the next step, as "other")."""
+        (before, the evaluation after each epoch was inside the next step, as "other"). The first
+        pass's, before any step, starts step 0; in an evaluation it is held (see eval_end)."""
         if self.unsettled:
             self.settle()
-        if not self.in_eval and self.thread_id() == self.step_thread:
-            self._data(start, end)
+        if self.in_eval:
+            self.eval_waited = (start, end, source)
+            self.eval_last = end
+            return
+        if self.thread_id() != self.step_thread:
+            return
+        if self.quiet_forwards and self.idle:
+            self.quiet_ends(start)
+        if self.steps["optimizer"] is None:  # the first pass's: step 0 waits here (its workers fork)
+            self._steps_start(start)
+        self._data(start, end)
 
     def _data(self, start: float, end: float) -> None:
         """`start`–`end` inside a data source: data time, and a part open meanwhile paused."""
@@ -542,13 +615,24 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         if rows < IMPLICIT_EVAL_BATCHES or self.row_fed < rows - 1 or not self.row_fresh or self.part is not None:
             return
         self._give_back_row()
-        # its records alone, no markers: the phase is over (from `now` the next step's batch is drawn)
-        since, tid = max(self.row_since, self.last_end), self.thread_id()
+        self._past_eval(self.row_since, now, {"train_mode": True})
+
+    def quiet_ends(self, now: float) -> None:
+        """Forwards with no grad run between two steps (after a step end, before the next step's
+        work) end with something other than that work: an evaluation from the first to `now`."""
+        if self.quiet_forwards and self.idle and self.live:
+            self._past_eval(self.quiet_since, now, {})
+
+    def _past_eval(self, since: float, now: float, facts: dict[str, Any]) -> None:
+        """An evaluation known once it is over, from `since` to `now`: its records alone, no
+        markers (from `now` the next step's work runs); the steps start again at `now`."""
+        since, tid = max(since, self.last_end), self.thread_id()
         if self._written("eval"):
             self.sink.write({"k": "B", "name": "eval", "ts": since, "tid": tid})
-            self.sink.write({"k": "E", "name": "eval", "ts": now, "tid": tid, "train_mode": True})
+            self.sink.write({"k": "E", "name": "eval", "ts": now, "tid": tid, **facts})
         else:
-            self._fold("eval", now - since, {"train_mode": True})
+            self._fold("eval", now - since, facts)
+        self.quiet_forwards = 0
         self.last_end = now
         self._restart_fresh(now)
 
@@ -573,7 +657,12 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
             if self.quiet_forwards == 1:
                 self.quiet_since = now
             if self.quiet_forwards >= IMPLICIT_EVAL_FORWARDS:
+                # the batches drawn since the step end were drawn for them: the evaluation's from
+                # the first (the step gives them back; the row ends here, not counted again)
+                self.eval_row = bool(self.row) and self.row_fresh and self.part is None
+                self.row = 0
                 self.eval_begin(self.quiet_since)
+                self.eval_fed_by()
                 return
             if self.idle:  # before the step's work: in its gap, as whatever else the loop does there
                 return
@@ -590,8 +679,10 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         if self.part == FORWARD and not self.outer:  # the one part open: as in most steps
             self.totals[FORWARD] += now - self.since if now > self.since else 0.0
             self.part = None
-        elif self.part == FORWARD or FORWARD in self.outer:  # (none open: an evaluation forward's end)
+        elif self.part == FORWARD or FORWARD in self.outer:
             self._close(FORWARD, now)
+        else:  # (none open: an evaluation's forward, or one with no grad between two steps)
+            self.eval_last = now
 
     def backward_begin(self, now: float) -> None:
         if self.attention or self.part is not None:
@@ -670,6 +761,8 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         else:
             if not self.in_eval:  # (skorch puts the module and the loss module in eval mode, one after the other)
                 self.eval_row = held
+                if self.quiet_forwards and self.idle and self.live:  # a prediction before it: its start
+                    self.eval_begin(self.quiet_since)
             self.eval_begin(now, forwarded=False)
 
     # checkpoints -----------------------------------------------------------------------------
@@ -678,11 +771,14 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         and safetensors writes): the outer phase holds the inner writes, and lists their files."""
         if self.unsettled:
             self.settle()
+        if self.data_worker_process:  # a dataset reading its samples with torch.load
+            return False
         if any(p.startswith("checkpoint_") for p in self.stack):
             if file is not None and file not in self.checkpoint_files:
                 self.checkpoint_files.append(file)
             return False
         self.row_ends(now)
+        self.quiet_ends(now)
         self.eval_end(now)
         self.begin(name, now, file)
         self.checkpoint_files = [file] if file is not None else []
@@ -781,8 +877,11 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
             self.settle()
         try:
             self.row_ends(now)
+            self.quiet_ends(max(self.eval_last, self.quiet_since))  # (ended with its last forward)
             self.profiler.stop()
         finally:
+            if self.in_eval and "eval" in self.stack:  # open at the end: it ended with its last work
+                self.end("eval", self.eval_last, known_late=True)
             while self.stack:
                 self.end(self.stack[-1], now)
             if self.phases_folded:

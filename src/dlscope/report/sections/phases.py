@@ -29,8 +29,8 @@ def render(section: dict[str, Any]) -> list[Block]:
             ["phase", "times", "s", "files"],
             rows,
             "Phases, all processes",
-            legend="startup: until the first batch; first_batch: until the first step ends; then train_steps; eval "
-            "and checkpoint_save/checkpoint_load inside them.",
+            legend="startup: until the first pass's iter() or batch; first_batch: until the first step ends; then "
+            "train_steps; eval and checkpoint_save/checkpoint_load inside them.",
         ),
         *recurring_findings(section),
         *evaluation_findings(section),
@@ -59,8 +59,9 @@ EVAL_EVERY_STEP = 0.5
 
 
 def recurring_findings(section: dict[str, Any]) -> list[Block]:
-    """An eval phase about once a step (an RL agent acting in eval mode between its updates), and
-    the phases counted past the records a process keeps of each name."""
+    """An eval phase about once a step (an RL agent acting in eval mode between its updates, a
+    prediction after each optimizer step), and the phases counted past the records a process keeps
+    of each name."""
     items = []
     steps = section.get("steps", 0)
     evals = next((t for t in section["totals"] if t["phase"] == "eval"), None)
@@ -68,11 +69,11 @@ def recurring_findings(section: dict[str, Any]) -> list[Block]:
         items.append(
             (
                 "info",
-                f"eval ran {evals['count']:,} times over {steps:,} steps, about once a step or more: the model is "
-                "put in eval mode inside the training loop, as a reinforcement-learning agent acts between its "
-                "updates (stable-baselines3 collects its experience so), so these "
-                f"{evals['seconds']:.3g} s are the loop's own work between steps (acting, the environment), "
-                "not an evaluation on held-out data. They are in no step's time.",
+                f"eval ran {evals['count']:,} times over {steps:,} steps, about once a step or more: the loop's "
+                "own work with the model between its updates (in eval mode or with no grad), as a "
+                "reinforcement-learning agent acts between them (stable-baselines3 collects its experience so) or "
+                "a loop predicts after each optimizer step, not a pass over held-out data after an epoch. These "
+                f"{evals['seconds']:.3g} s are in no step's time.",
             )
         )
     for name, count in section.get("folded", {}).items():
