@@ -16,6 +16,9 @@ With --hook-pairs N: the hooks installed and removed between bursts of the same 
 process, N pairs (DLSCOPE_FASTPATH=0 in the environment: the Python step machine).
 With --instructions N: machine instructions per tiny step under valgrind's callgrind, bare and
 through the hooks (and --baseline's): counts, which a loaded machine does not blur.
+--loop update makes the tiny step of --tiny-steps and --instructions one with no torch optimizer:
+backward() then a hand-written SGD under torch.no_grad() (its steps end at backward() before
+dlscope knew such an update, at the update's end since: injob/updates.py).
 With --long-steps N (1,000,000): one `dlscope run` of N minimal steps (an optimizer step on one
 parameter); the run directory's size, results.json's size, dlscope's own peak RSS (its
 RUSAGE_SELF, the command not included) and the seconds from the job's last step to the report.
@@ -24,6 +27,7 @@ RUSAGE_SELF, the command not included) and the seconds from the job's last step 
     .venv/bin/python benchmarks/run_overhead.py --skip-script --step-rounds 0 --tiny-steps 200000 --long-steps 1000000
     .venv/bin/python benchmarks/run_overhead.py --skip-script --rounds 0 --tiny-steps 20000 --baseline /work/main
     .venv/bin/python benchmarks/run_overhead.py --skip-script --rounds 0 --ops --instructions 300 --baseline /work/main
+    .venv/bin/python benchmarks/run_overhead.py --skip-script --rounds 0 --loop update --instructions 300 --baseline B
 """
 
 from __future__ import annotations
@@ -124,21 +128,43 @@ def hook_cost(rounds: int, step_rounds: int) -> None:
     )
 
 
-TINY_LOOP = """
-import sys, time
+# the tiny step, with a torch optimizer or with the update written by hand under no_grad (a
+# script with no torch optimizer: Keras on torch, a hand-written SGD): `--loop`
+TINY_STEP = """
 import torch
 torch.set_num_threads(1)
 model = torch.nn.Linear(16, 4)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+params = list(model.parameters())
 x = torch.randn(32, 16)
+if LOOP == "optimizer":
+    optimizer = torch.optim.SGD(params, lr=0.01)
+
+    def step():
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+else:
+    def step():
+        model(x).sum().backward()
+        with torch.no_grad():
+            for p in params:
+                p -= 0.01 * p.grad
+                p.grad = None
+"""
+TINY_LOOP = (
+    """
+import sys, time
+LOOP = sys.argv[3]
+"""
+    + TINY_STEP
+    + """
 steps = int(sys.argv[1])
 start, cpu = time.perf_counter(), time.thread_time()
 for _ in range(steps):
-    optimizer.zero_grad()
-    model(x).sum().backward()
-    optimizer.step()
+    step()
 open(sys.argv[2], "w").write(repr((time.perf_counter() - start, time.thread_time() - cpu)))
 """
+)
 LONG_LOOP = """
 import sys, time
 import torch
@@ -164,7 +190,7 @@ def loop_seconds(argv: list[str], written: Path, env: dict[str, str] | None = No
     return float(wall), float(cpu)
 
 
-def tiny_steps(steps: int, pairs: int, baseline: Path | None) -> None:
+def tiny_steps(steps: int, pairs: int, baseline: Path | None, loop: str = "optimizer") -> None:
     """Wall time, and the loop thread's CPU time (on a shared machine the wall time also holds
     the waits for a core, which the CPU time does not). With `baseline` (another checkout), a
     third run in each round: `dlscope run` from that checkout's src, for a before/after side by side."""
@@ -176,14 +202,15 @@ def tiny_steps(steps: int, pairs: int, baseline: Path | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(pairs):
             for arm, src in arms.items():
-                loop, written = [sys.executable, "-c", TINY_LOOP, str(steps)], Path(tmp) / f"seconds-{i}"
+                written = Path(tmp) / f"seconds-{i}"
+                command = [sys.executable, "-c", TINY_LOOP, str(steps), str(written), loop]
                 if src is None:
-                    seconds[arm].append(loop_seconds([*loop, str(written)], written))
+                    seconds[arm].append(loop_seconds(command, written))
                     continue
                 out = Path(tmp) / f"tiny-{i}-{len(calibrated[arm])}-{arm[0]}"
                 dlscope = [sys.executable, "-m", "dlscope.cli", "run", "--out", str(out), "--profile-steps", "0"]
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
-                seconds[arm].append(loop_seconds([*dlscope, "--", *loop, str(written)], written, env))
+                seconds[arm].append(loop_seconds([*dlscope, "--", *command], written, env))
                 anatomy = json.loads((out / "results.json").read_text())["sections"]["anatomy"]
                 calibrated[arm].append(anatomy["dlscope_us_per_step"])
             line = ", ".join(
@@ -196,7 +223,7 @@ def tiny_steps(steps: int, pairs: int, baseline: Path | None) -> None:
         for n, name in enumerate(("wall", "CPU")):
             extra = [(o[n] - b[n]) / steps * 1e6 for o, b in zip(seconds[arm], seconds["bare"], strict=True)]
             print(
-                f"{steps} tiny steps, {arm}, {name} time: always-on cost {median(extra):.1f} µs/step "
+                f"{steps} tiny steps ({loop}), {arm}, {name} time: always-on cost {median(extra):.1f} µs/step "
                 f"(median of {pairs} interleaved rounds: {', '.join(f'{e:.1f}' for e in extra)})"
             )
         print(f"{arm}: calibrated in the process, median {median(calibrated[arm])} µs/step")
@@ -318,16 +345,13 @@ def count_ops(steps: int = 50) -> None:
 # a tiny step run under callgrind, counted only over the timed steps (callgrind_control toggles the
 # counting on and off from outside the loop): bare, through a scratch observer as `--ops` drives it,
 # (with DLSCOPE_FASTPATH=0 in its environment: every event through the Python step machine)
-COUNTED_STEPS = """
+COUNTED_STEPS = (
+    """
 import os, subprocess, sys, tempfile
-import torch
-torch.set_num_threads(1)
-model, x = torch.nn.Linear(16, 4), torch.randn(32, 16)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-def step():
-    optimizer.zero_grad()
-    model(x).sum().backward()
-    optimizer.step()
+LOOP = sys.argv[3]
+"""
+    + TINY_STEP
+    + """
 if sys.argv[1] == "hooked":
     from dlscope.contract.live import LiveStatus
     from dlscope.injob.hooks import TorchHooks
@@ -338,7 +362,10 @@ if sys.argv[1] == "hooked":
     hooks.machine.on_step = LiveStatus(scratch, None).step_ended
     hooks.machine.memory = None  # read every 100 ms: under valgrind that is every few steps
     hooks.step_hooks(torch)
-    if hasattr(hooks, "time_optimizer"):  # as the optimizer's creation does in a job
+    if LOOP == "update":  # no torch optimizer: the no_grad blocks watched, as attaching does in a job
+        if hasattr(hooks, "updates"):  # (a baseline from before: steps end at backward())
+            hooks.updates.attach(torch)
+    elif hasattr(hooks, "time_optimizer"):  # as the optimizer's creation does in a job
         hooks.time_optimizer(type(optimizer))
     elif hasattr(hooks, "time_step_calls"):  # a baseline from before: global hooks and this wrapper
         hooks.time_step_calls(type(optimizer))
@@ -349,9 +376,10 @@ for _ in range(int(sys.argv[2])):
     step()
 subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], capture_output=True)
 """
+)
 
 
-def count_instructions(steps: int, baseline: Path | None) -> None:
+def count_instructions(steps: int, baseline: Path | None, loop: str = "optimizer") -> None:
     """Machine instructions per tiny step (valgrind's callgrind): bare, through this checkout's
     hooks and, with `baseline`, through that checkout's. Counts, the same at any load; the hooks'
     Python runs at fewer instructions a nanosecond than torch's kernels, so read ratios, not µs.
@@ -376,7 +404,7 @@ def count_instructions(steps: int, baseline: Path | None) -> None:
                 env["DLSCOPE_FASTPATH"] = "0"
             out = Path(tmp) / f"callgrind-{len(per_step)}"
             argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
-            script = [sys.executable, "-c", COUNTED_STEPS, "bare" if mode == "bare" else "hooked", str(steps)]
+            script = [sys.executable, "-c", COUNTED_STEPS, "bare" if mode == "bare" else "hooked", str(steps), loop]
             done = subprocess.run([*argv, *script], capture_output=True, text=True, env=env)
             collected = re.search(r"Collected : (\d+)", done.stderr)
             if collected is None:
@@ -384,7 +412,7 @@ def count_instructions(steps: int, baseline: Path | None) -> None:
             per_step[arm] = int(collected.group(1)) / steps
     bare = per_step["bare"]
     print(
-        f"instructions per tiny step ({steps} steps counted): "
+        f"instructions per tiny step ({loop}; {steps} steps counted): "
         + ", ".join(
             f"{arm} {n:,.0f}" + (f" ({n - bare:+,.0f})" if arm != "bare" else "") for arm, n in per_step.items()
         )
@@ -426,6 +454,12 @@ def main() -> None:
         "--instructions", type=int, default=0, help="tiny steps counted in instructions under valgrind (300 will do)"
     )
     parser.add_argument("--long-steps", type=int, default=0, help="steps of the long run (size, RSS, report time)")
+    parser.add_argument(
+        "--loop",
+        choices=("optimizer", "update"),
+        default="optimizer",
+        help="the tiny step of --tiny-steps and --instructions: a torch optimizer's, or a hand-written update",
+    )
     args = parser.parse_args()
     if args.ops and args.hook_pairs:  # both time the same classes in this process: one or the other
         parser.error("--hook-pairs runs without --ops")
@@ -434,9 +468,9 @@ def main() -> None:
     if args.hook_pairs:
         hook_pairs(args.hook_pairs)
     if args.instructions:
-        count_instructions(args.instructions, args.baseline)
+        count_instructions(args.instructions, args.baseline, args.loop)
     if args.tiny_steps:
-        tiny_steps(args.tiny_steps, args.pairs, args.baseline)
+        tiny_steps(args.tiny_steps, args.pairs, args.baseline, args.loop)
     if args.long_steps:
         long_run(args.long_steps)
     if args.rounds:

@@ -84,6 +84,7 @@ class Run:
         self.records = Records() if sink is None else sink
         self.thread = [1]
         self.steps_seen: list[tuple[int, float]] = []
+        self.backwards_now: list[int] = []  # after each event: what the torch layer reads (updates.py)
         self.profiler = Profiler()
         self.machine = StepMachine(
             self.records,
@@ -138,7 +139,9 @@ def play(run: Run, events: list[tuple], dt: float) -> None:
                 m.forward_end(tick())
             m.backward_begin(tick())
             m.backward_end(tick())
+            run.backwards_now.append(m.backwards_now())  # the C path holds the backward here
             m.optimizer_begin(tick())
+            run.backwards_now.append(m.backwards_now())
             m.optimizer_end(tick())
         elif kind == "loader_next":
             start = tick()
@@ -166,6 +169,7 @@ def play(run: Run, events: list[tuple], dt: float) -> None:
             run.now += 0.2
         else:
             getattr(m, kind)(tick())
+        run.backwards_now.append(m.backwards_now())
     m.finish(tick(), torch_attached=True)
 
 
@@ -187,6 +191,7 @@ def test_any_event_sequence_gives_what_the_python_machine_gives(warmup: int, eve
     assert fast.steps_seen == python.steps_seen
     assert state(fast.machine) == state(python.machine)
     assert fast.profiler.asked == python.profiler.asked
+    assert fast.backwards_now == python.backwards_now  # read between events, the C path unsettled
 
 
 def test_the_common_step_is_taken_in_c_and_a_step_with_more_is_not():

@@ -112,21 +112,38 @@ def main_process(observed: Observed) -> int | None:
     return min(pid for pid, n in counts.items() if n == best) if best else None
 
 
+def update_places(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The places of a process's own parameter updates counted as its steps (injob/updates.py):
+    its optimizer steps when no torch optimizer stepped; [] otherwise."""
+    if any(r.get("k") == "optimizers" for r in records):
+        return []
+    return next((r["places"] for r in records if r.get("k") == "updates"), [])
+
+
+def step_source(observed: Observed, pid: int) -> str | None:
+    """What ended the process's steps: a torch optimizer's step ("optimizer"), the script's own
+    parameter update ("update"), or backward() ("backward"); None: no step."""
+    source = observed.stream(pid)[0]
+    return "update" if source == "optimizer" and update_places(observed.records.get(pid, [])) else source
+
+
 def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] | None) -> dict[str, Any]:
     processes = []
     for pid, rs in observed.records.items():
-        source, table = observed.stream(pid)
-        processes.append({"pid": pid, "rank": process_info(pid, rs)["rank"], "source": source, "count": len(table)})
+        rank, source, count = process_info(pid, rs)["rank"], step_source(observed, pid), len(observed.stream(pid)[1])
+        processes.append({"pid": pid, "rank": rank, "source": source, "count": count})
     section: dict[str, Any] = {"main_pid": main, "source": None, "count": 0, "processes": processes}
     if main is None or summary is None:
         return section
     steps = observed.steps[main]
     section.update(
-        source=observed.stream(main)[0],
+        source=step_source(observed, main),
         file=str(steps.path),
         row_bytes=steps.dtype.itemsize,
         **{k: v for k, v in summary.items() if k not in ("steady", "all", "profiler", "loader_steps")},
     )
+    if section["source"] == "update":
+        section["update_places"] = update_places(observed.records[main])
     stepped = [r for r in observed.records[main] if r.get("k") == "optimizers"]
     if stepped and len(stepped[-1]["stepped"]) > 1:
         # back to one that stepped before: in turn (each loop iteration several steps); never: one

@@ -56,6 +56,8 @@ describes the rows), then:
               (how often one stepped again after another), scaler_skipped (GradScaler steps that
               did not call the optimizer's) and scaler_skipped_steps (the first 100 of their step
               numbers); at exit, when one stepped
+    updates   places [{file, line, function, steps}]: the no_grad blocks counted as the process's
+              own parameter updates (no torch optimizer: injob/updates.py), at exit, when any was
     error     where, error (an observer that could not attach, step fields it did not know)
     end       clocks (at exit)
 """

@@ -45,7 +45,8 @@ from dlscope.injob import change as trial
 from dlscope.injob import hangagent as hang
 from dlscope.injob.after_import import AfterImport
 from dlscope.injob.recorder import RecordFile
-from dlscope.injob.stepmachine import StepMachine, _fastpath
+from dlscope.injob.stepmachine import StepMachine, _fastpath, native_thread_id
+from dlscope.injob.updates import Updates
 
 PROFILE_BUDGET_S = 5.0  # active recording stops at the first step end past this (an LBFGS step can be huge)
 LIGHTNING_CHECKPOINT_IO = ("lightning.fabric.plugins.io.torch_io", "lightning_fabric.plugins.io.torch_io")
@@ -225,6 +226,8 @@ class TorchHooks:
             self._peak_memory,
             (self._mark_begin, self._mark_end),
         )
+        # the update a script writes itself under no_grad, while no torch optimizer exists (updates.py)
+        self.updates = Updates(self.machine, native_thread_id)
         self.forward_depth = self.train_depth = 0
         # the classes of the modules called at top level, timed by `root_call`: their own `__call__` (or None)
         self.timed_classes: dict[type, Callable | None] = {}
@@ -295,6 +298,7 @@ class TorchHooks:
             self.machine.watch = watch.forked()
         self.forward_depth = self.train_depth = 0
         self._forget_optimizers()
+        self.updates.forked()
         self.memory_files = _open_memory_files()
         self.begin_process(forked=True)
 
@@ -327,6 +331,8 @@ class TorchHooks:
                 self.records.write({"k": "eval_mode_steps", **self.eval_mode_steps})
             if self.eval_grad_forwards:
                 self.records.write({"k": "eval_grad", "forwards": self.eval_grad_forwards})
+            if self.updates.counted:
+                self.records.write({"k": "updates", "places": self.updates.records()})
             self.machine.finish(time.time(), torch_attached=self.torch is not None)
         finally:
             self.records.close_steps()
@@ -631,6 +637,7 @@ class TorchHooks:
 
     def optimizer_init(self, init_: Callable, *args: Any, **kwargs: Any) -> Any:
         self.machine.optimizer_created()
+        self.updates.detach()
         self.discover()  # the model it trains may not have been called yet
         created = init_(*args, **kwargs)
         self.time_optimizer(type(args[0]))  # after torch has wrapped its `step` (Optimizer.__init__)
@@ -640,6 +647,7 @@ class TorchHooks:
         """An optimizer unpickled (`torch.load` of a whole optimizer, the copy a spawned process
         receives) never ran `__init__` here: its class is timed as at creation."""
         setstate_(optimizer, state)
+        self.updates.detach()
         self.time_optimizer(type(optimizer))
 
     def time_optimizer(self, optimizer_class: type) -> None:
@@ -861,6 +869,7 @@ class TorchHooks:
             self.machine.python_only()
             self.gpu = gpuclock.GpuClock(torch, self.machine, self.records)
         self.step_hooks(torch)
+        self.updates.attach(torch)
         self.machine.watch = subnormals.SlowdownWatch(torch, self.records.write)
         torch.optim.Optimizer.__init__ = _wrap(torch.optim.Optimizer.__init__, self.optimizer_init)
         torch.optim.Optimizer.__setstate__ = _wrap(torch.optim.Optimizer.__setstate__, self.optimizer_unpickled)

@@ -18,17 +18,21 @@ stamped with CLOCK_REALTIME seconds by the caller:
                                      ends_step False for a gradient kept differentiable (create_graph)
     optimizer_begin(now) / optimizer_end(now)   a torch optimizer's `step` (nested calls: the outer,
                                      and `inner_steps` counts the nested ones), or a GradScaler's
-                                     `step`: a step whether or not it calls the optimizer's
+                                     `step`: a step whether or not it calls the optimizer's; or
+                                     the parameter update a script with no torch optimizer writes
+                                     itself under no_grad after backward() (updates.py)
     optimizer_created()              a torch optimizer exists in this process
     train_mode(now, mode)            Module.train(mode) on an outermost call
     checkpoint_begin(now, name, file) / checkpoint_end(now)
     data_worker()                    this process is a DataLoader worker (see below)
 
 Steps. A step ends when an optimizer steps: one step however many closures `optimizer.step(closure)`
-calls (LBFGS) and however many micro-batches it accumulates. A loop with no torch optimizer at all
-(Keras 3 on torch, hand-written SGD) ends a step at each `backward()` or `autograd.grad` outside an
-optimizer call — never at a gradient kept differentiable (`create_graph=True`: a gradient penalty's,
-a meta-learning inner loop's), which is backward time inside a step and no step of its own.
+calls (LBFGS) and however many micro-batches it accumulates; the update a loop with no torch
+optimizer writes itself (Keras 3 on torch, a hand-written SGD) is such a step too, once the torch
+layer has found it (updates.py). Until then, and in a loop with no update found at all, a step ends
+at each `backward()` or `autograd.grad` outside an optimizer call — never at a gradient kept
+differentiable (`create_graph=True`: a gradient penalty's, a meta-learning inner loop's), which is
+backward time inside a step and no step of its own.
 Both streams are recorded until an optimizer has stepped; only the primary one (the optimizer's
 when a torch optimizer exists) drives the profiler and samples memory.
 
@@ -105,6 +109,8 @@ PARTS = ("data", "forward", "backward", "optimizer")
 DATA, FORWARD, BACKWARD, OPTIMIZER = range(len(PARTS))  # a part's index in StepMachine.totals
 # the events the C fast path takes while the machine stands at a step end (_fastpath.c)
 FAST_EVENTS = ("forward_begin", "forward_end", "backward_begin", "backward_end", "optimizer_begin", "optimizer_end")
+# the C path's `fast_logged` once it holds a step's backward_end (and its optimizer_begin, one more)
+BACKWARD_LOGGED = FAST_EVENTS.index("backward_end") + 1
 # what Sink.write_step receives, in this order (positional: a keyword call costs ~1 µs a step)
 STEP_ARGS = (
     "i",
@@ -241,6 +247,11 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
             self.fast_setup(StepMachine, NOT_PROFILED, native_thread_id, direct)
             for name in FAST_EVENTS:
                 setattr(self, name, getattr(self, f"fast_{name}"))
+
+    def backwards_now(self) -> int:
+        """Step-ending backward() calls so far, one the C path holds and has not replayed yet
+        included: read without settling it (updates.py asks at each outermost no_grad block)."""
+        return self.backwards + (self.unsettled and self.fast_logged >= BACKWARD_LOGGED)
 
     def python_only(self) -> None:
         """Every event through this class's methods from now on (the C path's events replayed

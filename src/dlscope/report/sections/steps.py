@@ -409,6 +409,12 @@ def render(section: dict[str, Any]) -> list[Block]:
     source = {
         "optimizer": "optimizer steps (calls of a torch optimizer's step)",
         "backward": "backward() or autograd.grad calls (no optimizer)",
+        "update": "the script's own parameter updates (no torch optimizer: "
+        + ", ".join(
+            f"the torch.no_grad() block at {p['file']}:{p['line']} in {p['function']}, {p['steps']} steps"
+            for p in section.get("update_places", [])
+        )
+        + "; each one's time is the step's optimizer part)",
     }
     if not section.get("count"):
         return [
