@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -20,12 +21,12 @@ import pytest
 import dlscope
 from dlscope.analysis.syscalls import CATEGORY_LISTED, Analysis, category
 from dlscope.cli import main
-from dlscope.contract.ioevents import TRACED_SYSCALLS, FdTables, make_event
+from dlscope.contract.ioevents import KINDS, TRACED_SYSCALLS, FdTables, make_event
 from dlscope.phases import MARKER_PREFIX, parse_marker
 from dlscope.report.flowgraph import fallback_svg, render_svg
 from dlscope.report.sections.iotrace import file_table, findings, phase_table
 from dlscope.supervise.iotrace import ebpf, strace
-from dlscope.supervise.iotrace.tracer import availability, trace_command
+from dlscope.supervise.iotrace.tracer import TraceSink, availability, collect_ebpf, trace_command
 
 AVAILABLE = availability()
 BACKENDS = [
@@ -469,6 +470,50 @@ def test_ebpf_keeps_the_backlog_of_a_command_that_ends_in_a_burst_of_calls(tmp_p
     with open(tmp_path / "t" / "events.jsonl") as f:
         stats = sum(1 for event in map(json.loads, f) if event.get("path") == str(target))
     assert stats == 20_000
+
+
+@pytest.mark.skipif(AVAILABLE["ebpf"] is not None, reason=f"ebpf: {AVAILABLE['ebpf']}")
+def test_ebpf_events_are_analysed_while_the_command_runs(tmp_path):
+    """The ebpf reader hands each event to the analysis and the exports as bpftrace prints it, so
+    nothing but the last moment's events is left for after the command (before: all of them,
+    5.4 s after a Ctrl-C on a loaded 2-core machine). The command opens a marker file, keeps making
+    calls for a second (the reorder window, 0.5 s, passes the open on), then blocks until the
+    test, having seen the open in the analysis, lets it go."""
+    marker, gate = tmp_path / "marker", tmp_path / "gate"
+    os.mkfifo(gate)
+    script = (
+        "import os, time\n"
+        f"open({str(marker)!r}, 'w').close()\n"
+        "end = time.monotonic() + 1.0\n"
+        "while time.monotonic() < end:\n    os.stat('/')\n    time.sleep(0.01)\n"
+        f"open({str(gate)!r}).read()\n"
+    )
+    seen = threading.Event()
+
+    class Watched(TraceSink):
+        def _ordered(self, event: dict) -> None:
+            super()._ordered(event)
+            if event.get("path") == str(marker) and event["call"] in KINDS["open"]:
+                seen.set()
+
+    out = tmp_path / "t"
+    out.mkdir()
+    sink = Watched(out, os.getcwd())
+    done: list = []
+    tracing = threading.Thread(
+        target=lambda: done.append(collect_ebpf([sys.executable, "-c", script], out, None, sink))
+    )
+    tracing.start()
+    try:
+        assert seen.wait(120), "the marker's open reached the analysis only after the command"
+        assert not done, "the command ended before the test let it go"
+    finally:
+        with open(gate, "w") as f:  # lets the command end
+            f.write("go")
+        tracing.join(120)
+    sink.close()
+    assert done and done[0].returncode == 0
+    assert by_path(sink.analysis.summary(), marker)["opens"] == 1
 
 
 @pytest.mark.slow

@@ -134,6 +134,25 @@ def test_memmap_loop_with_checkpoints_under_strace(tmp_path):
     )
 
 
+# what `dlscope run` imports up to starting the command (the runner, the stage, the supervisor)
+LAUNCH_IMPORTS = """
+import sys
+import dlscope.cli, dlscope.console, dlscope.report.sections, dlscope.report.terminal, dlscope.runner
+import dlscope.stages.registry, dlscope.supervise.session
+after = ["numpy", "matplotlib", *(f"dlscope.analysis.{m}" for m in ("observed", "steptable", "timeline", "batchflow"))]
+print(sorted(m for m in sys.modules if m in after))
+"""
+
+
+def test_dlscope_starts_the_command_before_importing_its_analysis():
+    """numpy and the analysis (0.1 s of imports on an idle machine, several times that on a busy
+    one) are imported once the command has started, not before: the command's start-up does not
+    wait for them. (The report's renderer is imported in a thread the runner starts.)"""
+    out = subprocess.run([sys.executable, "-c", LAUNCH_IMPORTS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["[]"]
+
+
 @pytest.mark.slow
 @pytest.mark.timing
 def test_keras_fit_on_torch_counts_its_own_optimizer_steps(tmp_path, capfd):

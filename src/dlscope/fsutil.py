@@ -105,11 +105,14 @@ def pid_alive(pid: int) -> bool:
 
 
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
+# json.dumps builds an encoder at each call with any option set: a syscall trace's export writes
+# one text per event (tens of thousands), so the common one is built once
+_READABLE = json.JSONEncoder(ensure_ascii=False)
 
 
 def json_text(value: Any, **options: Any) -> str:
     """JSON text (non-ASCII kept readable) in which the undecodable bytes of a kernel path, held as
     lone surrogates (surrogateescape), are written as \\udcXX escapes: the text always encodes as
     UTF-8, and json.loads gives the exact path back (os.fsencode gives its bytes)."""
-    text = json.dumps(value, ensure_ascii=False, **options)
+    text = json.dumps(value, ensure_ascii=False, **options) if options else _READABLE.encode(value)
     return _UNDECODABLE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)

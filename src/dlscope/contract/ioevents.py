@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import heapq
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -144,19 +144,29 @@ class FdTables:
             table[ret], named_at[ret] = event["path"], ts  # the new descriptor (dup2/dup3 return newfd)
 
 
-def reorder(events: Iterable[Event], window_s: float = 0.5) -> Iterator[Event]:
-    """Events in timestamp order, streaming: tracers deliver per-CPU buffers slightly out of
-    order, so hold a short window (a heap, not the whole trace) and release what is older."""
-    heap: list[tuple[float, int, Event]] = []
-    newest = float("-inf")
-    for n, event in enumerate(events):
+class Reorder:
+    """Events into timestamp order as they come: tracers deliver per-CPU buffers slightly out of
+    order, so a short window is held (a heap, not the whole trace) and what is older is handed on."""
+
+    def __init__(self, emit: Callable[[Event], None], window_s: float = 0.5) -> None:
+        self.emit, self.window_s = emit, window_s
+        self.heap: list[tuple[float, int, Event]] = []
+        self.newest = float("-inf")
+        self.count = 0
+
+    def push(self, event: Event) -> None:
         ts = event["ts"]
-        newest = max(newest, ts)
-        heapq.heappush(heap, (ts, n, event))
-        while heap and heap[0][0] < newest - window_s:
-            yield heapq.heappop(heap)[2]
-    while heap:
-        yield heapq.heappop(heap)[2]
+        if ts > self.newest:
+            self.newest = ts
+        heapq.heappush(self.heap, (ts, self.count, event))
+        self.count += 1
+        heap, oldest = self.heap, self.newest - self.window_s
+        while heap and heap[0][0] < oldest:
+            self.emit(heapq.heappop(heap)[2])
+
+    def flush(self) -> None:
+        while self.heap:
+            self.emit(heapq.heappop(self.heap)[2])
 
 
 def read_events(path: Path) -> Iterator[Event]:

@@ -16,13 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from dlscope.analysis import batchflow, steptable, timeline
-from dlscope.analysis import observed as analysis
-from dlscope.analysis.ranks import analyze_ranks, ranks_apart
 from dlscope.contract.env import PROFILE_ENV, RUN_DIR_ENV
 from dlscope.contract.records import clocks
 from dlscope.errors import HANG_EXIT_CODE, ConfigError, DlscopeError
@@ -37,6 +32,14 @@ from dlscope.supervise.iotrace.tracer import (
     wait_command,
 )
 from dlscope.supervise.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from dlscope.analysis.observed import Records
+
+# What comes after the command (numpy, the analysis, the timeline: ~0.1 s of imports on an idle
+# machine, several times that on a busy one) is imported when it is needed: the command starts
+# without waiting for it (tests/test_run.py checks); the report's renderer, which the runner
+# imports in a thread while the command runs, brings numpy in meanwhile.
 
 
 def _run_plain(
@@ -105,6 +108,12 @@ def record_sections(
     run: RunDir, options: ScriptOptions, started: dict[str, int], ended: dict[str, int], iotrace: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Record every section but "run", which is returned (the runner records it)."""
+    import numpy as np
+
+    from dlscope.analysis import batchflow, timeline
+    from dlscope.analysis import observed as analysis
+    from dlscope.analysis.ranks import ranks_apart
+
     # every record file decoded once, here, and handed to each analyser
     events = Path(iotrace["exports"]["events"]) if iotrace is not None else None
     observed = analysis.Observed.read(processes_dir(run.path), events)
@@ -188,6 +197,8 @@ def distributed_section(
 ) -> dict[str, Any]:
     """The ranks' analysis (over the training steps each rank's window recorded, `recorded`); a
     trace a killed rank left cut short becomes a note, not a lost report."""
+    from dlscope.analysis.ranks import analyze_ranks
+
     try:
         section = analyze_ranks(ranked, recorded=recorded)
     except DlscopeError as e:
@@ -196,9 +207,11 @@ def distributed_section(
     return section
 
 
-def rank_traces(records: analysis.Records) -> dict[int, dict[str, Any]]:
+def rank_traces(records: Records) -> dict[int, dict[str, Any]]:
     """Each rank's first profile record (its trace), when more than one rank of a distributed job
     left one."""
+    from dlscope.analysis import observed as analysis
+
     ranked = {}
     for pid, rs in records.items():
         rank = analysis.process_info(pid, rs)["rank"]
@@ -219,6 +232,8 @@ def write_tensorboard(directory: Path, table: Any, codes: dict[str, list[str | N
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.record_writer import RecordWriter
+
+    from dlscope.analysis import steptable
 
     def scalar(tag: str, value: float, step: int) -> bytes:
         summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
