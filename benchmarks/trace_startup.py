@@ -132,10 +132,22 @@ def whole_process(argv: list[str], env: dict[str, str] | None) -> tuple[float, f
     return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
+def _default_sigint() -> None:
+    """The command starts with Ctrl-C's default action, as one typed at a terminal does (this
+    benchmark may run where SIGINT is ignored: a shell's background job)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupted(argv: list[str], env: dict[str, str] | None) -> float:
     """Seconds from SIGINT to the exit of `argv`, SIGINT sent to its process group once it trains."""
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, process_group=0
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        process_group=0,
+        preexec_fn=_default_sigint,
     )
     assert proc.stdout is not None
     for line in proc.stdout:
