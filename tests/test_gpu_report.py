@@ -3,7 +3,9 @@ an H100, tests/data/gpu/) to the terminal at 80 columns: every fact worded, no c
 
 from __future__ import annotations
 
+import gzip
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,22 @@ from dlscope.report.terminal import print_blocks
 
 TRACES = Path(__file__).parent / "data" / "gpu"
 SCRIPT = "/home/student/train.py"
+
+
+def recorded(trace: str) -> list[list]:
+    """The steps a run's window recorded, as its profile record has them ([index, N, start, end],
+    CLOCK_REALTIME s): here the trace's own ProfilerStep#N marks, one step each."""
+    with gzip.open(TRACES / trace, "rt") as f:
+        document = json.load(f)
+    shift = int(document.get("baseTimeNanoseconds") or 0) / 1e3
+    marks = [  # the host's marks; the GPU's own (gpu_user_annotation) are their shadows there
+        e
+        for e in document["traceEvents"]
+        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
+    steps = sorted((int(e["name"].split("#", 1)[1]), e["ts"] + shift, e["ts"] + e["dur"] + shift) for e in marks)
+    assert steps, trace
+    return [[n, n, start / 1e6, end / 1e6] for n, start, end in steps]
 
 
 def records(trace: str) -> list[dict]:
@@ -60,7 +78,7 @@ def records(trace: str) -> list[dict]:
                 {"file": SCRIPT, "line": 41, "function": "train", "count": 80, "bytes": 2 << 30, "largest": 32 << 20}
             ],
         },
-        {"k": "profile", "trace": str(TRACES / trace)},
+        {"k": "profile", "trace": str(TRACES / trace), "recorded": recorded(trace)},
     ]
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from dlscope.analysis.machine import MATERIAL_PCT, machine_share
 from dlscope.contract.records import MACHINE_COLUMNS
+from dlscope.report.blocks import fmt
 from test_run_ecosystem import SCRIPTS, observe
 
 SCRIPT = [sys.executable, str(SCRIPTS / "tiny_mlp.py"), "--seconds", "4"]
@@ -97,8 +98,8 @@ def test_a_run_beside_two_busy_loops_says_the_machine_was_shared(tmp_path, capfd
     report = report_text(tmp_path)
     first = report.split("## Training steps")[0]  # the observed command comes first, its warning first in it
     assert (
-        f"The machine was shared: while the steps ran ({machine['seconds']:.3g} s), other processes took "
-        f"{machine['others_cores']:.3g} of the job's {machine['cores']} cores ({machine['others_pct']:.0f}% of their "
+        f"The machine was shared: while the steps ran ({fmt(machine['seconds'])} s), other processes took "
+        f"{fmt(machine['others_cores'])} of the job's {machine['cores']} cores ({machine['others_pct']:.0f}% of their "
         "time)"
     ) in first
     # each verdict that rests on the steps' times says it was measured so: the summary's first

@@ -4,6 +4,7 @@ sync's line, an allocation site and a doctor trial's call site follow, tested on
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from dlscope.contract import owncode
@@ -32,10 +33,15 @@ def test_a_sync_in_dlscopes_wrapper_is_charged_to_the_scripts_line():
     assert gpuclock.script_frame(frames[:2]) is None
 
 
-def test_a_call_site_is_never_generated_code_nor_dlscopes():
+def test_a_call_site_is_never_generated_code_nor_dlscopes(monkeypatch):
     """The direct call site of a doctor trial's evidence skips frames of code compiled from a
     string (before, their "<string>" name made absolute passed for a file) and dlscope's."""
     namespace: dict = {"call_sites": lambda: change.call_sites()}
     exec(compile("def built():\n    return call_sites()\n", "<generated>", "exec"), namespace)
     _, direct = namespace["built"]()
     assert direct is not None and direct[0] == os.path.abspath(__file__)
+    # nor the script's own line when the script is `python -c` (its directory: the working one)
+    monkeypatch.setattr(sys, "argv", ["-c"])
+    monkeypatch.chdir(Path(__file__).parent)
+    mine, direct = namespace["built"]()
+    assert mine is not None and mine[0] == os.path.abspath(__file__) and direct == mine

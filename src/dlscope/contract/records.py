@@ -84,7 +84,10 @@ SCRATCH_PREFIX = "dlscope-calibrate-"
 # recurs every step, as an RL agent's rollouts in eval mode do, stays bounded at any length)
 PHASE_RECORDS = 500
 # --- written beside them by the supervising process (supervise/cpushare.py), read by analysis/machine.py ---
-MACHINE_FILE = "machine.json"  # {"cores": [...], "columns": MACHINE_COLUMNS, "rows": [...]}: one row a poll
+# {"cores": [...], "columns": MACHINE_COLUMNS, "rows": [...]}: one row a poll. JSON, but not named
+# .json: tools given this folder of profiler traces (HTA, TensorBoard) take every .json in it for
+# one, and HTA files one without a rank as rank 0's, in place of rank 0's own trace
+MACHINE_FILE = "machine.polls"
 # a row: its end (CLOCK_REALTIME s) and length, the CPU seconds the job's cores were busy, the job's
 # processes ran, dlscope's own ran, the job's threads ran and waited for a core (run-queue delay),
 # and how many of the job's threads ran at all

@@ -70,10 +70,13 @@ def call_sites() -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
     while frame is not None:
         name = os.path.abspath(frame.f_code.co_filename)
         ours = is_dlscope_code(name)
-        library = ours or "/torch/" in name or name.startswith(stdlib) or frame.f_code.co_filename.startswith("<")
+        # code compiled from a string ("<string>") is no file: made absolute, it would pass for one
+        # in the working directory, the script's own when the script is `python -c`
+        generated = frame.f_code.co_filename.startswith("<")
+        library = ours or generated or "/torch/" in name or name.startswith(stdlib)
         if direct is None and not library:
             direct = (name, frame.f_lineno)
-        if script_dir and name.startswith(script_dir + os.sep) and not ours:
+        if script_dir and name.startswith(script_dir + os.sep) and not (ours or generated):
             return (name, frame.f_lineno), direct
         frame = frame.f_back
     return None, direct

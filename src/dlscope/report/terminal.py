@@ -76,17 +76,24 @@ def print_sections(sections: Iterable[Section], console: Console | None = None) 
 
 
 def hang_lines(code: str, width: int) -> str:
-    """Code lines longer than `width` folded at a space where one falls in the line's second half,
-    each continuation indented past the line's own indent, so a folded line never reads as the next
-    line of the code (a diff's `-`/`+` lines above all)."""
+    """Code lines longer than `width` folded at a space, in the line's second half where one falls
+    there, each continuation indented past the line's own indent, so a folded line never reads as
+    the next line of the code (a diff's `-`/`+` lines above all). Never inside a word: a word longer
+    than the width (a path) stays whole for the terminal to wrap, so a command copied from it runs."""
     out = []
     for line in code.splitlines():
         indent = " " * (len(line) - len(line.lstrip(" ")) + HANG)
         first = True
         while cell_len(line) > width:
             room = width if first else width - len(indent)
-            cut = line.rfind(" ", room // 2, room + 1)
-            cut = room if cut <= 0 else cut
+            lead = len(line) - len(line.lstrip(" "))
+            cut = line.rfind(" ", max(room // 2, lead + 1), room + 1)
+            if cut < 0:
+                cut = line.rfind(" ", lead + 1, room + 1)
+            if cut < 0:
+                cut = line.find(" ", room + 1)
+            if cut < 0:
+                break
             out.append(line[:cut] if first else indent + line[:cut])
             line, first = line[cut:].lstrip(" "), False
         out.append(line if first else indent + line)
