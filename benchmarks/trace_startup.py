@@ -56,27 +56,30 @@ def bpftrace_attach_detach(work: Path) -> tuple[float, float, int]:
     """(seconds to "ready", seconds from SIGINT to exit, probes attached) for dlscope's program."""
     script = work / "trace.bt"
     plan, _ = ebpf.write_program(script)
+    output = work / "bpftrace.lines"
+    output.write_bytes(b"")
     start = time.perf_counter()
     tracer = subprocess.Popen(
-        ebpf.command(script, 2**22 + 1),  # a pid no process has: nothing is traced
-        stdout=subprocess.PIPE,
+        ebpf.command(script, 2**22 + 1, output),  # a pid no process has: nothing is traced
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        text=True,
         env=ebpf.environment(),
     )
-    assert tracer.stdout is not None
     counters = ebpf.Counters()
-    for line in tracer.stdout:
-        ebpf.parse_line(line, counters, plan.names)
-        if counters.ready:
-            break
+    pending = ""
+    with open(output, encoding="utf-8", errors="replace") as f:  # followed as dlscope's reader does
+        while not counters.ready and tracer.poll() is None:
+            pending += f.read()
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                ebpf.parse_line(line, counters, plan.names)
+            time.sleep(0.005)
     ready = time.perf_counter()
     # bpftrace 0.17 can miss a SIGINT sent the instant it prints "ready" (seen once in three runs:
     # it then waits for an event that never comes); dlscope's own SIGINT comes after the command
     time.sleep(0.5)
     stopping = time.perf_counter()
     tracer.send_signal(signal.SIGINT)
-    tracer.stdout.read()
     tracer.wait()
     return ready - start, time.perf_counter() - stopping, counters.attached_probes
 

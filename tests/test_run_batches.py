@@ -30,12 +30,15 @@ NO_PROFILE = ["--profile-steps", "0"]
 CHUNK = 65536  # the script's read size
 
 
+BIG = 150  # the large file's size in the others': its reads under strace outlast a loaded machine's stalls
+
+
 def make_files(directory: Path, count: int, size: int, big: int | None = None) -> list[Path]:
     directory.mkdir()
     paths = []
     for i in range(count):
         path = directory / f"{i:03d}.bin"
-        path.write_bytes(bytes([i % 251]) * (size * 50 if i == big else size))
+        path.write_bytes(bytes([i % 251]) * (size * BIG if i == big else size))
         paths.append(path)
     return paths
 
@@ -116,7 +119,7 @@ def test_a_slow_sample_named_with_its_step_batch_and_worker_across_spawned_persi
 
 @pytest.mark.skipif(strace.available() is not None, reason="strace not installed (scripts/install-tracers)")
 def test_a_large_file_is_named_with_its_read_calls_and_bytes_under_strace(tmp_path):
-    # 32 reads per file, 1,600 for the large one: under strace its batch waits 100+ ms, far above
+    # 32 reads per file, 4,800 for the large one: under strace its batch waits 300+ ms, far above
     # what a busy machine's scheduling adds to another batch's wait (up to ~30 ms seen in CI)
     size = 32 * CHUNK
     # file 33 is in batch 8, sent to worker 0: after the prefetch has filled, so the loop (faster
@@ -134,12 +137,12 @@ def test_a_large_file_is_named_with_its_read_calls_and_bytes_under_strace(tmp_pa
     assert (steady["step"], steady["batch"], steady["worker"], steady["slowest_sample"]) == (8, 8, 0, 33)
     assert steady["slowest_sample_file"] == str(paths[33])
     # os.read of CHUNK bytes until it returns nothing: size / CHUNK reads with data, one empty
-    assert steady["slowest_sample_reads"] == 50 * size // CHUNK + 1
-    assert steady["slowest_sample_bytes"] == 50 * size
+    assert steady["slowest_sample_reads"] == BIG * size // CHUNK + 1
+    assert steady["slowest_sample_bytes"] == BIG * size
     assert str(noise) not in steady["files"] and steady["other_threads_reads"] > 0
-    assert steady["reads"] == 4 * (size // CHUNK + 1) + 49 * size // CHUNK  # its 4 files' reads, no more
+    assert steady["reads"] == 4 * (size // CHUNK + 1) + (BIG - 1) * size // CHUNK  # its 4 files' reads, no more
     files = batches["files"]["outliers"]
-    assert files[0]["path"] == str(paths[33]) and files[0]["bytes"] == 50 * size
+    assert files[0]["path"] == str(paths[33]) and files[0]["bytes"] == BIG * size
     assert all(f["bytes"] == size for f in files[1:])  # any other file named is named for its time
 
 

@@ -207,8 +207,9 @@ def write_program(script: Path) -> tuple[ScriptPlan, tuple[int, int]]:
     return plan, version
 
 
-def command(script: Path, pid: int) -> list[str]:
-    return ["bpftrace", "-f", "json", str(script), str(pid)]
+def command(script: Path, pid: int, output: Path) -> list[str]:
+    """bpftrace printing its lines as JSON into `output` (a file: a write to it never waits)."""
+    return ["bpftrace", "-f", "json", "-o", str(output), str(script), str(pid)]
 
 
 def environment() -> dict[str, str]:

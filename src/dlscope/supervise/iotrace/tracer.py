@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from dlscope.analysis.syscalls import Analysis
 from dlscope.contract.ioevents import TRACED_SYSCALLS, Event, FdTables, Reorder
@@ -38,6 +38,10 @@ ATTACH_TIMEOUT_S = 90.0
 # backlog when it ends, which a stop would throw away unseen (not counted as lost). The tracer is
 # stopped once its output has been silent this long, or after the limit.
 DRAIN_QUIET_S = 0.3
+# the reader follows bpftrace's output file: this much read at a time, and a pause when it has caught up
+FOLLOW_CHUNK = 1 << 20
+FOLLOW_POLL_S = 0.02
+SPOOL_FILE = "bpftrace.lines"  # bpftrace's output as it writes it; removed once read
 DRAIN_LIMIT_S = 120.0
 GRACE_S = 10.0  # after the user's signal, how long the command may take to exit before SIGKILL
 Say = Callable[[str], None]
@@ -131,18 +135,23 @@ def collect_proc(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
 
 
 class EbpfReader(threading.Thread):
-    """Streams bpftrace's stdout into the trace's sink as it comes, while the command runs: each
-    line parsed into an event and handed on, so the analysis and the exports are done with the
-    command but for the last moment's events (before, they were written to a scratch file and all
+    """Follows the file bpftrace writes its lines to, into the trace's sink as they come, while
+    the command runs: each line parsed into an event and handed on, so the analysis and the
+    exports are done with the command but for the last moment's events (before, they were all
     read back and analysed after it: 5.4 s after Ctrl-C of a job whose start-up made ~46,000
-    events, at load 14 on 2 cores). `ready` is set once the probes are attached, or when bpftrace
-    ends without attaching. A sink that fails stops taking events; its error is raised after the
-    command (`failed`), while the lines are still read, so bpftrace never blocks on its pipe."""
+    events, at load 14 on 2 cores). A file, not a pipe: a write to a file never waits, so bpftrace
+    drains the kernel's per-CPU buffers at its own pace whatever this thread's (through a pipe, a
+    reader slowed by a loaded machine blocked bpftrace and the kernel dropped 36,000 events of a
+    two-rank job at load 4, rank 0's phase markers among them). `ready` is set once the probes are
+    attached, or when bpftrace has ended without; `finish()` once it has exited: the rest of the
+    file is read, then the thread ends. A sink that fails stops taking events; its error is raised
+    after the command (`failed`)."""
 
-    def __init__(self, stream: IO[str], sink: TraceSink, counters: ebpf.Counters, names: Mapping[int, str]) -> None:
+    def __init__(self, path: Path, sink: TraceSink, counters: ebpf.Counters, names: Mapping[int, str]) -> None:
         super().__init__(daemon=True)
-        self.stream, self.sink, self.counters, self.names = stream, sink, counters, names
+        self.path, self.sink, self.counters, self.names = path, sink, counters, names
         self.ready = threading.Event()
+        self.exited = threading.Event()
         self.lines = 0
         self.failed: BaseException | None = None
 
@@ -153,19 +162,40 @@ class EbpfReader(threading.Thread):
             seen = self.lines
             time.sleep(quiet)
 
+    def finish(self) -> None:
+        """bpftrace has exited: its last line is in the file."""
+        self.exited.set()
+
     def run(self) -> None:
-        add = self.sink.add
-        for line in self.stream:
-            self.lines += 1
-            event = ebpf.parse_line(line, self.counters, self.names)
-            if self.counters.ready:
-                self.ready.set()
-            if event is not None and self.failed is None:
-                try:
-                    add(event)
-                except Exception as e:  # raised in the main thread once the command is over
-                    self.failed = e
+        pending = ""
+        with open(self.path, encoding="utf-8", errors="replace", newline="") as f:
+            while True:
+                chunk = f.read(FOLLOW_CHUNK)
+                if not chunk:
+                    if not self.exited.is_set():
+                        time.sleep(FOLLOW_POLL_S)
+                        continue
+                    chunk = f.read()  # what it wrote before it exited and after the read above
+                    if not chunk:
+                        break
+                pending += chunk
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    self.take(line)
+        if pending:
+            self.take(pending)
         self.ready.set()
+
+    def take(self, line: str) -> None:
+        self.lines += 1
+        event = ebpf.parse_line(line, self.counters, self.names)
+        if self.counters.ready:
+            self.ready.set()
+        if event is not None and self.failed is None:
+            try:
+                self.sink.add(event)
+            except Exception as e:  # raised in the main thread once the command is over
+                self.failed = e
 
 
 def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None, sink: TraceSink | None = None) -> Collected:
@@ -175,28 +205,32 @@ def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None, sink: TraceSi
     if sink is None:
         sink = TraceSink(work, os.getcwd())
     sink.resolve_fds = True  # bpftrace sees descriptor numbers; their paths are known from the opens
-    log = work / "bpftrace.log"
+    log, lines = work / "bpftrace.log", work / SPOOL_FILE
+    lines.write_bytes(b"")  # there before the reader opens it; bpftrace appends to it
     try:
         child = GatedProcess(argv, env)
     except OSError as e:
         raise TraceError(f"cannot start the command: {e.strerror}", argv[0]) from None
     with open(log, "w") as log_file:
-        command = ebpf.command(script, child.pid)
+        command = ebpf.command(script, child.pid, lines)
         tracer = subprocess.Popen(
             command,
-            stdout=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
             stderr=log_file,
-            text=True,
-            errors="replace",
             env=ebpf.environment(),
             preexec_fn=die_with_parent,
             process_group=0,  # a Ctrl-C at the terminal must not stop it before the command ends
         )
     counters = ebpf.Counters()
-    reader = EbpfReader(tracer.stdout, sink, counters, plan.names)
+    reader = EbpfReader(lines, sink, counters, plan.names)
     reader.start()
     try:
-        reader.ready.wait(ATTACH_TIMEOUT_S)
+        deadline = time.monotonic() + ATTACH_TIMEOUT_S
+        while not reader.ready.wait(0.1) and tracer.poll() is None and time.monotonic() < deadline:
+            pass
+        if tracer.poll() is not None:
+            reader.finish()  # ended before it attached: its last lines, an error among them
+            reader.ready.wait(ATTACH_TIMEOUT_S)
         if not counters.ready:
             raise BackendUnavailable(f"bpftrace did not attach: {_last_error(log)}")
         start = time.perf_counter()
@@ -206,8 +240,10 @@ def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None, sink: TraceSi
         reader.wait_quiet()  # the per-CPU buffers drained before bpftrace stops reading them
     finally:
         stop(tracer)
+        reader.finish()
         signal_group(child.pid, signal.SIGKILL)  # only still there when tracing failed: nothing to flush
         reader.join()
+        lines.unlink(missing_ok=True)
     if reader.failed is not None:
         raise reader.failed
     notes = {
