@@ -19,8 +19,8 @@ far that is still there (a process that marked its live file exited runs on unti
 process of the job that ended keeps the time last read of it, unless a process of the job reaped
 it (its time is then in that one's cutime): the job's time never goes back, and only a process's
 last second is lost. dlscope's own are this process and the other processes it started for the
-run (an I/O tracer): not the children of a program that called dlscope and started them before
-(a notebook's, a test's busy loops), which are others. One
+run (an I/O tracer): not the children a program that called dlscope had already started (a
+notebook's, a test's busy loops) nor theirs, which are others. One
 row per interval between two reads, written to MACHINE_FILE in the processes directory when the
 sampler stops.
 """
@@ -69,17 +69,6 @@ def process_cpu_s(pid: int) -> float | None:
     """The process's CPU seconds and those of the children it reaped (None: gone)."""
     fields = _stat_fields(pid)
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLOCK_TICK if fields else None
-
-
-def process_started(pid: int) -> int | None:
-    """When the process started: clock ticks after boot (None: gone)."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields else None
-
-
-def ticks_since_boot() -> float:
-    with open("/proc/uptime") as f:
-        return float(f.read().split()[0]) * CLOCK_TICK
 
 
 def process_tree() -> tuple[dict[int, list[int]], dict[int, int]]:
@@ -132,7 +121,9 @@ class MachineShare:
 
     def __init__(self) -> None:
         self.cores: set[int] | None = None
-        self.since = ticks_since_boot() - 1  # this process's children started from now on are dlscope's own
+        # this process's children already there are not dlscope's (nor what they start): others
+        children, _ = process_tree()
+        self.before = set(children.get(os.getpid(), []))
         self.last: dict[str, Any] | None = None
         self.rows: list[list[float]] = []
         self.known: dict[int, tuple[int, float]] = {}  # the job's processes at the last read: parent, time
@@ -146,7 +137,7 @@ class MachineShare:
         here = os.getpid()
         roots = [*live, *self.known, *([root] if root is not None else [])]
         job = below([pid for pid in roots if pid in parents], children) - {here}
-        own = {pid for pid in below([here], children) - job if (process_started(pid) or 0) >= self.since}
+        own = below([here], children) - job - below(list(self.before), children)
         now: dict[int, tuple[int, float]] = {}
         threads: dict[tuple[int, int], tuple[int, int]] = {}
         for pid in job:

@@ -41,6 +41,7 @@ DRAIN_QUIET_S = 0.3
 # the reader follows bpftrace's output file: this much read at a time, and a pause when it has caught up
 FOLLOW_CHUNK = 1 << 20
 FOLLOW_POLL_S = 0.02
+QUIET_POLL_S = 0.05
 SPOOL_FILE = "bpftrace.lines"  # bpftrace's output as it writes it; removed once read
 DRAIN_LIMIT_S = 120.0
 GRACE_S = 10.0  # after the user's signal, how long the command may take to exit before SIGKILL
@@ -156,11 +157,16 @@ class EbpfReader(threading.Thread):
         self.failed: BaseException | None = None
 
     def wait_quiet(self, quiet: float = DRAIN_QUIET_S, limit: float = DRAIN_LIMIT_S) -> None:
-        """Return once no line has come for `quiet` seconds (bpftrace has drained its buffers)."""
-        deadline, seen = time.monotonic() + limit, -1
-        while self.lines != seen and time.monotonic() < deadline:
-            seen = self.lines
-            time.sleep(quiet)
+        """Return once no line has come for `quiet` seconds (bpftrace has drained its buffers):
+        `quiet` after the last line, read in short polls (a sleep of `quiet` at a time took up to
+        twice that)."""
+        now = time.monotonic()
+        deadline, seen, last_line = now + limit, self.lines, now
+        while now < deadline and now - last_line < quiet:
+            time.sleep(QUIET_POLL_S)
+            now = time.monotonic()
+            if self.lines != seen:
+                seen, last_line = self.lines, now
 
     def finish(self) -> None:
         """bpftrace has exited: its last line is in the file."""
