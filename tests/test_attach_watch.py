@@ -178,6 +178,8 @@ def test_a_request_no_process_takes_is_withdrawn_and_said(tmp_path, capsys):
     assert "NO PROFILE" in said and f"process {os.getpid()}" in said and "not written within 0.5 s" in said
     assert not request_path(processes, os.getpid()).exists()
     write_request(processes, os.getpid(), {"id": "x", "steps": 1})  # another attach's, not yet taken
+    # no .json beside the profiler's traces: HTA and TensorBoard read every one there as a trace
+    assert request_path(processes, os.getpid()).exists() and not list(processes.glob("*.json"))
     assert main(["attach", str(tmp_path / "run"), "--profile-steps", "2"]) == 2
     assert "already waiting" in capsys.readouterr().err
 

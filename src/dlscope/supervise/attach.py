@@ -1,7 +1,7 @@
 """`dlscope attach RUN|PID --profile-steps N`: the profiler on demand, in a job already running
 under `dlscope run`, with no restart.
 
-The request is a file, `<run dir>/processes/profile-request-<pid>.json` ({"id", "steps"}), written
+The request is a file, `<run dir>/processes/profile-request-<pid>` (JSON: {"id", "steps"}), written
 whole (a temporary file renamed over it). The observed process looks for it at a step end at most
 once every REQUEST_EVERY_S seconds, by the step-end time it already has (one float compare a step,
 one stat(2) a second), takes it (reads it, then removes it) and records it (`profile_taken`, with
