@@ -48,7 +48,8 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
 
 
-def _read(path: str) -> str | None:
+def read_proc(path: str) -> str | None:
+    """A /proc file's text (None: the process or thread is gone)."""
     try:
         with open(path, "rb") as f:
             return f.read().decode(errors="replace")
@@ -61,10 +62,10 @@ def main_thread_runnable_s(pid: int) -> float | None:
     and waited in the run queue for one (schedstat). On a machine others share, a thread that
     computes all along runs only part of the time, and waits the rest. Without schedstat, the time
     it ran (utime + stime)."""
-    sched = (_read(f"/proc/{pid}/task/{pid}/schedstat") or "").split()
+    sched = (read_proc(f"/proc/{pid}/task/{pid}/schedstat") or "").split()
     if len(sched) >= 2:
         return (int(sched[0]) + int(sched[1])) / 1e9
-    stat = _read(f"/proc/{pid}/task/{pid}/stat")
+    stat = read_proc(f"/proc/{pid}/task/{pid}/stat")
     if stat is None:
         return None
     fields = stat.rsplit(")", 1)[1].split()  # fields[0] is the state (the 3rd field): utime is the 14th
@@ -72,14 +73,14 @@ def main_thread_runnable_s(pid: int) -> float | None:
 
 
 def alive(pid: int) -> bool:
-    stat = _read(f"/proc/{pid}/stat")
+    stat = read_proc(f"/proc/{pid}/stat")
     return stat is not None and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def zombie_exit(pid: int) -> dict[str, int] | None:
     """How a process its parent has not yet waited for ended (/proc stat exit_code); None when
     it is gone altogether (its status went to its parent)."""
-    stat = _read(f"/proc/{pid}/stat")
+    stat = read_proc(f"/proc/{pid}/stat")
     if stat is None:
         return None
     status = int(stat.rsplit(")", 1)[1].split()[-1])
@@ -91,7 +92,7 @@ def descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            stat = _read(f"/proc/{entry}/stat")
+            stat = read_proc(f"/proc/{entry}/stat")
             if stat:
                 children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
     found, todo = [], [root]
@@ -104,7 +105,7 @@ def descendants(root: int) -> list[int]:
 
 def syscall_of(pid: int, tid: int) -> dict[str, Any] | None:
     """The system call a thread is blocked in (None: running, or not readable)."""
-    text = _read(f"/proc/{pid}/task/{tid}/syscall")
+    text = read_proc(f"/proc/{pid}/task/{tid}/syscall")
     if not text or not text[0].isdigit():
         return None  # "running", "-1 ..." (not in a syscall), or no permission
     fields = text.split()
@@ -148,7 +149,7 @@ def threads_of(pid: int) -> list[dict[str, Any]]:
     except OSError:
         return rows
     for tid in tids:
-        stat = _read(f"/proc/{pid}/task/{tid}/stat")
+        stat = read_proc(f"/proc/{pid}/task/{tid}/stat")
         if stat is None:
             continue
         rows.append(
@@ -156,7 +157,7 @@ def threads_of(pid: int) -> list[dict[str, Any]]:
                 "tid": tid,
                 "name": stat[stat.index("(") + 1 : stat.rindex(")")],
                 "state": stat.rsplit(")", 1)[1].split()[0],
-                "wchan": (_read(f"/proc/{pid}/task/{tid}/wchan") or "").strip() or None,
+                "wchan": (read_proc(f"/proc/{pid}/task/{tid}/wchan") or "").strip() or None,
                 "syscall": syscall_of(pid, tid),
             }
         )
@@ -165,7 +166,7 @@ def threads_of(pid: int) -> list[dict[str, Any]]:
 
 def catches(pid: int, signum: int) -> bool:
     """Whether the process has a handler for `signum` (/proc status SigCgt)."""
-    for line in (_read(f"/proc/{pid}/status") or "").splitlines():
+    for line in (read_proc(f"/proc/{pid}/status") or "").splitlines():
         if line.startswith("SigCgt:"):
             return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     return False
@@ -242,7 +243,7 @@ def capture(pids: list[int], directory: Path | None, views: dict[int, LiveView])
         if not alive(pid):
             taken[pid] = {"pid": pid, "alive": False, "live": asdict(live) if live else None, "exit": zombie_exit(pid)}
             continue
-        cmdline = (_read(f"/proc/{pid}/cmdline") or "").split("\0")
+        cmdline = (read_proc(f"/proc/{pid}/cmdline") or "").split("\0")
         taken[pid] = {
             "pid": pid,
             "alive": True,

@@ -35,29 +35,22 @@ from typing import Any
 
 from dlscope.contract.records import MACHINE_COLUMNS, MACHINE_FILE
 from dlscope.fsutil import atomic_write_bytes
+from dlscope.supervise.capture import read_proc
 
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 BUSY_FIELDS = (0, 1, 2, 7)  # of a /proc/stat cpu line: user nice system (idle iowait irq softirq) steal
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:
-        return None
-
-
 def _stat_fields(pid: int) -> list[str] | None:
     """/proc/PID/stat from its 3rd field (the state) on; None when the process is gone."""
-    stat = _read(f"/proc/{pid}/stat")
+    stat = read_proc(f"/proc/{pid}/stat")
     return stat.rsplit(")", 1)[1].split() if stat else None
 
 
 def cores_busy_s(cores: set[int]) -> float:
     """CPU seconds these cores have been busy since boot (a guest's time is inside user)."""
     busy = 0
-    for line in (_read("/proc/stat") or "").splitlines():
+    for line in (read_proc("/proc/stat") or "").splitlines():
         name, _, rest = line.partition(" ")
         if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
             fields = rest.split()
@@ -90,7 +83,7 @@ def thread_times(pid: int) -> dict[int, tuple[int, int]]:
     except OSError:
         return out
     for tid in tids:
-        fields = (_read(f"/proc/{pid}/task/{tid}/schedstat") or "").split()
+        fields = (read_proc(f"/proc/{pid}/task/{tid}/schedstat") or "").split()
         if len(fields) >= 2:
             out[int(tid)] = (int(fields[0]), int(fields[1]))
     return out
