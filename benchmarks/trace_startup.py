@@ -60,7 +60,7 @@ def bpftrace_attach_detach(work: Path) -> tuple[float, float, int]:
     output.write_bytes(b"")
     start = time.perf_counter()
     tracer = subprocess.Popen(
-        ebpf.command(script, 2**22 + 1, output),  # a pid no process has: nothing is traced
+        ebpf.command(script, 2**22 + 1, output, os.getpid()),  # a pid no process has: nothing is traced
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=ebpf.environment(),

@@ -26,7 +26,7 @@ from dlscope.phases import MARKER_PREFIX, parse_marker
 from dlscope.report.flowgraph import fallback_svg, render_svg
 from dlscope.report.sections.iotrace import file_table, findings, phase_table
 from dlscope.supervise.iotrace import ebpf, strace
-from dlscope.supervise.iotrace.tracer import TraceSink, availability, collect_ebpf, trace_command
+from dlscope.supervise.iotrace.tracer import EbpfReader, TraceSink, availability, collect_ebpf, trace_command
 
 AVAILABLE = availability()
 BACKENDS = [
@@ -456,15 +456,47 @@ def test_ebpf_sees_every_call_family_as_strace_does(tmp_path):
 
 
 @pytest.mark.skipif(AVAILABLE["ebpf"] is not None, reason=f"ebpf: {AVAILABLE['ebpf']}")
-def test_ebpf_keeps_the_backlog_of_a_command_that_ends_in_a_burst_of_calls(tmp_path):
+def test_ebpf_keeps_the_backlog_of_a_command_that_ends_in_a_burst_of_calls(tmp_path, monkeypatch):
     """A command that ends right after 20,000 stats leaves bpftrace behind: stopped when the command
-    ends, it kept ~5,000 of them here, the rest dropped uncounted; drained until quiet, it keeps every
-    one. 20,000 records fit the 8 MiB per-CPU buffer, so none may be lost in the kernel either (at
-    40,000 a fast host overflows it: lost, but counted — a different matter)."""
+    ends, it kept ~5,000 of them here, the rest dropped uncounted; drained until the mark made on each
+    CPU after the command ended has come through, it keeps every one — with no wait for a silence
+    (the fallback where a thread cannot be moved between CPUs). 20,000 records fit the 8 MiB per-CPU
+    buffer, so none may be lost in the kernel either (at 40,000 a fast host overflows it: lost, but
+    counted — a different matter)."""
+
+    def no_silence(self, *args):
+        raise AssertionError("drained by waiting for a silence, not by the marks")
+
+    monkeypatch.setattr(EbpfReader, "wait_quiet", no_silence)
     target = tmp_path / "polled"
     target.touch()
     script = f"import os\nfor _ in range(20_000):\n    os.stat({str(target)!r})\n"
     outcome = trace_command([sys.executable, "-c", script], "ebpf", tmp_path / "t", say=print)
+    assert outcome.exit_code == 0
+    assert outcome.section["notes"]["lost_events"] == 0
+    with open(tmp_path / "t" / "events.jsonl") as f:
+        stats = sum(1 for event in map(json.loads, f) if event.get("path") == str(target))
+    assert stats == 20_000
+
+
+@pytest.mark.skipif(AVAILABLE["ebpf"] is not None, reason=f"ebpf: {AVAILABLE['ebpf']}")
+def test_ebpf_reads_every_event_when_bpftrace_is_held_off_the_cpu_as_the_command_ends(tmp_path):
+    """On a loaded machine bpftrace can wait for a core longer than any silence dlscope might wait
+    for. Here it is stopped (SIGSTOP) while the command makes 20,000 stats, and let go a second after
+    the command has ended: a drain that trusted a silence would end before bpftrace had printed one
+    of them; the marks made on each CPU after the command ended come through only behind them."""
+    target = tmp_path / "polled"
+    target.touch()
+    script = (
+        "import os, signal, subprocess, sys\n"
+        "tracer = int(subprocess.run(['pgrep', '-P', str(os.getppid()), '-x', 'bpftrace'],"
+        " capture_output=True, text=True).stdout.split()[0])\n"
+        "os.kill(tracer, signal.SIGSTOP)\n"
+        f"for _ in range(20_000):\n    os.stat({str(target)!r})\n"
+        "subprocess.Popen(['sh', '-c', f'sleep 1; kill -CONT {tracer}'], start_new_session=True)\n"
+    )
+    outcome = trace_command([sys.executable, "-c", script], "ebpf", tmp_path / "t", say=print)
+    outcome.settle()
     assert outcome.exit_code == 0
     assert outcome.section["notes"]["lost_events"] == 0
     with open(tmp_path / "t" / "events.jsonl") as f:
@@ -520,7 +552,8 @@ def test_ebpf_events_are_analysed_while_the_command_runs(tmp_path):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_exit_status_passes_through_and_a_killed_command_still_reports(backend, workload, tmp_path):
     argv, known, _ = workload
-    assert trace_command([*argv, "3"], backend, tmp_path / "a", say=lambda _: None).exit_code == 3
+    failed = trace_command([*argv, "3"], backend, tmp_path / "a", say=lambda _: None)
+    assert failed.exit_code == 3
     killer = tmp_path / "killed.py"
     killer.write_text(
         "import os, signal, sys\nimport dlscope\n"
@@ -531,6 +564,8 @@ def test_exit_status_passes_through_and_a_killed_command_still_reports(backend, 
     assert outcome.exit_code == 128 + signal.SIGKILL
     assert any(p["phase"] == "data_load" for p in outcome.section["phases"])
     assert by_path(outcome.section, known)["opens"] == 1
+    failed.settle()
+    outcome.settle()  # bpftrace's probes detach beside the analysis; settle() returns once it is gone
     children = subprocess.run(["ps", "--ppid", str(os.getpid()), "-o", "comm="], capture_output=True, text=True)
     assert not {"strace", "bpftrace"} & set(children.stdout.split()), "a tracer outlived the run"
 

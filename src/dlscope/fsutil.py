@@ -105,14 +105,23 @@ def pid_alive(pid: int) -> bool:
 
 
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
-# json.dumps builds an encoder at each call with any option set: a syscall trace's export writes
-# one text per event (tens of thousands), so the common one is built once
+# json.dumps builds an encoder at each call, and JSONEncoder.encode its C part at each call: a syscall
+# trace's exports write texts per event (tens of thousands), so the common one's C part is built once
+# (its `markers` dict still catches a circular value)
 _READABLE = json.JSONEncoder(ensure_ascii=False)
+_c_readable = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    {}, _READABLE.default, json.encoder.encode_basestring, None, ": ", ", ", False, False, True
+)
 
 
 def json_text(value: Any, **options: Any) -> str:
     """JSON text (non-ASCII kept readable) in which the undecodable bytes of a kernel path, held as
     lone surrogates (surrogateescape), are written as \\udcXX escapes: the text always encodes as
     UTF-8, and json.loads gives the exact path back (os.fsencode gives its bytes)."""
-    text = json.dumps(value, ensure_ascii=False, **options) if options else _READABLE.encode(value)
-    return _UNDECODABLE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
+    if options:
+        text = json.dumps(value, ensure_ascii=False, **options)
+    elif _c_readable:
+        text = "".join(_c_readable(value, 0))
+    else:  # an interpreter without json's C speedups
+        text = _READABLE.encode(value)
+    return text if text.isascii() else _UNDECODABLE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)

@@ -26,6 +26,7 @@ def trace(run: RunDir, options: TraceOptions, say: Callable[[str], None]) -> dic
     if pids:
         section["ranks"] = io_per_rank(Path(section["exports"]["events"]), pids)
     section["exports"] = {key: run.rel(path) for key, path in section["exports"].items()}
+    outcome.settle()
     if options.measure_overhead and not section["interrupted"]:
         say(f"measuring overhead: untraced and {outcome.backend}-traced runs, interleaved …")
         section["overhead"] = measure_overhead(options.command, outcome.backend, out, options.repeats)

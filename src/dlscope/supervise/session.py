@@ -26,11 +26,7 @@ from dlscope.rundir import PROCESSES, RunDir, processes_dir
 from dlscope.supervise.bootstrap_env import with_bootstrap
 from dlscope.supervise.cpushare import MachineShare
 from dlscope.supervise.iotrace.gate import signal_group
-from dlscope.supervise.iotrace.tracer import (
-    exit_code,
-    trace_command,
-    wait_command,
-)
+from dlscope.supervise.iotrace.tracer import TraceOutcome, exit_code, trace_command, wait_command
 from dlscope.supervise.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -78,14 +74,15 @@ def observe_command(run: RunDir, options: ScriptOptions, say: Callable[[str], No
     env = with_bootstrap(base, **{RUN_DIR_ENV: str(records_dir.resolve()), PROFILE_ENV: profile})
     started = clocks()
     iotrace: dict[str, Any] | None = None
+    traced: TraceOutcome | None = None
     code, interrupted = 1, None
     watchdog = Watchdog(records_dir, run.path, options.hang, say, MachineShare())
     try:
         if options.trace_io:
             watchdog.start(None)  # no root pid here: the live files name the processes
-            outcome = trace_command(options.command, options.trace_backend, run.fresh_sub("iotrace"), say, env)
-            iotrace = outcome.section
-            code, interrupted = outcome.exit_code, iotrace["interrupted"]
+            traced = trace_command(options.command, options.trace_backend, run.fresh_sub("iotrace"), say, env)
+            iotrace = traced.section
+            code, interrupted = traced.exit_code, iotrace["interrupted"]
         else:
             returncode, signum = _run_plain(options.command, env, watchdog.start, options)
             code, interrupted = exit_code(returncode), signal.Signals(signum).name if signum else None
@@ -94,10 +91,14 @@ def observe_command(run: RunDir, options: ScriptOptions, say: Callable[[str], No
     finally:
         watchdog.stop()
         ended = clocks()
-        section = record_sections(run, options, started, ended, iotrace)
-        hang = watchdog.section()
-        if hang is not None:
-            run.record("hang", hang)
+        try:
+            section = record_sections(run, options, started, ended, iotrace)
+            hang = watchdog.section()
+            if hang is not None:
+                run.record("hang", hang)
+        finally:
+            if traced is not None:
+                traced.settle()  # bpftrace detached its probes meanwhile
     # a run in which no training step was seen is a failed observation, whatever the command's status
     observed = section["steps_seen"] > 0
     section.update(exit_code=code, interrupted=interrupted, run_status="ok" if code == 0 and observed else "failed")

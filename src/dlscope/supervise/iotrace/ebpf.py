@@ -1,6 +1,6 @@
 """The eBPF backend: bpftrace on the two `raw_syscalls` tracepoints (stable ABI), picking the
 traced calls by syscall number in the kernel, following the process tree through
-sched_process_fork, one JSON line per event streamed from its stdout.
+sched_process_fork, one JSON line per event written to a file dlscope follows.
 
 Two tracepoints instead of one pair per call: bpftrace attaches probes one at a time and the
 kernel detaches each with an RCU grace period, ~0.1 s a probe here, so ~70 per-call tracepoints
@@ -102,6 +102,9 @@ SYSCALL_NUMBERS: dict[str, dict[str, int]] = {
 }  # fmt: skip
 # the kernel names the tracepoint (whose format gives the argument order) after its own function
 TRACEPOINT_NAMES = {"stat": "newstat", "lstat": "newlstat", "fstat": "newfstat"}
+# getppid, made by dlscope (bpftrace's $2) on each CPU in turn once the command is over: the program
+# prints a "mark" line for it into that CPU's buffer, behind every event written there before
+MARK_SYSCALL = {"x86_64": 110, "aarch64": 173}
 
 
 @dataclass
@@ -139,35 +142,33 @@ def call_args(root: Path, numbers: dict[str, int]) -> tuple[dict[str, CallArgs],
     return calls, missing
 
 
-def _any_of(calls: list[CallArgs]) -> str:
-    return " || ".join(f"$id == {c.number}" for c in calls) or "0"
-
-
 def build_script(root: Path, arrow: str) -> ScriptPlan:
     """The bpftrace program for this kernel and machine; `arrow` from `args_operator`."""
     numbers = SYSCALL_NUMBERS[os.uname().machine]
     calls, missing = call_args(root, numbers)
+    # calls that keep their arguments at the same positions share one layout (a branch); BEGIN maps
+    # each traced call's number to its layout (1, 2, …; a missing key reads 0: not traced). One map
+    # lookup picks the branch: a chain of `$id == N ||` tests for ~36 calls took bpftrace ~0.2 s
+    # more to compile and load, paid at each start-up
+    layouts: dict[tuple[int | None, ...], list[CallArgs]] = {}
+    for c in calls.values():
+        layouts.setdefault((c.path, c.target, c.fd, c.arg), []).append(c)
+    layout_of = {c.number: i for i, same in enumerate(layouts.values(), 1) for c in same}
+    table = " ".join(f"@layout[{number}] = {i};" for number, i in layout_of.items())
     # BEGIN runs once every probe is attached ("attached_probes" is printed before that); the
     # command is traced from its exec on, so the launcher's gate (a shell) stays out of the trace
     lines = [
-        'BEGIN { @gated[$1] = 1; printf("ready\\n"); }',
+        f'BEGIN {{ @gated[$1] = 1; {table} printf("ready\\n"); }}',
         "tracepoint:sched:sched_process_exec /@gated[pid]/ { delete(@gated[pid]); @traced[pid] = 1; }",
         "tracepoint:sched:sched_process_fork /@traced[pid]/ { @traced[args{a}child_pid] = 1; "
         'printf("fork\\t%d\\t%d\\t%llu\\n", pid, args{a}child_pid, nsecs); }',
         "tracepoint:sched:sched_process_exit /@traced[pid] && pid == tid/ { delete(@traced[pid]); "
         'printf("exit\\t%d\\t%d\\t%llu\\n", pid, tid, nsecs); }',
     ]
-    # at entry: which call, when, and its arguments (by position; calls that keep them at the same
-    # positions share one branch, so the program stays small); the path is read at exit
-    layouts: dict[tuple[int | None, ...], list[CallArgs]] = {}
-    for c in calls.values():
-        layouts.setdefault((c.path, c.target, c.fd, c.arg), []).append(c)
-    enter = [
-        "tracepoint:raw_syscalls:sys_enter /@traced[pid]/ { $id = args{a}id;",
-        f"  if ({_any_of(list(calls.values()))}) {{",
-    ]
+    # at entry: which call, when, and its arguments (by position); the path is read at exit
+    enter = ["tracepoint:raw_syscalls:sys_enter /@traced[pid]/ { $id = args{a}id; $l = @layout[$id];"]
     mmap = numbers.get("mmap")
-    for (path, target, fd, arg), same in layouts.items():
+    for i, ((path, target, fd, arg), same) in enumerate(layouts.items(), 1):
         # int32: AT_FDCWD is -100; an mmap of anonymous memory (fd -1) is no file I/O
         skip = f" && !($id == {mmap} && (int32)args{{a}}args[{fd}] < 0)" if any(c.number == mmap for c in same) else ""
         saves = ["@nr[tid] = $id; @ts[tid] = nsecs;"]
@@ -175,26 +176,35 @@ def build_script(root: Path, arrow: str) -> ScriptPlan:
         saves += [f"@p2[tid] = args{{a}}args[{target}];"] if target is not None else []
         saves += [f"@fd[tid] = (int32)args{{a}}args[{fd}];" if fd is not None else "@fd[tid] = -1;"]
         saves += [f"@arg[tid] = (int64)args{{a}}args[{arg}];" if arg is not None else "@arg[tid] = -1;"]
-        enter.append(f"    if (({_any_of(same)}){skip}) {{ {' '.join(saves)} }}")
-    enter.append("  }\n}")
+        enter.append(f"  if ($l == {i}{skip}) {{ {' '.join(saves)} }}")
+    enter.append("}")
     lines.append("\n".join(enter))
-    with_path = [c for c in calls.values() if c.path is not None]
-    with_target = [c for c in calls.values() if c.target is not None]
+    mark = MARK_SYSCALL[os.uname().machine]
+    lines.append(
+        f"tracepoint:raw_syscalls:sys_enter /pid == $2 && args{{a}}id == {mark}/ "
+        '{ printf("mark\\t%d\\t%llu\\n", cpu, nsecs); }'
+    )
+    with_path = [i for i, (path, *_) in enumerate(layouts, 1) if path is not None]
+    with_target = [i for i, (_, target, *_) in enumerate(layouts, 1) if target is not None]
     head = "%d\\t%d\\t%d\\t%llu\\t%llu\\t%lld\\t%lld\\t%lld"
     values = "$id, pid, tid, @ts[tid], nsecs - @ts[tid], args{a}ret, @fd[tid], @arg[tid]"
     # two path strings in one printf overflow the 512-byte BPF stack: the target goes first, alone
     lines.append(
-        "tracepoint:raw_syscalls:sys_exit /@ts[tid]/ { $id = @nr[tid];\n"
-        f'  if ({_any_of(with_target)}) {{ printf("target\\t%d\\t%s\\n", tid, str(uptr(@p2[tid]))); }}\n'
-        f'  if ({_any_of(with_path)}) {{ printf("{head}\\t%s\\n", {values}, str(uptr(@p1[tid]))); }}\n'
+        "tracepoint:raw_syscalls:sys_exit /@ts[tid]/ { $id = @nr[tid]; $l = @layout[$id];\n"
+        f'  if ({_any_layout(with_target)}) {{ printf("target\\t%d\\t%s\\n", tid, str(uptr(@p2[tid]))); }}\n'
+        f'  if ({_any_layout(with_path)}) {{ printf("{head}\\t%s\\n", {values}, str(uptr(@p1[tid]))); }}\n'
         f'  else {{ printf("{head}\\n", {values}); }}\n'
         "  delete(@nr[tid]); delete(@ts[tid]); delete(@p1[tid]); delete(@p2[tid]); delete(@fd[tid]); "
         "delete(@arg[tid]);\n}"
     )
-    maps = ("@gated", "@traced", "@nr", "@ts", "@p1", "@p2", "@fd", "@arg")
+    maps = ("@gated", "@traced", "@layout", "@nr", "@ts", "@p1", "@p2", "@fd", "@arg")
     lines.append(f"END {{ {' '.join(f'clear({m});' for m in maps)} }}")
     script = "\n".join(lines).replace("{a}", arrow) + "\n"
     return ScriptPlan(script, {c.number: call for call, c in calls.items()}, missing)
+
+
+def _any_layout(layouts: list[int]) -> str:
+    return " || ".join(f"$l == {i}" for i in layouts) or "0"
 
 
 def write_program(script: Path) -> tuple[ScriptPlan, tuple[int, int]]:
@@ -207,9 +217,10 @@ def write_program(script: Path) -> tuple[ScriptPlan, tuple[int, int]]:
     return plan, version
 
 
-def command(script: Path, pid: int, output: Path) -> list[str]:
-    """bpftrace printing its lines as JSON into `output` (a file: a write to it never waits)."""
-    return ["bpftrace", "-f", "json", "-o", str(output), str(script), str(pid)]
+def command(script: Path, pid: int, output: Path, marker: int) -> list[str]:
+    """bpftrace tracing `pid` from its exec on, printing its lines as JSON into `output` (a file: a
+    write to it never waits); `marker` is the process whose getppid() calls print "mark" lines."""
+    return ["bpftrace", "-f", "json", "-o", str(output), str(script), str(pid), str(marker)]
 
 
 def environment() -> dict[str, str]:
@@ -225,6 +236,7 @@ class Counters:
     attached_probes: int = 0
     ready: bool = False
     targets: dict[int, str] = field(default_factory=dict)  # tid → rename target printed just before
+    marks: dict[int, int] = field(default_factory=dict)  # CPU → when (CLOCK_MONOTONIC ns) its last mark was made
 
 
 def parse_line(line: str, counters: Counters, names: Mapping[int, str]) -> Event | None:
@@ -247,6 +259,9 @@ def parse_line(line: str, counters: Counters, names: Mapping[int, str]) -> Event
     call = parts[0]
     if call == "ready":
         counters.ready = True
+        return None
+    if call == "mark":
+        counters.marks[int(parts[1])] = int(parts[2])
         return None
     if call in ("fork", "exit"):
         return {"call": call, "pid": int(parts[1]), "tid": int(parts[2]), "ts": int(parts[3]) / 1e9}

@@ -6,7 +6,9 @@
 Backends in order of preference: ebpf (root, syscall tracepoints), strace, proc (no privileges,
 Python only). `auto` takes the first that is available; a requested one that is not says why in
 one line and the next is used. Whatever happens to the command — non-zero exit, crash,
-SIGKILL, Ctrl-C — what was seen is analysed, and no tracer process outlives the call.
+SIGKILL, Ctrl-C — what was seen is analysed. The tracer's exit (bpftrace detaching its probes, ~0.1 s
+each) goes on beside the analysis: `outcome.settle()` returns once it is gone, and no tracer outlives
+dlscope (its stopping thread is no daemon; the kernel signals it if dlscope dies).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from dlscope.supervise.iotrace.hookpoints import hook_map, kernel_offers
 ATTACH_TIMEOUT_S = 90.0
 # bpftrace reads the kernel's per-CPU buffers behind the command: a syscall-heavy command leaves a
 # backlog when it ends, which a stop would throw away unseen (not counted as lost). The tracer is
-# stopped once its output has been silent this long, or after the limit.
+# stopped once a mark made on each CPU after the command ended has come through (`drain`), or, where
+# no mark can be made, once its output has been silent DRAIN_QUIET_S; either within DRAIN_LIMIT_S.
 DRAIN_QUIET_S = 0.3
 # the reader follows bpftrace's output file: this much read at a time, and a pause when it has caught up
 FOLLOW_CHUNK = 1 << 20
@@ -77,6 +80,12 @@ class Collected:
     needs_fd_resolution: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
     scratch: Path | None = None  # the backend's own intermediate files, removed once analysed
+    stopping: threading.Thread | None = None  # the tracer's exit, still under way
+
+    def settle(self) -> None:
+        """Return once the tracer process is gone."""
+        if self.stopping is not None:
+            self.stopping.join()
 
     def discard(self) -> None:
         if self.scratch is None:
@@ -169,8 +178,26 @@ class EbpfReader(threading.Thread):
                 seen, last_line = self.lines, now
 
     def finish(self) -> None:
-        """bpftrace has exited: its last line is in the file."""
+        """No line beyond what the file holds now is wanted (bpftrace has drained or exited)."""
         self.exited.set()
+
+    def drain(self, tracer: subprocess.Popen) -> None:
+        """Return once every event the command made has been read: a getppid() on each CPU in turn
+        prints a "mark" line into that CPU's buffer behind every event written there before, so the
+        last CPU's mark read means all is read (bpftrace's $2 is dlscope's pid). Where a thread cannot
+        be moved to a CPU, once no line has come for DRAIN_QUIET_S (a guess: a loaded machine can
+        hold bpftrace off a core longer). Also returns when bpftrace has exited, or after
+        DRAIN_LIMIT_S."""
+        since = time.monotonic_ns()
+        cpus = mark_each_cpu()
+        if cpus is None:
+            self.wait_quiet()
+            return
+        deadline, marks = time.monotonic() + DRAIN_LIMIT_S, self.counters.marks  # run() fills marks
+        while not all(marks.get(cpu, 0) >= since for cpu in cpus):
+            if tracer.poll() is not None or time.monotonic() > deadline:
+                return
+            time.sleep(FOLLOW_POLL_S)
 
     def run(self) -> None:
         pending = ""
@@ -204,6 +231,26 @@ class EbpfReader(threading.Thread):
                 self.failed = e
 
 
+def mark_each_cpu() -> list[int] | None:
+    """getppid() on each CPU this process may run on, from a thread of its own (the caller's own
+    CPUs stay as they were): the CPUs marked, or None where the kernel refused to move the thread."""
+    cpus = sorted(os.sched_getaffinity(0))
+    refused: list[OSError] = []
+
+    def mark() -> None:
+        try:
+            for cpu in cpus:
+                os.sched_setaffinity(0, {cpu})  # this thread only; it moves before the call returns
+                os.getppid()
+        except OSError as e:
+            refused.append(e)
+
+    marker = threading.Thread(target=mark, name="dlscope-marks")
+    marker.start()
+    marker.join()
+    return None if refused else cpus
+
+
 def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None, sink: TraceSink | None = None) -> Collected:
     """The events go to `sink` as the command runs (by default one writing its exports into `work`)."""
     script = work / "trace.bt"
@@ -218,7 +265,7 @@ def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None, sink: TraceSi
     except OSError as e:
         raise TraceError(f"cannot start the command: {e.strerror}", argv[0]) from None
     with open(log, "w") as log_file:
-        command = ebpf.command(script, child.pid, lines)
+        command = ebpf.command(script, child.pid, lines, os.getpid())
         tracer = subprocess.Popen(
             command,
             stdout=subprocess.DEVNULL,
@@ -230,6 +277,7 @@ def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None, sink: TraceSi
     counters = ebpf.Counters()
     reader = EbpfReader(lines, sink, counters, plan.names)
     reader.start()
+    drained, stopping = False, None
     try:
         deadline = time.monotonic() + ATTACH_TIMEOUT_S
         while not reader.ready.wait(0.1) and tracer.poll() is None and time.monotonic() < deadline:
@@ -243,14 +291,22 @@ def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None, sink: TraceSi
         child.release()
         returncode, interrupted = wait_command(child.proc)
         seconds = time.perf_counter() - start
-        reader.wait_quiet()  # the per-CPU buffers drained before bpftrace stops reading them
+        reader.drain(tracer)  # the per-CPU buffers read before bpftrace stops reading them
+        drained = True
     finally:
-        stop(tracer)
-        reader.finish()
+        if drained:  # bpftrace detaches its probes (~0.1 s each) beside the analysis: `settle` waits
+            reader.finish()
+            stopping = threading.Thread(target=stop, args=(tracer,), name="dlscope-tracer-stop")
+            stopping.start()
+        else:  # its last lines (an error among them) read too
+            stop(tracer)
+            reader.finish()
         signal_group(child.pid, signal.SIGKILL)  # only still there when tracing failed: nothing to flush
         reader.join()
         lines.unlink(missing_ok=True)
     if reader.failed is not None:
+        if stopping is not None:
+            stopping.join()
         raise reader.failed
     notes = {
         "bpftrace_version": ".".join(map(str, version)),
@@ -261,7 +317,8 @@ def collect_ebpf(argv: Sequence[str], work: Path, env: Env = None, sink: TraceSi
         "missing_tracepoints": plan.missing,
         "string_limit": ebpf.STRLEN,
     }
-    return Collected("ebpf", returncode, seconds, interrupted, lambda: iter(()), True, notes)  # all in the sink
+    # all its events are in the sink already
+    return Collected("ebpf", returncode, seconds, interrupted, lambda: iter(()), True, notes, stopping=stopping)
 
 
 def _last_error(log: Path) -> str:
@@ -350,6 +407,7 @@ class TraceOutcome:
     backend: str
     exit_code: int
     section: dict[str, Any]
+    settle: Callable[[], None]  # returns once the tracer process is gone (it may still be detaching)
 
 
 def trace_command(argv: Sequence[str], backend: str, out_dir: Path, say: Say = print, env: Env = None) -> TraceOutcome:
@@ -389,7 +447,7 @@ def trace_command(argv: Sequence[str], backend: str, out_dir: Path, say: Say = p
             },
         }
     )
-    return TraceOutcome(collected.backend, exit_code(collected.returncode), section)
+    return TraceOutcome(collected.backend, exit_code(collected.returncode), section, collected.settle)
 
 
 def timed_run(argv: Sequence[str], backend: str | None, work: Path) -> float:
@@ -402,7 +460,9 @@ def timed_run(argv: Sequence[str], backend: str | None, work: Path) -> float:
         return time.perf_counter() - start
     work.mkdir(parents=True, exist_ok=True)
     try:
-        return COLLECTORS[backend](argv, work).command_seconds
+        collected = COLLECTORS[backend](argv, work)
+        collected.settle()
+        return collected.command_seconds
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
