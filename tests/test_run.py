@@ -375,6 +375,7 @@ def test_optimizers_stepping_in_turn_are_named_with_their_steps(tmp_path, optimi
 # address of one freed: no optimizer is taken for another)
 IN_SEQUENCE = """
 import torch
+torch.set_num_threads(1)  # OpenMP threads spinning against a busy neighbour hid the change in their scatter
 def train(width, steps):
     model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
