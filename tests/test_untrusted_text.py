@@ -3,6 +3,7 @@ cannot crash the printer and ESC sequences cannot reach the terminal or the repo
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -67,6 +68,41 @@ def test_trace_prints_file_names_with_markup_and_escapes_as_text(tmp_path, backe
         text = (run / report).read_text()
         assert "\x1b" not in text and "\x07" not in text
         assert "markup[bold].bin" in text and "esc\\x1b[31mred\\x1b]0;title\\x07.bin" in text
+
+
+UNDECODABLE = b"raw-\xff\xfe.bin"  # a file name that is no UTF-8: Linux allows any bytes but / and NUL
+TRAINS_ON_IT = textwrap.dedent(
+    f"""
+    import torch
+    with open({UNDECODABLE!r}, "wb") as f:
+        f.write(b"x" * 1000)
+    open({UNDECODABLE!r}, "rb").read()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["ebpf", "proc"])
+def test_run_trace_io_keeps_a_file_name_that_is_no_utf8_byte_for_byte(tmp_path, backend):
+    """The run's timeline carries the traced calls' paths: one not in UTF-8 is written as \\udcXX
+    escapes (json.loads and os.fsencode give its bytes back), where it once ended the run in a
+    UnicodeEncodeError."""
+    why = availability()[backend]
+    if why is not None:
+        pytest.skip(f"{backend}: {why}")
+    (tmp_path / "train.py").write_text(TRAINS_ON_IT)
+    run = tmp_path / "run"
+    argv = ["run", "--trace-io", "--trace-backend", backend, "--out", str(run), "--", sys.executable, "train.py"]
+    assert_printed_as_text(dlscope(*argv, cwd=tmp_path), 0, run)
+    timeline = json.loads((run / "timeline.json").read_text(encoding="utf-8"))
+    paths = {e["args"]["path"] for e in timeline["traceEvents"] if "path" in e.get("args", {})}
+    # absolute (ebpf: joined to the working directory) or as the script gave it (proc: the audit hook's)
+    assert {os.fsencode(p) for p in paths} & {os.fsencode(str(tmp_path)) + b"/" + UNDECODABLE, UNDECODABLE}
 
 
 def test_ckpt_inspect_prints_pickle_keys_and_values_as_text(tmp_path):

@@ -28,6 +28,7 @@ import numpy as np
 
 from dlscope.analysis import batchflow, kineto, steptable
 from dlscope.analysis.observed import Observed, phase_slices
+from dlscope.fsutil import atomic_write_bytes, json_text
 
 STEPS_TID, PHASES_TID, PROFILER_STEPS_TID = 1_000_000_001, 1_000_000_002, 1_000_000_003
 BUILT_TID, TAKEN_TID = 1_000_000_004, 1_000_000_005  # the batch x-ray (batchflow.py)
@@ -262,8 +263,8 @@ class TimelineWriter:
             },
             "traceEvents": self.events,
         }
-        path.write_text(json.dumps(document, ensure_ascii=False))
-        return path
+        # a traced path's undecodable bytes (surrogateescape) as \udcXX escapes: UTF-8 always encodes
+        return atomic_write_bytes(path, json_text(document).encode())
 
 
 def build(
