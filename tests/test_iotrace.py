@@ -26,6 +26,7 @@ from dlscope.phases import MARKER_PREFIX, parse_marker
 from dlscope.report.flowgraph import fallback_svg, render_svg
 from dlscope.report.sections.iotrace import file_table, findings, phase_table
 from dlscope.supervise.iotrace import ebpf, strace
+from dlscope.supervise.iotrace import tracer as tracer_module
 from dlscope.supervise.iotrace.tracer import EbpfReader, TraceSink, availability, collect_ebpf, trace_command
 
 AVAILABLE = availability()
@@ -502,6 +503,29 @@ def test_ebpf_reads_every_event_when_bpftrace_is_held_off_the_cpu_as_the_command
     with open(tmp_path / "t" / "events.jsonl") as f:
         stats = sum(1 for event in map(json.loads, f) if event.get("path") == str(target))
     assert stats == 20_000
+
+
+@pytest.mark.skipif(AVAILABLE["ebpf"] is not None, reason=f"ebpf: {AVAILABLE['ebpf']}")
+def test_ebpf_drain_whose_marks_never_come_ends_on_bpftraces_silence(tmp_path, monkeypatch):
+    """Where bpftrace cannot see dlscope's marks (another PID namespace), the drain ends once its
+    output has been silent, not after its 2-minute limit (here: no limit at all), with the events."""
+    monkeypatch.setattr(tracer_module, "mark_each_cpu", lambda: sorted(os.sched_getaffinity(0)))  # no calls
+    monkeypatch.setattr(tracer_module, "MARKS_SILENCE_S", 0.5)
+    monkeypatch.setattr(tracer_module, "DRAIN_LIMIT_S", float("inf"))
+    target = tmp_path / "read"
+    target.write_bytes(b"x" * 100)
+    done: list = []
+    tracing = threading.Thread(
+        target=lambda: done.append(
+            trace_command([sys.executable, "-c", f"open({str(target)!r}).read()"], "ebpf", tmp_path / "t", print)
+        ),
+        daemon=True,
+    )
+    tracing.start()
+    tracing.join(120)  # a liveness bound: the drain would otherwise never end
+    assert done, "the drain waited for marks that never came"
+    done[0].settle()
+    assert done[0].exit_code == 0 and by_path(done[0].section, target)["opens"] == 1
 
 
 @pytest.mark.skipif(AVAILABLE["ebpf"] is not None, reason=f"ebpf: {AVAILABLE['ebpf']}")

@@ -41,6 +41,9 @@ ATTACH_TIMEOUT_S = 90.0
 # stopped once a mark made on each CPU after the command ended has come through (`drain`), or, where
 # no mark can be made, once its output has been silent DRAIN_QUIET_S; either within DRAIN_LIMIT_S.
 DRAIN_QUIET_S = 0.3
+# marks that never come (bpftrace seeing other pids than dlscope's, in another PID namespace) end the
+# drain once its output has been silent this long
+MARKS_SILENCE_S = 5.0
 # the reader follows bpftrace's output file: this much read at a time, and a pause when it has caught up
 FOLLOW_CHUNK = 1 << 20
 FOLLOW_POLL_S = 0.02
@@ -186,18 +189,23 @@ class EbpfReader(threading.Thread):
         prints a "mark" line into that CPU's buffer behind every event written there before, so the
         last CPU's mark read means all is read (bpftrace's $2 is dlscope's pid). Where a thread cannot
         be moved to a CPU, once no line has come for DRAIN_QUIET_S (a guess: a loaded machine can
-        hold bpftrace off a core longer). Also returns when bpftrace has exited, or after
-        DRAIN_LIMIT_S."""
+        hold bpftrace off a core longer). Also returns when bpftrace has exited, when marks do not
+        come and its output has been silent MARKS_SILENCE_S, or after DRAIN_LIMIT_S."""
         since = time.monotonic_ns()
         cpus = mark_each_cpu()
         if cpus is None:
             self.wait_quiet()
             return
-        deadline, marks = time.monotonic() + DRAIN_LIMIT_S, self.counters.marks  # run() fills marks
+        marks = self.counters.marks  # run() fills it
+        now = time.monotonic()
+        deadline, seen, last_line = now + DRAIN_LIMIT_S, self.lines, now
         while not all(marks.get(cpu, 0) >= since for cpu in cpus):
-            if tracer.poll() is not None or time.monotonic() > deadline:
+            if tracer.poll() is not None or now > deadline or now - last_line > MARKS_SILENCE_S:
                 return
             time.sleep(FOLLOW_POLL_S)
+            now = time.monotonic()
+            if self.lines != seen:
+                seen, last_line = self.lines, now
 
     def run(self) -> None:
         pending = ""
