@@ -456,6 +456,31 @@ def test_ebpf_sees_every_call_family_as_strace_does(tmp_path):
     assert ebpf_outcome.section["notes"]["attached_probes"] < len(TRACED_SYSCALLS) / 4
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_file_named_relative_and_absolute_is_one_file(backend, tmp_path, monkeypatch):
+    """A script that changes directory, writes a file by a relative name, reads it by its absolute
+    one and renames it by relative names: one file of the table on every backend, under its last
+    name, with both opens (the proc backend once kept relative names, and strace's rename() had no
+    directory to join them to: two files, one of them a bare `rel.bin`)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(tmp_path)  # the command starts here, then moves to work/
+    script = (
+        "import os\nos.chdir('work')\n"
+        "with open('rel.bin', 'wb') as f:\n    f.write(b'x' * 100)\n"
+        f"open({str(work / 'rel.bin')!r}, 'rb').read()\n"
+        "os.rename('rel.bin', 'moved.bin')\n"
+    )
+    outcome = trace_command([sys.executable, "-c", script], backend, tmp_path / "t", say=print)
+    outcome.settle()
+    names = {f["path"] for f in outcome.section["files"]}
+    assert all(name.startswith("/") for name in names), names
+    assert by_path(outcome.section, work / "moved.bin")["opens"] == 2
+    with open(tmp_path / "t" / "events.jsonl") as f:
+        [rename] = [e for e in map(json.loads, f) if e["call"] in KINDS["rename"]]
+    assert (rename["path"], rename["target"]) == (str(work / "rel.bin"), str(work / "moved.bin"))
+
+
 @pytest.mark.skipif(AVAILABLE["ebpf"] is not None, reason=f"ebpf: {AVAILABLE['ebpf']}")
 def test_ebpf_keeps_the_backlog_of_a_command_that_ends_in_a_burst_of_calls(tmp_path, monkeypatch):
     """A command that ends right after 20,000 stats leaves bpftrace behind: stopped when the command

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import heapq
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -99,12 +100,25 @@ class FdTables:
     def __init__(self) -> None:
         self.tables: dict[int, dict[int, str]] = {}
         self.named_at: dict[int, dict[int, float]] = {}  # pid → fd → start of the call that named it
+        self.cwds: dict[int, str] = {}  # pid → working directory, where a chdir was seen
 
     def fork(self, parent: int, child: int) -> None:
         """The child starts with a copy of the parent's descriptors as they are at the fork.
         (A new thread is reported as a fork too; its copy goes unused: threads use the pid's.)"""
         self.tables[child] = dict(self.table(parent))
         self.named_at[child] = dict(self.named_at.get(parent, {}))
+        if parent in self.cwds:
+            self.cwds[child] = self.cwds[parent]
+
+    def chdir(self, event: Event, start: str) -> None:
+        """A "cwd" record: the process now works in the directory it names (joined to where it was;
+        `start`: the command's directory where no chdir was seen) or its descriptor `fd` opened."""
+        pid = event["pid"]
+        path = event.get("path")
+        if path is None:
+            path = self.table(pid).get(event.get("fd", -1))
+        if path is not None:
+            self.cwds[pid] = os.path.normpath(os.path.join(self.cwds.get(pid, start), path))
 
     def table(self, pid: int) -> dict[int, str]:
         table = self.tables.get(pid)
@@ -115,6 +129,7 @@ class FdTables:
     def exit(self, pid: int) -> None:
         self.tables.pop(pid, None)
         self.named_at.pop(pid, None)
+        self.cwds.pop(pid, None)
 
     def resolve(self, event: Event, arg: int | None = None) -> None:
         """Fill event["path"] from its fd and update the table from the call's result

@@ -53,6 +53,22 @@ def _proc_io():
     return values
 
 
+def _absolute(path):
+    """A path argument as text, joined to the working directory when relative (as the kernel resolves
+    it, and as the other backends report it); undecodable bytes kept exactly (surrogateescape)."""
+    if path is None:
+        return None
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    path = path.decode("utf-8", "surrogateescape") if isinstance(path, bytes) else str(path)
+    if path.startswith("/"):
+        return path
+    try:
+        return os.path.normpath(os.path.join(os.getcwd(), path))
+    except OSError:  # the working directory is gone
+        return path
+
+
 def install(directory: str) -> None:
     own = {}  # this process's pid and record file; a forked child (a DataLoader worker) opens its own
     lock = threading.Lock()
@@ -84,10 +100,7 @@ def install(directory: str) -> None:
                     path = os.readlink(f"/proc/self/fd/{path}")
                 except OSError:
                     path = None
-            if isinstance(path, bytes):
-                path = path.decode("utf-8", "surrogateescape")  # exact bytes, as the other backends keep them
-            elif not isinstance(path, str):
-                path = None if isinstance(path, int) or path is None else str(path)
+            path = None if isinstance(path, int) else _absolute(path)
             pid = own["pid"]
             record = {"ts": time.time(), "pid": pid, "tid": threading.get_native_id(), "call": call, "path": path}
             if call == "open":
@@ -98,7 +111,7 @@ def install(directory: str) -> None:
                     write(record)
                     return
             elif call == "rename" and len(args) > 1:
-                record["target"] = str(args[1])
+                record["target"] = None if isinstance(args[1], int) else _absolute(args[1])
             write(record)
         finally:
             busy.on = False

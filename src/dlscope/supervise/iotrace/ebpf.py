@@ -90,16 +90,18 @@ SYSCALL_NUMBERS: dict[str, dict[str, int]] = {
         "pwritev": 296, "pwritev2": 328, "lseek": 8, "fsync": 74, "fdatasync": 75, "rename": 82,
         "renameat": 264, "renameat2": 316, "unlink": 87, "unlinkat": 263, "mkdir": 83, "mkdirat": 258,
         "stat": 4, "lstat": 6, "fstat": 5, "newfstatat": 262, "statx": 332, "getdents64": 217,
-        "mmap": 9, "dup": 32, "dup2": 33, "dup3": 292, "fcntl": 72,
+        "mmap": 9, "dup": 32, "dup2": 33, "dup3": 292, "fcntl": 72, "chdir": 80, "fchdir": 81,
     },
     "aarch64": {  # the generic table: no open, creat, rename, unlink, mkdir, stat, lstat, dup2
         "openat": 56, "openat2": 437, "close": 57, "read": 63, "pread64": 67, "readv": 65,
         "preadv": 69, "preadv2": 286, "write": 64, "pwrite64": 68, "writev": 66, "pwritev": 70,
         "pwritev2": 287, "lseek": 62, "fsync": 82, "fdatasync": 83, "renameat": 38, "renameat2": 276,
         "unlinkat": 35, "mkdirat": 34, "fstat": 80, "newfstatat": 79, "statx": 291, "getdents64": 61,
-        "mmap": 222, "dup": 23, "dup3": 24, "fcntl": 25,
+        "mmap": 222, "dup": 23, "dup3": 24, "fcntl": 25, "chdir": 49, "fchdir": 50,
     },
 }  # fmt: skip
+# traced too, for the working directory a relative path is joined to (not file I/O: no event of their own)
+CWD_CALLS = ("chdir", "fchdir")
 # the kernel names the tracepoint (whose format gives the argument order) after its own function
 TRACEPOINT_NAMES = {"stat": "newstat", "lstat": "newlstat", "fstat": "newfstat"}
 # getppid, made by dlscope (bpftrace's $2) on each CPU in turn once the command is over: the program
@@ -127,7 +129,7 @@ class CallArgs:
 
 def call_args(root: Path, numbers: dict[str, int]) -> tuple[dict[str, CallArgs], list[str]]:
     calls, missing = {}, []
-    for call in TRACED_SYSCALLS:
+    for call in (*TRACED_SYSCALLS, *CWD_CALLS):
         fields = syscall_fields(root, TRACEPOINT_NAMES.get(call, call))
         if fields is None or call not in numbers:
             missing.append(call)
@@ -275,6 +277,8 @@ def parse_line(line: str, counters: Counters, names: Mapping[int, str]) -> Event
         return None  # not a line of this program
     pid, tid, start, dur, ret, fd, arg = (int(p) for p in parts[1:8])
     path = "\t".join(parts[8:]) if len(parts) > 8 else None
+    if call in CWD_CALLS:  # the process's new working directory: named (chdir), or an open directory's fd
+        return {"call": "cwd", "pid": pid, "tid": tid, "ts": start / 1e9, "path": path, "fd": fd} if ret == 0 else None
     if path is not None and is_cut(path):
         opened = ret if call in KINDS["open"] else -1
         path = recover_from_fd(pid, opened, path)

@@ -25,6 +25,10 @@ from pathlib import Path
 from dlscope.contract.ioevents import FD_ARG_CALLS, KINDS, TRACED_SYSCALLS, Event, make_event
 
 PROCESS_CALLS = ("clone", "clone3", "fork", "vfork")
+# a path with no directory descriptor (rename, unlink, mkdir, stat) is relative to the process's working
+# directory: known from these, from each `AT_FDCWD</dir>` strace annotates, and inherited at fork
+CWD_CALLS = ("chdir", "fchdir")
+_AT_FDCWD = re.compile(r"AT_FDCWD<((?:[^>\\]|\\.)*)>")
 _LINE = re.compile(r"(\d+)\s+(\d+\.\d+)\s+(.*)")
 _CALL = re.compile(r"(\w+)\((.*)")
 _RESULT = re.compile(
@@ -42,7 +46,7 @@ def available() -> str | None:
 
 
 def command(argv: list[str], output: Path) -> list[str]:
-    calls = ",".join(f"?{c}" for c in (*TRACED_SYSCALLS, *PROCESS_CALLS))  # ?: skip names this arch lacks
+    calls = ",".join(f"?{c}" for c in (*TRACED_SYSCALLS, *PROCESS_CALLS, *CWD_CALLS))  # ?: names this arch lacks
     return ["strace", "-f", "-y", "-T", "-ttt", "-s", "0", "--seccomp-bpf", "-o", str(output), "-e", f"trace={calls}"]
 
 
@@ -68,8 +72,9 @@ def _ret(text: str, err: str | None) -> int | None:
     return value
 
 
-def parse_call(pid: int, tgid: int, ts: float, body: str) -> Event | None:
-    """One complete `call(args) = result <dur>` into an event (None for calls without a result)."""
+def parse_call(pid: int, tgid: int, ts: float, body: str, cwd: str | None = None) -> Event | None:
+    """One complete `call(args) = result <dur>` into an event (None for calls without a result);
+    `cwd`: the process's working directory, for a relative path with no directory descriptor."""
     m = _CALL.match(body)
     if not m:
         return None
@@ -93,7 +98,7 @@ def parse_call(pid: int, tgid: int, ts: float, body: str) -> Event | None:
     if call in KINDS["open"] or call in ("newfstatat", "statx", "stat", "lstat", "mkdir", "mkdirat"):
         if not quoted:
             return None
-        directory = unescape(fds[0][1]) if fds else None
+        directory = unescape(fds[0][1]) if fds else cwd
         path = _join(directory, quoted[0]) if quoted[0] else directory
         if call in KINDS["open"] and retpath is not None:
             path = retpath
@@ -103,8 +108,8 @@ def parse_call(pid: int, tgid: int, ts: float, body: str) -> Event | None:
         if not quoted:
             return None
         dirs = [unescape(d) for _, d in fds]
-        source = _join(dirs[0] if dirs else None, quoted[0])
-        target = _join(dirs[-1] if dirs else None, quoted[1]) if len(quoted) > 1 else None
+        source = _join(dirs[0] if dirs else cwd, quoted[0])
+        target = _join(dirs[-1] if dirs else cwd, quoted[1]) if len(quoted) > 1 else None
         return make_event(ts, tgid, pid, call, ret, dur, path=source, target=target)
     if call in FD_ARG_CALLS:
         if not fds:
@@ -115,11 +120,14 @@ def parse_call(pid: int, tgid: int, ts: float, body: str) -> Event | None:
 
 
 class StraceParser:
-    """Joins unfinished/resumed halves per thread, maps threads to processes via clone()."""
+    """Joins unfinished/resumed halves per thread, maps threads to processes via clone(), follows
+    each process's working directory (`cwd`: the traced command's own at its start)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cwd: str | None = None) -> None:
         self.pending: dict[int, tuple[float, str]] = {}
         self.tgid: dict[int, int] = {}
+        self.start_cwd = cwd
+        self.cwd: dict[int, str | None] = {}  # process → its working directory as last seen
 
     def feed(self, line: str) -> Event | None:
         m = _LINE.match(line)
@@ -139,17 +147,30 @@ class StraceParser:
             body = head + body.split("resumed>", 1)[-1]
         tgid = self.tgid.setdefault(pid, pid)
         call = body.split("(", 1)[0]
+        cwd = self.cwd.get(tgid, self.start_cwd)
         if call in PROCESS_CALLS:
             result = _RESULT.search(body)
             if result and result["ret"].isdigit():
                 child = int(result["ret"])
                 self.tgid[child] = tgid if "CLONE_THREAD" in body else child
+                self.cwd.setdefault(child, cwd)  # a new process starts where its parent is
             return None
-        return parse_call(pid, tgid, ts, body)
+        if call in CWD_CALLS:
+            result = _RESULT.search(body)
+            if result and result["ret"] == "0":
+                named = _FD_PATH.search(body) if call == "fchdir" else _QUOTED.search(body)
+                if named:
+                    self.cwd[tgid] = _join(cwd, unescape(named.groups()[-1]))
+            return None
+        at_cwd = _AT_FDCWD.search(body)
+        if at_cwd:
+            cwd = self.cwd[tgid] = unescape(at_cwd[1])
+        return parse_call(pid, tgid, ts, body, cwd)
 
 
-def read_events(output: Path) -> Iterator[Event]:
-    parser = StraceParser()
+def read_events(output: Path, cwd: str | None = None) -> Iterator[Event]:
+    """The events of strace's output; `cwd`: the traced command's working directory at its start."""
+    parser = StraceParser(cwd)
     with open(output, encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
             event = parser.feed(line.rstrip("\n"))

@@ -126,7 +126,8 @@ def collect_strace(argv: Sequence[str], work: Path, env: Env = None) -> Collecte
     seconds = time.perf_counter() - start
     if not output.exists():
         raise BackendUnavailable(f"strace did not start (exit {returncode})")
-    return Collected("strace", returncode, seconds, interrupted, lambda: strace.read_events(output))
+    cwd = os.getcwd()  # the command's at its start (it inherits dlscope's)
+    return Collected("strace", returncode, seconds, interrupted, lambda: strace.read_events(output, cwd))
 
 
 def collect_proc(argv: Sequence[str], work: Path, env: Env = None) -> Collected:
@@ -392,11 +393,15 @@ class TraceSink:
             if call == "exit":
                 self.fds.exit(event["pid"])
                 return
+            if call == "cwd":
+                self.fds.chdir(event, self.cwd)
+                return
             if call != "phase" and "dirfd" not in event:  # paths relative to the cwd (AT_FDCWD)
+                cwd = self.fds.cwds.get(event["pid"], self.cwd)
                 for key in ("path", "target"):
                     path = event.get(key)
                     if path and not path.startswith("/"):
-                        event[key] = os.path.normpath(os.path.join(self.cwd, path))
+                        event[key] = os.path.normpath(os.path.join(cwd, path))
             if call != "phase":
                 self.fds.resolve(event, event.pop("arg", None))
         self.analysis.add(event)
