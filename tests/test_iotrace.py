@@ -91,6 +91,12 @@ def by_path(section: dict, path: Path) -> dict:
     return next(f for f in section["files"] if f["path"] == str(path))
 
 
+def calls_on(trace_dir: Path, path: Path) -> int:
+    """The events of a trace's events.jsonl on `path`."""
+    with open(trace_dir / "events.jsonl") as f:
+        return sum(1 for event in map(json.loads, f) if event.get("path") == str(path))
+
+
 def by_phase(section: dict, name: str) -> dict:
     return next(p for p in section["phases"] if p["phase"] == name)
 
@@ -500,9 +506,7 @@ def test_ebpf_keeps_the_backlog_of_a_command_that_ends_in_a_burst_of_calls(tmp_p
     outcome = trace_command([sys.executable, "-c", script], "ebpf", tmp_path / "t", say=print)
     assert outcome.exit_code == 0
     assert outcome.section["notes"]["lost_events"] == 0
-    with open(tmp_path / "t" / "events.jsonl") as f:
-        stats = sum(1 for event in map(json.loads, f) if event.get("path") == str(target))
-    assert stats == 20_000
+    assert calls_on(tmp_path / "t", target) == 20_000
 
 
 @pytest.mark.skipif(AVAILABLE["ebpf"] is not None, reason=f"ebpf: {AVAILABLE['ebpf']}")
@@ -525,9 +529,7 @@ def test_ebpf_reads_every_event_when_bpftrace_is_held_off_the_cpu_as_the_command
     outcome.settle()
     assert outcome.exit_code == 0
     assert outcome.section["notes"]["lost_events"] == 0
-    with open(tmp_path / "t" / "events.jsonl") as f:
-        stats = sum(1 for event in map(json.loads, f) if event.get("path") == str(target))
-    assert stats == 20_000
+    assert calls_on(tmp_path / "t", target) == 20_000
 
 
 @pytest.mark.skipif(AVAILABLE["ebpf"] is not None, reason=f"ebpf: {AVAILABLE['ebpf']}")

@@ -47,7 +47,6 @@ MARKS_SILENCE_S = 5.0
 # the reader follows bpftrace's output file: this much read at a time, and a pause when it has caught up
 FOLLOW_CHUNK = 1 << 20
 FOLLOW_POLL_S = 0.02
-QUIET_POLL_S = 0.05
 SPOOL_FILE = "bpftrace.lines"  # bpftrace's output as it writes it; removed once read
 DRAIN_LIMIT_S = 120.0
 GRACE_S = 10.0  # after the user's signal, how long the command may take to exit before SIGKILL
@@ -169,14 +168,18 @@ class EbpfReader(threading.Thread):
         self.lines = 0
         self.failed: BaseException | None = None
 
-    def wait_quiet(self, quiet: float = DRAIN_QUIET_S, limit: float = DRAIN_LIMIT_S) -> None:
-        """Return once no line has come for `quiet` seconds (bpftrace has drained its buffers):
-        `quiet` after the last line, read in short polls (a sleep of `quiet` at a time took up to
-        twice that)."""
+    def wait_quiet(self) -> None:
+        """Return once no line has come for DRAIN_QUIET_S (bpftrace has drained its buffers, or so
+        it seems), or after DRAIN_LIMIT_S."""
+        self._wait(DRAIN_QUIET_S, lambda: False)
+
+    def _wait(self, quiet: float, done: Callable[[], bool]) -> None:
+        """Return once `done()`, once no line has come for `quiet` seconds, or after DRAIN_LIMIT_S;
+        read in short polls (a sleep of `quiet` at a time took up to twice that)."""
         now = time.monotonic()
-        deadline, seen, last_line = now + limit, self.lines, now
-        while now < deadline and now - last_line < quiet:
-            time.sleep(QUIET_POLL_S)
+        deadline, seen, last_line = now + DRAIN_LIMIT_S, self.lines, now
+        while not done() and now < deadline and now - last_line < quiet:
+            time.sleep(FOLLOW_POLL_S)
             now = time.monotonic()
             if self.lines != seen:
                 seen, last_line = self.lines, now
@@ -198,15 +201,7 @@ class EbpfReader(threading.Thread):
             self.wait_quiet()
             return
         marks = self.counters.marks  # run() fills it
-        now = time.monotonic()
-        deadline, seen, last_line = now + DRAIN_LIMIT_S, self.lines, now
-        while not all(marks.get(cpu, 0) >= since for cpu in cpus):
-            if tracer.poll() is not None or now > deadline or now - last_line > MARKS_SILENCE_S:
-                return
-            time.sleep(FOLLOW_POLL_S)
-            now = time.monotonic()
-            if self.lines != seen:
-                seen, last_line = self.lines, now
+        self._wait(MARKS_SILENCE_S, lambda: tracer.poll() is not None or all(marks.get(c, 0) >= since for c in cpus))
 
     def run(self) -> None:
         pending = ""
