@@ -228,3 +228,17 @@ def test_a_slowdown_that_stays_is_a_warning_and_the_threads_a_change_on_a_cpu():
     assert "Most likely to pay: torch.set_num_threads(8): the training process computes with 2 intra-op threads" in said
     on_gpu = summary_text(results_with(("steps", steps), ("anatomy", anatomy | {"clock": "gpu"})))
     assert "set_num_threads" not in on_gpu and "No one change stands out" in on_gpu
+
+
+def test_steps_ending_at_backward_give_no_optimizer_share_and_say_where_the_update_is():
+    """A word-language-model loop (pytorch/examples) updates its weights with `p.data.add_` outside
+    no_grad: no optimizer step is seen, steps end at backward(), and 0% optimizer would be a share
+    nobody measured; the update is in the time before the next forward."""
+    steps = {"count": 180, "main_pid": 7, "processes": [{"pid": 7, "count": 180}], "percentiles_ms": {"p50_ms": 18.6}}
+    steps["change_points"] = []
+    anatomy = cpu_anatomy(172, 18.9, gap=6.0, forward=42.0, backward=52.0)
+    said = summary_text(results_with(("steps", steps | {"source": "backward"}), ("anatomy", anatomy)))
+    assert "Compute bounds the step: forward 42%, backward 52% of the 18.90 ms mean step." in said
+    assert "optimizer 0%" not in said and "writes itself outside torch.no_grad() is in the 6% before" in said
+    with_optimizer = summary_text(results_with(("steps", steps | {"source": "optimizer"}), ("anatomy", anatomy)))
+    assert "backward 52%, optimizer 0%" in with_optimizer and "No optimizer step" not in with_optimizer

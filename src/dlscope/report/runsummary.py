@@ -182,8 +182,15 @@ def bound(sections: dict[str, Any], offered: list[tuple[ModuleType, Finding]]) -
             f"zero_grad, {'logging' if loader else 'building or moving a batch'}, or any other work there).",
             None,
         )
-    parts = ", ".join(f"{p} {pct.get(p, 0.0):.0f}%" for p in ("forward", "backward", "optimizer"))
+    # steps that end at backward(): no optimizer step was seen, so no optimizer share was measured
+    unseen = (sections.get("steps") or {}).get("source") == "backward"
+    parts = ", ".join(f"{p} {pct.get(p, 0.0):.0f}%" for p in ("forward", "backward", "optimizer")[: 2 if unseen else 3])
     text = f"Compute bounds the step: {parts} of the {fmt(step)} ms mean step{clock}."
+    if unseen:
+        text += (
+            " No optimizer step was seen (each step ends at its backward()): a weight update the script"
+            f" writes itself outside torch.no_grad() is in the {pct.get('gap', 0.0):.0f}% before the next forward."
+        )
     top = (sections.get("top10") or {}).get("rows") or []
     if top:
         name, share = top[0]["name"].removeprefix("aten::"), top[0]["self_cpu_pct"]
