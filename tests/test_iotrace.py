@@ -709,3 +709,21 @@ def test_traced_lab_shows_mnist_under_data_load_and_the_checkpoint(tmp_path):
         assert by_phase(s, "checkpoint_load")["bytes_read"] >= final["bytes_written"] > 0
     md = (run / "report.md").read_text()
     assert "## File data flow through the OS" in md and (run / "figures" / "iotrace-dataflow.svg").exists()
+
+
+def test_backends_whose_tools_are_missing_are_said_once_each_and_proc_traces(tmp_path):
+    """With neither bpftrace nor strace on PATH, `dlscope trace` says why for each, as plain text (it
+    once printed its own markup, `[warn]ebpf[/]`), and traces with the proc backend."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {**os.environ, "PATH": str(empty), "COLUMNS": "200"}
+    argv = [sys.executable, "-m", "dlscope.cli", "trace", "--backend", "ebpf", "--out", str(tmp_path / "run")]
+    proc = subprocess.run(
+        [*argv, "--", sys.executable, "-c", "open('/etc/hostname').read()"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout + proc.stderr
+    assert "[warn]" not in said and "[/]" not in said
+    assert said.count("ebpf unavailable:") == 1 and said.count("strace unavailable: strace is not installed") == 1
+    assert "with the proc backend" in said

@@ -361,7 +361,7 @@ def collect(
             return COLLECTORS[name](argv, work, env), skipped
         except BackendUnavailable as e:
             skipped.append({"backend": name, "why": str(e)})
-            say(f"[warn]{name}[/] unavailable: {e}; trying the next backend")
+            say(f"{name} unavailable: {e}; trying the next backend")
     raise TraceError("no tracing backend works here: " + "; ".join(f"{s['backend']}: {s['why']}" for s in skipped))
 
 
