@@ -18,7 +18,8 @@ With --instructions N: machine instructions per tiny step under valgrind's callg
 through the hooks (and --baseline's): counts, which a loaded machine does not blur.
 --loop update makes the tiny step of --tiny-steps and --instructions one with no torch optimizer:
 backward() then a hand-written SGD under torch.no_grad() (its steps end at backward() before
-dlscope knew such an update, at the update's end since: injob/updates.py).
+dlscope knew such an update, at the update's end since: injob/updates.py); --loop bare, the same
+update outside no_grad through `.data` (`p.data.add_(p.grad, alpha=-lr)`).
 With --long-steps N (1,000,000): one `dlscope run` of N minimal steps (an optimizer step on one
 parameter); the run directory's size, results.json's size, dlscope's own peak RSS (its
 RUSAGE_SELF, the command not included) and the seconds from the job's last step to the report.
@@ -143,13 +144,19 @@ if LOOP == "optimizer":
         optimizer.zero_grad()
         model(x).sum().backward()
         optimizer.step()
-else:
+elif LOOP == "update":
     def step():
         model(x).sum().backward()
         with torch.no_grad():
             for p in params:
                 p -= 0.01 * p.grad
                 p.grad = None
+else:  # "bare": the old style outside no_grad (pytorch/examples' word_language_model)
+    def step():
+        model(x).sum().backward()
+        for p in params:
+            p.data.add_(p.grad, alpha=-0.01)
+            p.grad = None
 """
 TINY_LOOP = (
     """
@@ -362,7 +369,7 @@ if sys.argv[1] == "hooked":
     hooks.machine.on_step = LiveStatus(scratch, None).step_ended
     hooks.machine.memory = None  # read every 100 ms: under valgrind that is every few steps
     hooks.step_hooks(torch)
-    if LOOP == "update":  # no torch optimizer: the no_grad blocks watched, as attaching does in a job
+    if LOOP != "optimizer":  # no torch optimizer: no_grad and .data watched, as attaching does in a job
         if hasattr(hooks, "updates"):  # (a baseline from before: steps end at backward())
             hooks.updates.attach(torch)
     elif hasattr(hooks, "time_optimizer"):  # as the optimizer's creation does in a job
@@ -456,7 +463,7 @@ def main() -> None:
     parser.add_argument("--long-steps", type=int, default=0, help="steps of the long run (size, RSS, report time)")
     parser.add_argument(
         "--loop",
-        choices=("optimizer", "update"),
+        choices=("optimizer", "update", "bare"),
         default="optimizer",
         help="the tiny step of --tiny-steps and --instructions: a torch optimizer's, or a hand-written update",
     )

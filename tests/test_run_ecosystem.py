@@ -242,12 +242,15 @@ def test_a_loop_taking_its_gradients_with_autograd_grad_has_a_step_at_each(tmp_p
 
 
 @pytest.mark.timing
-@pytest.mark.parametrize("mode", ["sgd", "data", "decorated", "metric", "tensors"])
+@pytest.mark.parametrize("mode", ["sgd", "data", "decorated", "metric", "tensors", "bare", "bare_set", "bare_read"])
 def test_a_parameter_update_the_script_writes_itself_is_the_steps_optimizer_part(tmp_path, capfd, mode):
     """No torch optimizer: each update under no_grad after backward() (`p -= lr * p.grad`, through
-    `.data`, in a function decorated with @torch.no_grad(), of plain tensors with no module) is its
-    step's optimizer part, and the step ends with it; a metric computed under no_grad between
-    backward() and the update is not. Before, the update was "other" and the optimizer read 0%."""
+    `.data`, in a function decorated with @torch.no_grad(), of plain tensors with no module) or
+    outside it through `.data` (`p.data.add_(...)` after clip_grad_norm_, as pytorch/examples'
+    word_language_model; `p.data = p.data - ...`) is its step's optimizer part, and the step ends
+    with it; a metric computed under no_grad between backward() and the update is not, nor are
+    `.data` reads outside no_grad (a weight norm logged). Before, the update was "other" and the
+    optimizer read 0% (outside no_grad: until now)."""
     argv = [sys.executable, str(SCRIPTS / "own_update.py"), mode]
     sections, truth = observe(tmp_path, capfd, argv)
     steps = sections["steps"]
@@ -255,6 +258,7 @@ def test_a_parameter_update_the_script_writes_itself_is_the_steps_optimizer_part
     (place,) = steps["update_places"]
     assert (Path(place["file"]).name, place["line"]) == ("own_update.py", int(truth["update_line"]))
     assert place["steps"] == int(truth["steps"])
+    assert place["kind"] == ("data" if mode in ("bare", "bare_set") else "no_grad")
     rows = step_rows(sections)
     update_ms = [float(ms) for ms in truth["step_update_ms"].split(",")]
     # dlscope's clock runs inside the script's around each update (each row rounded to the µs)

@@ -6,6 +6,11 @@ torch.no_grad(), after backward() (prints the truth it knows: its own clock arou
     decorated  the update in a function decorated with @torch.no_grad()
     metric     an accuracy computed under no_grad after backward(), before the update: not the update
     tensors    no module: weights as plain tensors that require grad, a function as the model
+    bare       `p.data.add_(p.grad, alpha=-lr)` outside no_grad, after clip_grad_norm_ and before
+               `loss.item()` (pytorch/examples' word_language_model)
+    bare_set   `p.data = p.data - lr * p.grad` outside no_grad (the assignment style)
+    bare_read  each parameter's `p.data.norm()` logged after backward(), outside no_grad, before an
+               update under no_grad: the reads are not the update
 """
 
 import argparse
@@ -25,7 +30,8 @@ def sgd(params, lr):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("sgd", "data", "decorated", "metric", "tensors"))
+    modes = ("sgd", "data", "decorated", "metric", "tensors", "bare", "bare_set", "bare_read")
+    parser.add_argument("mode", choices=modes)
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -46,6 +52,7 @@ def main() -> None:
     loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True)
     update_ms: list[float] = []
     correct = update_line = 0
+    norms = 0.0
     while len(update_ms) < args.steps:
         for x, y in loader:
             out = model(x)
@@ -54,8 +61,23 @@ def main() -> None:
             if args.mode == "metric":
                 with torch.no_grad():
                     correct += int((out.argmax(1) == y).sum())
+            if args.mode == "bare":
+                nn.utils.clip_grad_norm_(params, 5.0)  # (torch runs it under no_grad: no update)
+            if args.mode == "bare_read":
+                norms += sum(float(p.data.norm()) for p in params)
             start = time.perf_counter()
-            if args.mode == "decorated":
+            if args.mode in ("bare", "bare_set"):
+                for p in params:
+                    if args.mode == "bare":
+                        update_line = sys._getframe().f_lineno + 1  # the `.data` that starts the update
+                        p.data.add_(p.grad, alpha=-0.01)
+                    else:
+                        update_line = sys._getframe().f_lineno + 1
+                        p.data = p.data - 0.01 * p.grad
+                    p.grad = None
+                update_ms.append((time.perf_counter() - start) * 1e3)
+                correct += int(loss.item() > 0)  # (a torch call after the update: not the update's)
+            elif args.mode == "decorated":
                 update_line = sys._getframe().f_lineno + 1  # the call of the decorated function
                 sgd(params, 0.01)
             else:
@@ -67,7 +89,8 @@ def main() -> None:
                         else:
                             p -= 0.01 * p.grad
                         p.grad = None
-            update_ms.append((time.perf_counter() - start) * 1e3)
+            if args.mode not in ("bare", "bare_set"):
+                update_ms.append((time.perf_counter() - start) * 1e3)
             if len(update_ms) == args.steps:
                 break
     each = ",".join(f"{ms:.4f}" for ms in update_ms)

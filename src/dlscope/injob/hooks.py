@@ -320,6 +320,7 @@ class TorchHooks:
 
     def finish(self) -> None:
         try:
+            self.updates.close_window()  # the last step's update outside no_grad, if its window is open
             if self.gpu is not None:
                 self.gpu.finish()
             self._stepping_ends()
@@ -346,6 +347,8 @@ class TorchHooks:
 
     def _loader_next(self, next_: Callable, iterator: Any) -> Any:
         drawn = False
+        if self.updates.window is not None:  # the update outside no_grad before it ends here
+            self.updates.close_window()
         if self.gpu is not None:
             self.gpu.mark_start()
         start = time.time()
@@ -364,6 +367,8 @@ class TorchHooks:
 
     def loader_iter(self, iter_: Callable, loader: Any) -> Any:
         """`DataLoader.__iter__`: a new pass, its workers started (or a persistent worker's reset)."""
+        if self.updates.window is not None:
+            self.updates.close_window()
         if self.gpu is not None:
             self.gpu.mark_start()
         start = time.time()

@@ -20,7 +20,8 @@ stamped with CLOCK_REALTIME seconds by the caller:
                                      and `inner_steps` counts the nested ones), or a GradScaler's
                                      `step`: a step whether or not it calls the optimizer's; or
                                      the parameter update a script with no torch optimizer writes
-                                     itself under no_grad after backward() (updates.py)
+                                     itself after backward(), under no_grad or through `.data`
+                                     (updates.py)
     optimizer_created()              a torch optimizer exists in this process
     train_mode(now, mode)            Module.train(mode) on an outermost call
     checkpoint_begin(now, name, file) / checkpoint_end(now)
@@ -239,6 +240,10 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         self.marker = marker  # (mark_begin, mark_end): phase markers the I/O tracers see
         self.thread_id = thread_id
         self.reset(profiler or NoProfiler())
+        # a step end fed after the fact (updates.py: an update outside no_grad, found at the next
+        # event, before its clock is read): the next step starts as long after that end as
+        # dlscope's own work there takes now, the script's work since then being the next step's
+        self.ended_late = False
         # the common step taken in C: its six events shadowed on this instance by the C base's; the
         # class's methods stay the definition, replayed into whenever a step is anything else
         self.fast = fast and _fastpath is not None and os.environ.get(FAST_ENV) != "0"
@@ -870,6 +875,7 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         MEMORY_INTERVAL_S) and the profiler (from its `idle_until`); (peak RSS, peak CUDA, when
         this work ended: the next step starts there)."""
         peak_rss = peak_cuda = None
+        began = self.clock() if self.ended_late else now
         if now >= self.next_memory:
             self.next_memory = now + MEMORY_INTERVAL_S
             if self.memory is not None:
@@ -879,7 +885,7 @@ class StepMachine(_fastpath.StepCore if _fastpath else object):  # type: ignore[
         self.next_work = min(self.next_memory, profiler.idle_until)
         if self.watch is not None and self.watch(index, now):
             self.next_work = float("-inf")
-        resumed = self.clock()
+        resumed = now + (self.clock() - began)
         return peak_rss, peak_cuda, resumed if resumed > now else now
 
     def finish(self, now: float, torch_attached: bool) -> None:

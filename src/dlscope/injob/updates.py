@@ -14,8 +14,20 @@ further: its place in the script (the code and line of the `with`, or of the cal
 decorated with `@torch.no_grad()`) is looked up among the places met before. The first block at a
 place is watched by a TorchFunctionMode for such a write (one Python call per torch call, in that
 block only); at a place where one was seen every later block is the update, at a place where none
-was, none is (a metric computed under no_grad after backward()). Not seen: an update outside
-no_grad (`p.data -= ...` alone), a functional one (`torch.func`, new tensors each step).
+was, none is (a metric computed under no_grad after backward()).
+
+Outside no_grad, the old style (`p.data.add_(p.grad, alpha=-lr)`, `p.data = p.data - lr * p.grad`:
+pytorch/examples' word_language_model and regression): while no torch optimizer exists,
+`Tensor.data` is a property of ours (+~0.1 µs an access). The first `.data` of a parameter after a
+step-ending backward(), in the steps' thread, outside an optimizer step and a no_grad block, opens
+a window watched by the same mode, which times each write to a parameter or its `.data` (~1–2 µs
+a torch call in the window). The window closes at the machine's next event (a forward, a backward,
+train(), a checkpoint: each wrapped on the machine while the window is open, and stamped again
+after), as a DataLoader call starts (before it reads its clock), at a no_grad block, or at exit.
+Writes seen: the update, from that first `.data` to the end of the last write, is fed to the
+machine then, before the event (only when nothing reached the machine meanwhile). A place (the
+`.data`'s line) whose window saw no write (a weight norm logged after backward()) opens none again.
+Not seen: a functional update (`torch.func`, new tensors each step), `p.detach().add_()` alone.
 """
 
 from __future__ import annotations
@@ -46,6 +58,10 @@ INPLACE_OPERATORS = frozenset(
     }
 )
 Place = tuple[Any, int]  # (code object, line)
+# the machine's events that close an open window of an update outside no_grad: the next step's
+# work; each stamped before its call, where its work then starts, so stamped again once the update
+# is fed (a DataLoader call, whose work comes before its event, closes the window as it starts: hooks.py)
+WINDOW_CLOSERS = ("forward_begin", "backward_begin", "train_mode", "checkpoint_begin")
 
 
 class Updates:
@@ -61,8 +77,13 @@ class Updates:
         # (…, place, (start, the mode watching it, the machine's state at its start)) when learnt
         self.open: tuple[Any, Place, tuple[float, Any, tuple] | None] | None = None
         self.watchers: list[Any] = []  # modes left on torch's stack (another mode pushed above them)
-        self.removed: Callable[[], None] | None = None  # restores no_grad's own methods
+        self.removed: Callable[[], None] | None = None  # restores no_grad's and Tensor.data's own
         self.watcher_class: Any = None
+        self.bare_places: dict[Place, bool] = {}  # a `.data`'s place → a window it opened saw a write
+        # the open window of an update outside no_grad: (start, the timing mode, the machine's
+        # state at its start, place, the machine's events it replaced: name → what was there)
+        self.window: tuple[float, Any, tuple, Place, dict[str, Any]] | None = None
+        self.closers = {name: self._closing(name) for name in WINDOW_CLOSERS}
 
     def attach(self, torch: Any) -> None:
         """Wrap `torch.no_grad`'s `__enter__` and `__exit__` (with statements and the decorator
@@ -76,6 +97,8 @@ class Updates:
 
         def enter(context: Any) -> None:
             enter_(context)
+            if self.window is not None:  # an update outside no_grad ends where a no_grad block starts
+                self.close_window()
             # outermost (grad was on before it), after a step-ending backward() since the last
             # update, in the steps' thread, outside an optimizer step (torch.compile's tracing
             # never runs this: it models a no_grad block's grad mode itself)
@@ -107,25 +130,114 @@ class Updates:
             else:
                 self.learnt(opened[1], opened[2], exc_info[0] is None)
 
+        tensor = torch.Tensor
+        data = torch._C.TensorBase.__dict__["data"]
+        get_, set_ = data.__get__, data.__set__
+        own_data = tensor.__dict__.get("data")  # (none in torch 2.x: TensorBase's descriptor)
+
+        def opens(t: Any) -> bool:
+            """`t` is a parameter whose `.data` may start an update outside no_grad now."""
+            return (
+                self.window is None
+                and t.requires_grad
+                and t.is_leaf
+                and self.open is None
+                and not machine.optimizer_depth
+                and machine.backwards_now() > self.after
+                and thread_id() == machine.step_thread
+            )
+
+        def data_get(t: Any) -> Any:
+            view = get_(t)
+            if opens(t) and self.open_window(sys._getframe(1)):
+                self.window[1].seen(view)  # type: ignore[index]
+            return view
+
+        def data_set(t: Any, value: Any) -> None:
+            if opens(t):
+                self.open_window(sys._getframe(1))
+            set_(t, value)  # (seen by the window's mode as a write)
+
         def remove() -> None:
             no_grad.__enter__, no_grad.__exit__ = enter_, exit_
+            if own_data is None:
+                del tensor.data
+            else:
+                tensor.data = own_data
 
         no_grad.__enter__, no_grad.__exit__ = enter, exit
+        tensor.data = DataProperty(data_get, data_set, doc=data.__doc__)
         self.removed = remove
 
     def detach(self) -> None:
-        """A torch optimizer exists: its steps are the steps; no_grad runs bare from now on."""
+        """A torch optimizer exists: its steps are the steps; no_grad and `.data` run bare from now on."""
         if self.removed is not None:
             self.removed()
             self.removed = None
         if self.open is not None and self.open[2] is not None:
             self._stop(self.open[2][1])
         self.open = None
+        self.close_window(feed=False)
 
     def forked(self) -> None:
         """A forked child: its own steps (the machine was reset), nothing counted yet."""
+        self.close_window(feed=False)  # (its mode is popped in the child only)
         self.after, self.open, self.watchers = 0, None, []
         self.counted.clear()  # (the wrappers hold this dict)
+
+    def open_window(self, frame: Any) -> bool:
+        """A parameter's `.data` after a step-ending backward(), at `frame`'s line: watched and timed
+        from now, unless a window opened there before saw no write. The machine's next event closes it."""
+        place = (frame.f_code, frame.f_lineno)
+        known = self.bare_places.get(place)
+        if known is False or (known is None and len(self.bare_places) >= MAX_PLACES):
+            return False
+        if self.watcher_class is None:
+            self.watcher_class = watcher_class()
+        watcher = self.watcher_class(self.clock)
+        start = self.clock()
+        watcher.__enter__()
+        attributes = self.machine.__dict__
+        replaced = {name: attributes.get(name) for name in WINDOW_CLOSERS}
+        attributes.update(self.closers)
+        self.window = (start, watcher, self._state(), place, replaced)
+        return True
+
+    def _closing(self, name: str) -> Callable[..., Any]:
+        def closes_then(now: float, *args: Any, **kwargs: Any) -> Any:
+            self.close_window()
+            # its work starts after the update was fed: stamped again
+            return getattr(self.machine, name)(self.clock(), *args, **kwargs)
+
+        return closes_then
+
+    def close_window(self, feed: bool = True) -> None:
+        """The open window ends (`feed`: its writes, if any, fed to the machine as the update)."""
+        if self.window is None:
+            return
+        start, watcher, state, place, replaced = self.window
+        self.window = None
+        attributes, closers = self.machine.__dict__, self.closers
+        for name, before in replaced.items():
+            if attributes.get(name) is closers[name]:  # (not replaced since)
+                if before is None:
+                    del attributes[name]
+                else:
+                    attributes[name] = before
+        self._stop(watcher)
+        if not feed:
+            return
+        self.bare_places[place] = self.bare_places.get(place) or watcher.wrote
+        machine = self.machine
+        if watcher.wrote and self._state() == state and not machine.optimizer_depth:
+            machine.ended_late = True
+            try:
+                machine.optimizer_begin(start)
+                machine.optimizer_end(watcher.last)
+            finally:
+                machine.ended_late = False
+            self.counted[place] = self.counted.get(place, 0) + 1
+            self.after = machine.backwards
 
     def learn(self, context: Any, place: Place) -> None:
         """The first block at `place`: watched for a write to a parameter, timed from now."""
@@ -157,7 +269,7 @@ class Updates:
 
     def _stop(self, watcher: Any) -> None:
         """Pop the watching mode — and any left below a mode pushed meanwhile, once on top again."""
-        from torch.overrides import _get_current_function_mode_stack
+        from torch.overrides import _get_current_function_mode_stack  # (imported by then: a lookup)
 
         self.watchers.append(watcher)
         while self.watchers:
@@ -167,11 +279,26 @@ class Updates:
             self.watchers.pop().__exit__(None, None, None)
 
     def records(self) -> list[dict[str, Any]]:
-        """The places whose blocks were counted as steps: file, line, function, steps."""
+        """The places whose updates were counted as steps: file, line, function, steps, and how
+        the update was found ("no_grad": a block's `with` or decorated call; "data": the first
+        `.data` of an update outside no_grad)."""
         return [
-            {"file": code.co_filename, "line": line, "function": code.co_name, "steps": steps}
+            {
+                "file": code.co_filename,
+                "line": line,
+                "function": code.co_name,
+                "steps": steps,
+                "kind": "data" if (code, line) in self.bare_places else "no_grad",
+            }
             for (code, line), steps in self.counted.items()
         ]
+
+
+class DataProperty(property):
+    """`Tensor.data` while no torch optimizer exists. Named as torch's own descriptor: torch hands a
+    mode the attribute's `__get__`/`__set__`, and the mode tells `.data` from `.grad` by that name."""
+
+    __name__ = "data"
 
 
 def watcher_class() -> type:
@@ -182,30 +309,43 @@ def watcher_class() -> type:
     from torch.overrides import TorchFunctionMode
 
     class ParameterWrites(TorchFunctionMode):
-        def __init__(self) -> None:
+        """`clock` given: every write timed (`last`: when the last one returned), not only the first seen."""
+
+        def __init__(self, clock: Callable[[], float] | None = None) -> None:
             super().__init__()
-            self.wrote = False
+            self.wrote, self.clock, self.last = False, clock, 0.0
             self.views: list[Any] = []  # `.data` and `.detach()` of parameters taken in the block
+            self.view_ids: set[int] = set()  # (of tensors `views` keeps alive)
 
         def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
             result = func(*args, **(kwargs or {}))
-            if self.wrote or not args:
+            if (self.wrote and self.clock is None) or not args:
                 return result
             name = getattr(func, "__name__", "")
+            wrote = False
             if (name.endswith("_") and not name.endswith("__")) or name in INPLACE_OPERATORS:
                 first = args[0]
-                self.wrote = any(self.parameter(t) for t in (first if isinstance(first, list | tuple) else (first,)))
+                wrote = any(self.parameter(t) for t in (first if isinstance(first, list | tuple) else (first,)))
             elif name in ("__get__", "__set__", "detach") and self.parameter(args[0]):
                 field = getattr(getattr(func, "__self__", None), "__name__", "")
                 if name == "__set__" and field == "data":  # p.data = ...
-                    self.wrote = True
+                    wrote = True
                 elif name == "detach" or field == "data":
-                    self.views.append(result)
+                    self.seen(result)
+            if wrote:
+                self.wrote = True
+                if self.clock is not None:
+                    self.last = self.clock()
             return result
+
+        def seen(self, view: Any) -> None:
+            """A view of a parameter's storage: a write to it is a write to the parameter."""
+            self.views.append(view)
+            self.view_ids.add(id(view))
 
         def parameter(self, t: Any) -> bool:
             if not isinstance(t, torch.Tensor):
                 return False
-            return (t.requires_grad and t.is_leaf) or any(t is v for v in self.views)
+            return (t.requires_grad and t.is_leaf) or id(t) in self.view_ids
 
     return ParameterWrites

@@ -411,7 +411,12 @@ def render(section: dict[str, Any]) -> list[Block]:
         "backward": "backward() or autograd.grad calls (no optimizer)",
         "update": "the script's own parameter updates (no torch optimizer: "
         + ", ".join(
-            f"the torch.no_grad() block at {p['file']}:{p['line']} in {p['function']}, {p['steps']} steps"
+            (
+                f"the writes through .data from {p['file']}:{p['line']} in {p['function']} (outside torch.no_grad())"
+                if p.get("kind") == "data"
+                else f"the torch.no_grad() block at {p['file']}:{p['line']} in {p['function']}"
+            )
+            + f", {p['steps']} steps"
             for p in section.get("update_places", [])
         )
         + "; each one's time is the step's optimizer part)",
