@@ -20,13 +20,15 @@ Outside no_grad, the old style (`p.data.add_(p.grad, alpha=-lr)`, `p.data = p.da
 pytorch/examples' word_language_model and regression): while no torch optimizer exists,
 `Tensor.data` is a property of ours (+~0.1 µs an access). The first `.data` of a parameter after a
 step-ending backward(), in the steps' thread, outside an optimizer step and a no_grad block, opens
-a window watched by the same mode, which times each write to a parameter or its `.data` (~1–2 µs
-a torch call in the window). The window closes at the machine's next event (a forward, a backward,
-train(), a checkpoint: each wrapped on the machine while the window is open, and stamped again
-after), as a DataLoader call starts (before it reads its clock), at a no_grad block, or at exit.
-Writes seen: the update, from that first `.data` to the end of the last write, is fed to the
-machine then, before the event (only when nothing reached the machine meanwhile). A place (the
-`.data`'s line) whose window saw no write (a weight norm logged after backward()) opens none again.
+a window. The window closes at the machine's next event (a forward, a backward, train(), a
+checkpoint: each wrapped on the machine while the window is open, and stamped again after), as a
+DataLoader call starts (before it reads its clock), at a no_grad block, or at exit. Writes seen:
+the update, from that first `.data` to the end of the last write, is fed to the machine then,
+before the event (only when nothing reached the machine meanwhile). The first window at a place
+(the `.data`'s line) is watched by the same mode (every torch call in it); a place whose window saw
+no write (a weight norm logged after backward()) opens none again; at a place where one was seen,
+each parameter's `.data` in the window is a DataView, a tensor type whose own `__torch_function__`
+times the writes to it, so that only the calls on those views cost (~2 µs each), not the others.
 Not seen: a functional update (`torch.func`, new tensors each step), `p.detach().add_()` alone.
 """
 
@@ -80,9 +82,11 @@ class Updates:
         self.removed: Callable[[], None] | None = None  # restores no_grad's and Tensor.data's own
         self.watcher_class: Any = None
         self.bare_places: dict[Place, bool] = {}  # a `.data`'s place → a window it opened saw a write
-        # the open window of an update outside no_grad: (start, the timing mode, the machine's
-        # state at its start, place, the machine's events it replaced: name → what was there)
-        self.window: tuple[float, Any, tuple, Place, dict[str, Any]] | None = None
+        # the open window of an update outside no_grad: (start, its writes (wrote, last), the
+        # mode watching it (None at an update's place), the machine's state at its start, place,
+        # the machine's events it replaced: name → what was there)
+        self.window: tuple[float, Any, Any, tuple, Place, dict[str, Any]] | None = None
+        self.view_class: Any = None  # DataView, built at first use
         self.closers = {name: self._closing(name) for name in WINDOW_CLOSERS}
 
     def attach(self, torch: Any) -> None:
@@ -149,14 +153,26 @@ class Updates:
 
         def data_get(t: Any) -> Any:
             view = get_(t)
-            if opens(t) and self.open_window(sys._getframe(1)):
-                self.window[1].seen(view)  # type: ignore[index]
-            return view
+            window = self.window
+            if window is None:
+                if not opens(t) or not self.open_window(sys._getframe(1)):
+                    return view
+                window = self.window
+                if window[2] is not None:  # learning: the mode watches the view
+                    window[2].seen(view)
+                    return view
+            elif window[2] is not None or not (t.requires_grad and t.is_leaf) or thread_id() != machine.step_thread:
+                return view
+            # at an update's place: the view times its own writes, nothing else is watched
+            return view.as_subclass(self.view_class)
 
         def data_set(t: Any, value: Any) -> None:
-            if opens(t):
+            if self.window is None and opens(t):
                 self.open_window(sys._getframe(1))
-            set_(t, value)  # (seen by the window's mode as a write)
+            set_(t, value)  # (seen by a learning window's mode as a write)
+            window = self.window
+            if window is not None and window[2] is None and t.requires_grad and t.is_leaf:
+                window[1].wrote, window[1].last = True, self.clock()
 
         def remove() -> None:
             no_grad.__enter__, no_grad.__exit__ = enter_, exit_
@@ -192,16 +208,28 @@ class Updates:
         known = self.bare_places.get(place)
         if known is False or (known is None and len(self.bare_places) >= MAX_PLACES):
             return False
-        if self.watcher_class is None:
-            self.watcher_class = watcher_class()
-        watcher = self.watcher_class(self.clock)
+        if known:  # an update's place: its `.data` views time their own writes (no mode)
+            if self.view_class is None:
+                self.view_class = view_class(self)
+            writes, watcher = Writes(), None
+        else:
+            if self.watcher_class is None:
+                self.watcher_class = watcher_class()
+            writes = watcher = self.watcher_class(self.clock)
         start = self.clock()
-        watcher.__enter__()
+        if watcher is not None:
+            watcher.__enter__()
         attributes = self.machine.__dict__
         replaced = {name: attributes.get(name) for name in WINDOW_CLOSERS}
         attributes.update(self.closers)
-        self.window = (start, watcher, self._state(), place, replaced)
+        self.window = (start, writes, watcher, self._state(), place, replaced)
         return True
+
+    def view_wrote(self) -> None:
+        """A DataView of the open window was written in place: the update lasts at least until now."""
+        if self.window is not None:
+            writes = self.window[1]
+            writes.wrote, writes.last = True, self.clock()
 
     def _closing(self, name: str) -> Callable[..., Any]:
         def closes_then(now: float, *args: Any, **kwargs: Any) -> Any:
@@ -215,7 +243,7 @@ class Updates:
         """The open window ends (`feed`: its writes, if any, fed to the machine as the update)."""
         if self.window is None:
             return
-        start, watcher, state, place, replaced = self.window
+        start, writes, watcher, state, place, replaced = self.window
         self.window = None
         attributes, closers = self.machine.__dict__, self.closers
         for name, before in replaced.items():
@@ -224,16 +252,17 @@ class Updates:
                     del attributes[name]
                 else:
                     attributes[name] = before
-        self._stop(watcher)
+        if watcher is not None:
+            self._stop(watcher)
         if not feed:
             return
-        self.bare_places[place] = self.bare_places.get(place) or watcher.wrote
+        self.bare_places[place] = self.bare_places.get(place) or writes.wrote
         machine = self.machine
-        if watcher.wrote and self._state() == state and not machine.optimizer_depth:
+        if writes.wrote and self._state() == state and not machine.optimizer_depth:
             machine.ended_late = True
             try:
                 machine.optimizer_begin(start)
-                machine.optimizer_end(watcher.last)
+                machine.optimizer_end(writes.last)
             finally:
                 machine.ended_late = False
             self.counted[place] = self.counted.get(place, 0) + 1
@@ -292,6 +321,41 @@ class Updates:
             }
             for (code, line), steps in self.counted.items()
         ]
+
+
+class Writes:
+    """A window's writes at an update's place: whether any, and when the last one returned."""
+
+    __slots__ = ("last", "wrote")
+
+    def __init__(self) -> None:
+        self.wrote, self.last = False, 0.0
+
+
+def view_class(updates: Updates) -> type:
+    """The tensor type a parameter's `.data` is at an update's place, in its window: a torch call
+    on one is seen by its `__torch_function__` (and no other call is: a mode would see them all),
+    which tells `updates` of each write to it; its results are plain tensors, and it pickles as
+    one (built at first use: torch is imported by then, never by dlscope)."""
+    import torch
+
+    plain = torch._C._disabled_torch_function_impl  # the call as on a plain tensor, its results plain
+
+    class DataView(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+            result = plain(func, types, args, kwargs or {})
+            name = getattr(func, "__name__", "")
+            if args and ((name.endswith("_") and not name.endswith("__")) or name in INPLACE_OPERATORS):
+                first = args[0]
+                if any(isinstance(t, cls) for t in (first if isinstance(first, list | tuple) else (first,))):
+                    updates.view_wrote()
+            return result
+
+        def __reduce_ex__(self, protocol: Any) -> Any:
+            return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
+
+    return DataView
 
 
 class DataProperty(property):
