@@ -340,3 +340,113 @@ def test_no_change_faster_while_input_made_free_is_is_not_called_at_its_best():
     )
     section["candidates"][1]["measured"]["verdict"] = "same"  # within the noise: nothing left on the input side
     assert doctor_words.findings(section)[0]["key"] == "doctor.at_best"
+
+
+def copies(calls: int, pinned: int, blocking: int, seconds: float, steps: int = 10) -> dict:
+    """change.py's "copies" record of a baseline's counted steps."""
+    return {
+        "steps": steps,
+        "calls": calls,
+        "bytes": calls * 4_000_000,
+        "pinned": pinned,
+        "blocking": blocking,
+        "seconds": seconds,
+    }
+
+
+def test_on_a_gpu_blocking_pageable_copies_are_a_pinned_candidate_predicted_from_the_hosts_wait():
+    """The copies held the host 4 ms of a 10 ms step: pinned memory and non-blocking copies are
+    tried, predicted at most 10 / 6; copies already pinned and non-blocking, none to make, or none
+    from a DataLoader to pin are said why not; without a GPU, no GPU."""
+    gpu = baseline(2.0)
+    gpu["facts"]["copies"] = copies(calls=20, pinned=0, blocking=20, seconds=0.04)
+    tried, _ = prescribe.candidates(gpu, cores=2, cuda=True)
+    (pinned,) = [c for c in tried if c["key"] == "pin_memory"]
+    assert pinned["change"] == {"loader": {"pin_memory": True}, "non_blocking": True}
+    assert pinned["predicted"] == pytest.approx(10 / 6, rel=1e-3)
+    assert (pinned["basis"]["copies_per_step"], pinned["basis"]["mb_per_step"]) == (2, 8)
+    edit = doctor_words.snippet({**pinned, "site": {**pinned["site"], "source": "loader = DataLoader(d)"}})
+    assert "+ loader = DataLoader(d, pin_memory=True)" in edit and "non_blocking=True" in edit
+    words = doctor_words.pinned_basis(pinned["basis"])
+    assert "4 ms of the 10 ms step" in words and "0% from pinned memory" in words
+
+    def reason(facts_copies: dict | None, loader: bool = True, cuda: bool = True) -> str:
+        b = baseline(2.0)
+        b["facts"]["copies"] = facts_copies
+        if not loader:
+            b["facts"]["sites"] = []
+        _, skipped = prescribe.candidates(b, cores=2, cuda=cuda)
+        return next(s["reason"] for s in skipped if s["key"] == "pin_memory")
+
+    assert reason(copies(calls=20, pinned=20, blocking=0, seconds=0.001)) == "copies_async"
+    assert reason(None) == reason(copies(calls=0, pinned=0, blocking=0, seconds=0.0)) == "no_copies"
+    assert reason(copies(calls=20, pinned=0, blocking=20, seconds=0.04), loader=False) == "no_loader_to_pin"
+    assert reason(copies(calls=20, pinned=0, blocking=20, seconds=0.04), cuda=False) == "no_gpu"
+
+
+def test_on_a_gpu_autocast_is_tried_on_the_gpu_from_the_products_device_time():
+    """On a GPU the matrix products' share is their device time (their CPU time is the launches'),
+    and the trial's autocast is the GPU's; on the CPU, the CPU's."""
+    top10 = {
+        "active_steps": 2,
+        "profiled_cost": {"active_step_ms": 10.0},
+        "rows": [
+            {"name": "aten::mm", "self_cpu_us": 200.0, "self_device_us": 12_000.0},
+            {"name": "aten::relu", "self_cpu_us": 100.0, "self_device_us": 1_000.0},
+        ],
+    }
+    assert prescribe.gemm_pct(top10) == pytest.approx(1.0)  # 0.1 ms of CPU a step
+    assert prescribe.gemm_pct(top10, device=True) == pytest.approx(60.0)
+    b = baseline(2.0)
+    b["gemm_pct"] = prescribe.gemm_pct(top10, device=True)
+    (gpu,) = [c for c in prescribe.candidates(b, cores=2, bf16=True, cuda=True)[0] if c["key"] == "autocast"]
+    (cpu,) = [c for c in prescribe.candidates(b, cores=2, bf16=True)[0] if c["key"] == "autocast"]
+    assert gpu["change"] == {"autocast": "bf16", "autocast_device": "cuda"} and gpu["compute_share"] == 0.6
+    assert cpu["change"]["autocast_device"] == "cpu"
+    assert "torch.autocast('cuda', dtype=torch.bfloat16)" in doctor_words.snippet(gpu)
+    _, skipped = prescribe.candidates(b, cores=2, bf16=False, cuda=True)
+    no_bf16 = next(s for s in skipped if s["key"] == "autocast")
+    assert "this GPU" in doctor_words.REASONS[no_bf16["reason"]](no_bf16)
+
+
+def test_a_copy_to_the_gpu_is_told_from_any_other_move():
+    """The device a `Tensor.to` call moves to, however it is named (positional or keyword, a
+    device, its name, an index); a dtype alone moves nowhere."""
+    import torch
+
+    cuda = torch.device("cuda")
+    for args, kwargs in [
+        (("cuda",), {}),
+        ((cuda,), {}),
+        (("cuda:1", torch.float16), {}),
+        ((), {"device": "cuda"}),
+        ((0,), {}),
+    ]:
+        assert trial.copy_target(torch, args, kwargs).type == "cuda", (args, kwargs)
+    assert trial.copy_target(torch, ("cpu",), {}).type == "cpu"
+    assert trial.copy_target(torch, (torch.zeros(1),), {}).type == "cpu"  # another tensor's device
+    assert trial.copy_target(torch, (torch.float16,), {}) is None
+    assert trial.copy_target(torch, ("not a device",), {}) is None
+
+
+def test_a_trials_copies_to_the_gpu_are_counted_and_made_non_blocking_when_it_says_so():
+    """The wrapper of `Tensor.to`/`.cuda` in a trial (on a CPU, around a stand-in for the copy):
+    copies to the GPU counted with their bytes and blocking ones; with the change, made
+    non-blocking unless the script passed non_blocking itself; other moves left as they were."""
+    import torch
+
+    calls: list[dict] = []
+
+    def move(tensor, *args, **kwargs):  # stands for the copy torch makes on a machine with a GPU
+        calls.append(kwargs)
+        return tensor
+
+    x = torch.zeros(1000)
+    for force in (False, True):
+        counted = [0, 0, 0, 0, 0.0]
+        to = trial.copying(torch, move, True, force, counted)
+        cuda = trial.copying(torch, move, False, force, counted)
+        calls.clear()
+        to(x, "cuda"), to(x, torch.float16), to(x, "cuda", torch.float16, False), cuda(x), to(x, "cpu")
+        assert counted[:4] == [3, 12_000, 0, 3 if not force else 1]
+        assert [c.get("non_blocking") for c in calls] == ([None] * 5 if not force else [True, None, None, True, None])

@@ -83,3 +83,28 @@ def test_flops_utilisation_and_memory_sites_are_measured(runs):
     assert 0 < mfu["mfu"] <= 1 and mfu["peaks"]
     memory = sections["gpu"]["memory"]
     assert memory and memory[0]["sites"] and (run / memory[0]["snapshot"]).exists()
+
+
+def test_the_doctor_tries_pinned_non_blocking_copies_and_gpu_autocast_on_a_pageable_loop(tmp_path, monkeypatch):
+    """A loop whose batches come from a DataLoader of unpinned tensors, copied with blocking
+    `.to(device)`: the baseline counts its two blocking pageable copies a step, the pinned-copies
+    candidate is predicted from the host's wait in them and measured; bf16 autocast is the GPU's,
+    from the matrix products' device time, or said why not."""
+    from dlscope.options import DoctorOptions, RunOptions, StepOptions
+    from dlscope.runner import Plan, run_command
+
+    monkeypatch.chdir(tmp_path)
+    command = [sys.executable, str(SCRIPT), str(tmp_path / "truth.json"), "--mode", "pageable", "--steps", "400"]
+    options = DoctorOptions(command, budget_s=60.0, max_steps=40, rounds=2)
+    plan = Plan(
+        "doctor", ["doctor"], options=RunOptions(out=str(tmp_path / "run")), step_options=StepOptions(doctor=options)
+    )
+    section = run_command(plan, render=False)["sections"]["doctor"]
+    copies = section["baseline"]["facts"]["copies"]
+    assert copies["calls"] == 2 * copies["steps"] and copies["blocking"] == copies["calls"] and copies["pinned"] == 0
+    judged = {c["key"]: c for c in section["candidates"]}
+    pinned = judged["pin_memory"]
+    assert pinned["predicted"] > 1 and pinned["basis"]["copies_per_step"] == 2
+    assert pinned["measured"]["verdict"] in ("faster", "same", "slower")
+    autocast = judged.get("autocast") or next(s for s in section["not_tried"] if s["key"] == "autocast")
+    assert autocast.get("change", {}).get("autocast_device", "cuda") == "cuda"

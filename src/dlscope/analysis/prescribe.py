@@ -20,9 +20,14 @@ Predictions, from the baseline's anatomy (mean shares applied to the median step
                       divides by the scaling a matmul showed on this machine from t0 to t threads
     set_to_none       step / (step - zero_grad's measured mean)
     bf16 autocast     the matrix products and convolutions (their self CPU time in the baseline's
-                      profiled steps) divide by the speed-up a matmul shows under CPU bf16 autocast
-                      here; tried only on a CPU with bf16 instructions (avx512_bf16, amx_bf16) and
-                      when they are AUTOCAST_PCT of the step or more; it alters numerics
+                      profiled steps; on a GPU, their self device time) divide by the speed-up a
+                      matmul shows under bf16 autocast here; tried only on a CPU with bf16
+                      instructions (avx512_bf16, amx_bf16) or a GPU with bf16, and when they are
+                      AUTOCAST_PCT of the step or more; it alters numerics
+    pinned copies     DataLoader(pin_memory=True) and each copy from the CPU to the GPU
+                      non-blocking: step / (step - the host's time in blocking copies a step), an
+                      upper bound (the host stops waiting for the GPU there; the GPU still copies,
+                      faster from pinned memory, and a later wait, a loss.item(), may take it back)
 Noise: a trial's median step has the notch of a box plot, ±1.58 IQR / √n (McGill et al. 1978);
 a gain's band is the two trials' notches combined, widened to half the range of the rounds'
 ratios (each round pairs a candidate with the baseline run just before it, so a load that moves
@@ -44,15 +49,16 @@ AUTOCAST_PCT = 30.0  # bf16 autocast is tried when matrix products and convoluti
 GEMM_OPS = ("mm", "conv", "matmul")  # in an operator's name: a matrix product or a convolution
 FIXED_POINT_ROUNDS = 60  # of the workers prediction's share of a core: damped, it settles in far fewer
 NUMERICS_RTOL = 1e-3  # the first losses of a change that keeps numerics: within this of the baseline's
-NOT_BUILT = ("pin_memory", "persistent_workers", "prefetch_factor", "channels_last", "autocast", "compile", "batch")
+NOT_BUILT = ("persistent_workers", "prefetch_factor", "channels_last", "compile", "batch")
 
 
 def candidates(
-    baseline: dict[str, Any], cores: int, bf16_cpu: bool = False, cuda: bool = False
+    baseline: dict[str, Any], cores: int, bf16: bool = False, cuda: bool = False
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(to try, not tried) from the baseline trial's facts: its anatomy, median step, sites,
-    threads and zero_grad time. Each candidate: key, change (trial.py settings), predicted gain,
-    the facts it was predicted from and the site to change."""
+    threads, zero_grad time and copies to the GPU. Each candidate: key, change (change.py
+    settings), predicted gain, the facts it was predicted from and the site to change. `bf16`:
+    the device the steps compute on (the GPU where `cuda`, else the CPU) has bf16 arithmetic."""
     anatomy, step_ms, facts = baseline["anatomy"], baseline["median_ms"], baseline["facts"]
     tried: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
@@ -166,28 +172,59 @@ def candidates(
     elif clears:
         skipped.append({"key": "set_to_none", "reason": "already_none"})
     gemm = baseline.get("gemm_pct")
-    if not bf16_cpu:
-        skipped.append({"key": "autocast", "reason": "no_bf16"})
+    if not bf16:
+        skipped.append({"key": "autocast", "reason": "no_bf16", "device": "cuda" if cuda else "cpu"})
     elif gemm is None:
         skipped.append({"key": "autocast", "reason": "no_profile"})
     elif gemm < AUTOCAST_PCT:
         skipped.append({"key": "autocast", "reason": "gemm_small", "pct": gemm, "threshold_pct": AUTOCAST_PCT})
     else:
+        device = "cuda" if cuda else "cpu"
         tried.append(
             {
                 "key": "autocast",
-                "change": {"autocast": "bf16"},
-                "basis": {"gemm_pct": gemm},
+                "change": {"autocast": "bf16", "autocast_device": device},
+                "basis": {"gemm_pct": gemm, "device": device},
                 "compute_share": gemm / 100,
                 "site": None,
-                "argument": ("torch.autocast", "cpu, dtype=torch.bfloat16"),
+                "argument": ("torch.autocast", f"{device!r}, dtype=torch.bfloat16"),
                 "alters_numerics": True,
             }
         )
     if not cuda:
         skipped.append({"key": "pin_memory", "reason": "no_gpu"})
-    skipped += [{"key": k, "reason": "not_built"} for k in NOT_BUILT if k not in ("pin_memory", "autocast")]
+    else:
+        pinned = pinned_copies(facts.get("copies"), step_ms, loaders)
+        (tried if "change" in pinned else skipped).append(pinned)
+    skipped += [{"key": k, "reason": "not_built"} for k in NOT_BUILT]
     return tried, skipped
+
+
+def pinned_copies(copies: dict[str, Any] | None, step_ms: float, loaders: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pinned-copies candidate from the baseline's copies to the GPU (change.py's "copies"
+    record), or why it is not tried."""
+    if not copies or not copies.get("calls") or not copies.get("steps"):
+        return {"key": "pin_memory", "reason": "no_copies"}
+    if not copies["blocking"] and copies["pinned"] == copies["calls"]:
+        return {"key": "pin_memory", "reason": "copies_async"}
+    if copies["pinned"] < copies["calls"] and not loaders:
+        return {"key": "pin_memory", "reason": "no_loader_to_pin"}
+    blocked_ms = 1e3 * copies["seconds"] / copies["steps"]
+    return {
+        "key": "pin_memory",
+        "change": {"loader": {"pin_memory": True}, "non_blocking": True},
+        "predicted": round(step_ms / max(step_ms - blocked_ms, 1e-9), 3),
+        "basis": {
+            "step_ms": step_ms,
+            "copy_ms": round(blocked_ms, 4),
+            "copies_per_step": round(copies["calls"] / copies["steps"], 2),
+            "mb_per_step": round(copies["bytes"] / copies["steps"] / 1e6, 3),
+            "pinned_pct": round(100 * copies["pinned"] / copies["calls"], 1),
+            "blocking_pct": round(100 * copies["blocking"] / copies["calls"], 1),
+        },
+        "site": first_site(loaders),
+        "argument": ("pin_memory", True),
+    }
 
 
 def workers_prediction(basis: dict[str, Any]) -> float:
@@ -218,13 +255,15 @@ def workers_prediction(basis: dict[str, Any]) -> float:
     return round(step_ms / step, 3)
 
 
-def gemm_pct(top10: dict[str, Any]) -> float | None:
+def gemm_pct(top10: dict[str, Any], device: bool = False) -> float | None:
     """The share of a profiled step spent in matrix products and convolutions (self CPU time of
-    the top-10 operators whose name holds mm, conv or matmul); None without a profile."""
+    the top-10 operators whose name holds mm, conv or matmul; with `device`, their self device
+    time: on a GPU the CPU time is their launches'); None without a profile."""
     steps, step_ms = top10.get("active_steps"), (top10.get("profiled_cost") or {}).get("active_step_ms")
     if not top10.get("rows") or not steps or not step_ms:
         return None
-    us = sum(r["self_cpu_us"] for r in top10["rows"] if any(k in r["name"].split("::")[-1] for k in GEMM_OPS))
+    field = "self_device_us" if device else "self_cpu_us"
+    us = sum(r.get(field, 0.0) for r in top10["rows"] if any(k in r["name"].split("::")[-1] for k in GEMM_OPS))
     return round(min(100.0, 100 * us / steps / 1e3 / step_ms), 2)
 
 

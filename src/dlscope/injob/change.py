@@ -8,15 +8,19 @@ hooks.install when DLSCOPE_DOCTOR holds the trial's settings (JSON); nothing her
      "replay": 8,                                           the first 8 batches, then replayed from memory
      "threads": 2,                                          torch.set_num_threads, the script's own calls ignored
      "set_to_none": true,                                   zero_grad(set_to_none=True) forced
-     "autocast": "bf16",                                    each outermost forward under CPU bf16 autocast
+     "autocast": "bf16", "autocast_device": "cuda",         each outermost forward under bf16 autocast
+                                                            (on the CPU unless a device is given)
+     "non_blocking": true,                                  each copy from the CPU to a GPU non-blocking
      "scratch": "/…/cwd", "keep": ["/…/processes"]}         where the trial may write
 
 Recorded (`k` in the process's records): "site" (where a DataLoader, an optimizer or a
 zero_grad call is in the user's code, with the arguments it was given), "loss",
 "zero_grad" (its mean seconds), "batch_layout" (the first batch's tensors: shapes and dtypes),
 "loader" (the counted steps' fetching and thread times, this process's CPU, the machine's idle
-share), "refused" (a write outside the scratch directory), "trial_stop". (Its threads are the
-hooks' "torch_threads" records, as in every run.)
+share), "copies" (where CUDA is available: the counted steps' copies from the CPU to a GPU by
+`Tensor.to`/`.cuda` — calls, bytes, from pinned memory, blocking, the host's seconds in them),
+"refused" (a write outside the scratch directory), "trial_stop". (Its threads are the hooks'
+"torch_threads" records, as in every run.)
 
 Writes: a trial runs in a scratch working directory that reads as the one the doctor was started
 in (a symlink to each of its entries: the script's relative inputs, a config it execs, its data
@@ -83,6 +87,54 @@ def call_sites() -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
 
 
 TENSORS_KEPT = 64  # a batch's tensors described, at most (the hand-over calibration rebuilds them)
+
+
+def copy_target(torch: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The device a `Tensor.to(*args, **kwargs)` call moves to, or None (a dtype alone): a device,
+    a device's name or index, or another tensor's device, positional or by keyword."""
+    target = kwargs.get("device")
+    if target is None and args:
+        target = args[0]
+    if isinstance(target, torch.Tensor):
+        return target.device
+    if isinstance(target, str | int):
+        try:
+            return torch.device(target if isinstance(target, str) else f"cuda:{target}")
+        except RuntimeError:  # not a device's name
+            return None
+    return target if isinstance(target, torch.device) else None
+
+
+def copying(torch: Any, move: Any, by_to: bool, force: bool, copies: list[Any]) -> Any:
+    """`Tensor.to` (`by_to`) or `Tensor.cuda`, where a copy from the CPU to a GPU is counted and
+    timed into `copies` (calls, bytes, from pinned memory, blocking, seconds: the host waits in a
+    blocking one for the GPU's queue, then the copy) and, with `force`, made non-blocking; any
+    other call as it was."""
+
+    @functools.wraps(move)
+    def moved(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if tensor.device.type != "cpu":
+            return move(tensor, *args, **kwargs)
+        target = copy_target(torch, args, kwargs) if by_to else torch.device("cuda")
+        if target is None or target.type != "cuda":
+            return move(tensor, *args, **kwargs)
+        # where non_blocking stands among the positional arguments: to(device, dtype, non_blocking),
+        # to(other_tensor, non_blocking), cuda(device, non_blocking)
+        at = 2 if by_to and not (args and isinstance(args[0], torch.Tensor)) else 1
+        if force and len(args) <= at:
+            kwargs["non_blocking"] = True
+        blocking = not (args[at] if len(args) > at else kwargs.get("non_blocking", False))
+        start = time.perf_counter()
+        try:
+            return move(tensor, *args, **kwargs)
+        finally:
+            copies[4] += time.perf_counter() - start
+            copies[0] += 1
+            copies[1] += tensor.nbytes
+            copies[2] += tensor.is_pinned()
+            copies[3] += blocking
+
+    return moved
 
 
 def tensor_layout(torch: Any, batch: Any) -> list[list[Any]]:
@@ -160,6 +212,9 @@ class Trial:
         self.counted_from: tuple[float, float, float, float] | None = None
         self.machine_from: tuple[float, tuple[int, int] | None] | None = None
         self.autocast: Any = None  # the open bf16 autocast context of an outermost forward
+        # copies from the CPU to a GPU: calls, bytes, from pinned memory, blocking, host seconds
+        self.copies = [0, 0, 0, 0, 0.0]
+        self.copies_from: list[Any] | None = None  # their counts when the counted steps began
         self.scratch = os.path.abspath(config["scratch"])
         self.allowed = [self.scratch, *map(os.path.abspath, config.get("keep", []))]
         self.owning = threading.local()  # making a path the trial's own: its own calls are not checked
@@ -283,6 +338,10 @@ class Trial:
             torch.set_num_threads = lambda n: None  # the trial's count stays
         for owner in (torch.optim.Optimizer, torch.nn.Module):
             owner.zero_grad = self._zero_grad(owner.zero_grad, owner.__name__)
+        if torch.cuda.is_available():
+            force = bool(self.config.get("non_blocking"))
+            torch.Tensor.to = copying(torch, torch.Tensor.to, True, force, self.copies)
+            torch.Tensor.cuda = copying(torch, torch.Tensor.cuda, False, force, self.copies)
 
     def _site(self, what: str, arguments: dict[str, Any]) -> None:
         user, direct = call_sites()
@@ -344,7 +403,8 @@ class Trial:
     def forward_begin(self) -> None:
         """The outermost forward starts: under bf16 autocast when the trial says so."""
         if self.config.get("autocast") and self.autocast is None:
-            self.autocast = self.hooks.torch.autocast("cpu", dtype=self.hooks.torch.bfloat16)
+            device = self.config.get("autocast_device", "cpu")
+            self.autocast = self.hooks.torch.autocast(device, dtype=self.hooks.torch.bfloat16)
             self.autocast.__enter__()
 
     def forward_end(self, output: Any) -> Any:
@@ -380,6 +440,7 @@ class Trial:
             self.warm_at = now
             # from here on: the thread's CPU and wall time, and the loader's share of each
             self.counted_from = (time.thread_time(), time.perf_counter(), self.loader_cpu_s, self.loader_wall_s)
+            self.copies_from = self.copies[:]
             self.machine_from = (time.process_time(), cpu_jiffies())
         # the ranks of a distributed job end at the same step, never on their own clocks (the others
         # would wait in a collective for the one that left)
@@ -405,6 +466,21 @@ class Trial:
                     "thread_cpu_s": time.thread_time() - cpu,
                     "thread_wall_s": time.perf_counter() - wall,
                     **machine_use(*self.machine_from),
+                }
+            )
+        if self.copies_from is not None and self.copies[0]:
+            since = zip(self.copies, self.copies_from, strict=True)
+            calls, nbytes, pinned, blocking, seconds = (now - then for now, then in since)
+            counted = steps - self.config.get("warmup", 0)
+            self.records.write(
+                {
+                    "k": "copies",
+                    "steps": counted,
+                    "calls": calls,
+                    "bytes": nbytes,
+                    "pinned": pinned,
+                    "blocking": blocking,
+                    "seconds": seconds,
                 }
             )
         self.records.write({"k": "trial_stop", "steps": steps, "ts": time.time()})

@@ -57,16 +57,18 @@ def run(ctx: Context) -> dict[str, Any]:
     warmup = max(options.warmup_steps, sum(PROFILE) + 1)
     first = Stop(warmup, options.max_steps, options.budget_s * BASELINE_SHARE, deadline_s=left() / 2)
     baseline = trial("baseline-1", {}, first, profile=True)
+    on_gpu = cuda()  # the steps compute on a GPU (where there is one, the script uses it)
     section: dict[str, Any] = {
         "command": options.command,
         "budget_s": options.budget_s,
         "cores": n_cores,
         "load": [round(os.getloadavg()[0], 2)],  # the machine's 1-min load at the start, then at the end
-        "baseline": baseline_facts(baseline),
+        "baseline": baseline_facts(baseline, on_gpu),
     }
     if not baseline.ok:
         return finish(ctx, section, trials, began, hashes, {"key": "baseline_failed", **failure(baseline)})
-    tried, skipped = prescribe.candidates(section["baseline"], n_cores, bf16_cpu=bf16_cpu(), cuda=cuda())
+    bf16 = cuda_bf16() if on_gpu else bf16_cpu()
+    tried, skipped = prescribe.candidates(section["baseline"], n_cores, bf16=bf16, cuda=on_gpu)
     for candidate in tried:
         if candidate["key"] == "workers":
             basis = candidate["basis"]
@@ -82,6 +84,8 @@ def run(ctx: Context) -> dict[str, Any]:
             scaling = shared_matmul_speedup(basis["processes"], basis["threads_now"], basis["threads"])
         elif candidate["key"] == "threads":
             scaling = matmul_speedup(threads=(candidate["basis"]["threads_now"], candidate["basis"]["threads"]))
+        elif candidate["key"] == "autocast" and on_gpu:
+            scaling = cuda_matmul_speedup()
         elif candidate["key"] == "autocast":
             scaling = matmul_speedup(bf16=True)
         else:
@@ -239,10 +243,10 @@ def machine_summary(trials: list[TrialResult]) -> dict[str, Any]:
     }
 
 
-def baseline_facts(baseline: TrialResult) -> dict[str, Any]:
+def baseline_facts(baseline: TrialResult, on_gpu: bool = False) -> dict[str, Any]:
     return {
         "median_ms": round(prescribe.median_notch(baseline.seconds)[0] * 1e3, 4) if baseline.seconds else None,
-        "gemm_pct": prescribe.gemm_pct(baseline.top10),
+        "gemm_pct": prescribe.gemm_pct(baseline.top10, device=on_gpu),
         "anatomy": {k: baseline.anatomy.get(k) for k in ("percent", "mean_ms", "step_ms", "data_source", "verdict")},
         "facts": {k: v for k, v in baseline.facts.items() if k not in ("wrote", "refused", "stopped")},
     }
@@ -300,6 +304,37 @@ def matmul_speedup(threads: tuple[int, int] | None = None, bf16: bool = False) -
         return round(statistics.median(ratios), 3)
     finally:
         torch.set_num_threads(saved)
+
+
+def cuda_matmul_speedup() -> float:
+    """How much faster a 2048×2048 matmul runs on the GPU under bf16 autocast than in float32
+    (torch's default: no TF32), each timed with CUDA events, in turn, 7 times: the median of the
+    paired ratios."""
+    import statistics
+
+    import torch
+
+    a = torch.randn(2048, 2048, device="cuda")
+
+    def timed(autocast: bool) -> float:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            a @ a  # warm
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                a @ a
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+
+    return round(statistics.median(timed(False) / timed(True) for _ in range(7)), 3)
+
+
+def cuda_bf16() -> bool:
+    """The GPU computes in bf16 natively (Ampere and later)."""
+    import torch
+
+    return torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 # a process standing in for one of the other training processes: 256×256 matmuls on the threads

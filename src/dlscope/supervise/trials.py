@@ -200,6 +200,7 @@ def trial_facts(records: list[dict[str, Any]], main: list[dict[str, Any]]) -> di
     zero_grad = next((r for r in main if r.get("k") == "zero_grad"), {})
     loader = next((r for r in main if r.get("k") == "loader"), {})
     layout = next((r["tensors"] for r in main if r.get("k") == "batch_layout"), None)
+    copies = next(({k: v for k, v in r.items() if k != "k"} for r in main if r.get("k") == "copies"), None)
     return {
         "sites": sites,
         "losses": [r["v"] for r in sorted((r for r in main if r.get("k") == "loss"), key=lambda r: r["i"])],
@@ -207,6 +208,7 @@ def trial_facts(records: list[dict[str, Any]], main: list[dict[str, Any]]) -> di
         "loader_cpu_frac": loader_cpu_frac(loader),
         **cpu_shares(loader),
         "batch_tensors": layout,
+        "copies": copies,  # the counted steps' copies from the CPU to a GPU (where CUDA is available)
         "refused": sorted({r["path"] for r in records if r.get("k") == "refused"}),
         "stopped": any(r.get("k") == "trial_stop" for r in main),
     }

@@ -19,7 +19,7 @@ CHANGE_NAMES = {
     "input_free": "input made free (ceiling)",
     "threads": "intra-op threads",
     "set_to_none": "zero_grad(set_to_none=True)",
-    "pin_memory": "DataLoader pin_memory",
+    "pin_memory": "pinned memory, non-blocking copies",
     "persistent_workers": "DataLoader persistent_workers",
     "prefetch_factor": "DataLoader prefetch_factor",
     "channels_last": "channels-last memory format",
@@ -41,7 +41,17 @@ REASONS = {
     "already_none": lambda v: "zero_grad already sets gradients to None",
     "not_built": lambda v: "this version of doctor does not try it",
     "no_gpu": lambda v: "no GPU: pinned memory only speeds host-to-device copies",
-    "no_bf16": lambda v: "this CPU has no bf16 instructions (avx512_bf16, amx_bf16): autocast would be emulated",
+    "no_copies": lambda v: "no copy from the CPU to the GPU in the counted steps (.to/.cuda)",
+    "copies_async": lambda v: "the copies to the GPU are already from pinned memory and non-blocking",
+    "no_loader_to_pin": lambda v: (
+        "the tensors copied to the GPU are not pinned and no DataLoader built them: pin them where they are "
+        "made (tensor.pin_memory()), then copy with non_blocking=True"
+    ),
+    "no_bf16": lambda v: (
+        "this GPU has no native bf16 (before Ampere): autocast would be emulated"
+        if v.get("device") == "cuda"
+        else "this CPU has no bf16 instructions (avx512_bf16, amx_bf16): autocast would be emulated"
+    ),
     "gemm_small": lambda v: (
         f"matrix products and convolutions are {v['pct']:.0f}% of the step (under "
         f"{v['threshold_pct']:.0f}%): bf16 would speed up too little"
@@ -182,10 +192,14 @@ def snippet(candidate: dict[str, Any]) -> str:
     name, value = candidate["argument"]
     site = candidate.get("site")
     if candidate["key"] == "autocast":
+        device = candidate["change"].get("autocast_device", "cpu")
         return (
             "# around the forward and the loss, in the training loop (bf16 alters numerics: check accuracy)\n"
-            "with torch.autocast('cpu', dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)"
+            f"with torch.autocast({device!r}, dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)"
         )
+    if candidate["key"] == "pin_memory":  # the loader's argument, and the copies that can then overlap
+        loader = snippet({**candidate, "key": "pin_memory_loader"})
+        return f"{loader}\n# and where each batch moves to the GPU:\nx = x.to(device, non_blocking=True)"
     if candidate["key"] == "threads" and candidate["basis"].get("processes", 1) > 1:
         basis = candidate["basis"]
         return (
@@ -221,6 +235,17 @@ def snippet(candidate: dict[str, Any]) -> str:
     else:
         return f"{where}\n{line}\n# add {name}={value!r} to this {site['what']} call"
     return f"{where}\n- {line.strip()}\n+ {changed.strip()}"
+
+
+def pinned_basis(b: dict[str, Any]) -> str:
+    """How the pinned-copies prediction was made, in the baseline's measured terms."""
+    return (
+        f"Pinned copies predicted from: {b['copies_per_step']:g} copies to the GPU a step "
+        f"({b['mb_per_step']:.3g} MB; {b['pinned_pct']:.0f}% from pinned memory, {b['blocking_pct']:.0f}% "
+        f"blocking) held the host {b['copy_ms']:.3g} ms of the {b['step_ms']:.3g} ms step; made non-blocking, "
+        "at most that much is saved (the GPU still copies them, and a later wait for it, a loss.item(), "
+        "may take some back): an upper bound, which the trial measures."
+    )
 
 
 def workers_basis(b: dict[str, Any]) -> str:
@@ -290,6 +315,9 @@ def render(section: dict[str, Any]) -> list[Block]:
     workers = next((c for c in candidates if c["key"] == "workers"), None)
     if workers is not None and "cores_busy" in workers["basis"]:  # runs before the hand-over was measured: none
         blocks.append(Para(workers_basis(workers["basis"])))
+    pinned = next((c for c in candidates if c["key"] == "pin_memory"), None)
+    if pinned is not None:
+        blocks.append(Para(pinned_basis(pinned["basis"])))
     for key in section["verdict"].get("order", []):
         c = next(c for c in candidates if c["key"] == key)
         blocks.append(Code(snippet(c), "diff"))
