@@ -3,6 +3,7 @@ frames dlscope's wrappers stand in for; an error raised in dlscope's own code ke
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -21,20 +22,34 @@ def frames(stderr: str) -> list[tuple[str, str, str]]:
     return FRAME.findall(stderr)
 
 
-@pytest.mark.parametrize("where", ["forward", "worker", "load"])
-def test_a_failing_script_shows_its_own_traceback(tmp_path, capfd, where):
+@pytest.mark.parametrize("where", ["forward", "worker", "load", "start"])
+def test_a_failing_script_shows_its_own_traceback_and_the_summary_names_its_error(tmp_path, capfd, where):
+    """The traceback as without dlscope; and the summary says what ended the command — the
+    error's type, the script's own line it came through (the `torch.load` call, not torch's
+    line), its message — and, when no step had run, no guess at why none was seen."""
     argv = [sys.executable, str(SCRIPT), where, str(tmp_path / "missing.pt")]
     bare = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     code = main(["run", "--out", str(tmp_path / "run"), "--profile-steps", "0", "--", *argv])
-    observed = capfd.readouterr().err
+    captured = capfd.readouterr()
+    observed = captured.err
     assert code == bare.returncode == 1
     seen = frames(observed)
     assert seen and not [f for f in seen if f[0].startswith(tracebacks.OBSERVERS)]
     # the script's frames and the error line as without dlscope; the frames left are all bare ones
     assert [f for f in seen if f[0] == str(SCRIPT)] == [f for f in frames(bare.stderr) if f[0] == str(SCRIPT)]
     assert set(seen) <= set(frames(bare.stderr))
-    error = bare.stderr.strip().splitlines()[-1]
-    assert error.startswith(("RuntimeError", "ValueError", "FileNotFoundError")) and error in observed
+    error = next(line for line in bare.stderr.splitlines() if line.startswith(("RuntimeError", "ValueError", "File")))
+    assert error in observed
+    kind = error.split(":")[0]
+    # the process's own traceback (a worker's is quoted in the message after it)
+    own = [f for f in frames(bare.stderr.split("\n" + kind + ":")[0]) if f[0] == str(SCRIPT)]
+    (uncaught,) = json.loads((tmp_path / "run" / "results.json").read_text())["sections"]["run"]["uncaught"]
+    assert (uncaught["type"], uncaught["file"], uncaught["line"]) == (kind, str(SCRIPT), int(own[-1][1]))
+    assert uncaught["message"] == error.split(": ", 1)[1]
+    summary = " ".join(captured.out.split())
+    assert f"It failed with {kind} at {SCRIPT.name}:{uncaught['line']}" in summary
+    assert ("No training step ran before the error" in summary) == (where == "start")
+    assert "inference-only" not in summary
 
 
 def raise_through(raiser: str) -> BaseException:

@@ -102,6 +102,8 @@ def process_info(pid: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         "loader_worker": next((r["worker_id"] for r in records if r.get("k") == "loader_worker"), None),
         "clean_exit": any(r.get("k") == "end" for r in records),
         "errors": [f"{r['where']}: {r['error']}" for r in records if r.get("k") == "error"],
+        # the error that ended it (injob/tracebacks.py): type, message, file, line, function
+        "uncaught": next(({k: v for k, v in r.items() if k != "k"} for r in records if r.get("k") == "uncaught"), None),
     }
 
 
@@ -559,6 +561,12 @@ def run_section(records: Records, main: int | None, steps_seen: int) -> dict[str
         "world_size": max(sizes, default=None),
         "ranks": sorted(p["rank"] for p in processes if p["rank"] is not None),
         "hook_errors": [e for p in processes for e in p["errors"]],
+        # the errors that ended processes, the training one's first
+        "uncaught": [
+            {"pid": p["pid"], **p["uncaught"]}
+            for p in sorted(processes, key=lambda p: (p["pid"] != main, p["pid"]))
+            if p["uncaught"]
+        ],
         "steps_seen": steps_seen,
         "torch_attached": any(attached) if attached else None,
     }

@@ -1095,6 +1095,6 @@ def install(directory: str) -> None:
     if hooks.trial is not None:
         callbacks["h5py"] = hooks.trial.attach_h5py
     sys.meta_path.insert(0, AfterImport(callbacks, on_error))
-    tracebacks.install()
+    tracebacks.install(records.write)
     atexit.register(hooks.finish)
     os.register_at_fork(after_in_child=hooks.after_fork)

@@ -6,17 +6,27 @@ error was raised inside dlscope's own code keeps every frame: that is dlscope's 
 
 Only what is printed changes: the exception, its type, its message and the exit status are the
 program's, and a program that formats tracebacks itself (logging, `traceback.print_exc()`)
-still sees the wrappers' frames."""
+still sees the wrappers' frames.
+
+The error is also recorded ("uncaught": its type, its message's first line, and the program's own
+line it came through), so that the report says what ended the command rather than guessing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
+from dlscope.contract.owncode import is_dlscope_code
+
 OBSERVERS = os.path.dirname(os.path.abspath(__file__))  # dlscope/injob: what runs in the job
+STDLIB = os.path.dirname(os.__file__)
+MESSAGE_CHARS = 300  # of the message's first line, kept
+ESCAPES = re.compile(r"\x1b\[[0-9;]*m")  # terminal colours some messages carry (torch.load's)
 
 
 def _ours(tb: types.TracebackType) -> bool:
@@ -47,9 +57,39 @@ def _strip_chain(error: BaseException | None, seen: set[int]) -> None:
         error = error.__context__
 
 
-def install() -> None:
+def _programs(name: str) -> bool:
+    """A file of the program's own: not dlscope's, the standard library's or an installed package's."""
+    return not (
+        name.startswith("<")
+        or is_dlscope_code(name)
+        or name.startswith(STDLIB + os.sep)
+        or f"{os.sep}site-packages{os.sep}" in name
+        or f"{os.sep}dist-packages{os.sep}" in name
+    )
+
+
+def uncaught(kind: type[BaseException], error: BaseException, tb: types.TracebackType | None) -> dict[str, Any]:
+    """The error that ends the process, as a record: its type, its message's first line, and the
+    innermost frame of the program's own code it passed through (the line that called torch.load,
+    not torch's), else the innermost frame."""
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    names = [os.path.abspath(t.tb_frame.f_code.co_filename) for t in frames]
+    at = next((i for i in reversed(range(len(frames))) if _programs(names[i])), len(frames) - 1)
+    lines = ESCAPES.sub("", str(error)).strip().splitlines()
+    message = (lines[0] if lines else "")[:MESSAGE_CHARS]
+    record: dict[str, Any] = {"k": "uncaught", "type": kind.__name__, "message": message}
+    if frames:
+        record.update(file=names[at], line=frames[at].tb_lineno, function=frames[at].tb_frame.f_code.co_name)
+    return record
+
+
+def install(record: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Print an uncaught error's traceback without dlscope's frames, through whatever
-    `sys.excepthook` the process had (a program that sets its own later replaces this one)."""
+    `sys.excepthook` the process had (a program that sets its own later replaces this one); and
+    hand it to `record` first (not a Ctrl-C: the run says it was interrupted)."""
     printer = sys.excepthook
 
     def excepthook(kind: type[BaseException], error: BaseException, tb: types.TracebackType | None) -> None:
@@ -57,6 +97,9 @@ def install() -> None:
         error.__traceback__ = tb
         _strip_chain(error.__cause__, {id(error)})
         _strip_chain(error.__context__, {id(error)})
+        if record is not None and not issubclass(kind, KeyboardInterrupt):
+            with contextlib.suppress(Exception):  # the program's error is printed whatever happens here
+                record(uncaught(kind, error, tb))
         printer(kind, error, tb)
 
     sys.excepthook = excepthook

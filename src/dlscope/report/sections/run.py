@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from dlscope.findings import Finding
@@ -20,6 +21,17 @@ NOT_OBSERVED = {  # no training step was seen: why, from the processes' own reco
     None: "No training step was observed, and no process reported what it saw (killed before "
     "exit, or no Python process reached). The run is marked failed.",
 }
+FAILED_FIRST = "No training step ran before the error that ended the command. The run is marked failed."
+MESSAGE_SHOWN = 160  # characters of an error's message in the summary (the report has its first line)
+
+
+def sentence_end(text: str) -> str:
+    """`text` ended as a sentence: a full stop unless it ends with one (or ?, !, …)."""
+    return text if text.endswith((".", "?", "!", "…")) else text + "."
+
+
+def shortened(message: str) -> str:
+    return message if len(message) <= MESSAGE_SHOWN else message[: MESSAGE_SHOWN - 1].rstrip() + "…"
 
 
 def machine_shared(v: dict[str, Any]) -> str:
@@ -109,8 +121,12 @@ def summary_findings(section: dict[str, Any], sections: dict[str, Any] | None = 
     code = section.get("exit_code")
     if code not in (0, None):
         found.append(Finding("run.exit_status", "bad", {"code": code}))
+    found += [Finding("run.uncaught", "bad", error) for error in section.get("uncaught", [])]
     if section.get("steps_seen") == 0:
-        found.append(Finding("run.no_steps", "bad", {"torch_attached": section.get("torch_attached")}))
+        failed = bool(section.get("uncaught"))
+        found.append(
+            Finding("run.no_steps", "bad", {"torch_attached": section.get("torch_attached"), "failed": failed})
+        )
     found += [Finding("run.hook_error", "bad", {"error": error}) for error in section.get("hook_errors", [])]
     killed = [p["pid"] for p in section["processes"] if not p["clean_exit"] and not p["forked"]]
     if killed:
@@ -123,7 +139,12 @@ WORDS = {
     "distributed.ranks_apart": ranks_apart,
     "run.interrupted": lambda v: "Interrupted (Ctrl-C): the sections show what was recorded until then.",
     "run.exit_status": lambda v: f"The command exited with status {v['code']}; the report covers its run.",
-    "run.no_steps": lambda v: NOT_OBSERVED[v["torch_attached"]],
+    "run.uncaught": lambda v: (
+        f"Process {v['pid']} ended with {v['type']}"
+        + (f" at {v['file']}:{v['line']} in {v['function']}" if v.get("file") else "")
+        + sentence_end(f": {v['message']}" if v["message"] else "")
+    ),
+    "run.no_steps": lambda v: FAILED_FIRST if v.get("failed") else NOT_OBSERVED[v["torch_attached"]],
     "run.hook_error": lambda v: f"An observer could not attach: {v['error']}.",
     "run.killed": lambda v: (
         f"Process {', '.join(map(str, v['pids']))} ended without running its exit handlers (killed, or os._exit): "
@@ -143,7 +164,14 @@ HEADLINES = {  # the summary's words for the findings it shows (its first line s
         f"({v['others_pct']:.0f}%) while the steps ran; every time here is that load's, not the script's alone."
     ),
     "run.interrupted": lambda v: "Interrupted (Ctrl-C): the report shows what was recorded until then.",
-    "run.no_steps": lambda v: NOT_OBSERVED[v["torch_attached"]].split(" The run is marked")[0],
+    "run.uncaught": lambda v: (
+        f"It failed with {v['type']}"
+        + (f" at {os.path.basename(v['file'])}:{v['line']} ({v['function']})" if v.get("file") else "")
+        + sentence_end(f": {shortened(v['message'])}" if v["message"] else "")
+    ),
+    "run.no_steps": lambda v: (FAILED_FIRST if v.get("failed") else NOT_OBSERVED[v["torch_attached"]]).split(
+        " The run is marked"
+    )[0],
     "run.hook_error": lambda v: f"An observer could not attach: {v['error']}.",
 }
 
