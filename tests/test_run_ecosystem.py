@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -513,3 +514,28 @@ def test_gradscaler_skips_only_at_the_start_are_information():
     assert level == "info" and "(steps 0–6, 2050)" in text and "The first 7 are the loss scale" in text
     level, text = steps.scaler_skipped({"count": 60, "first_steps": list(range(3, 63)), "leading": 0}, 1000)
     assert level == "warn" and "60 of them (6% of the steps)" in text
+
+
+def test_a_parameters_data_at_an_update_place_saves_and_computes_as_a_plain_tensor(tmp_path):
+    """At a place known to update through `.data`, `p.data` is dlscope's tensor type while the
+    update's window is open: its writes are timed, and everything else is as torch's — results of
+    other calls are plain tensors, and a file saved from it loads where dlscope is not."""
+    from dlscope.injob.updates import view_class
+
+    class Seen:
+        writes = 0
+
+        def view_wrote(self) -> None:
+            self.writes += 1
+
+    seen = Seen()
+    p = torch.nn.Parameter(torch.ones(4))
+    view = p.data.as_subclass(view_class(seen))
+    view.add_(torch.ones(4), alpha=2.0)
+    view[0] = 7.0
+    assert seen.writes == 2 and p.tolist() == [7.0, 3.0, 3.0, 3.0]
+    assert type(view * 2) is torch.Tensor and type(view.sum()) is torch.Tensor and seen.writes == 2
+    torch.save({"w": view}, tmp_path / "w.pt")
+    code = "import torch, sys; w = torch.load(sys.argv[1])['w']; print(type(w).__name__, w.tolist())"
+    loaded = subprocess.run([sys.executable, "-c", code, str(tmp_path / "w.pt")], capture_output=True, text=True)
+    assert loaded.stdout.split(None, 1) == ["Tensor", "[7.0, 3.0, 3.0, 3.0]\n"], loaded.stderr
