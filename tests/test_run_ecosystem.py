@@ -277,6 +277,21 @@ def test_a_parameter_update_the_script_writes_itself_is_the_steps_optimizer_part
 
 
 @pytest.mark.timing
+def test_an_update_through_data_that_nothing_but_backward_follows_is_left_untimed_not_half_counted(tmp_path, capfd):
+    """Plain tensors, a function as the model and the loss, batches drawn before training: no event
+    of the step machine's comes between an update through `.data` and the next backward() (which
+    the C fast path times without one), so no update is timed there — every step ends at its
+    backward(), as before such updates were found; before this was guarded, the update at the
+    process's exit alone was counted, one step in all."""
+    argv = [sys.executable, str(SCRIPTS / "own_update.py"), "bare_functional"]
+    sections, truth = observe(tmp_path, capfd, argv)
+    steps = sections["steps"]
+    assert (steps["source"], steps["count"]) == ("backward", int(truth["steps"]))
+    assert not steps.get("update_places")
+    check_anatomy(sections)
+
+
+@pytest.mark.timing
 def test_a_gradient_penalty_is_backward_time_inside_the_step_not_a_step(tmp_path, capfd):
     """WGAN-GP's penalty: `autograd.grad(create_graph=True)` inside each optimizer step. One step
     per optimizer step, and the penalty's gradient counted as backward, not "other"."""

@@ -11,6 +11,8 @@ torch.no_grad(), after backward() (prints the truth it knows: its own clock arou
     bare_set   `p.data = p.data - lr * p.grad` outside no_grad (the assignment style)
     bare_read  each parameter's `p.data.norm()` logged after backward(), outside no_grad, before an
                update under no_grad: the reads are not the update
+    bare_functional  the `bare` update of plain tensors with a function as the model and the loss,
+               on batches drawn before training: nothing but backward() between two updates
 """
 
 import argparse
@@ -30,13 +32,13 @@ def sgd(params, lr):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    modes = ("sgd", "data", "decorated", "metric", "tensors", "bare", "bare_set", "bare_read")
+    modes = ("sgd", "data", "decorated", "metric", "tensors", "bare", "bare_set", "bare_read", "bare_functional")
     parser.add_argument("mode", choices=modes)
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    if args.mode == "tensors":
+    if args.mode in ("tensors", "bare_functional"):
         weights = [(torch.randn(64, 1024 * 16) * 0.05).requires_grad_(), torch.zeros(1024 * 16, requires_grad=True)]
         head = [(torch.randn(1024 * 16, 10) * 0.05).requires_grad_(), torch.zeros(10, requires_grad=True)]
         params = weights + head
@@ -47,9 +49,11 @@ def main() -> None:
         # an update of ~1.1 M parameters: long beside dlscope's own work at a step's end (~20 µs)
         model = nn.Sequential(nn.Linear(64, 1024), nn.Tanh(), nn.Linear(1024, 1024), nn.Tanh(), nn.Linear(1024, 10))
         params = list(model.parameters())
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = nn.functional.cross_entropy if args.mode == "bare_functional" else nn.CrossEntropyLoss()
     data = torch.utils.data.TensorDataset(torch.randn(1024, 64), torch.randint(0, 10, (1024,)))
     loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True)
+    if args.mode == "bare_functional":
+        loader = list(loader)
     update_ms: list[float] = []
     correct = update_line = 0
     norms = 0.0
@@ -66,9 +70,9 @@ def main() -> None:
             if args.mode == "bare_read":
                 norms += sum(float(p.data.norm()) for p in params)
             start = time.perf_counter()
-            if args.mode in ("bare", "bare_set"):
+            if args.mode in ("bare", "bare_set", "bare_functional"):
                 for p in params:
-                    if args.mode == "bare":
+                    if args.mode != "bare_set":
                         update_line = sys._getframe().f_lineno + 1  # the `.data` that starts the update
                         p.data.add_(p.grad, alpha=-0.01)
                     else:
@@ -89,7 +93,7 @@ def main() -> None:
                         else:
                             p -= 0.01 * p.grad
                         p.grad = None
-            if args.mode not in ("bare", "bare_set"):
+            if args.mode not in ("bare", "bare_set", "bare_functional"):
                 update_ms.append((time.perf_counter() - start) * 1e3)
             if len(update_ms) == args.steps:
                 break

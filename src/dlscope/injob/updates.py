@@ -29,7 +29,10 @@ before the event (only when nothing reached the machine meanwhile). The first wi
 no write (a weight norm logged after backward()) opens none again; at a place where one was seen,
 each parameter's `.data` in the window is a DataView, a tensor type whose own `__torch_function__`
 times the writes to it, so that only the calls on those views cost (~2 µs each), not the others.
-Not seen: a functional update (`torch.func`, new tensors each step), `p.detach().add_()` alone.
+Not seen: a functional update (`torch.func`, new tensors each step), `p.detach().add_()` alone,
+and an update through `.data` that nothing but the next backward() follows (no module called, no
+DataLoader: the C fast path times backward() with no event a window can close at; such a window
+is found stale at the next `.data`, and its place left alone from then on).
 """
 
 from __future__ import annotations
@@ -39,7 +42,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dlscope.contract.owncode import is_dlscope_code
+
 MAX_PLACES = 64  # places learnt; past them a new place is no update (code generated anew each step)
+# torch calls a window's mode looks at, at most: a window that nothing closes (no forward of a
+# module, no DataLoader, no no_grad block, no `.data` again) costs no more than the mode's dispatch
+WATCHED_CALLS = 10_000
 # what an in-place write to a tensor is named in torch's dispatch (besides `name_` methods)
 INPLACE_OPERATORS = frozenset(
     {
@@ -154,6 +162,13 @@ class Updates:
         def data_get(t: Any) -> Any:
             view = get_(t)
             window = self.window
+            if window is not None and machine.backwards_now() != window[3][1]:
+                # a backward() passed it (the C fast path's, which wraps no machine event): nothing
+                # closes the windows at this place before the next step's work (a loop with no
+                # module, no DataLoader), so its updates cannot be timed: none is, there, from now
+                self.close_window(feed=False)
+                self.bare_places[window[4]] = False
+                window = None
             if window is None:
                 if not opens(t) or not self.open_window(sys._getframe(1)):
                     return view
@@ -207,6 +222,9 @@ class Updates:
         place = (frame.f_code, frame.f_lineno)
         known = self.bare_places.get(place)
         if known is False or (known is None and len(self.bare_places) >= MAX_PLACES):
+            return False
+        if known is None and is_dlscope_code(frame.f_code.co_filename):
+            self.bare_places[place] = False  # dlscope's own `.data`: never the script's update
             return False
         if known:  # an update's place: its `.data` views time their own writes (no mode)
             if self.view_class is None:
@@ -368,22 +386,29 @@ class DataProperty(property):
 def watcher_class() -> type:
     """A TorchFunctionMode that notes whether the torch calls it sees write a parameter in place:
     a leaf tensor that requires grad, or its `.data` or `.detach()` (built at first use: torch is
-    imported by then, never by dlscope)."""
+    imported by then, never by dlscope). `.data` while it is ours (DataProperty) it reads and
+    writes through torch's own descriptor: ours is never entered from inside the mode."""
     import torch
     from torch.overrides import TorchFunctionMode
+
+    descriptor = torch._C.TensorBase.__dict__["data"]
 
     class ParameterWrites(TorchFunctionMode):
         """`clock` given: every write timed (`last`: when the last one returned), not only the first seen."""
 
         def __init__(self, clock: Callable[[], float] | None = None) -> None:
             super().__init__()
-            self.wrote, self.clock, self.last = False, clock, 0.0
+            self.wrote, self.clock, self.last, self.calls = False, clock, 0.0, 0
             self.views: list[Any] = []  # `.data` and `.detach()` of parameters taken in the block
             self.view_ids: set[int] = set()  # (of tensors `views` keeps alive)
 
         def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
-            result = func(*args, **(kwargs or {}))
-            if (self.wrote and self.clock is None) or not args:
+            if isinstance(getattr(func, "__self__", None), DataProperty):
+                result = getattr(descriptor, func.__name__)(*args)  # torch's `.data`, not ours again
+            else:
+                result = func(*args, **(kwargs or {}))
+            self.calls += 1
+            if (self.wrote and self.clock is None) or not args or self.calls > WATCHED_CALLS:
                 return result
             name = getattr(func, "__name__", "")
             wrote = False
