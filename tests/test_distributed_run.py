@@ -161,6 +161,22 @@ def test_cli_names_rank_0_when_rank_0_is_slowed(tmp_path, monkeypatch, capsys):
     assert [line for line in ours.splitlines() if len(line) > 80] == []
 
 
+def test_the_rank_whose_error_ended_the_job_is_said_first(tmp_path, capsys):
+    """Rank 1 raises: rank 0 then fails in its next all-reduce (its peer gone) and torchrun after
+    it. The summary opens with rank 1's error and its line, the cause, not the failures it caused;
+    the others are in the report."""
+    fail_line = next(n for n, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "# FAIL" in line)
+    out = tmp_path / "run"
+    command = [*TORCHRUN, str(SCRIPT), "--fail-rank", "1"]
+    assert main(["run", "--out", str(out), "--profile-steps", "0", "--", *command]) != 0
+    errors = load_results(out)["sections"]["run"]["uncaught"]
+    assert (errors[0]["rank"], errors[0]["type"], errors[0]["line"]) == (1, "ValueError", fail_line)
+    assert {e["type"] for e in errors[1:]} >= {"ChildFailedError"}  # torchrun's, last
+    assert all(Path(e["file"]).is_file() for e in errors)  # (torchrun's frames: its own, not "<frozen runpy>")
+    summary = " ".join(capsys.readouterr().out.split())
+    assert f"Rank 1 failed with ValueError at {SCRIPT.name}:{fail_line}" in summary, summary
+
+
 def test_bad_traces_are_refused_naming_the_file(slow_rank_1, tmp_path):
     sections, out = slow_rank_1
     good = {int(rank): out / path for rank, path in sections["distributed"]["traces"].items()}

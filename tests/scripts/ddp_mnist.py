@@ -1,7 +1,9 @@
 """A DDP training script written the usual way, for `dlscope run -- torchrun --nproc-per-node 2`:
 init_process_group("gloo"), DistributedSampler over dlscope's embedded MNIST subset, DDP, rank 0
 saves with torch.save. `--slow-rank R --slow-ms MS` (or DDP_SLOW_RANK / DDP_SLOW_MS) sleeps in
-rank R's every step before backward, so that rank reaches each all-reduce late: a straggler."""
+rank R's every step before backward, so that rank reaches each all-reduce late: a straggler.
+`--fail-rank R` raises a ValueError in rank R at its fifth step (the others then fail in their
+next all-reduce, torchrun after them)."""
 
 import argparse
 import os
@@ -41,6 +43,7 @@ def main():
     parser.add_argument("--slow-rank", type=int, default=int(os.environ.get("DDP_SLOW_RANK", "-1")))
     parser.add_argument("--slow-ms", type=float, default=float(os.environ.get("DDP_SLOW_MS", "0")))
     parser.add_argument("--save", default="")
+    parser.add_argument("--fail-rank", type=int, default=-1)
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -62,6 +65,8 @@ def main():
                 time.sleep(args.slow_ms / 1000)
             loss.backward()
             optimizer.step()
+            if rank == args.fail_rank and batch_idx == 4:
+                raise ValueError(f"rank {rank} found a bad batch at step {batch_idx}")  # FAIL
             if rank == 0 and batch_idx % 4 == 0:
                 print(f"epoch {epoch} batch {batch_idx} loss {loss.item():.4f}")
     if rank == 0 and args.save:

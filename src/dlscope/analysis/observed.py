@@ -561,12 +561,12 @@ def run_section(records: Records, main: int | None, steps_seen: int) -> dict[str
         "world_size": max(sizes, default=None),
         "ranks": sorted(p["rank"] for p in processes if p["rank"] is not None),
         "hook_errors": [e for p in processes for e in p["errors"]],
-        # the errors that ended processes, the training one's first
-        "uncaught": [
-            {"pid": p["pid"], **p["uncaught"]}
-            for p in sorted(processes, key=lambda p: (p["pid"] != main, p["pid"]))
-            if p["uncaught"]
-        ],
+        # the errors that ended processes, the first raised first (a rank's error, then the others'
+        # failing collectives, then the launcher's)
+        "uncaught": sorted(
+            ({"pid": p["pid"], "rank": p["rank"], **p["uncaught"]} for p in processes if p["uncaught"]),
+            key=lambda e: (e.get("ts", 0.0), e["pid"]),
+        ),
         "steps_seen": steps_seen,
         "torch_attached": any(attached) if attached else None,
     }

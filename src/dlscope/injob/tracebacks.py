@@ -17,6 +17,7 @@ import contextlib
 import os
 import re
 import sys
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -69,18 +70,20 @@ def _programs(name: str) -> bool:
 
 
 def uncaught(kind: type[BaseException], error: BaseException, tb: types.TracebackType | None) -> dict[str, Any]:
-    """The error that ends the process, as a record: its type, its message's first line, and the
+    """The error that ends the process, as a record: its type, its message's first line, the
     innermost frame of the program's own code it passed through (the line that called torch.load,
-    not torch's), else the innermost frame."""
+    not torch's), else the innermost frame, and when (the first of several ranks' errors is
+    usually the cause of the others')."""
     frames = []
     while tb is not None:
         frames.append(tb)
         tb = tb.tb_next
-    names = [os.path.abspath(t.tb_frame.f_code.co_filename) for t in frames]
+    names = [t.tb_frame.f_code.co_filename for t in frames]  # "<frozen runpy>", "<string>": no file
+    names = [name if name.startswith("<") else os.path.abspath(name) for name in names]
     at = next((i for i in reversed(range(len(frames))) if _programs(names[i])), len(frames) - 1)
     lines = ESCAPES.sub("", str(error)).strip().splitlines()
     message = (lines[0] if lines else "")[:MESSAGE_CHARS]
-    record: dict[str, Any] = {"k": "uncaught", "type": kind.__name__, "message": message}
+    record: dict[str, Any] = {"k": "uncaught", "type": kind.__name__, "message": message, "ts": time.time()}
     if frames:
         record.update(file=names[at], line=frames[at].tb_lineno, function=frames[at].tb_frame.f_code.co_name)
     return record

@@ -140,7 +140,9 @@ WORDS = {
     "run.interrupted": lambda v: "Interrupted (Ctrl-C): the sections show what was recorded until then.",
     "run.exit_status": lambda v: f"The command exited with status {v['code']}; the report covers its run.",
     "run.uncaught": lambda v: (
-        f"Process {v['pid']} ended with {v['type']}"
+        f"Process {v['pid']}"
+        + (f" (rank {v['rank']})" if v.get("rank") is not None else "")
+        + f" ended with {v['type']}"
         + (f" at {v['file']}:{v['line']} in {v['function']}" if v.get("file") else "")
         + sentence_end(f": {v['message']}" if v["message"] else "")
     ),
@@ -165,7 +167,8 @@ HEADLINES = {  # the summary's words for the findings it shows (its first line s
     ),
     "run.interrupted": lambda v: "Interrupted (Ctrl-C): the report shows what was recorded until then.",
     "run.uncaught": lambda v: (
-        f"It failed with {v['type']}"
+        (f"Rank {v['rank']}" if v.get("rank") is not None else "It")
+        + f" failed with {v['type']}"
         + (f" at {os.path.basename(v['file'])}:{v['line']} ({v['function']})" if v.get("file") else "")
         + sentence_end(f": {shortened(v['message'])}" if v["message"] else "")
     ),
