@@ -86,3 +86,17 @@ def test_only_an_error_passing_through_our_frames_loses_them():
     assert names(tracebacks.without_our_frames(theirs.__traceback__)) == ["raise_through", "users"]
     ours = raise_through("ours")
     assert names(tracebacks.without_our_frames(ours.__traceback__)) == ["raise_through", "wrapper", "raising"]
+
+
+def test_a_script_that_exits_with_a_status_of_its_own_before_any_step_is_not_guessed_at(tmp_path, capfd):
+    """argparse's usage error, a `sys.exit(3)`: no uncaught error to name, and no step. The summary
+    says the command ended with its status before any step, not that it may be inference-only."""
+    script = tmp_path / "cli.py"
+    script.write_text(
+        "import argparse, torch\nargparse.ArgumentParser().parse_args(['--nope'])  # usage error: exit 2\n"
+    )
+    code = main(["run", "--out", str(tmp_path / "run"), "--", sys.executable, str(script)])
+    summary = " ".join(capfd.readouterr().out.split())
+    assert code == 2
+    assert "No training step ran before the command ended with status 2" in summary, summary
+    assert "inference-only" not in summary

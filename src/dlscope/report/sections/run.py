@@ -21,7 +21,20 @@ NOT_OBSERVED = {  # no training step was seen: why, from the processes' own reco
     None: "No training step was observed, and no process reported what it saw (killed before "
     "exit, or no Python process reached). The run is marked failed.",
 }
-FAILED_FIRST = "No training step ran before the error that ended the command. The run is marked failed."
+ENDED_FIRST = {  # no step, and how the command ended (a run that ends otherwise is explained above)
+    "error": lambda v: "No training step ran before the error that ended the command. The run is marked failed.",
+    "status": lambda v: (
+        f"No training step ran before the command ended with status {v['code']} (its own output says why). "
+        "The run is marked failed."
+    ),
+}
+
+
+def no_steps(v: dict[str, Any]) -> str:
+    ended = ENDED_FIRST.get(v.get("ended") or "")
+    return ended(v) if ended is not None else NOT_OBSERVED[v["torch_attached"]]
+
+
 MESSAGE_SHOWN = 160  # characters of an error's message in the summary (the report has its first line)
 
 
@@ -123,10 +136,10 @@ def summary_findings(section: dict[str, Any], sections: dict[str, Any] | None = 
         found.append(Finding("run.exit_status", "bad", {"code": code}))
     found += [Finding("run.uncaught", "bad", error) for error in section.get("uncaught", [])]
     if section.get("steps_seen") == 0:
-        failed = bool(section.get("uncaught"))
-        found.append(
-            Finding("run.no_steps", "bad", {"torch_attached": section.get("torch_attached"), "failed": failed})
-        )
+        # ended by an error, or a status of its own (sys.exit, argparse's usage error): no guess at why
+        ended = "error" if section.get("uncaught") else ("status" if code not in (0, None) else None)
+        values = {"torch_attached": section.get("torch_attached"), "ended": ended, "code": code}
+        found.append(Finding("run.no_steps", "bad", values))
     found += [Finding("run.hook_error", "bad", {"error": error}) for error in section.get("hook_errors", [])]
     killed = [p["pid"] for p in section["processes"] if not p["clean_exit"] and not p["forked"]]
     if killed:
@@ -146,7 +159,7 @@ WORDS = {
         + (f" at {v['file']}:{v['line']} in {v['function']}" if v.get("file") else "")
         + sentence_end(f": {v['message']}" if v["message"] else "")
     ),
-    "run.no_steps": lambda v: FAILED_FIRST if v.get("failed") else NOT_OBSERVED[v["torch_attached"]],
+    "run.no_steps": no_steps,
     "run.hook_error": lambda v: f"An observer could not attach: {v['error']}.",
     "run.killed": lambda v: (
         f"Process {', '.join(map(str, v['pids']))} ended without running its exit handlers (killed, or os._exit): "
@@ -172,9 +185,7 @@ HEADLINES = {  # the summary's words for the findings it shows (its first line s
         + (f" at {os.path.basename(v['file'])}:{v['line']} ({v['function']})" if v.get("file") else "")
         + sentence_end(f": {shortened(v['message'])}" if v["message"] else "")
     ),
-    "run.no_steps": lambda v: (FAILED_FIRST if v.get("failed") else NOT_OBSERVED[v["torch_attached"]]).split(
-        " The run is marked"
-    )[0],
+    "run.no_steps": lambda v: no_steps(v).split(" The run is marked")[0],
     "run.hook_error": lambda v: f"An observer could not attach: {v['error']}.",
 }
 
