@@ -214,7 +214,7 @@ class Trial:
         self.autocast: Any = None  # the open bf16 autocast context of an outermost forward
         # copies from the CPU to a GPU: calls, bytes, from pinned memory, blocking, host seconds
         self.copies = [0, 0, 0, 0, 0.0]
-        self.copies_from: list[Any] | None = None  # their counts when the counted steps began
+        self.copies_from: list[Any] | None = None  # the steps ended and their counts, as the counted steps began
         self.scratch = os.path.abspath(config["scratch"])
         self.allowed = [self.scratch, *map(os.path.abspath, config.get("keep", []))]
         self.owning = threading.local()  # making a path the trial's own: its own calls are not checked
@@ -440,7 +440,7 @@ class Trial:
             self.warm_at = now
             # from here on: the thread's CPU and wall time, and the loader's share of each
             self.counted_from = (time.thread_time(), time.perf_counter(), self.loader_cpu_s, self.loader_wall_s)
-            self.copies_from = self.copies[:]
+            self.copies_from = [steps, *self.copies]  # after `steps` steps
             self.machine_from = (time.process_time(), cpu_jiffies())
         # the ranks of a distributed job end at the same step, never on their own clocks (the others
         # would wait in a collective for the one that left)
@@ -469,9 +469,9 @@ class Trial:
                 }
             )
         if self.copies_from is not None and self.copies[0]:
-            since = zip(self.copies, self.copies_from, strict=True)
+            since = zip(self.copies, self.copies_from[1:], strict=True)
             calls, nbytes, pinned, blocking, seconds = (now - then for now, then in since)
-            counted = steps - self.config.get("warmup", 0)
+            counted = steps + 1 - self.copies_from[0]  # (the step whose end stops the trial copied too)
             self.records.write(
                 {
                     "k": "copies",
