@@ -277,17 +277,23 @@ def test_a_parameter_update_the_script_writes_itself_is_the_steps_optimizer_part
 
 
 @pytest.mark.timing
-def test_an_update_through_data_that_nothing_but_backward_follows_is_left_untimed_not_half_counted(tmp_path, capfd):
+def test_an_update_through_data_that_only_backward_follows_is_timed_from_the_second_step(tmp_path, capfd):
     """Plain tensors, a function as the model and the loss, batches drawn before training: no event
-    of the step machine's comes between an update through `.data` and the next backward() (which
-    the C fast path times without one), so no update is timed there — every step ends at its
-    backward(), as before such updates were found; before this was guarded, the update at the
-    process's exit alone was counted, one step in all."""
+    of the step machine's comes between an update through `.data` and the next backward(), which
+    the C fast path times without one. The first update's window is found stale at the next
+    `.data` (that update is lost), backward() is timed through Python from then on, and every later
+    update is its step's optimizer part; before this, the update at the process's exit alone was
+    counted: one step in all."""
     argv = [sys.executable, str(SCRIPTS / "own_update.py"), "bare_functional"]
     sections, truth = observe(tmp_path, capfd, argv)
     steps = sections["steps"]
-    assert (steps["source"], steps["count"]) == ("backward", int(truth["steps"]))
-    assert not steps.get("update_places")
+    assert (steps["source"], steps["count"]) == ("update", int(truth["steps"]) - 1)
+    (place,) = steps["update_places"]
+    assert (Path(place["file"]).name, place["line"]) == ("own_update.py", int(truth["update_line"]))
+    assert place["kind"] == "data" and place["steps"] == steps["count"]
+    rows = step_rows(sections)
+    update_ms = [float(ms) for ms in truth["step_update_ms"].split(",")][1:]  # the first: lost
+    assert all(r["optimizer_ms"] <= ms + 0.01 for r, ms in zip(rows, update_ms, strict=True))
     check_anatomy(sections)
 
 

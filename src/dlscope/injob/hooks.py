@@ -227,7 +227,7 @@ class TorchHooks:
             (self._mark_begin, self._mark_end),
         )
         # the update a script writes itself under no_grad, while no torch optimizer exists (updates.py)
-        self.updates = Updates(self.machine, native_thread_id)
+        self.updates = Updates(self.machine, native_thread_id, backward_events=self.backward_through_python)
         self.forward_depth = self.train_depth = 0
         # the classes of the modules called at top level, timed by `root_call`: their own `__call__` (or None)
         self.timed_classes: dict[type, Callable | None] = {}
@@ -238,6 +238,7 @@ class TorchHooks:
         self.untimed_roots = False  # a top-level module with a call of its own: discovery never ends
         self.batches: batches.BatchRecorder | None = None  # the batch x-ray, once torch is attached
         self.trial: Any = None  # a `dlscope doctor` trial's change and stop (injob/change.py)
+        self.untimed_backward: Callable | None = None  # torch's own, once the step hooks are in
         self.gpu: gpuclock.GpuClock | None = None  # the steps on the GPU's clock, where CUDA is available
         # the optimizer classes whose `step` is timed (`time_optimizer`), and GradScaler
         # (`time_scaler`): their own `step` (or None)
@@ -554,13 +555,20 @@ class TorchHooks:
         seen["steps"] += 1
         seen["last"] = index
 
-    def timed_backward(self, backward_: Callable) -> Callable:
+    def backward_through_python(self) -> None:
+        """`torch.autograd.backward` timed by a Python frame from now on, which looks the machine's
+        events up at each call (so an update window's closer sees it: updates.py), not by the C
+        callable, which holds the events it was made with."""
+        if self.torch is not None and self.untimed_backward is not None:
+            self.torch.autograd.backward = self.timed_backward(self.untimed_backward, in_c=False)
+
+    def timed_backward(self, backward_: Callable, in_c: bool = True) -> Callable:
         """`torch.autograd.backward` timed as the step's backward (one frame around it). Its
         parameters spelled out when they are torch's known ones: passed on through `*args,
         **kwargs`, the keyword `Tensor.backward` gives (`inputs=`) cost ~1,500 instructions a step.
         With the C fast path built (and no doctor trial), a C callable in place of the frame."""
         machine, clock, trial = self.machine, time.time, self.trial
-        if trial is None and machine.fast:  # its frame in C: the arguments passed on as they come
+        if in_c and trial is None and machine.fast:  # its frame in C: the arguments passed on as they come
             timed = _fastpath.Timed(backward_, machine.backward_begin, machine.backward_end, _fastpath.TIMED_CALL)
             return functools.update_wrapper(timed, backward_)
         if list(inspect.signature(backward_).parameters) != list(BACKWARD_PARAMETERS):
@@ -811,6 +819,7 @@ class TorchHooks:
         `optimizer_init`); returns the function that removes them (and the timed calls of the
         modules' and optimizers' classes)."""
         backward, grad = torch.autograd.backward, torch.autograd.grad
+        self.untimed_backward = backward
         torch.autograd.backward = self.timed_backward(backward)
         torch.autograd.grad = self.timed_grad(grad)
         self.time_scaler(torch.amp.GradScaler)  # (its cuda and cpu subclasses inherit its `step`)

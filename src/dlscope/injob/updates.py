@@ -30,9 +30,10 @@ no write (a weight norm logged after backward()) opens none again; at a place wh
 each parameter's `.data` in the window is a DataView, a tensor type whose own `__torch_function__`
 times the writes to it, so that only the calls on those views cost (~2 µs each), not the others.
 Not seen: a functional update (`torch.func`, new tensors each step), `p.detach().add_()` alone,
-and an update through `.data` that nothing but the next backward() follows (no module called, no
-DataLoader: the C fast path times backward() with no event a window can close at; such a window
-is found stale at the next `.data`, and its place left alone from then on).
+and the first update through `.data` that nothing but the next backward() follows (no module
+called, no DataLoader: the C fast path times backward() with no event a window can close at).
+Such a window is found stale at the next `.data`; backward() is then timed through Python (a
+frame a step, in this process only), whose event closes the next windows.
 """
 
 from __future__ import annotations
@@ -78,8 +79,17 @@ class Updates:
     """One per process, beside the step machine (`machine`: optimizer_begin/optimizer_end, and
     `backwards_now`, `step_thread`, `optimizer_depth` to read)."""
 
-    def __init__(self, machine: Any, thread_id: Callable[[], int], clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        machine: Any,
+        thread_id: Callable[[], int],
+        clock: Callable[[], float] = time.time,
+        backward_events: Callable[[], None] | None = None,
+    ) -> None:
         self.machine, self.thread_id, self.clock = machine, thread_id, clock
+        # asks for backward() timed through the machine's Python-visible events (hooks.py): once,
+        # for an update through `.data` that only the next backward() follows
+        self.backward_events = backward_events
         self.places: dict[Place, bool] = {}  # place → an update was seen there
         self.counted: dict[Place, int] = {}  # place → updates counted as steps there
         self.after = 0  # the machine's step-ending backward() calls when the last update ended
@@ -163,11 +173,16 @@ class Updates:
             view = get_(t)
             window = self.window
             if window is not None and machine.backwards_now() != window[3][1]:
-                # a backward() passed it (the C fast path's, which wraps no machine event): nothing
-                # closes the windows at this place before the next step's work (a loop with no
-                # module, no DataLoader), so its updates cannot be timed: none is, there, from now
+                # a backward() passed it unclosed (the C fast path's, which wraps no machine event:
+                # a loop with no module, no DataLoader). Its update is lost; for the next ones,
+                # backward() is timed through the machine's events from now on, and they close at
+                # it. If that cannot be (done already), its place is left untimed
                 self.close_window(feed=False)
-                self.bare_places[window[4]] = False
+                retry = window[1].wrote and self.backward_events is not None
+                if retry:
+                    self.backward_events()  # type: ignore[misc]
+                    self.backward_events = None
+                self.bare_places[window[4]] = retry
                 window = None
             if window is None:
                 if not opens(t) or not self.open_window(sys._getframe(1)):
