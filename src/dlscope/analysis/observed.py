@@ -18,7 +18,7 @@ from dlscope.analysis.kineto import recorded_spans
 from dlscope.analysis.stepfile import StepFile, read_records, step_files
 from dlscope.contract.ioevents import read_events
 from dlscope.contract.live import LiveView, read_all
-from dlscope.contract.records import PHASE_RECORDS
+from dlscope.contract.records import PHASE_RECORDS, record_fields
 from dlscope.findings import Finding
 
 # TensorFlow's input-pipeline analyser: a step is input-bound when ≥ 20% of it waits for input,
@@ -103,7 +103,7 @@ def process_info(pid: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         "clean_exit": any(r.get("k") == "end" for r in records),
         "errors": [f"{r['where']}: {r['error']}" for r in records if r.get("k") == "error"],
         # the error that ended it (injob/tracebacks.py): type, message, file, line, function
-        "uncaught": next(({k: v for k, v in r.items() if k != "k"} for r in records if r.get("k") == "uncaught"), None),
+        "uncaught": next((record_fields(r) for r in records if r.get("k") == "uncaught"), None),
     }
 
 
@@ -157,14 +157,14 @@ def steps_section(observed: Observed, main: int | None, summary: dict[str, Any] 
         section["scaler_skipped"] = {"count": stepped[-1]["scaler_skipped"], "first_steps": first, "leading": leading}
     moded = [r for r in observed.records[main] if r.get("k") == "eval_mode_steps"]
     if moded:
-        section["eval_mode_steps"] = {k: v for k, v in moded[-1].items() if k != "k"}
+        section["eval_mode_steps"] = record_fields(moded[-1])
     beside = sharing_of(observed, main)
     if beside is not None:
         section["sharing"] = beside
     own = sharing.threads_of(main, *torch_threads(observed))
     if own is not None:  # its intra-op threads against the cores it may run on: what the summary's change reads
         section["threads"] = own
-    censuses = [{k: v for k, v in r.items() if k != "k"} for r in observed.records[main] if r.get("k") == "subnormals"]
+    censuses = [record_fields(r) for r in observed.records[main] if r.get("k") == "subnormals"]
     if censuses:
         section["subnormals"] = censuses
     return section

@@ -69,6 +69,7 @@ import os
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 # --- the files under <run dir>/processes/, one of each per observed process -------------------------
 RECORDS_SUFFIX = ".jsonl"  # <pid>.jsonl: the JSON records
@@ -92,6 +93,11 @@ MACHINE_FILE = "machine.polls"
 # processes ran, dlscope's own ran, the job's threads ran and waited for a core (run-queue delay),
 # and how many of the job's threads ran at all
 MACHINE_COLUMNS = ("end", "seconds", "busy_s", "job_s", "dlscope_s", "ran_s", "waited_s", "threads_ran")
+
+
+def record_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """A JSON record's fields, its kind ("k") left out."""
+    return {key: value for key, value in record.items() if key != "k"}
 
 
 def records_path(directory: str | Path, pid: int) -> str:

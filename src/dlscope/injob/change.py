@@ -105,11 +105,15 @@ def copy_target(torch: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     return target if isinstance(target, torch.device) else None
 
 
+# what is counted of the copies from the CPU to a GPU, in this order (`copying`'s list, the record's fields)
+COPY_FIELDS = ("calls", "bytes", "pinned", "blocking", "seconds")
+
+
 def copying(torch: Any, move: Any, by_to: bool, force: bool, copies: list[Any]) -> Any:
     """`Tensor.to` (`by_to`) or `Tensor.cuda`, where a copy from the CPU to a GPU is counted and
-    timed into `copies` (calls, bytes, from pinned memory, blocking, seconds: the host waits in a
-    blocking one for the GPU's queue, then the copy) and, with `force`, made non-blocking; any
-    other call as it was."""
+    timed into `copies` (COPY_FIELDS: calls, bytes, from pinned memory, blocking, seconds — the
+    host waits in a blocking one for the GPU's queue, then the copy) and, with `force`, made
+    non-blocking; any other call as it was."""
 
     @functools.wraps(move)
     def moved(tensor: Any, *args: Any, **kwargs: Any) -> Any:
@@ -212,9 +216,9 @@ class Trial:
         self.counted_from: tuple[float, float, float, float] | None = None
         self.machine_from: tuple[float, tuple[int, int] | None] | None = None
         self.autocast: Any = None  # the open bf16 autocast context of an outermost forward
-        # copies from the CPU to a GPU: calls, bytes, from pinned memory, blocking, host seconds
-        self.copies = [0, 0, 0, 0, 0.0]
-        self.copies_from: list[Any] | None = None  # the steps ended and their counts, as the counted steps began
+        self.copies = [0, 0, 0, 0, 0.0]  # copies from the CPU to a GPU: COPY_FIELDS
+        # as the counted steps began: the steps ended, and the copies' counts then
+        self.copies_from: tuple[int, list[Any]] | None = None
         self.scratch = os.path.abspath(config["scratch"])
         self.allowed = [self.scratch, *map(os.path.abspath, config.get("keep", []))]
         self.owning = threading.local()  # making a path the trial's own: its own calls are not checked
@@ -440,7 +444,7 @@ class Trial:
             self.warm_at = now
             # from here on: the thread's CPU and wall time, and the loader's share of each
             self.counted_from = (time.thread_time(), time.perf_counter(), self.loader_cpu_s, self.loader_wall_s)
-            self.copies_from = [steps, *self.copies]  # after `steps` steps
+            self.copies_from = (steps, self.copies[:])
             self.machine_from = (time.process_time(), cpu_jiffies())
         # the ranks of a distributed job end at the same step, never on their own clocks (the others
         # would wait in a collective for the one that left)
@@ -469,20 +473,10 @@ class Trial:
                 }
             )
         if self.copies_from is not None and self.copies[0]:
-            since = zip(self.copies, self.copies_from[1:], strict=True)
-            calls, nbytes, pinned, blocking, seconds = (now - then for now, then in since)
-            counted = steps + 1 - self.copies_from[0]  # (the step whose end stops the trial copied too)
-            self.records.write(
-                {
-                    "k": "copies",
-                    "steps": counted,
-                    "calls": calls,
-                    "bytes": nbytes,
-                    "pinned": pinned,
-                    "blocking": blocking,
-                    "seconds": seconds,
-                }
-            )
+            steps_then, then = self.copies_from
+            counts = {field: now - before for field, now, before in zip(COPY_FIELDS, self.copies, then, strict=True)}
+            # (the step whose end stops the trial copied too)
+            self.records.write({"k": "copies", "steps": steps + 1 - steps_then, **counts})
         self.records.write({"k": "trial_stop", "steps": steps, "ts": time.time()})
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):

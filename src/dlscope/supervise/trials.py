@@ -21,6 +21,7 @@ import numpy as np
 from dlscope.analysis import observed as analysis
 from dlscope.analysis import sharing
 from dlscope.contract.env import TRIAL_ENV
+from dlscope.contract.records import record_fields
 from dlscope.errors import Interrupted
 from dlscope.options import HangOptions, ScriptOptions
 from dlscope.rundir import RunDir, processes_dir
@@ -200,7 +201,7 @@ def trial_facts(records: list[dict[str, Any]], main: list[dict[str, Any]]) -> di
     zero_grad = next((r for r in main if r.get("k") == "zero_grad"), {})
     loader = next((r for r in main if r.get("k") == "loader"), {})
     layout = next((r["tensors"] for r in main if r.get("k") == "batch_layout"), None)
-    copies = next(({k: v for k, v in r.items() if k != "k"} for r in main if r.get("k") == "copies"), None)
+    copies = next((record_fields(r) for r in main if r.get("k") == "copies"), None)
     return {
         "sites": sites,
         "losses": [r["v"] for r in sorted((r for r in main if r.get("k") == "loss"), key=lambda r: r["i"])],

@@ -198,7 +198,7 @@ def snippet(candidate: dict[str, Any]) -> str:
             f"with torch.autocast({device!r}, dtype=torch.bfloat16):\n    loss = loss_fn(model(x), y)"
         )
     if candidate["key"] == "pin_memory":  # the loader's argument, and the copies that can then overlap
-        loader = snippet({**candidate, "key": "pin_memory_loader"})
+        loader = argument_edit(name, value, site)
         return f"{loader}\n# and where each batch moves to the GPU:\nx = x.to(device, non_blocking=True)"
     if candidate["key"] == "threads" and candidate["basis"].get("processes", 1) > 1:
         basis = candidate["basis"]
@@ -210,6 +210,12 @@ def snippet(candidate: dict[str, Any]) -> str:
     if candidate["key"] == "threads":
         now = candidate["basis"]["threads_now"]
         return f"import torch\ntorch.set_num_threads({value})  # once, before training (the script ran on {now})"
+    return argument_edit(name, value, site)
+
+
+def argument_edit(name: str, value: Any, site: dict[str, Any] | None) -> str:
+    """`name=value` passed at the call `site` records (a DataLoader's, a zero_grad's): the line
+    as written and as changed, or where to pass it when the line cannot be rewritten."""
     if not site:
         return f"# the call was built outside your code: pass {name}={value!r}"
     relative = os.path.relpath(site["file"])
