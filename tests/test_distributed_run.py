@@ -173,6 +173,8 @@ def test_the_rank_whose_error_ended_the_job_is_said_first(tmp_path, capsys):
     assert (errors[0]["rank"], errors[0]["type"], errors[0]["line"]) == (1, "ValueError", fail_line)
     assert {e["type"] for e in errors[1:]} >= {"ChildFailedError"}  # torchrun's, last
     assert all(Path(e["file"]).is_file() for e in errors)  # (torchrun's frames: its own, not "<frozen runpy>")
+    # torchrun's message opens with a rule of "="s: its first line that says something instead
+    assert all(any(c.isalnum() for c in e["message"]) for e in errors), errors
     summary = " ".join(capsys.readouterr().out.split())
     assert f"Rank 1 failed with ValueError at {SCRIPT.name}:{fail_line}" in summary, summary
 

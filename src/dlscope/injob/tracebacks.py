@@ -81,8 +81,9 @@ def uncaught(kind: type[BaseException], error: BaseException, tb: types.Tracebac
     names = [t.tb_frame.f_code.co_filename for t in frames]  # "<frozen runpy>", "<string>": no file
     names = [name if name.startswith("<") else os.path.abspath(name) for name in names]
     at = next((i for i in reversed(range(len(frames))) if _programs(names[i])), len(frames) - 1)
-    lines = ESCAPES.sub("", str(error)).strip().splitlines()
-    message = (lines[0] if lines else "")[:MESSAGE_CHARS]
+    # the first line that says something (torchrun's ChildFailedError opens with a rule of "="s)
+    lines = [line.strip() for line in ESCAPES.sub("", str(error)).splitlines()]
+    message = next((line for line in lines if any(c.isalnum() for c in line)), "")[:MESSAGE_CHARS]
     record: dict[str, Any] = {"k": "uncaught", "type": kind.__name__, "message": message, "ts": time.time()}
     if frames:
         record.update(file=names[at], line=frames[at].tb_lineno, function=frames[at].tb_frame.f_code.co_name)
